@@ -1,0 +1,89 @@
+# Plain Makefile: one object per source, dependency files for incremental rebuilds.
+#   make            build ./train, ./bench-free tools and the test binary (CUDA when nvcc exists)
+#   make test       full CPU test suite (+ GPU cases when a GPU is present), one summary line
+#   make test-fast  the fast tier only (seconds)
+#   make deps       install missing Debian packages and fill .deps/include (header-only deps)
+#   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
+SHELL := /bin/bash
+BUILD ?= build
+CXX ?= g++
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC),1,0)
+SM ?= 90
+PYTHON ?= $(shell command -v /usr/bin/python3 2>/dev/null || command -v python3)
+
+CXXFLAGS ?= -O2
+CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP
+CPPFLAGS += -I. -Icsrc -isystem .deps/include
+LDFLAGS += -fopenmp
+LDLIBS += -lpthread
+
+CPP_SRC := $(shell find csrc -name '*.cpp' -not -path 'csrc/train/main_*')
+MAIN_SRC := $(wildcard csrc/train/main_*.cpp)
+TEST_SRC := $(shell find tests -name '*.cpp')
+CU_SRC :=
+
+ifeq ($(CUDA),1)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  # NCCL and cuDNN: CUDA_HOME first, else the Python venv's nvidia/ packages (the GPU machine).
+  NV_PY := $(shell $(PYTHON) -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0] + '/x'))" 2>/dev/null)
+  NCCL_HOME ?= $(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(CUDA_HOME),$(NV_PY)/nccl)
+  CUDNN_HOME ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME),$(NV_PY)/cudnn)
+  CU_SRC := $(shell find cuda -name '*.cu')
+  GENCODE ?= $(if $(filter 90,$(SM)),-gencode=arch=compute_90a$(comma)code=sm_90a,-gencode=arch=compute_$(SM)$(comma)code=sm_$(SM))
+  NVCCFLAGS ?= -O3
+  NVCCFLAGS += -std=c++20 $(GENCODE) -t=0 -MMD -MP --expt-relaxed-constexpr -Xcompiler -fopenmp
+  CPPFLAGS += -DENGINE_CUDA -I$(CUDA_HOME)/include
+  LDFLAGS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64
+  LDLIBS += -lcublasLt -lcublas -lcudart
+endif
+comma := ,
+
+OBJ := $(CPP_SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
+LIB := $(BUILD)/libengine.a
+PROGRAMS := train
+
+.PHONY: all test test-fast deps clean demo
+all: $(PROGRAMS) $(BUILD)/engine_tests
+
+$(BUILD)/obj/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+train: $(BUILD)/obj/csrc/train/main_train.o $(LIB)
+	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/engine_tests: $(TEST_OBJ) $(LIB)
+	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# Header-only dependencies copied into the tree so a shipped copy builds where they are absent.
+.deps/include/toml++/toml.h:
+	@scripts/install_deps.sh --headers-only
+.deps/include/nlohmann/json.hpp:
+	@scripts/install_deps.sh --headers-only
+
+deps:
+	scripts/install_deps.sh
+
+test: all
+	PYTHON=$(PYTHON) scripts/run_tests.sh full
+
+test-fast: all
+	PYTHON=$(PYTHON) scripts/run_tests.sh fast
+
+demo: all
+	PYTHON=$(PYTHON) scripts/demo.sh
+
+clean:
+	rm -rf $(BUILD) $(PROGRAMS)
+
+-include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d

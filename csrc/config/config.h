@@ -1,0 +1,118 @@
+// The run config: TOML (toml++) -> typed structs with defaults, validated as a whole.
+// Every error names the file, the line and the key path, e.g.
+//   run.toml:12: model.num_heads: must divide hidden_size (768), got 10
+// Overrides `section.key=value` from the command line are applied before validation and are
+// reported as coming from "<command line>". See README.md for the reference of every key.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace engine {
+
+enum class ModelFamily { GPT2, Llama, Mistral };
+enum class NormKind { LayerNorm, RMSNorm };
+enum class ActivationKind { GELU, SwiGLU };
+enum class PositionKind { Learned, Rope };
+enum class DeviceChoice { Auto, CPU, CUDA };
+enum class DecayKind { Cosine, Linear, Constant };
+
+struct RunConfig {
+  std::string name = "run";
+  std::string output_dir = "runs";  // the run directory is output_dir/name
+  uint64_t seed = 1234;
+  DeviceChoice device = DeviceChoice::Auto;
+  int log_every = 1;                 // steps between log lines (metrics.jsonl gets every step)
+  int debug_level = 0;
+};
+
+// Family presets fill the unset keys: gpt2 = layernorm, gelu, learned positions, biases, tied
+// embeddings; llama = rmsnorm, swiglu, rope, no biases, untied; mistral = llama + sliding window.
+struct ModelConfig {
+  ModelFamily family = ModelFamily::Llama;
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;       // default num_heads
+  int head_dim = 0;           // default hidden_size / num_heads
+  int ffn_hidden_size = 0;    // default 4 * hidden (gelu) or the Llama rule (swiglu)
+  NormKind norm = NormKind::RMSNorm;
+  double norm_eps = 1e-5;
+  ActivationKind activation = ActivationKind::SwiGLU;
+  PositionKind positions = PositionKind::Rope;
+  int max_position_embeddings = 0;  // learned positions: table size (default sequence_length)
+  double rope_theta = 10000.0;
+  int sliding_window = 0;     // 0 = full causal attention
+  bool bias = false;          // biases in linear layers (and LayerNorm)
+  bool tie_embeddings = false;
+  double init_std = 0.02;     // output projections get init_std / sqrt(2 * num_layers)
+};
+
+struct DatasetRef {
+  std::string path;     // prefix of .bin/.idx, or a .fast_llm_dataset file
+  double weight = 1.0;  // blending weight (normalised over the list)
+  int line = 0;         // source line, for error messages
+};
+
+struct DataConfig {
+  std::vector<DatasetRef> train;
+  std::vector<DatasetRef> valid;     // empty: valid_fraction of train's documents, if > 0
+  double valid_fraction = 0.0;
+  int sequence_length = 0;
+  bool truncate_documents = true;    // false: documents kept whole, sequences padded
+  bool cross_document_attention = false;
+};
+
+struct BatchConfig {
+  int micro_batch_size = 1;   // sequences per micro-batch
+  int global_batch_size = 1;  // sequences per optimizer step
+  int accumulation_steps = 1; // derived: global / (micro * data_parallel)
+};
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  int warmup_steps = 0;
+  DecayKind decay = DecayKind::Cosine;
+  int decay_steps = 0;  // steps from the end of warmup to min_lr; default training.steps - warmup
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables clipping
+};
+
+struct TrainingConfig {
+  int steps = 0;
+  int eval_every = 0;  // 0 = no periodic validation
+  int eval_steps = 1;  // global batches per validation
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  BatchConfig batch;
+  OptimizerConfig optimizer;
+  TrainingConfig training;
+
+  std::string source;                       // file name the config came from
+  std::map<std::string, std::string> origin;  // key path -> "file:line" or "<command line>"
+  // "run.toml:12: model.num_heads: " for error messages about a key.
+  std::string where(const std::string& key) const;
+};
+
+// Parses a TOML file plus overrides; throws engine::Error with file, line and key on any problem
+// (syntax, unknown key, wrong type, out of range, inconsistent values).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+// The effective config (defaults and derived values filled in), as TOML that loads back to the
+// same Config.
+std::string config_to_toml(const Config& c);
+
+const char* family_name(ModelFamily f);
+
+}  // namespace engine

@@ -1,0 +1,24 @@
+// Matrix products for every linear layer. One entry point over both backends.
+//   C = alpha * op(A) @ op(B) + beta * C  (+ bias(j) on every row when options.bias is set)
+// A is (M, K), or (K, M) with trans_a; B is (K, N), or (N, K) with trans_b; C is (M, N). All
+// tensors 2-D, contiguous, row-major (callers flatten with Tensor::rows()). beta = 1 accumulates
+// (parameter gradients). CPU: f32 or f64, one dtype for all three. CUDA: bf16 A and B with a
+// bf16 or f32 C (f32 accumulation) through cuBLASLt.
+#pragma once
+#include "core/tensor.h"
+
+namespace engine::ops {
+
+struct MatmulOptions {
+  float alpha = 1.f;
+  float beta = 0.f;
+  Tensor bias;  // (N) or undefined; added once per row after the product
+};
+
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+            const MatmulOptions& options = {});
+
+// out(j) = beta * out(j) + sum_i x(i, j)   (bias gradients). x (M, N), out (N).
+void sum_rows(const Tensor& x, const Tensor& out, float beta);
+
+}  // namespace engine::ops

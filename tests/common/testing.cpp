@@ -1,0 +1,145 @@
+#include "tests/common/testing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#ifdef ENGINE_CUDA
+#include "cuda/common/device.cuh"
+#endif
+
+namespace engine::testing {
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* s = std::getenv("TEST_SEED")) return std::strtoull(s, nullptr, 0);
+    return static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count()) % 1000000007ull;
+  }();
+  return seed;
+}
+
+PhiloxKey test_key(const std::string& name) { return philox_key(test_seed(), name); }
+
+void set(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype) {
+    case DType::F32: t.ptr<float>()[i] = static_cast<float>(v); break;
+    case DType::F64: t.ptr<double>()[i] = v; break;
+    case DType::BF16: t.ptr<bf16>()[i] = bf16(static_cast<float>(v)); break;
+    case DType::I32: t.ptr<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::I64: t.ptr<int64_t>()[i] = static_cast<int64_t>(v); break;
+    case DType::U16: t.ptr<uint16_t>()[i] = static_cast<uint16_t>(v); break;
+    case DType::U8: t.ptr<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+  }
+}
+
+double get(const Tensor& t, int64_t i) {
+  ENSURE(t.device == Device::CPU, "testing::get on a device tensor");
+  switch (t.dtype) {
+    case DType::F32: return t.ptr<float>()[i];
+    case DType::F64: return t.ptr<double>()[i];
+    case DType::BF16: return static_cast<float>(t.ptr<bf16>()[i]);
+    case DType::I32: return t.ptr<int32_t>()[i];
+    case DType::I64: return static_cast<double>(t.ptr<int64_t>()[i]);
+    case DType::U16: return t.ptr<uint16_t>()[i];
+    case DType::U8: return t.ptr<uint8_t>()[i];
+  }
+  return 0;
+}
+
+Owned randn(Shape s, DType dtype, const std::string& name, double std) {
+  Owned o = empty(s, dtype, Device::CPU);
+  PhiloxKey key = test_key(name);
+  for (int64_t i = 0; i < o.t.numel(); ++i) set(o.t, i, std * philox_normal(key, i));
+  return o;
+}
+
+Owned randint(Shape s, int64_t lo, int64_t hi, const std::string& name) {
+  Owned o = empty(s, DType::I32, Device::CPU);
+  PhiloxKey key = test_key(name);
+  for (int64_t i = 0; i < o.t.numel(); ++i)
+    o.ptr<int32_t>()[i] = static_cast<int32_t>(lo + static_cast<int64_t>(philox_below(key, i, hi - lo)));
+  return o;
+}
+
+void poison(const Tensor& t) {
+  if (t.device != Device::CPU) {
+    Owned host = empty(t.shape, t.dtype, Device::CPU);
+    poison(host.t);
+    copy_tensor(t, host.t);
+    return;
+  }
+  if (is_float(t.dtype)) {
+    for (int64_t i = 0; i < t.numel(); ++i) set(t, i, std::nan(""));
+  } else {
+    std::memset(t.data, 0x7f, t.nbytes());
+  }
+}
+
+std::vector<double> to_vector(const Tensor& t) {
+  Owned host;
+  const Tensor* src = &t;
+  if (t.device != Device::CPU) {
+    host = empty(t.shape, t.dtype, Device::CPU);
+    copy_tensor(host.t, t);
+    src = &host.t;
+  }
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = get(*src, i);
+  return v;
+}
+
+Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what) {
+  Comparison c;
+  std::ostringstream os;
+  os << what << ": got " << got.shape.str() << " " << dtype_name(got.dtype) << " vs ref "
+     << ref.shape.str() << " " << dtype_name(ref.dtype);
+  if (got.numel() != ref.numel()) {
+    c.rel_rms = INFINITY;
+    os << " (element counts differ)";
+    c.report = os.str();
+    return c;
+  }
+  std::vector<double> a = to_vector(got), b = to_vector(ref);
+  double err2 = 0, ref2 = 0;
+  std::vector<std::pair<double, int64_t>> worst;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double d = a[i] - b[i];
+    if (!std::isfinite(a[i])) c.nonfinite++;
+    err2 += d * d;
+    ref2 += b[i] * b[i];
+    worst.emplace_back(std::isfinite(d) ? std::fabs(d) : INFINITY, static_cast<int64_t>(i));
+  }
+  size_t n = std::max<size_t>(a.size(), 1);
+  c.scale = std::sqrt(ref2 / n);
+  double err = std::sqrt(err2 / n);
+  c.rel_rms = c.nonfinite ? INFINITY : (c.scale > 0 ? err / c.scale : err);
+  os << "\n  rel_rms " << c.rel_rms << " (rms err " << err << ", scale " << c.scale << ")";
+  if (c.nonfinite) os << ", " << c.nonfinite << " NaN/inf in got";
+  size_t k = std::min<size_t>(5, worst.size());
+  std::partial_sort(worst.begin(), worst.begin() + k, worst.end(),
+                    [](auto& x, auto& y) { return x.first > y.first; });
+  os << "\n  worst:";
+  for (size_t i = 0; i < k; ++i) {
+    size_t j = static_cast<size_t>(worst[i].second);
+    os << " [" << j << "] " << a[j] << " vs " << b[j] << ";";
+  }
+  os << "\n  TEST_SEED=" << test_seed();
+  c.report = os.str();
+  return c;
+}
+
+bool gpu_available_or_skip() {
+#ifdef ENGINE_CUDA
+  if (cuda::device_count() > 0) return true;
+  skip_test("no CUDA device present");
+#else
+  skip_test("built without CUDA (no nvcc)");
+#endif
+  return false;
+}
+
+}  // namespace engine::testing

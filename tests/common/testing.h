@@ -1,0 +1,55 @@
+// Shared test helpers: the run's seed (TEST_SEED to replay), random tensors, a comparison that
+// reports the relative RMS error, its scale and the worst elements, and GPU/slow-tier skips.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/rng.h"
+
+namespace engine::testing {
+
+// The seed of this test run: TEST_SEED from the environment, else fresh from the clock. Printed
+// once at start and on every failure so the failing run can be replayed exactly.
+uint64_t test_seed();
+// A key for one purpose within one test: philox_key(test_seed(), name).
+PhiloxKey test_key(const std::string& name);
+
+// Tensors on the CPU filled from the test seed: normal(0, std) or uniform ints in [lo, hi).
+Owned randn(Shape s, DType dtype, const std::string& name, double std = 1.0);
+Owned randint(Shape s, int64_t lo, int64_t hi, const std::string& name);
+// Poison: fills with NaN (floats) or 0x7f bytes so unwritten outputs fail the comparison.
+void poison(const Tensor& t);
+
+// Element i of a float tensor on the CPU as double.
+double get(const Tensor& t, int64_t i);
+void set(const Tensor& t, int64_t i, double v);
+std::vector<double> to_vector(const Tensor& t);  // any device, float dtypes
+
+struct Comparison {
+  double rel_rms = 0;  // rms(a - b) / rms(ref)
+  double scale = 0;    // rms(ref)
+  int64_t nonfinite = 0;
+  std::string report;  // shape, error, scale and the worst elements with their indices
+};
+// Compares `got` against `ref` (same numel, any float dtypes, either device).
+Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what = "");
+
+// CHECK that got matches ref to a relative RMS error of at most tol (and no NaN/inf in got).
+#define CHECK_CLOSE(got, ref, tol)                                                         \
+  do {                                                                                     \
+    auto cmp_ = ::engine::testing::compare((got), (ref), #got " vs " #ref);                \
+    INFO(cmp_.report);                                                                     \
+    CHECK(cmp_.nonfinite == 0);                                                            \
+    CHECK(cmp_.rel_rms <= (tol));                                                          \
+  } while (0)
+
+// True when a CUDA device is usable; otherwise records a skip with the reason and returns false.
+bool gpu_available_or_skip();
+// Records that the current test case was skipped, with a reason (counted in the summary).
+void skip_test(const std::string& reason);
+
+}  // namespace engine::testing

@@ -1,0 +1,83 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/buffer.h"
+#include "core/check.h"
+#include "core/rng.h"
+#include "tests/common/testing.h"
+
+using namespace engine;
+
+TEST_CASE("ENSURE throws Error with expression, message and location") {
+  try {
+    int x = 3;
+    ENSURE(x == 4, "x was ", x);
+    FAIL_CHECK("no throw");
+  } catch (const Error& e) {
+    std::string w = e.what();
+    CHECK(w.find("x was 3") != std::string::npos);
+    CHECK(w.find("x == 4") != std::string::npos);
+    CHECK(w.find("test_core.cpp") != std::string::npos);
+  }
+  set_error_rank(3);
+  CHECK_THROWS_WITH_AS(ENSURE_EQ(1, 2), doctest::Contains("[rank 3]"), Error);
+  set_error_rank(-1);
+}
+
+TEST_CASE("Tensor views: shape, view, slice, dtype checks") {
+  Owned o = zeros({4, 3, 2}, DType::F32, Device::CPU);
+  CHECK(o->numel() == 24);
+  CHECK(o->nbytes() == 96);
+  Tensor s = o->slice(1, 3);
+  CHECK(s.shape == Shape({2, 3, 2}));
+  CHECK(static_cast<float*>(s.data) == o.ptr<float>() + 6);
+  CHECK(o->rows().shape == Shape({12, 2}));
+  CHECK_THROWS_AS(o->view({5, 5}), Error);
+  CHECK_THROWS_AS(o->slice(2, 5), Error);
+  CHECK_THROWS_AS(o->ptr<double>(), Error);
+  for (int i = 0; i < 24; ++i) CHECK(o.ptr<float>()[i] == 0.f);
+}
+
+TEST_CASE("bf16 round to nearest even, NaN kept") {
+  CHECK(static_cast<float>(bf16(1.0f)) == 1.0f);
+  CHECK(static_cast<float>(bf16(1.0f + 1.0f / 256)) == 1.0f);          // tie -> even
+  CHECK(static_cast<float>(bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);  // tie -> even (up)
+  CHECK(std::isnan(static_cast<float>(bf16(std::nanf("")))));
+  CHECK(static_cast<float>(bf16(-2.5f)) == -2.5f);
+}
+
+TEST_CASE("caching allocator reuses freed blocks: no system allocation on repeat") {
+  { Buffer warm(12345, Device::CPU); }
+  auto before = memory_stats(Device::CPU).system_allocs;
+  for (int i = 0; i < 10; ++i) Buffer b(12345, Device::CPU);
+  CHECK(memory_stats(Device::CPU).system_allocs == before);
+  Buffer a(1000, Device::CPU), b(1000, Device::CPU);
+  CHECK(a.data() != b.data());
+  CHECK(memory_stats(Device::CPU).peak_in_use >= 2000);
+}
+
+TEST_CASE("Philox: known-answer vector and statistics of the normal draw") {
+  // Random123's kat_vectors for philox4x32_10: counter 0, key 0.
+  Philox4 r = philox4x32({0, 0}, 0, 0);
+  CHECK(r.v[0] == 0x6627e8d5u);
+  CHECK(r.v[1] == 0xe169c58du);
+  CHECK(r.v[2] == 0xbc57ac4cu);
+  CHECK(r.v[3] == 0x9b00dbd8u);
+  PhiloxKey k = philox_key(42, "layers.0.attn.wq");
+  CHECK(philox_normal(k, 17) == philox_normal(k, 17));
+  CHECK(philox_normal(k, 17) != philox_normal(philox_key(43, "layers.0.attn.wq"), 17));
+  double s = 0, s2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double z = philox_normal(k, i);
+    s += z;
+    s2 += z * z;
+  }
+  CHECK(std::fabs(s / n) < 0.01);
+  CHECK(std::fabs(s2 / n - 1.0) < 0.02);
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 1000; ++i) seen.insert(philox_below(k, i, 10));
+  CHECK(seen.size() == 10);
+}

@@ -1,0 +1,105 @@
+// Test runner: doctest plus a listener that times every test case, counts skips (GPU cases on a
+// machine without a GPU), prints the slowest tests and one summary line
+//   tests: N passed, N failed, N skipped
+// Tiers: by default the fast tier runs (test cases in the "slow" suite are excluded); --all (or
+// TEST_TIER=full) runs everything. Other doctest flags pass through (-tc=, -ts=, ...).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/common/testing.h"
+
+namespace {
+
+std::mutex g_mu;
+std::set<std::string> g_skipped;
+std::string g_current;
+
+struct TimingListener : public doctest::IReporter {
+  struct Entry {
+    std::string name;
+    double seconds;
+  };
+  std::vector<Entry> entries;
+  int passed = 0, failed = 0, skipped = 0;
+
+  explicit TimingListener(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {
+    std::printf("test seed: %llu (set TEST_SEED to replay)\n",
+                static_cast<unsigned long long>(engine::testing::test_seed()));
+  }
+  void test_run_end(const doctest::TestRunStats&) override {
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
+    double total = 0;
+    for (auto& e : entries) total += e.seconds;
+    std::printf("slowest tests (of %zu, %.2f s in all):\n", entries.size(), total);
+    for (size_t i = 0; i < std::min<size_t>(10, entries.size()); ++i)
+      std::printf("  %8.3f s  %s\n", entries[i].seconds, entries[i].name.c_str());
+    std::printf("tests: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    std::fflush(stdout);
+  }
+  void test_case_start(const doctest::TestCaseData& tc) override {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_current = tc.m_name;
+  }
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats& st) override {
+    std::lock_guard<std::mutex> lock(g_mu);
+    entries.push_back({g_current, st.seconds});
+    if (!st.testCaseSuccess) {
+      failed++;
+      std::printf("FAILED (TEST_SEED=%llu): %s\n",
+                  static_cast<unsigned long long>(engine::testing::test_seed()), g_current.c_str());
+    } else if (g_skipped.count(g_current)) {
+      skipped++;
+    } else {
+      passed++;
+    }
+  }
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+
+}  // namespace
+
+REGISTER_LISTENER("timing", 1, TimingListener);
+
+namespace engine::testing {
+void skip_test(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_skipped.insert(g_current).second)
+    std::printf("skipped: %s: %s\n", g_current.c_str(), reason.c_str());
+}
+}  // namespace engine::testing
+
+int main(int argc, char** argv) {
+  bool all = false;
+  if (const char* tier = std::getenv("TEST_TIER")) all = std::strcmp(tier, "full") == 0;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--all") == 0) {
+      all = true;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  doctest::Context context;
+  if (!all) context.addFilter("test-suite-exclude", "slow");
+  context.setOption("no-intro", true);
+  context.applyCommandLine(static_cast<int>(args.size()), args.data());
+  return context.run();
+}
