@@ -25,6 +25,7 @@ struct RunConfig {
   DeviceChoice device = DeviceChoice::Auto;
   int log_every = 1;                 // steps between log lines (metrics.jsonl gets every step)
   int debug_level = 0;
+  bool operator==(const RunConfig&) const = default;
 };
 
 // Family presets fill the unset keys: gpt2 = layernorm, gelu, learned positions, biases, tied
@@ -48,12 +49,15 @@ struct ModelConfig {
   bool bias = false;          // biases in linear layers (and LayerNorm)
   bool tie_embeddings = false;
   double init_std = 0.02;     // output projections get init_std / sqrt(2 * num_layers)
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct DatasetRef {
   std::string path;     // prefix of .bin/.idx, or a .fast_llm_dataset file
   double weight = 1.0;  // blending weight (normalised over the list)
-  int line = 0;         // source line, for error messages
+  int line = 0;         // source line, for error messages (0: from the command line)
+  // The source line is not part of the value.
+  bool operator==(const DatasetRef& o) const { return path == o.path && weight == o.weight; }
 };
 
 struct DataConfig {
@@ -63,12 +67,14 @@ struct DataConfig {
   int sequence_length = 0;
   bool truncate_documents = true;    // false: documents kept whole, sequences padded
   bool cross_document_attention = false;
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct BatchConfig {
   int micro_batch_size = 1;   // sequences per micro-batch
   int global_batch_size = 1;  // sequences per optimizer step
   int accumulation_steps = 1; // derived: global / (micro * data_parallel)
+  bool operator==(const BatchConfig&) const = default;
 };
 
 struct OptimizerConfig {
@@ -82,12 +88,14 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 disables clipping
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 struct TrainingConfig {
   int steps = 0;
   int eval_every = 0;  // 0 = no periodic validation
   int eval_steps = 1;  // global batches per validation
+  bool operator==(const TrainingConfig&) const = default;
 };
 
 struct Config {
@@ -101,11 +109,19 @@ struct Config {
   std::string source;                       // file name the config came from
   std::map<std::string, std::string> origin;  // key path -> "file:line" or "<command line>"
   // "run.toml:12: model.num_heads: " for error messages about a key.
+  // A key that was not set is reported at its section's header line (or the file alone).
   std::string where(const std::string& key) const;
+  // True when the file or an override set the key (as opposed to a default or preset).
+  bool is_set(const std::string& key) const { return origin.count(key) != 0; }
+  // Compares the settings only (not source, origin or DatasetRef::line).
+  bool operator==(const Config& o) const;
 };
 
 // Parses a TOML file plus overrides; throws engine::Error with file, line and key on any problem
-// (syntax, unknown key, wrong type, out of range, inconsistent values).
+// (syntax, unknown key, wrong type, out of range, inconsistent values). Relative dataset paths
+// in the file are resolved against the config file's directory (load_config makes them
+// absolute, so the effective config reloads from anywhere; parse_config leaves them as given
+// when source_name has no directory); paths given as overrides stay relative to the cwd.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});

@@ -1,0 +1,150 @@
+// Internal to csrc/config: the one list of config keys. visit_fields() walks every field of a
+// Config in file order, calling the visitor once per key; the reader (config.cpp), the writer
+// (config_write.cpp) and the key schema (unknown-key checks, suggestions) are visitors, so a
+// field added here is parsed, written and known everywhere at once.
+//
+// Visitor interface (T& or const T& depending on the Config's constness):
+//   section(name)                       starts a [section]
+//   field(key, int | uint64_t | double | bool | std::string)
+//   choice(key, enum, names)            a lowercase string naming one enum value
+//   datasets(key, std::vector<DatasetRef>)
+//   derived(key, int, formula)          computed, never read; written as a comment
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace engine::config_detail {
+
+template <typename E>
+struct EnumName {
+  const char* name;
+  E value;
+};
+
+inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
+    {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral}};
+inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
+                                                    {"rmsnorm", NormKind::RMSNorm}};
+inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},
+                                                                {"swiglu", ActivationKind::SwiGLU}};
+inline constexpr EnumName<PositionKind> kPositionNames[] = {{"learned", PositionKind::Learned},
+                                                            {"rope", PositionKind::Rope}};
+inline constexpr EnumName<DeviceChoice> kDeviceNames[] = {
+    {"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::CPU}, {"cuda", DeviceChoice::CUDA}};
+inline constexpr EnumName<DecayKind> kDecayNames[] = {{"cosine", DecayKind::Cosine},
+                                                      {"linear", DecayKind::Linear},
+                                                      {"constant", DecayKind::Constant}};
+
+template <typename E, size_t N>
+constexpr std::span<const EnumName<E>> names_of(const EnumName<E> (&names)[N]) {
+  return names;
+}
+
+template <typename E>
+const char* enum_name(E value, std::span<const EnumName<E>> names) {
+  for (const auto& n : names)
+    if (n.value == value) return n.name;
+  return "?";
+}
+
+// "a", "b" or "c" for error messages.
+template <typename E>
+std::string enum_choices(std::span<const EnumName<E>> names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i) s += i + 1 == names.size() ? " or " : ", ";
+    s += '"';
+    s += names[i].name;
+    s += '"';
+  }
+  return s;
+}
+
+template <typename C, typename V>
+void visit_fields(C& c, V& v) {
+  v.section("run");
+  v.field("name", c.run.name);
+  v.field("output_dir", c.run.output_dir);
+  v.field("seed", c.run.seed);
+  v.choice("device", c.run.device, names_of(kDeviceNames));
+  v.field("log_every", c.run.log_every);
+  v.field("debug_level", c.run.debug_level);
+
+  v.section("model");
+  v.choice("family", c.model.family, names_of(kFamilyNames));
+  v.field("vocab_size", c.model.vocab_size);
+  v.field("hidden_size", c.model.hidden_size);
+  v.field("num_layers", c.model.num_layers);
+  v.field("num_heads", c.model.num_heads);
+  v.field("num_kv_heads", c.model.num_kv_heads);
+  v.field("head_dim", c.model.head_dim);
+  v.field("ffn_hidden_size", c.model.ffn_hidden_size);
+  v.choice("norm", c.model.norm, names_of(kNormNames));
+  v.field("norm_eps", c.model.norm_eps);
+  v.choice("activation", c.model.activation, names_of(kActivationNames));
+  v.choice("positions", c.model.positions, names_of(kPositionNames));
+  v.field("max_position_embeddings", c.model.max_position_embeddings);
+  v.field("rope_theta", c.model.rope_theta);
+  v.field("sliding_window", c.model.sliding_window);
+  v.field("bias", c.model.bias);
+  v.field("tie_embeddings", c.model.tie_embeddings);
+  v.field("init_std", c.model.init_std);
+
+  v.section("data");
+  v.datasets("train", c.data.train);
+  v.datasets("valid", c.data.valid);
+  v.field("valid_fraction", c.data.valid_fraction);
+  v.field("sequence_length", c.data.sequence_length);
+  v.field("truncate_documents", c.data.truncate_documents);
+  v.field("cross_document_attention", c.data.cross_document_attention);
+
+  v.section("batch");
+  v.field("micro_batch_size", c.batch.micro_batch_size);
+  v.field("global_batch_size", c.batch.global_batch_size);
+  v.derived("accumulation_steps", c.batch.accumulation_steps,
+            "global_batch_size / micro_batch_size");
+
+  v.section("optimizer");
+  v.field("lr", c.optimizer.lr);
+  v.field("min_lr", c.optimizer.min_lr);
+  v.field("warmup_steps", c.optimizer.warmup_steps);
+  v.choice("decay", c.optimizer.decay, names_of(kDecayNames));
+  v.field("decay_steps", c.optimizer.decay_steps);
+  v.field("weight_decay", c.optimizer.weight_decay);
+  v.field("beta1", c.optimizer.beta1);
+  v.field("beta2", c.optimizer.beta2);
+  v.field("eps", c.optimizer.eps);
+  v.field("grad_clip", c.optimizer.grad_clip);
+
+  v.section("training");
+  v.field("steps", c.training.steps);
+  v.field("eval_every", c.training.eval_every);
+  v.field("eval_steps", c.training.eval_steps);
+}
+
+// The key schema, collected once by a visitor over a default Config.
+enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Derived };
+
+struct FieldInfo {
+  std::string section;
+  std::string key;
+  FieldKind kind;
+  std::string note;  // the formula of a derived key
+};
+
+const std::vector<FieldInfo>& schema();
+const FieldInfo* find_field(const std::string& section, const std::string& key);
+bool is_section(const std::string& name);
+// " (did you mean model.hidden_size?)" for the closest known key within edit distance 2, or "".
+// section empty: `key` is a top-level name (an unknown section or a key outside any section).
+std::string suggest_key(const std::string& section, const std::string& key);
+
+// Fills presets, defaults and derived values into a Config read from TOML (origin tells which
+// keys were set), then checks ranges and consistency. Throws engine::Error via Config::where.
+void finish_config(Config& c);
+
+}  // namespace engine::config_detail

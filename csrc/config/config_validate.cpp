@@ -1,0 +1,299 @@
+// The config's semantics after parsing: the key schema (unknown keys and suggestions), family
+// presets, defaults and derived values, and range and consistency checks. No TOML here: the
+// parser (config.cpp) records in Config::origin which keys were set, and everything below reads
+// that to tell "set by the user" from "take the default".
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "config/config.h"
+#include "config/config_fields.h"
+#include "core/check.h"
+
+namespace engine {
+
+std::string Config::where(const std::string& key) const {
+  auto it = origin.find(key);
+  // A key that was not set is reported at its section's header, when the file has one.
+  if (it == origin.end()) it = origin.find(key.substr(0, key.find('.')));
+  std::string loc = it != origin.end() ? it->second : (source.empty() ? "<config>" : source);
+  return loc + ": " + key + ": ";
+}
+
+bool Config::operator==(const Config& o) const {
+  return run == o.run && model == o.model && data == o.data && batch == o.batch &&
+         optimizer == o.optimizer && training == o.training;
+}
+
+const char* family_name(ModelFamily f) {
+  return config_detail::enum_name(f, config_detail::names_of(config_detail::kFamilyNames));
+}
+
+namespace config_detail {
+namespace {
+
+struct SchemaCollector {
+  std::vector<FieldInfo> fields;
+  std::string sec;
+  void section(const char* s) { sec = s; }
+  void add(const char* key, FieldKind kind, const char* note = "") {
+    fields.push_back({sec, key, kind, note});
+  }
+  void field(const char* key, int&) { add(key, FieldKind::Int); }
+  void field(const char* key, uint64_t&) { add(key, FieldKind::UInt64); }
+  void field(const char* key, double&) { add(key, FieldKind::Double); }
+  void field(const char* key, bool&) { add(key, FieldKind::Bool); }
+  void field(const char* key, std::string&) { add(key, FieldKind::String); }
+  template <typename E>
+  void choice(const char* key, E&, std::span<const EnumName<E>>) {
+    add(key, FieldKind::Choice);
+  }
+  void datasets(const char* key, std::vector<DatasetRef>&) { add(key, FieldKind::Datasets); }
+  void derived(const char* key, int&, const char* formula) {
+    add(key, FieldKind::Derived, formula);
+  }
+};
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+const std::vector<FieldInfo>& schema() {
+  static const std::vector<FieldInfo> fields = [] {
+    Config c;
+    SchemaCollector s;
+    visit_fields(c, s);
+    return s.fields;
+  }();
+  return fields;
+}
+
+const FieldInfo* find_field(const std::string& section, const std::string& key) {
+  for (const auto& f : schema())
+    if (f.section == section && f.key == key) return &f;
+  return nullptr;
+}
+
+bool is_section(const std::string& name) {
+  for (const auto& f : schema())
+    if (f.section == name) return true;
+  return false;
+}
+
+std::string suggest_key(const std::string& section, const std::string& key) {
+  constexpr size_t kMaxDistance = 2;
+  const std::string k = lower(key);
+  std::string best;
+  size_t best_d = kMaxDistance + 1;
+  auto consider = [&](const std::string& candidate, const std::string& shown, size_t penalty) {
+    size_t d = edit_distance(k, candidate) + penalty;
+    if (d < best_d) best_d = d, best = shown;
+  };
+  for (const auto& f : schema()) {
+    if (section.empty()) {
+      // A top-level name: a misspelt section, or a key written outside its section.
+      consider(f.section, "[" + f.section + "]", 0);
+      consider(f.key, f.section + "." + f.key, 0);
+    } else if (f.section == section) {
+      consider(f.key, section + "." + f.key, 0);
+    } else if (f.key == k) {
+      consider(f.key, f.section + "." + f.key, 1);  // the right key in the wrong section
+    }
+  }
+  return best.empty() ? "" : " (did you mean " + best + "?)";
+}
+
+namespace {
+
+// The checks, each reporting at the key it names.
+struct Checker {
+  Config& c;
+
+  bool set(const char* key) const { return c.origin.count(key) != 0; }
+
+  // A required size: must be set and > 0.
+  void required_positive(const char* key, int v) const {
+    if (!set(key)) RAISE(c.where(key), "required, not set");
+    if (v <= 0) RAISE(c.where(key), "must be > 0, got ", v);
+  }
+  void positive(const char* key, double v) const {
+    if (!(v > 0)) RAISE(c.where(key), "must be > 0, got ", v);
+  }
+  void non_negative(const char* key, double v) const {
+    if (v < 0) RAISE(c.where(key), "must be >= 0, got ", v);
+  }
+  void at_least(const char* key, int v, int lo) const {
+    if (v < lo) RAISE(c.where(key), "must be >= ", lo, ", got ", v);
+  }
+  void unit_interval(const char* key, double v) const {  // [0, 1)
+    if (!(v >= 0 && v < 1)) RAISE(c.where(key), "must be in [0, 1), got ", v);
+  }
+  void non_empty(const char* key, const std::string& v) const {
+    if (v.empty()) RAISE(c.where(key), "must not be empty");
+  }
+  // Stores a default computed in 64 bits, checking that it fits an int.
+  int fits(const char* key, int64_t v, const char* what) const {
+    if (v > INT_MAX) RAISE(c.where(key), what, " = ", v, " overflows a 32-bit int");
+    return static_cast<int>(v);
+  }
+
+  void run() const {
+    non_empty("run.name", c.run.name);
+    non_empty("run.output_dir", c.run.output_dir);
+    at_least("run.log_every", c.run.log_every, 1);
+    at_least("run.debug_level", c.run.debug_level, 0);
+  }
+
+  void family_presets() const {
+    ModelConfig& m = c.model;
+    const bool gpt2 = m.family == ModelFamily::GPT2;
+    if (!set("model.norm")) m.norm = gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm;
+    if (!set("model.activation"))
+      m.activation = gpt2 ? ActivationKind::GELU : ActivationKind::SwiGLU;
+    if (!set("model.positions")) m.positions = gpt2 ? PositionKind::Learned : PositionKind::Rope;
+    if (!set("model.bias")) m.bias = gpt2;
+    if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
+    if (!set("model.norm_eps")) m.norm_eps = 1e-5;
+    if (!set("model.sliding_window") && m.family == ModelFamily::Mistral) m.sliding_window = 4096;
+  }
+
+  void model() const {
+    ModelConfig& m = c.model;
+    required_positive("model.vocab_size", m.vocab_size);
+    required_positive("model.hidden_size", m.hidden_size);
+    required_positive("model.num_layers", m.num_layers);
+    required_positive("model.num_heads", m.num_heads);
+    family_presets();
+
+    if (set("model.num_kv_heads")) {
+      positive("model.num_kv_heads", m.num_kv_heads);
+      if (m.num_heads % m.num_kv_heads != 0)
+        RAISE(c.where("model.num_kv_heads"), "must divide num_heads (", m.num_heads, "), got ",
+              m.num_kv_heads);
+    } else {
+      m.num_kv_heads = m.num_heads;
+    }
+    if (set("model.head_dim")) {
+      positive("model.head_dim", m.head_dim);
+    } else {
+      if (m.hidden_size % m.num_heads != 0)
+        RAISE(c.where("model.num_heads"), "must divide hidden_size (", m.hidden_size,
+              ") unless model.head_dim is set, got ", m.num_heads);
+      m.head_dim = m.hidden_size / m.num_heads;
+    }
+    if (m.positions == PositionKind::Rope && m.head_dim % 2 != 0)
+      RAISE(c.where("model.head_dim"), "must be even with rope positions, got ", m.head_dim,
+            set("model.head_dim") ? "" : " (hidden_size / num_heads)");
+
+    if (set("model.ffn_hidden_size")) {
+      positive("model.ffn_hidden_size", m.ffn_hidden_size);
+    } else if (m.activation == ActivationKind::GELU) {
+      m.ffn_hidden_size = fits("model.ffn_hidden_size", 4 * int64_t{m.hidden_size},
+                               "4 * hidden_size");
+    } else {
+      // Llama's rule: 2/3 of 4 * hidden, rounded up to a multiple of 256.
+      constexpr int64_t kMultipleOf = 256;
+      const int64_t h = 8 * int64_t{m.hidden_size} / 3;
+      m.ffn_hidden_size = fits("model.ffn_hidden_size",
+                               kMultipleOf * ((h + kMultipleOf - 1) / kMultipleOf),
+                               "256 * ceil(8 * hidden_size / 3 / 256)");
+    }
+    positive("model.norm_eps", m.norm_eps);
+    positive("model.rope_theta", m.rope_theta);
+    at_least("model.sliding_window", m.sliding_window, 0);
+    positive("model.init_std", m.init_std);
+  }
+
+  // Needs data.sequence_length, so runs after data().
+  void positions() const {
+    ModelConfig& m = c.model;
+    if (set("model.max_position_embeddings"))
+      positive("model.max_position_embeddings", m.max_position_embeddings);
+    else
+      m.max_position_embeddings = c.data.sequence_length;
+    if (m.positions == PositionKind::Learned && m.max_position_embeddings < c.data.sequence_length)
+      RAISE(c.where("model.max_position_embeddings"), "must be >= data.sequence_length (",
+            c.data.sequence_length, ") with learned positions, got ", m.max_position_embeddings);
+  }
+
+  void data() const {
+    DataConfig& d = c.data;
+    if (!set("data.train")) RAISE(c.where("data.train"), "required, not set");
+    if (d.train.empty()) RAISE(c.where("data.train"), "must list at least one dataset");
+    required_positive("data.sequence_length", d.sequence_length);
+    unit_interval("data.valid_fraction", d.valid_fraction);
+  }
+
+  void batch() const {
+    BatchConfig& b = c.batch;
+    positive("batch.micro_batch_size", b.micro_batch_size);
+    positive("batch.global_batch_size", b.global_batch_size);
+    if (b.global_batch_size % b.micro_batch_size != 0)
+      RAISE(c.where("batch.global_batch_size"), "must be a multiple of micro_batch_size (",
+            b.micro_batch_size, "), got ", b.global_batch_size);
+    b.accumulation_steps = b.global_batch_size / b.micro_batch_size;  // data_parallel = 1
+  }
+
+  void training() const {
+    TrainingConfig& t = c.training;
+    required_positive("training.steps", t.steps);
+    at_least("training.eval_every", t.eval_every, 0);
+    at_least("training.eval_steps", t.eval_steps, 1);
+    if (t.eval_every > 0 && c.data.valid.empty() && c.data.valid_fraction == 0)
+      RAISE(c.where("training.eval_every"),
+            "validation needs data: set data.valid or data.valid_fraction > 0");
+  }
+
+  void optimizer() const {
+    OptimizerConfig& o = c.optimizer;
+    non_negative("optimizer.lr", o.lr);
+    non_negative("optimizer.min_lr", o.min_lr);
+    if (o.min_lr > o.lr)
+      RAISE(c.where("optimizer.min_lr"), "must be <= lr (", o.lr, "), got ", o.min_lr);
+    at_least("optimizer.warmup_steps", o.warmup_steps, 0);
+    if (o.warmup_steps > c.training.steps)
+      RAISE(c.where("optimizer.warmup_steps"), "must be <= training.steps (", c.training.steps,
+            "), got ", o.warmup_steps);
+    if (set("optimizer.decay_steps"))
+      at_least("optimizer.decay_steps", o.decay_steps, 0);
+    else
+      o.decay_steps = c.training.steps - o.warmup_steps;
+    non_negative("optimizer.weight_decay", o.weight_decay);
+    unit_interval("optimizer.beta1", o.beta1);
+    unit_interval("optimizer.beta2", o.beta2);
+    positive("optimizer.eps", o.eps);
+    non_negative("optimizer.grad_clip", o.grad_clip);
+  }
+};
+
+}  // namespace
+
+void finish_config(Config& c) {
+  Checker k{c};
+  k.run();
+  k.model();
+  k.data();
+  k.positions();
+  k.batch();
+  k.training();
+  k.optimizer();
+}
+
+}  // namespace config_detail
+}  // namespace engine
