@@ -1,0 +1,67 @@
+// A tokenized dataset on disk, memory-mapped read-only: N documents of int tokens, optionally
+// with loss-masking spans. Two formats (FORMATS.md): Megatron / Fast-LLM `prefix.bin` +
+// `prefix.idx` (versions 1-3) and Fast-LLM's single-file `.fast_llm_dataset`. Opening validates
+// every header field and every size and offset against the file sizes, so that afterwards no
+// read can leave the mapping; any problem is an engine::Error "<file>: at offset <n>: <what>".
+// Tokens are returned as int32; a stored value outside [0, 2^31) is an error naming the file,
+// document and offset. Thread-safe after construction (all methods const, no mutable state).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/mapped_file.h"
+
+namespace engine {
+
+enum class TokenType { U8, I8, I16, U16, I32, U32, I64 };
+
+int token_type_size(TokenType t);
+const char* token_type_name(TokenType t);  // numpy spelling: "uint16", "int32", ...
+// The type a writer uses for a vocabulary: uint16 below 65536, else int32.
+TokenType token_type_for_vocab(int64_t vocab_size);
+
+// A token range [begin, end) relative to the start of its document.
+struct TokenSpan {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool operator==(const TokenSpan&) const = default;
+};
+
+class TokenDataset {
+ public:
+  virtual ~TokenDataset() = default;
+
+  const std::string& path() const { return path_; }  // prefix or .fast_llm_dataset path
+  TokenType token_type() const { return type_; }
+  int64_t num_documents() const { return num_documents_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  virtual int64_t document_size(int64_t doc) const = 0;
+  bool has_loss_masking_spans() const { return has_spans_; }
+  // Loss-masking spans of `doc`, [begin, end) relative to the document, within its size (empty
+  // when the dataset has none).
+  virtual std::vector<TokenSpan> loss_masking_spans(int64_t doc) const = 0;
+
+  // Tokens [offset, offset + count) of `doc` into out[0, count); bounds-checked.
+  void read(int64_t doc, int64_t offset, int64_t count, int32_t* out) const;
+  std::vector<int32_t> read(int64_t doc, int64_t offset = 0, int64_t count = -1) const;
+
+ protected:
+  // First byte of the tokens of `doc` inside the mapping (validated at open).
+  virtual const unsigned char* document_data(int64_t doc) const = 0;
+  // The file that holds the tokens (for error messages).
+  virtual const std::string& token_file() const = 0;
+
+  std::string path_;
+  TokenType type_ = TokenType::U16;
+  int64_t num_documents_ = 0;
+  int64_t num_tokens_ = 0;
+  bool has_spans_ = false;
+};
+
+// Opens `path`: a file ending in ".fast_llm_dataset", else the prefix of `path.bin` + `path.idx`
+// (a trailing ".bin" or ".idx" is accepted and stripped).
+std::unique_ptr<TokenDataset> open_token_dataset(const std::string& path);
+
+}  // namespace engine

@@ -1,0 +1,138 @@
+// scripts/prepare_data.py (and make_demo_corpus.py) produce datasets the C++ reader accepts:
+// byte-level tokens, one end-of-document token 256 per document, uint16 on disk. Runs the
+// python from $PYTHON (default python3); skipped when it is not available.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "data/memmap_dataset.h"
+#include "tests/common/testing.h"
+#include "tests/data/data_test_util.h"
+
+namespace engine {
+namespace {
+
+// The repository root, from this file's path (tests/data/test_prepare_data.cpp; relative to the
+// working folder when compiled with a relative path).
+std::string repo_root() {
+  std::string f = __FILE__;
+  const std::string tail = "tests/data/test_prepare_data.cpp";
+  if (f.size() >= tail.size() && f.compare(f.size() - tail.size(), tail.size(), tail) == 0)
+    f.resize(f.size() - tail.size());
+  return f.empty() ? "." : f;
+}
+
+// The python command, or "" (with a recorded skip) when it or the scripts are not available.
+std::string python_or_skip() {
+  if (!std::filesystem::exists(repo_root() + "/scripts/prepare_data.py")) {
+    testing::skip_test("scripts/prepare_data.py not found (run the tests from the repository root)");
+    return "";
+  }
+  const char* env = std::getenv("PYTHON");
+  std::string py = env && *env ? env : "python3";
+  // Found on PATH (or as a path) without starting it: python startup dominates this test.
+  bool found = false;
+  if (py.find('/') != std::string::npos) {
+    found = ::access(py.c_str(), X_OK) == 0;
+  } else if (const char* path = std::getenv("PATH")) {
+    std::string dirs = path;
+    for (size_t b = 0, e; !found && b <= dirs.size(); b = e + 1) {
+      e = dirs.find(':', b);
+      if (e == std::string::npos) e = dirs.size();
+      std::string dir = e > b ? dirs.substr(b, e - b) : ".";
+      found = ::access((dir + "/" + py).c_str(), X_OK) == 0;
+    }
+  }
+  if (!found) {
+    testing::skip_test("no python (" + py + ") to run scripts/prepare_data.py");
+    return "";
+  }
+  return py;
+}
+
+std::vector<int32_t> bytes_then_eos(const std::string& text) {
+  std::vector<int32_t> t(text.begin(), text.end());
+  for (auto& v : t) v &= 0xff;
+  t.push_back(256);
+  return t;
+}
+
+TEST_CASE("prepare_data.py: text and JSONL in, a .bin/.idx the C++ reader accepts") {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  std::string dir = data_testing::data_test_dir("prepare");
+  std::string script = repo_root() + "/scripts/prepare_data.py";
+  {
+    std::ofstream f(dir + "/in.txt");
+    f << "First paragraph,\nstill the first.\n\n\n   \nSecond: caf\xc3\xa9.\n\nThird\n";
+  }
+  {
+    std::ofstream f(dir + "/in.jsonl");
+    f << "{\"body\": \"alpha\", \"text\": \"ignored\"}\n\n{\"body\": \"\"}\n{\"body\": \"b\\u00e9ta\"}\n";
+  }
+  // One run over both inputs (python startup dominates the time of this test).
+  std::string log = dir + "/log.txt";
+  std::string cmd = py + " " + script + " " + dir + "/in.txt " + dir + "/in.jsonl --field body --output " +
+                    dir + "/out > " + log + " 2>&1";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, cmd);
+  auto ds = open_token_dataset(dir + "/out");
+  CHECK(dynamic_cast<const MemmapDataset&>(*ds).version() == 1);
+  CHECK(ds->token_type() == TokenType::U16);
+  REQUIRE(ds->num_documents() == 6);
+  CHECK(ds->read(0) == bytes_then_eos("First paragraph,\nstill the first."));
+  CHECK(ds->read(1) == bytes_then_eos("Second: caf\xc3\xa9."));
+  CHECK(ds->read(2) == bytes_then_eos("Third"));
+  CHECK(ds->read(3) == bytes_then_eos("alpha"));
+  CHECK(ds->read(4) == std::vector<int32_t>{256});
+  CHECK(ds->read(5) == bytes_then_eos("b\xc3\xa9ta"));
+  std::ifstream out(log);
+  std::string printed((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  CHECK(printed.find("documents: 6") != std::string::npos);
+  CHECK(printed.find("vocab: 257") != std::string::npos);
+}
+
+TEST_CASE("prepare_data.py: a bad input fails and leaves no output" * doctest::test_suite("slow")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  std::string dir = data_testing::data_test_dir("prepare_bad");
+  {
+    std::ofstream f(dir + "/in.jsonl");
+    f << "{\"text\": \"fine\"}\n{\"body\": \"no text field\"}\n";
+  }
+  std::string cmd = py + " " + repo_root() + "/scripts/prepare_data.py " + dir + "/in.jsonl -o " + dir +
+                    "/bad > " + dir + "/log.txt 2>&1";
+  CHECK(std::system(cmd.c_str()) != 0);
+  CHECK(!std::filesystem::exists(dir + "/bad.bin"));
+  CHECK(!std::filesystem::exists(dir + "/bad.idx"));
+  CHECK(std::filesystem::is_empty(dir) == false);
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 2);  // in.jsonl and log.txt: no temporary left behind
+}
+
+TEST_CASE("make_demo_corpus.py -> prepare_data.py: 3000 documents" * doctest::test_suite("slow")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  std::string dir = data_testing::data_test_dir("demo_corpus");
+  std::string root = repo_root();
+  std::string cmd = py + " " + root + "/scripts/make_demo_corpus.py " + dir + "/demo.jsonl > /dev/null && " +
+                    py + " " + root + "/scripts/prepare_data.py " + dir + "/demo.jsonl -o " + dir +
+                    "/demo > /dev/null";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, cmd);
+  auto ds = open_token_dataset(dir + "/demo");
+  CHECK(ds->num_documents() == 3000);
+  CHECK(ds->num_tokens() > 100000);
+  for (int64_t d = 0; d < ds->num_documents(); d += 97) {
+    std::vector<int32_t> t = ds->read(d);
+    REQUIRE(t.size() > 10);
+    CHECK(t.back() == 256);
+    for (size_t i = 0; i + 1 < t.size(); ++i) CHECK((t[i] >= 32 && t[i] < 127));  // ASCII text
+  }
+}
+
+}  // namespace
+}  // namespace engine
