@@ -1,6 +1,7 @@
 // Layer norms over the last dimension. x, y, dy, dx: (T, C); weight, bias, dweight, dbias: (C);
 // mean, rstd: (T), saved by forward for backward. Statistics are f64 when x is f64, else f32.
-// Backward writes dx (=) and accumulates dweight, dbias (+=).
+// Backward writes dx (=) and accumulates dweight, dbias (+=). LayerNorm's bias and dbias may be
+// undefined (a LayerNorm without bias).
 //   layernorm: y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
 //   rmsnorm:   y = x * rstd * weight,                  rstd = 1 / sqrt(mean(x^2) + eps)
 #pragma once

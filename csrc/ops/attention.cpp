@@ -1,0 +1,35 @@
+// Dispatch of ops/attention.h: CPU -> ref/attention, CUDA -> cuda/attention (flash attention)
+// once it exists.
+#include "ops/attention.h"
+
+#include "ops/dispatch.h"
+#include "ref/attention.h"
+
+namespace engine::ops {
+
+void attention_forward(const AttentionParams& p) {
+  if (device_of("attention_forward",
+                {{"qkv", p.qkv}, {"out", p.out}, {"lse", p.lse}, {"cu_seqlens", p.cu_seqlens}}) ==
+      Device::CPU)
+    return ref::attention_forward(p);
+#ifdef ENGINE_CUDA
+  no_cuda_kernel("attention_forward");
+#endif
+  no_cuda_build("attention_forward");
+}
+
+void attention_backward(const AttentionBackwardParams& p) {
+  if (device_of("attention_backward", {{"qkv", p.fwd.qkv},
+                                       {"out", p.fwd.out},
+                                       {"lse", p.fwd.lse},
+                                       {"cu_seqlens", p.fwd.cu_seqlens},
+                                       {"dout", p.dout},
+                                       {"dqkv", p.dqkv}}) == Device::CPU)
+    return ref::attention_backward(p);
+#ifdef ENGINE_CUDA
+  no_cuda_kernel("attention_backward");
+#endif
+  no_cuda_build("attention_backward");
+}
+
+}  // namespace engine::ops

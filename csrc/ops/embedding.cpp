@@ -1,0 +1,28 @@
+// Dispatch of ops/embedding.h: CPU -> ref/embedding, CUDA -> cuda/embedding once it exists.
+#include "ops/embedding.h"
+
+#include "ops/dispatch.h"
+#include "ref/embedding.h"
+
+namespace engine::ops {
+
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) {
+  if (device_of("embedding_forward", {{"ids", ids}, {"table", table}, {"out", out}}) == Device::CPU)
+    return ref::embedding_forward(ids, table, out, accumulate);
+#ifdef ENGINE_CUDA
+  no_cuda_kernel("embedding_forward");
+#endif
+  no_cuda_build("embedding_forward");
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  if (device_of("embedding_backward", {{"ids", ids}, {"dout", dout}, {"dtable", dtable}}) ==
+      Device::CPU)
+    return ref::embedding_backward(ids, dout, dtable);
+#ifdef ENGINE_CUDA
+  no_cuda_kernel("embedding_backward");
+#endif
+  no_cuda_build("embedding_backward");
+}
+
+}  // namespace engine::ops

@@ -1,0 +1,113 @@
+// Pointwise activations, element by element in double.
+//   gelu (tanh form): u = c (x + 0.044715 x^3), c = sqrt(2/pi);  y = 0.5 x (1 + tanh u)
+//     dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 * 0.044715 x^2)
+//   swiglu: row t of gate_up is [g | u] (F each);  y = silu(g) u,  silu(g) = g sigmoid(g)
+//     dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dy silu(g)
+// Every output element depends only on inputs at the same (row, column), read before the write,
+// so y may alias x and dx may alias dy (and dgate_up may alias gate_up).
+#include "ref/activation.h"
+
+#include <cmath>
+
+#include "ref/common.h"
+
+namespace engine::ref {
+namespace {
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+constexpr int64_t kParallelElems = 1 << 15;
+
+double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+// gate_up (R, 2F) and y (R, F) with the same leading dimensions; returns {R, F}.
+std::pair<int64_t, int64_t> swiglu_shape(const Tensor& gate_up, const Tensor& y, const char* op,
+                                         const char* yname) {
+  expect_cpu(gate_up, op, "gate_up");
+  expect_cpu(y, op, yname);
+  expect_dtype(y, gate_up.dtype, op, yname);
+  ENSURE(gate_up.ndim() >= 1 && gate_up.size(-1) % 2 == 0, op, ": gate_up has shape ",
+         gate_up.shape.str(), ", its last dimension must be 2 * F");
+  Shape expected = gate_up.shape;
+  expected.d[expected.ndim - 1] = gate_up.size(-1) / 2;
+  expect_shape(y, expected, op, yname);
+  const int64_t f = expected[-1];
+  return {f ? y.numel() / f : 0, f};
+}
+
+}  // namespace
+
+void gelu_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_forward";
+  expect_cpu(x, op, "x");
+  expect(y, x.dtype, x.shape, op, "y");
+  float_switch(x.dtype, op, "x", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.ptr<T>();
+    T* py = y.ptr<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElems)
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = px[i];
+      py[i] = static_cast<T>(0.5 * v * (1.0 + std::tanh(kGeluC * (v + kGeluA * v * v * v))));
+    }
+  });
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const char* op = "gelu_backward";
+  expect_cpu(x, op, "x");
+  expect(dy, x.dtype, x.shape, op, "dy");
+  expect(dx, x.dtype, x.shape, op, "dx");
+  float_switch(x.dtype, op, "x", [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.ptr<T>(), *pdy = dy.ptr<T>();
+    T* pdx = dx.ptr<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElems)
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = px[i];
+      const double th = std::tanh(kGeluC * (v + kGeluA * v * v * v));
+      const double d =
+          0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * kGeluC * (1.0 + 3.0 * kGeluA * v * v);
+      pdx[i] = static_cast<T>(pdy[i] * d);
+    }
+  });
+}
+
+void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
+  const char* op = "swiglu_forward";
+  auto [rows, f] = swiglu_shape(gate_up, y, op, "y");
+  float_switch(gate_up.dtype, op, "gate_up", [&](auto tag) {
+    using T = decltype(tag);
+    const T* gu = gate_up.ptr<T>();
+    T* py = y.ptr<T>();
+#pragma omp parallel for schedule(static) if (rows * f > kParallelElems)
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < f; ++j) {
+        const double g = gu[t * 2 * f + j], u = gu[t * 2 * f + f + j];
+        py[t * f + j] = static_cast<T>(g * sigmoid(g) * u);
+      }
+  });
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
+  const char* op = "swiglu_backward";
+  auto [rows, f] = swiglu_shape(gate_up, dy, op, "dy");
+  expect(dgate_up, gate_up.dtype, gate_up.shape, op, "dgate_up");
+  float_switch(gate_up.dtype, op, "gate_up", [&](auto tag) {
+    using T = decltype(tag);
+    const T *gu = gate_up.ptr<T>(), *pdy = dy.ptr<T>();
+    T* dgu = dgate_up.ptr<T>();
+#pragma omp parallel for schedule(static) if (rows * f > kParallelElems)
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < f; ++j) {
+        const double g = gu[t * 2 * f + j], u = gu[t * 2 * f + f + j], d = pdy[t * f + j];
+        const double s = sigmoid(g);
+        dgu[t * 2 * f + j] = static_cast<T>(d * u * s * (1.0 + g * (1.0 - s)));
+        dgu[t * 2 * f + f + j] = static_cast<T>(d * g * s);
+      }
+  });
+}
+
+}  // namespace engine::ref

@@ -1,0 +1,67 @@
+// AdamW, element by element in f32, exactly the formula of ops/adamw.h:
+//   g = grad * grad_scale
+//   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+//   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + weight_decay * p)
+// with the bias corrections bc1 = 1 - b1^t, bc2 = 1 - b2^t computed once in double and rounded
+// to f32 (as a GPU launcher computes them on the host). compute_copy, when defined, receives
+// the new p as bf16 (round to nearest even) or f32.
+#include "ref/adamw.h"
+
+#include <cmath>
+
+#include "ref/common.h"
+
+namespace engine::ref {
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const ops::AdamWParams& p, const Tensor& compute_copy) {
+  const char* op = "adamw_step";
+  expect_cpu(param, op, "param");
+  expect_dtype(param, DType::F32, op, "param");
+  const int64_t n = param.numel();
+  auto same_length = [&](const Tensor& t, const char* name) {
+    expect_cpu(t, op, name);
+    expect_dtype(t, DType::F32, op, name);
+    ENSURE(t.numel() == n, op, ": ", name, " has ", t.numel(), " elements ", t.shape.str(),
+           ", param has ", n);
+  };
+  same_length(grad, "grad");
+  same_length(exp_avg, "exp_avg");
+  same_length(exp_avg_sq, "exp_avg_sq");
+  const bool copy = compute_copy.data != nullptr;
+  if (copy) {
+    expect_cpu(compute_copy, op, "compute_copy");
+    ENSURE(compute_copy.dtype == DType::BF16 || compute_copy.dtype == DType::F32, op,
+           ": compute_copy is ", dtype_name(compute_copy.dtype), ", expected bf16 or f32");
+    ENSURE(compute_copy.numel() == n, op, ": compute_copy has ", compute_copy.numel(),
+           " elements, param has ", n);
+  }
+  ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
+  ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
+         p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
+  const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
+  const float gs = p.grad_scale;
+  const auto t = static_cast<double>(p.step);
+  const auto bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+  const auto bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
+  float* pp = param.ptr<float>();
+  const float* pg = grad.ptr<float>();
+  float* pm = exp_avg.ptr<float>();
+  float* pv = exp_avg_sq.ptr<float>();
+  bf16* copy_bf16 = copy && compute_copy.dtype == DType::BF16 ? compute_copy.ptr<bf16>() : nullptr;
+  float* copy_f32 = copy && compute_copy.dtype == DType::F32 ? compute_copy.ptr<float>() : nullptr;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = pg[i] * gs;
+    const float m = b1 * pm[i] + (1.f - b1) * g;
+    const float v = b2 * pv[i] + (1.f - b2) * g * g;
+    const float w = pp[i] - lr * (m / bc1 / (std::sqrt(v / bc2) + eps) + wd * pp[i]);
+    pm[i] = m;
+    pv[i] = v;
+    pp[i] = w;
+    if (copy_bf16) copy_bf16[i] = bf16(w);
+    if (copy_f32) copy_f32[i] = w;
+  }
+}
+
+}  // namespace engine::ref

@@ -1,0 +1,74 @@
+// Embedding: out(t) = table(ids(t)) (or +=), and its backward dtable(ids(t)) += dout(t).
+// The backward runs in parallel over column chunks; within a chunk tokens are added in order,
+// so rows hit by duplicate ids are summed in token order whatever the thread count.
+#include "ref/embedding.h"
+
+#include <algorithm>
+
+#include "ref/common.h"
+
+namespace engine::ref {
+namespace {
+
+constexpr int64_t kCols = 256;
+
+// ids (T) i32 in [0, V); other (T, C). Returns T.
+int64_t check_ids(const Tensor& ids, int64_t vocab, const char* op) {
+  expect_cpu(ids, op, "ids");
+  expect_dtype(ids, DType::I32, op, "ids");
+  expect_ndim(ids, 1, op, "ids");
+  const int32_t* id = ids.ptr<int32_t>();
+  for (int64_t t = 0; t < ids.size(0); ++t)
+    ENSURE(id[t] >= 0 && id[t] < vocab, op, ": ids[", t, "] = ", id[t],
+           " out of range [0, ", vocab, ") (token position ", t, ")");
+  return ids.size(0);
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) {
+  const char* op = "embedding_forward";
+  expect_cpu(table, op, "table");
+  expect_ndim(table, 2, op, "table");
+  const int64_t vocab = table.size(0), c = table.size(1);
+  const int64_t t = check_ids(ids, vocab, op);
+  expect(out, table.dtype, {t, c}, op, "out");
+  float_switch(table.dtype, op, "table", [&](auto tag) {
+    using T = decltype(tag);
+    const int32_t* id = ids.ptr<int32_t>();
+    const T* tab = table.ptr<T>();
+    T* po = out.ptr<T>();
+#pragma omp parallel for schedule(static) if (t * c > (1 << 15))
+    for (int64_t r = 0; r < t; ++r) {
+      const T* src = tab + static_cast<int64_t>(id[r]) * c;
+      T* dst = po + r * c;
+      for (int64_t j = 0; j < c; ++j) dst[j] = accumulate ? dst[j] + src[j] : src[j];
+    }
+  });
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  const char* op = "embedding_backward";
+  expect_cpu(dtable, op, "dtable");
+  expect_ndim(dtable, 2, op, "dtable");
+  const int64_t vocab = dtable.size(0), c = dtable.size(1);
+  const int64_t t = check_ids(ids, vocab, op);
+  expect(dout, dtable.dtype, {t, c}, op, "dout");
+  float_switch(dtable.dtype, op, "dtable", [&](auto tag) {
+    using T = decltype(tag);
+    const int32_t* id = ids.ptr<int32_t>();
+    const T* pd = dout.ptr<T>();
+    T* tab = dtable.ptr<T>();
+#pragma omp parallel for schedule(static) if (t * c > (1 << 15))
+    for (int64_t j0 = 0; j0 < c; j0 += kCols) {
+      const int64_t n = std::min(kCols, c - j0);
+      for (int64_t r = 0; r < t; ++r) {
+        T* dst = tab + static_cast<int64_t>(id[r]) * c + j0;
+        const T* src = pd + r * c + j0;
+        for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
+      }
+    }
+  });
+}
+
+}  // namespace engine::ref

@@ -1,0 +1,62 @@
+// Rotary embedding, "rotate half" pairing: in each of the first `rotated_heads` heads of row t,
+// dimension i (< D/2) pairs with i + D/2 and the pair turns by angle a = pos(t) * theta^(-2i/D):
+//   forward  (a, b) -> (a cos - b sin, b cos + a sin)
+//   backward (a, b) -> (a cos + b sin, b cos - a sin)   (the inverse = transpose of the rotation)
+// In place; rows in parallel. Heads past rotated_heads (v of a packed qkv) are not touched.
+#include "ref/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "ref/common.h"
+
+namespace engine::ref {
+namespace {
+
+void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, float theta,
+                double direction, const char* op, const char* xname) {
+  expect_cpu(x, op, xname);
+  expect_ndim(x, 3, op, xname);
+  const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
+  expect(positions, DType::I32, {rows}, op, "positions");
+  ENSURE(d % 2 == 0, op, ": head_dim of ", xname, " ", x.shape.str(), " must be even");
+  ENSURE(rotated_heads >= 0 && rotated_heads <= heads, op, ": rotated_heads = ", rotated_heads,
+         " not in [0, ", heads, "] for ", xname, " ", x.shape.str());
+  ENSURE(theta > 0.f, op, ": theta must be > 0, got ", theta);
+  const int64_t half = d / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const double exponent = -2.0 * static_cast<double>(i) / static_cast<double>(d);
+    inv_freq[static_cast<size_t>(i)] = std::pow(static_cast<double>(theta), exponent);
+  }
+  const int32_t* pos = positions.ptr<int32_t>();
+  float_switch(x.dtype, op, xname, [&](auto tag) {
+    using T = decltype(tag);
+    T* px = x.ptr<T>();
+#pragma omp parallel for schedule(static) if (rows * rotated_heads * d > (1 << 15))
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = pos[t] * inv_freq[static_cast<size_t>(i)];
+        const double c = std::cos(angle), s = direction * std::sin(angle);
+        for (int64_t h = 0; h < rotated_heads; ++h) {
+          T* head = px + (t * heads + h) * d;
+          const double a = head[i], b = head[i + half];
+          head[i] = static_cast<T>(a * c - b * s);
+          head[i + half] = static_cast<T>(b * c + a * s);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& x, const Tensor& positions, int rotated_heads, float theta) {
+  rope_apply(x, positions, rotated_heads, theta, +1.0, "rope_forward", "x");
+}
+
+void rope_backward(const Tensor& dx, const Tensor& positions, int rotated_heads, float theta) {
+  rope_apply(dx, positions, rotated_heads, theta, -1.0, "rope_backward", "dx");
+}
+
+}  // namespace engine::ref

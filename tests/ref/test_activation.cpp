@@ -1,0 +1,136 @@
+// gelu (tanh form) and swiglu: forward against the formulas written out here, backward against
+// fp64 finite differences of L = sum(y * R), f32 vs f64, outputs aliasing inputs, and checks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/activation.h"
+#include "tests/common/testing.h"
+#include "tests/ref/helpers.h"
+
+using namespace engine;
+using namespace engine::testing;
+using namespace engine::reftest;
+
+namespace {
+
+struct ActCase {
+  int64_t t, f;  // rows, features (gelu: x is (t, f); swiglu: gate_up is (t, 2f), y is (t, f))
+  std::string name() const { return std::to_string(t) + "x" + std::to_string(f); }
+};
+const std::vector<ActCase> kActCases = {{1, 1}, {3, 7}, {11, 13}, {2, 129}};
+
+double gelu(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double silu(double g) { return g / (1 + std::exp(-g)); }
+
+Owned run_gelu(const Tensor& x) {
+  Owned y = empty(x.shape, x.dtype, Device::CPU);
+  poison(y);
+  ops::gelu_forward(x, y);
+  return y;
+}
+
+Owned run_swiglu(const Tensor& gu) {
+  Owned y = empty({gu.size(0), gu.size(1) / 2}, gu.dtype, Device::CPU);
+  poison(y);
+  ops::swiglu_forward(gu, y);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("gelu forward matches the tanh formula; y may alias x") {
+  for (const ActCase& c : kActCases) {
+    SUBCASE(c.name().c_str()) {
+      for (DType dt : {DType::F32, DType::F64}) {
+        INFO(float_name(dt));
+        Owned x = randn({c.t, c.f}, dt, "act.x", 3.0);
+        Owned ref = empty(x->shape, DType::F64, Device::CPU);
+        for (int64_t i = 0; i < x->numel(); ++i) ref.ptr<double>()[i] = gelu(get(x, i));
+        Owned y = run_gelu(x);
+        CHECK_CLOSE(y.t, ref.t, dt == DType::F64 ? 1e-15 : 2e-7);
+        ops::gelu_forward(x, x);  // in place
+        CHECK(bitwise_equal(x, y));
+      }
+    }
+  }
+}
+
+TEST_CASE("swiglu forward matches silu(gate) * up on [gate | up] rows") {
+  for (const ActCase& c : kActCases) {
+    SUBCASE(c.name().c_str()) {
+      for (DType dt : {DType::F32, DType::F64}) {
+        INFO(float_name(dt));
+        Owned gu = randn({c.t, 2 * c.f}, dt, "act.gu", 2.0);
+        Owned ref = empty({c.t, c.f}, DType::F64, Device::CPU);
+        for (int64_t r = 0; r < c.t; ++r)
+          for (int64_t j = 0; j < c.f; ++j)
+            ref.ptr<double>()[r * c.f + j] =
+                silu(get(gu, r * 2 * c.f + j)) * get(gu, r * 2 * c.f + c.f + j);
+        CHECK_CLOSE(run_swiglu(gu).t, ref.t, dt == DType::F64 ? 1e-15 : 2e-7);
+      }
+    }
+  }
+}
+
+TEST_CASE("gelu backward matches fp64 finite differences; dx may alias dy") {
+  for (const ActCase& c : kActCases) {
+    SUBCASE(c.name().c_str()) {
+      // std 1: far in the tails the gelu slope is ~0 and a single element (case 1x1) would be
+      // measured against finite-difference rounding alone.
+      Owned x = randn({c.t, c.f}, DType::F64, "act.x");
+      Owned r = randn({c.t, c.f}, DType::F64, "act.r");
+      Owned dx = empty(x->shape, DType::F64, Device::CPU);
+      poison(dx);
+      ops::gelu_backward(r, x, dx);
+      CHECK_CLOSE(dx.t, numeric_grad(x, [&] { return projection(run_gelu(x), r); }).t, kGradTol);
+      Owned dy = clone(r);
+      ops::gelu_backward(dy, x, dy);
+      CHECK(bitwise_equal(dy, dx));
+    }
+  }
+}
+
+TEST_CASE("swiglu backward matches fp64 finite differences") {
+  for (const ActCase& c : kActCases) {
+    SUBCASE(c.name().c_str()) {
+      Owned gu = randn({c.t, 2 * c.f}, DType::F64, "act.gu");
+      Owned r = randn({c.t, c.f}, DType::F64, "act.r");
+      Owned dgu = empty(gu->shape, DType::F64, Device::CPU);
+      poison(dgu);
+      ops::swiglu_backward(r, gu, dgu);
+      CHECK_CLOSE(dgu.t, numeric_grad(gu, [&] { return projection(run_swiglu(gu), r); }).t,
+                  kGradTol);
+    }
+  }
+}
+
+TEST_CASE("activations: f32 agrees with f64") {
+  Owned x32 = randn({7, 40}, DType::F32, "act.x", 3.0), r32 = randn({7, 20}, DType::F32, "act.r");
+  Owned x64 = converted(x32, DType::F64), r64 = converted(r32, DType::F64);
+  CHECK_CLOSE(run_gelu(x32).t, run_gelu(x64).t, 2e-7);
+  CHECK_CLOSE(run_swiglu(x32).t, run_swiglu(x64).t, 2e-7);
+  Owned d32 = empty({7, 40}, DType::F32, Device::CPU),
+        d64 = empty({7, 40}, DType::F64, Device::CPU);
+  ops::swiglu_backward(r32, x32, d32);
+  ops::swiglu_backward(r64, x64, d64);
+  CHECK_CLOSE(d32.t, d64.t, 2e-7);
+  Owned g32 = empty({7, 40}, DType::F32, Device::CPU),
+        g64 = empty({7, 40}, DType::F64, Device::CPU);
+  ops::gelu_backward(x32, x32, g32);
+  ops::gelu_backward(x64, x64, g64);
+  CHECK_CLOSE(g32.t, g64.t, 2e-7);
+}
+
+TEST_CASE("activations reject bad arguments, naming them") {
+  Owned gu = randn({3, 7}, DType::F32, "bad.gu"), y = empty({3, 3}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu, y), doctest::Contains("2 * F"), Error);
+  Owned gu8 = randn({3, 8}, DType::F32, "bad.gu8"), y5 = empty({3, 5}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu8, y5), doctest::Contains("y has shape"), Error);
+  Owned x = randn({4}, DType::F32, "bad.x"), y64 = empty({4}, DType::F64, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::gelu_forward(x, y64), doctest::Contains("y is f64"), Error);
+}

@@ -1,0 +1,126 @@
+// Cross-entropy: losses against log-softmax written out here (masked rows give 0 and a zero
+// gradient row, their labels are never read), the in-place gradient against fp64 finite
+// differences of grad_scale * sum(losses), shift invariance at huge logits, f32 vs f64, checks.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/loss.h"
+#include "tests/common/testing.h"
+#include "tests/ref/helpers.h"
+
+using namespace engine;
+using namespace engine::testing;
+using namespace engine::reftest;
+
+namespace {
+
+struct LossCase {
+  int64_t t, vocab;
+  std::string name() const { return "T" + std::to_string(t) + " V" + std::to_string(vocab); }
+};
+const std::vector<LossCase> kLossCases = {{1, 5}, {7, 11}, {13, 67}, {4, 1}, {6, 3}};
+
+struct Batch {
+  Owned logits, labels, mask;
+};
+
+// Every third row masked (and given an invalid label, which must be ignored).
+Batch make_batch(const LossCase& c, DType dt, double std = 3.0) {
+  Batch b{randn({c.t, c.vocab}, dt, "ce.logits", std), randint({c.t}, 0, c.vocab, "ce.labels"),
+          empty({c.t}, DType::U8, Device::CPU)};
+  for (int64_t t = 0; t < c.t; ++t) {
+    b.mask.ptr<uint8_t>()[t] = t % 3 != 1;
+    if (t % 3 == 1) b.labels.ptr<int32_t>()[t] = t % 2 ? -7 : static_cast<int32_t>(c.vocab + 3);
+  }
+  return b;
+}
+
+Owned losses_of(const Batch& b, const Tensor& logits, bool with_grad, float scale) {
+  Owned losses = empty({logits.size(0)}, logits.dtype, Device::CPU);
+  poison(losses);
+  ops::cross_entropy(logits, b.labels, b.mask, losses, with_grad, scale);
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("cross_entropy losses match log-softmax by hand, masked rows give 0") {
+  for (const LossCase& c : kLossCases) {
+    SUBCASE(c.name().c_str()) {
+      for (DType dt : {DType::F32, DType::F64}) {
+        INFO(float_name(dt));
+        Batch b = make_batch(c, dt);
+        Owned ref = empty({c.t}, DType::F64, Device::CPU);
+        for (int64_t t = 0; t < c.t;
+             ++t) {  // -log_softmax(x)[label] = log sum exp(x - m) - (x_label - m)
+          double m = -INFINITY, z = 0;
+          for (int64_t v = 0; v < c.vocab; ++v) m = std::max(m, get(b.logits, t * c.vocab + v));
+          for (int64_t v = 0; v < c.vocab; ++v) z += std::exp(get(b.logits, t * c.vocab + v) - m);
+          const int32_t label = b.labels.ptr<int32_t>()[t];
+          const double logp = get(b.logits, t * c.vocab + label) - m - std::log(z);
+          ref.ptr<double>()[t] = b.mask.ptr<uint8_t>()[t] ? -logp : 0.0;
+        }
+        // f64: a small loss is a difference of O(1) terms, so allow a few ulps of those.
+        CHECK_CLOSE(losses_of(b, b.logits, false, 1.f).t, ref.t, dt == DType::F64 ? 1e-12 : 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("cross_entropy gradient (in place) matches fp64 finite differences of the scaled loss") {
+  for (const LossCase& c : kLossCases) {
+    SUBCASE(c.name().c_str()) {
+      const float scale = 0.37f;
+      Batch b = make_batch(c, DType::F64);
+      Owned no_grad = losses_of(b, b.logits, false, scale);
+      Owned grad = clone(b.logits);
+      Owned with_grad = losses_of(b, grad, true, scale);
+      CHECK(bitwise_equal(with_grad, no_grad));
+      auto loss = [&] { return scale * sum_all(losses_of(b, b.logits, false, scale)); };
+      CHECK_CLOSE(grad.t, numeric_grad(b.logits, loss).t, kGradTol);
+      for (int64_t t = 1; t < c.t; t += 3)
+        for (int64_t v = 0; v < c.vocab; ++v) CHECK(get(grad, t * c.vocab + v) == 0.0);
+    }
+  }
+}
+
+TEST_CASE("cross_entropy is stable at huge logits (shift invariance)") {
+  const LossCase c{9, 50};
+  Batch b = make_batch(c, DType::F64);
+  Owned shifted = clone(b.logits);
+  for (int64_t i = 0; i < shifted->numel(); ++i) set(shifted, i, get(shifted, i) + 1000.0);
+  CHECK_CLOSE(losses_of(b, shifted, false, 1.f).t, losses_of(b, b.logits, false, 1.f).t, 1e-12);
+  Owned g1 = clone(b.logits), g2 = clone(shifted);
+  losses_of(b, g1, true, 1.f);
+  losses_of(b, g2, true, 1.f);
+  CHECK_CLOSE(g2.t, g1.t, 1e-10);
+}
+
+TEST_CASE("cross_entropy f32 agrees with f64") {
+  const LossCase c{11, 301};
+  Batch b32 = make_batch(c, DType::F32);
+  Owned l64 = converted(b32.logits, DType::F64), g32 = clone(b32.logits), g64 = clone(l64);
+  CHECK_CLOSE(losses_of(b32, b32.logits, false, 1.f).t, losses_of(b32, l64, false, 1.f).t, 1e-6);
+  losses_of(b32, g32, true, 0.5f);
+  losses_of(b32, g64, true, 0.5f);
+  CHECK_CLOSE(g32.t, g64.t, 1e-6);
+}
+
+TEST_CASE("cross_entropy rejects an out-of-range label where the mask is set, and bad shapes") {
+  Batch b = make_batch({5, 7}, DType::F32);
+  b.labels.ptr<int32_t>()[2] = 7;
+  Owned losses = empty({5}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f),
+                       doctest::Contains("labels[2] = 7"), Error);
+  b.labels.ptr<int32_t>()[2] = 0;
+  Owned losses64 = empty({5}, DType::F64, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses64, false, 1.f),
+                       doctest::Contains("losses is f64"), Error);
+  Owned mask_i32 = empty({5}, DType::I32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, mask_i32, losses, false, 1.f),
+                       doctest::Contains("mask is i32"), Error);
+}
