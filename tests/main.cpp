@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/log.h"
 #include "tests/common/testing.h"
 
 namespace {
@@ -97,6 +98,8 @@ int main(int argc, char** argv) {
     }
     args.push_back(argv[i]);
   }
+  // Trainer logs stay quiet unless asked for (TEST_VERBOSE=1).
+  if (!std::getenv("TEST_VERBOSE")) engine::log_set_level(engine::LogLevel::Warn);
   doctest::Context context;
   if (!all) context.addFilter("test-suite-exclude", "slow");
   context.setOption("no-intro", true);

@@ -1,0 +1,47 @@
+// Multi-head self-attention with grouped-query heads, optional RoPE and sliding window, over
+// packed varlen batches (segments from data/varlen.h).
+//   qkv = xn [Wq; Wk; Wv]^T (+ b)    one GEMM over the adjacent q, k, v weights
+//   rope on the q and k heads (in place, positions restart per document)
+//   o = attention(q, k, v)           ops/attention.h
+//   y = o Wo^T (+ bo)
+// Saved: qkv after RoPE, o, the log-sum-exp. xn (the normalised input) is kept by the caller.
+// Gradients: dxn written (=); parameter gradients accumulated (+=).
+#pragma once
+#include "config/config.h"
+#include "layers/common.h"
+#include "ops/attention.h"
+
+namespace engine::layers {
+
+struct SegmentInfo {  // one micro-batch's varlen layout, on the compute device
+  Tensor cu_seqlens;  // (S + 1) i32
+  Tensor positions;   // (T) i32
+  int max_seqlen = 0;
+};
+
+struct AttentionSaved {
+  Owned qkv;  // (T, H + 2 Hkv, D)
+  Owned out;  // (T, H, D)
+  Owned lse;  // (T, H)
+};
+
+class Attention {
+ public:
+  Attention() = default;
+  Attention(const ParamStore& store, const std::string& prefix, const ModelConfig& c);
+  static void declare(ParamTable& t, const std::string& prefix, const ModelConfig& c);
+
+  void forward(const Env& env, const Tensor& xn, const SegmentInfo& seg, const Tensor& y,
+               AttentionSaved& s) const;
+  void backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
+                const AttentionSaved& s, const Tensor& dxn) const;
+
+ private:
+  ops::AttentionParams op_params(const SegmentInfo& seg, const AttentionSaved& s) const;
+  int heads_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
+  bool rope_ = false;
+  float theta_ = 10000.f;
+  Param wqkv_, bqkv_, wo_, bo_;
+};
+
+}  // namespace engine::layers

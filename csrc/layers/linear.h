@@ -1,0 +1,16 @@
+// Linear layer y = x W^T + b with W stored (out, in) as Hugging Face and Megatron do, so a
+// column-parallel split is a split of dim 0 and checkpoint conversion needs no transpose.
+// Gradient conventions: dx is written (=); dweight and dbias accumulate (+=), so micro-batches
+// add into the flat gradient buffer. Nothing is saved here: the caller keeps x for backward.
+//   x, dx: (T, in)   y, dy: (T, out)   weight, dweight: (out, in)   bias, dbias: (out) or undefined
+#pragma once
+#include "core/tensor.h"
+
+namespace engine::layers {
+
+void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y);
+// dx may be undefined (first layer: no input gradient needed).
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
+                     const Tensor& dweight, const Tensor& dbias);
+
+}  // namespace engine::layers

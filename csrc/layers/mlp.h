@@ -1,0 +1,33 @@
+// Feed-forward block.
+//   gelu:   h = xn W_in^T + b_in;            a = gelu(h);            y = a W_out^T + b_out
+//   swiglu: h = xn [W_gate; W_up]^T (one GEMM over the adjacent weights, h = [gate | up]);
+//           a = silu(gate) * up;             y = a W_out^T
+// Saved: h and a. xn is kept by the caller. dxn written (=); parameter gradients (+=).
+#pragma once
+#include "config/config.h"
+#include "layers/common.h"
+
+namespace engine::layers {
+
+struct MlpSaved {
+  Owned h;  // (T, F) gelu, (T, 2F) swiglu
+  Owned a;  // (T, F)
+};
+
+class Mlp {
+ public:
+  Mlp() = default;
+  Mlp(const ParamStore& store, const std::string& prefix, const ModelConfig& c);
+  static void declare(ParamTable& t, const std::string& prefix, const ModelConfig& c);
+
+  void forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s) const;
+  void backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
+                const Tensor& dxn) const;
+
+ private:
+  ActivationKind act_ = ActivationKind::SwiGLU;
+  int64_t ffn_ = 0;
+  Param w_in_, b_in_, w_out_, b_out_;
+};
+
+}  // namespace engine::layers

@@ -1,0 +1,36 @@
+#include "layers/norm.h"
+
+#include "ops/norm.h"
+
+namespace engine::layers {
+
+Norm::Norm(const ParamStore& store, const std::string& prefix, NormKind kind, float eps, bool bias)
+    : kind_(kind), eps_(eps), weight_(store, prefix + ".weight") {
+  if (kind == NormKind::LayerNorm && bias) bias_ = Param(store, prefix + ".bias");
+}
+
+void Norm::declare(ParamTable& t, const std::string& prefix, int64_t hidden, NormKind kind, bool bias) {
+  t.add({.name = prefix + ".weight", .shape = {hidden}, .init = InitKind::Ones, .weight_decay = false});
+  if (kind == NormKind::LayerNorm && bias)
+    t.add({.name = prefix + ".bias", .shape = {hidden}, .init = InitKind::Zeros, .weight_decay = false});
+}
+
+void Norm::forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& s) const {
+  const int64_t T = x.rows().size(0);
+  s.rstd = env.stat_tensor({T});
+  if (kind_ == NormKind::LayerNorm) {
+    s.mean = env.stat_tensor({T});
+    ops::layernorm_forward(x.rows(), weight_.w, bias_.w, eps_, y.rows(), s.mean, s.rstd);
+  } else {
+    ops::rmsnorm_forward(x.rows(), weight_.w, eps_, y.rows(), s.rstd);
+  }
+}
+
+void Norm::backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const Tensor& dx) const {
+  if (kind_ == NormKind::LayerNorm)
+    ops::layernorm_backward(dy.rows(), x.rows(), weight_.w, s.mean, s.rstd, dx.rows(), weight_.g, bias_.g);
+  else
+    ops::rmsnorm_backward(dy.rows(), x.rows(), weight_.w, s.rstd, dx.rows(), weight_.g);
+}
+
+}  // namespace engine::layers

@@ -1,0 +1,35 @@
+// A language model as the trainer sees it: a parameter table laid out in flat buffers, and a
+// forward/backward over one micro-batch with the activations kept in a Saved object the caller
+// owns (one per micro-batch in flight). The gradient of the loss w.r.t. every parameter is
+// accumulated (+=) into the store's gradient buffer, scaled by `grad_scale` (1 / loss tokens of
+// the global batch), so summing micro-batches gives the global-batch gradient.
+#pragma once
+#include <memory>
+
+#include "config/config.h"
+#include "core/params.h"
+#include "models/micro_batch.h"
+
+namespace engine {
+
+class Model {
+ public:
+  struct Saved {
+    virtual ~Saved() = default;
+  };
+  virtual ~Model() = default;
+  virtual ParamStore& params() = 0;
+  virtual std::unique_ptr<Saved> new_saved() const = 0;
+  // Returns the sum of per-token losses of the micro-batch. with_grad = false: evaluation
+  // (no gradients, nothing kept).
+  virtual double forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) = 0;
+  virtual void backward(const MicroBatch& mb, Saved& saved) = 0;
+};
+
+// The parameter table of a model family (no memory).
+ParamTable model_param_table(const ModelConfig& c);
+// Builds the model of config.model.family with parameters on `device` in `compute_dtype`
+// (uninitialised: call params().init(seed)).
+std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype);
+
+}  // namespace engine

@@ -1,0 +1,78 @@
+#include "models/transformer.h"
+
+namespace engine {
+
+struct Transformer::TSaved : Model::Saved {
+  Owned x0;                               // embedding output (T, C)
+  std::vector<layers::BlockSaved> blocks;
+  layers::HeadSaved head;
+};
+
+void Transformer::declare(ParamTable& t, const ModelConfig& c) {
+  layers::Embedding::declare(t, c);
+  for (int i = 0; i < c.num_layers; ++i) layers::Block::declare(t, i, c);
+  layers::LmHead::declare(t, c);
+}
+
+static ParamTable table_of(const ModelConfig& c) {
+  ParamTable t;
+  Transformer::declare(t, c);
+  return t;
+}
+
+Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype)
+    : config_(c), store_(table_of(c), device, compute_dtype), env_{device, compute_dtype},
+      embedding_(store_, c), head_(store_, c) {
+  for (int i = 0; i < c.num_layers; ++i) blocks_.emplace_back(store_, i, c);
+}
+
+std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_unique<TSaved>(); }
+
+double Transformer::forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) {
+  auto& s = static_cast<TSaved&>(saved);
+  const layers::SegmentInfo seg = mb.segments();
+  s.x0 = env_.act_tensor({mb.num_tokens, config_.hidden_size});
+  embedding_.forward(mb.tokens, mb.positions, s.x0);
+  s.blocks.clear();
+  s.blocks.resize(blocks_.size());
+  const Tensor* x = &s.x0.t;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    blocks_[i].forward(env_, *x, seg, s.blocks[i]);
+    // Without gradients only the current block's output is needed: drop the rest at once.
+    if (!with_grad && i > 0) s.blocks[i - 1] = layers::BlockSaved{};
+    x = &s.blocks[i].y.t;
+  }
+  const double loss = head_.forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head);
+  if (!with_grad) s = TSaved{};
+  return loss;
+}
+
+void Transformer::backward(const MicroBatch& mb, Saved& saved) {
+  auto& s = static_cast<TSaved&>(saved);
+  ENSURE(s.head.dx.t.data || mb.num_tokens == 0, "backward without a forward with gradients");
+  const layers::SegmentInfo seg = mb.segments();
+  Owned dy = std::move(s.head.dx);
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    const Tensor& x = i == 0 ? s.x0.t : s.blocks[i - 1].y.t;
+    Owned dx = env_.act_tensor(x.shape);
+    blocks_[i].backward(env_, dy, x, seg, s.blocks[i], dx);
+    s.blocks[i] = layers::BlockSaved{};  // free this block's activations as soon as possible
+    dy = std::move(dx);
+  }
+  embedding_.backward(mb.tokens, mb.positions, dy);
+  s = TSaved{};
+}
+
+ParamTable model_param_table(const ModelConfig& c) { return table_of(c); }
+
+std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype) {
+  switch (c.family) {
+    case ModelFamily::GPT2:
+    case ModelFamily::Llama:
+    case ModelFamily::Mistral:
+      return std::make_unique<Transformer>(c, device, compute_dtype);
+  }
+  RAISE("unknown model family");
+}
+
+}  // namespace engine

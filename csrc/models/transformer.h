@@ -1,0 +1,35 @@
+// Decoder-only transformer: gpt2, llama and mistral are this one stack with different presets
+// (config.cpp): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
+// LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
+// separate layer object, so a pipeline stage is a contiguous range of them.
+#pragma once
+#include <vector>
+
+#include "layers/block.h"
+#include "layers/embedding.h"
+#include "layers/lm_head.h"
+#include "models/model.h"
+
+namespace engine {
+
+class Transformer final : public Model {
+ public:
+  Transformer(const ModelConfig& c, Device device, DType compute_dtype);
+  static void declare(ParamTable& t, const ModelConfig& c);
+
+  ParamStore& params() override { return store_; }
+  std::unique_ptr<Saved> new_saved() const override;
+  double forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) override;
+  void backward(const MicroBatch& mb, Saved& saved) override;
+
+ private:
+  struct TSaved;
+  ModelConfig config_;
+  ParamStore store_;
+  layers::Env env_;
+  layers::Embedding embedding_;
+  std::vector<layers::Block> blocks_;
+  layers::LmHead head_;
+};
+
+}  // namespace engine

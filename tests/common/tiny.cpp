@@ -1,0 +1,59 @@
+#include "tests/common/tiny.h"
+
+#include "tests/common/testing.h"
+
+namespace engine::testing {
+
+ModelConfig tiny_model(ModelFamily family) {
+  ModelConfig c;
+  c.family = family;
+  c.vocab_size = 29;
+  c.hidden_size = 14;
+  c.num_layers = 2;
+  c.init_std = 0.3;
+  if (family == ModelFamily::GPT2) {
+    c.num_heads = 3;
+    c.num_kv_heads = 3;
+    c.head_dim = 5;
+    c.ffn_hidden_size = 19;
+    c.norm = NormKind::LayerNorm;
+    c.activation = ActivationKind::GELU;
+    c.positions = PositionKind::Learned;
+    c.max_position_embeddings = 23;
+    c.bias = true;
+    c.tie_embeddings = true;
+  } else {
+    c.num_heads = 6;
+    c.num_kv_heads = 2;
+    c.head_dim = 4;
+    c.ffn_hidden_size = 17;
+    c.norm = NormKind::RMSNorm;
+    c.activation = ActivationKind::SwiGLU;
+    c.positions = PositionKind::Rope;
+    c.rope_theta = 100.0;
+    c.bias = false;
+    c.tie_embeddings = false;
+    if (family == ModelFamily::Mistral) c.sliding_window = 3;
+  }
+  return c;
+}
+
+void randomize_weights(ParamStore& store, const std::string& name, double std) {
+  Tensor w = store.weights_flat();
+  PhiloxKey key = test_key(name);
+  for (int64_t i = 0; i < w.numel(); ++i) set(w, i, std * philox_normal(key, static_cast<uint64_t>(i)));
+}
+
+Sample make_sample(const std::vector<int32_t>& doc_lengths, int vocab, const std::string& name) {
+  Sample s;
+  int32_t S = 0;
+  for (int32_t l : doc_lengths) S += l;
+  PhiloxKey key = test_key(name);
+  for (int32_t i = 0; i <= S; ++i)
+    s.tokens.push_back(static_cast<int32_t>(philox_below(key, static_cast<uint64_t>(i), static_cast<uint64_t>(vocab))));
+  for (int32_t i = 0; i < S; ++i) s.loss_mask.push_back(philox_below(key, 1000 + static_cast<uint64_t>(i), 5) != 0);
+  s.doc_lengths = doc_lengths;
+  return s;
+}
+
+}  // namespace engine::testing

@@ -1,0 +1,23 @@
+// Tiny model configs and batches for tests: distinct, non-round sizes for every dimension
+// (hidden != ffn != vocab != heads x head_dim) so a swapped dimension fails instead of hiding.
+#pragma once
+#include <vector>
+
+#include "config/config.h"
+#include "core/params.h"
+#include "data/sampler.h"
+
+namespace engine::testing {
+
+// family presets as the config parser applies them, with tiny sizes.
+ModelConfig tiny_model(ModelFamily family);
+
+// Overwrites every weight with normal(0, std) from the test seed (so biases and norm weights are
+// generic, not 0 and 1, in gradient checks).
+void randomize_weights(ParamStore& store, const std::string& name, double std = 0.3);
+
+// A sample of S positions made of the given document lengths (sum = S), random tokens below
+// vocab, the loss mask with a few zeros.
+Sample make_sample(const std::vector<int32_t>& doc_lengths, int vocab, const std::string& name);
+
+}  // namespace engine::testing

@@ -1,0 +1,120 @@
+// ./train end to end as a user runs it: good runs, and bad input that must fail with a message
+// naming the problem (file, line, key, offset) and a non-zero exit code, leaving data intact.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/common/testing.h"
+#include "tests/train/train_fixture.h"
+
+using namespace engine;
+using namespace engine::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  const char* bin = std::getenv("TRAIN_BIN");
+  const std::string cmd = std::string(bin ? bin : "./train") + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string write_config(const std::string& name, const std::string& text) {
+  const fs::path dir = fs::path(learnable_dataset()).parent_path() / "cli";
+  fs::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A valid config file for the learnable dataset (the trainer fixture's settings as TOML).
+std::string good_config(const std::string& name, const std::string& data_path = "") {
+  Config c = tiny_run_config("llama", {"training.steps=3", "run.name=" + name});
+  if (!data_path.empty()) c.data.train[0].path = data_path;
+  return write_config(name + ".toml", config_to_toml(c));
+}
+
+bool has_train_binary() {
+  const char* bin = std::getenv("TRAIN_BIN");
+  if (fs::exists(bin ? bin : "./train")) return true;
+  skip_test("no ./train binary in the working directory (run from the repository root)");
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("./train: a short run succeeds and writes its run directory") {
+  if (!has_train_binary()) return;
+  Result r = run(good_config("cli-ok"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("step 3/3") != std::string::npos);
+  Config c = tiny_run_config("llama", {"run.name=cli-ok"});
+  CHECK(fs::exists(fs::path(c.run.output_dir) / "cli-ok" / "metrics.jsonl"));
+  CHECK(fs::exists(fs::path(c.run.output_dir) / "cli-ok" / "config.toml"));
+  CHECK(run("--help").code == 0);
+}
+
+TEST_CASE("./train: bad input fails with a message that names the problem") {
+  if (!has_train_binary()) return;
+  const std::string good = good_config("cli-bad");
+  // A truncated copy of the dataset's index (the original stays intact).
+  const fs::path dir = fs::path(learnable_dataset()).parent_path();
+  fs::copy_file(learnable_dataset() + ".bin", dir / "cut.bin", fs::copy_options::overwrite_existing);
+  fs::copy_file(learnable_dataset() + ".idx", dir / "cut.idx", fs::copy_options::overwrite_existing);
+  fs::resize_file(dir / "cut.idx", 40);
+  const auto idx_size = fs::file_size(learnable_dataset() + ".idx");
+
+  struct Case {
+    std::string name, args;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"no such config", "/nonexistent/run.toml", {"/nonexistent/run.toml"}},
+      {"unknown key", write_config("typo.toml", "[model]\nfamily = \"llama\"\nhiden_size = 3\n"),
+       {"typo.toml:3", "model.hiden_size", "unknown key", "hidden_size"}},
+      {"syntax error", write_config("syntax.toml", "[model\nfamily = 1\n"), {"syntax.toml:1", "syntax"}},
+      {"wrong type", write_config("type.toml", "[model]\nnum_layers = \"two\"\n"), {"type.toml:2", "model.num_layers"}},
+      {"bad override", good + " model.num_heads=0", {"<command line>", "model.num_heads"}},
+      {"unknown override", good + " optimizer.learning_rate=1", {"<command line>", "optimizer.learning_rate"}},
+      {"inconsistent", good + " model.num_kv_heads=2", {"model.num_kv_heads"}},
+      {"missing data", good_config("cli-missing", (dir / "absent").string()), {"absent"}},
+      {"truncated index", good_config("cli-cut", (dir / "cut").string()), {"cut.idx", "offset"}},
+      {"unknown option", good + " --frobnicate", {"--frobnicate"}},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.name);
+    Result r = run(k.args);
+    INFO(r.output);
+    CHECK(r.code != 0);
+    for (const std::string& e : k.expect) CHECK(r.output.find(e) != std::string::npos);
+  }
+  CHECK(fs::file_size(learnable_dataset() + ".idx") == idx_size);
+}
+
+TEST_CASE("./train: SIGINT stops the run cleanly after the current step" * doctest::test_suite("slow")) {
+  if (!has_train_binary()) return;
+  const std::string cfg = good_config("cli-signal");
+  Result r = run("--help >/dev/null; exec timeout --preserve-status -s INT 1 " + std::string(std::getenv("TRAIN_BIN") ? std::getenv("TRAIN_BIN") : "./train") +
+                 " " + cfg + " training.steps=100000 optimizer.warmup_steps=1");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("stopped cleanly after step") != std::string::npos);
+}

@@ -1,0 +1,17 @@
+// A small learnable dataset and tiny run configs for trainer tests: documents follow
+// t[i+1] = (t[i] + step) mod V with a per-document start and step, so a model that learns the
+// rule drives the loss far below ln(V).
+#pragma once
+#include <string>
+
+#include "config/config.h"
+
+namespace engine::testing {
+
+// Writes (once per process) the dataset and returns its path prefix.
+std::string learnable_dataset();
+// A run config of `family` over learnable_dataset(), parsed through the real parser; `extra`
+// is appended TOML (keys of sections not already opened, or overrides via `overrides`).
+Config tiny_run_config(const std::string& family, const std::vector<std::string>& overrides = {});
+
+}  // namespace engine::testing
