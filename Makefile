@@ -1,8 +1,9 @@
 # Plain Makefile: one object per source, dependency files for incremental rebuilds.
-#   make            build ./train, ./bench-free tools and the test binary (CUDA when nvcc exists)
+#   make            build ./train and the test binary (CUDA kernels too when nvcc exists)
 #   make test       full CPU test suite (+ GPU cases when a GPU is present), one summary line
 #   make test-fast  the fast tier only (seconds)
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
+#   make demo       deps + build + demo data + a short tiny-llama training run + loss plot
 #   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
 SHELL := /bin/bash
 BUILD ?= build
@@ -47,11 +48,18 @@ PROGRAMS := train
 .PHONY: all test test-fast deps clean demo
 all: $(PROGRAMS) $(BUILD)/engine_tests
 
-$(BUILD)/obj/%.o: %.cpp
+HEADER_DEPS := .deps/include/toml++/toml.h .deps/include/nlohmann/json.hpp
+
+# Objects depend on the compile flags: switching CUDA=0/1, SM or -O rebuilds what they affect.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(LDLIBS)
+$(shell mkdir -p $(BUILD); echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP))
+
+$(BUILD)/obj/%.o: %.cpp $(FLAGS_STAMP) | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP) | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
 
@@ -59,11 +67,11 @@ $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-train: $(BUILD)/obj/csrc/train/main_train.o $(LIB)
-	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+train: $(BUILD)/obj/csrc/train/main_train.o $(LIB) $(FLAGS_STAMP)
+	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
-$(BUILD)/engine_tests: $(TEST_OBJ) $(LIB)
-	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/engine_tests: $(TEST_OBJ) $(LIB) $(FLAGS_STAMP)
+	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
 # Header-only dependencies copied into the tree so a shipped copy builds where they are absent.
 .deps/include/toml++/toml.h:
@@ -74,13 +82,17 @@ $(BUILD)/engine_tests: $(TEST_OBJ) $(LIB)
 deps:
 	scripts/install_deps.sh
 
-test: all
+# test, test-fast and demo install missing dependencies first (a no-op when all are present).
+test: deps
+	@$(MAKE) --no-print-directory all
 	PYTHON=$(PYTHON) scripts/run_tests.sh full
 
-test-fast: all
+test-fast: deps
+	@$(MAKE) --no-print-directory all
 	PYTHON=$(PYTHON) scripts/run_tests.sh fast
 
-demo: all
+demo: deps
+	@$(MAKE) --no-print-directory all
 	PYTHON=$(PYTHON) scripts/demo.sh
 
 clean:

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the test suites and ends with one summary line over all of them:
+#   tests: N passed, N failed, N skipped
+# usage: scripts/run_tests.sh fast|full [extra doctest args]
+#   fast: the default tier (seconds);  full: everything (CPU multi-rank runs included)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tier=${1:-fast}
+shift || true
+export PYTHON=${PYTHON:-python3}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+passed=0 failed=0 skipped=0 status=0
+run_suite() {  # name, command...
+  local name=$1
+  shift
+  echo "== $name: $*"
+  local log
+  log=$(mktemp)
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local line
+  line=$(grep -E '^tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log" | tail -n 1)
+  rm -f "$log"
+  if [[ -z "$line" ]]; then
+    echo "$name: no summary line (exit code $rc): counted as one failure"
+    failed=$((failed + 1))
+    status=1
+    return
+  fi
+  read -r p f s <<<"$(echo "$line" | sed -E 's/^tests: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped$/\1 \2 \3/')"
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  [[ $rc != 0 || $f != 0 ]] && status=1
+}
+
+args=()
+[[ $tier == full ]] && args+=(--all)
+start=$(date +%s)
+run_suite "unit and model tests" build/engine_tests "${args[@]}" "$@"
+echo "== total time $(( $(date +%s) - start )) s"
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+exit $status
