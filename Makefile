@@ -1,5 +1,5 @@
 # Plain Makefile: one object per source, dependency files for incremental rebuilds.
-#   make            build ./train and the test binary (CUDA kernels too when nvcc exists)
+#   make            build ./train, ./bench and the test binary (CUDA kernels too when nvcc exists)
 #   make test       full CPU test suite (+ GPU cases when a GPU is present), one summary line
 #   make test-fast  the fast tier only (seconds)
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
@@ -19,7 +19,9 @@ CPPFLAGS += -I. -Icsrc -isystem .deps/include
 LDFLAGS += -fopenmp
 LDLIBS += -lpthread
 
-CPP_SRC := $(shell find csrc -name '*.cpp' -not -path 'csrc/train/main_*')
+CPP_SRC := $(shell find csrc -name '*.cpp' -not -path 'csrc/train/main_*' -not -path 'csrc/bench/*')
+# Benchmark cases register themselves at static init: linked as objects, never from the archive.
+BENCH_SRC := $(shell find csrc/bench -name '*.cpp')
 MAIN_SRC := $(wildcard csrc/train/main_*.cpp)
 TEST_SRC := $(shell find tests -name '*.cpp')
 CU_SRC :=
@@ -42,8 +44,9 @@ comma := ,
 
 OBJ := $(CPP_SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
+BENCH_OBJ := $(BENCH_SRC:%.cpp=$(BUILD)/obj/%.o)
 LIB := $(BUILD)/libengine.a
-PROGRAMS := train
+PROGRAMS := train bench
 
 .PHONY: all test test-fast deps clean demo
 all: $(PROGRAMS) $(BUILD)/engine_tests
@@ -68,6 +71,9 @@ $(LIB): $(OBJ)
 	ar rcs $@ $^
 
 train: $(BUILD)/obj/csrc/train/main_train.o $(LIB) $(FLAGS_STAMP)
+	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
+
+bench: $(BUILD)/obj/csrc/train/main_bench.o $(BENCH_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
 $(BUILD)/engine_tests: $(TEST_OBJ) $(LIB) $(FLAGS_STAMP)
@@ -98,4 +104,4 @@ demo: deps
 clean:
 	rm -rf $(BUILD) $(PROGRAMS)
 
--include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d
+-include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d $(BUILD)/obj/csrc/train/main_bench.d

@@ -46,16 +46,20 @@ void Trainer::install_signal_handlers() {
 }
 
 Device resolve_device(DeviceChoice choice) {
-  // The CUDA kernels of the dense model arrive with the CUDA backend; until every op has one,
-  // "auto" stays on the CPU and "cuda" is refused with the reason.
-  constexpr bool kCudaBackendComplete = false;
+#ifdef ENGINE_CUDA
+  const int gpus = cuda::device_count();
+#else
+  const int gpus = 0;
+#endif
   switch (choice) {
     case DeviceChoice::CPU: return Device::CPU;
     case DeviceChoice::CUDA:
-      ENSURE(kCudaBackendComplete, "run.device = \"cuda\": this version has no CUDA kernels for the "
-                                   "model's ops yet; use \"cpu\" or \"auto\"");
+#ifndef ENGINE_CUDA
+      RAISE("run.device = \"cuda\": this build has no CUDA support (built without nvcc)");
+#endif
+      ENSURE(gpus > 0, "run.device = \"cuda\": no CUDA device is visible");
       return Device::CUDA;
-    case DeviceChoice::Auto: return kCudaBackendComplete ? Device::CUDA : Device::CPU;
+    case DeviceChoice::Auto: return gpus > 0 ? Device::CUDA : Device::CPU;
   }
   return Device::CPU;
 }
@@ -63,6 +67,12 @@ Device resolve_device(DeviceChoice choice) {
 Trainer::Trainer(const Config& config, bool write_outputs)
     : config_(config), write_outputs_(write_outputs), device_(resolve_device(config.run.device)) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
+#ifdef ENGINE_CUDA
+  if (device_ == Device::CUDA) {
+    cuda::set_device(0);
+    log_info("GPU: ", cuda::device_description(0));
+  }
+#endif
   const DType compute = device_ == Device::CPU ? DType::F32 : DType::BF16;
   model_ = make_model(config_.model, device_, compute);
   model_->params().init(config_.run.seed);

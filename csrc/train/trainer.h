@@ -24,7 +24,7 @@ struct StepResult {
   double seconds = 0;
 };
 
-// device = auto picks the GPU when this build has the CUDA backend and a GPU is present.
+// run.device: auto picks the GPU when this build has CUDA and a GPU is visible, else the CPU.
 Device resolve_device(DeviceChoice choice);
 
 class Trainer {

@@ -41,11 +41,34 @@ void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_devi
                                                        : cudaMemcpyHostToDevice)
                                       : (src_on_device ? cudaMemcpyDeviceToHost
                                                        : cudaMemcpyHostToHost);
-  CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  // Ordered with the kernels on the compute stream; a copy that touches host memory returns
+  // only when the bytes have arrived.
+  cudaStream_t s = static_cast<cudaStream_t>(compute_stream());
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+  if (!dst_on_device || !src_on_device) CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void zero_bytes(void* dst, size_t bytes) { CUDA_CHECK(cudaMemset(dst, 0, bytes)); }
+void zero_bytes(void* dst, size_t bytes) {
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(compute_stream())));
+}
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace engine::cuda
+
+namespace engine::cuda {
+
+namespace {
+cudaStream_t g_stream = nullptr;  // created on first use
+}
+
+StreamHandle compute_stream() {
+  if (!g_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  return g_stream;
+}
+
+void set_compute_stream(StreamHandle s) { g_stream = static_cast<cudaStream_t>(s); }
+
+void synchronize_compute_stream() { CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_stream()))); }
 
 }  // namespace engine::cuda

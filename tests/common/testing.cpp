@@ -1,5 +1,7 @@
 #include "tests/common/testing.h"
 
+#include "ops/elementwise.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -77,6 +79,31 @@ void poison(const Tensor& t) {
   } else {
     std::memset(t.data, 0x7f, t.nbytes());
   }
+}
+
+Owned to_device(const Tensor& host, Device device, DType dtype) {
+  ENSURE(host.device == Device::CPU, "to_device takes a CPU tensor");
+  Owned converted;
+  const Tensor* src = &host;
+  if (dtype != host.dtype) {
+    converted = empty(host.shape, dtype, Device::CPU);
+    ops::cast(host, converted);
+    src = &converted.t;
+  }
+  Owned out = empty(host.shape, dtype, device);
+  copy_tensor(out, *src);
+  return out;
+}
+
+Owned to_device(const Tensor& host, Device device) { return to_device(host, device, host.dtype); }
+
+Owned to_host(const Tensor& t, DType dtype) {
+  Owned same = empty(t.shape, t.dtype, Device::CPU);
+  copy_tensor(same, t);
+  if (dtype == t.dtype) return same;
+  Owned out = empty(t.shape, dtype, Device::CPU);
+  ops::cast(same, out);
+  return out;
 }
 
 std::vector<double> to_vector(const Tensor& t) {

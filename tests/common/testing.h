@@ -24,6 +24,12 @@ Owned randint(Shape s, int64_t lo, int64_t hi, const std::string& name);
 // Poison: fills with NaN (floats) or 0x7f bytes so unwritten outputs fail the comparison.
 void poison(const Tensor& t);
 
+// A copy of a CPU tensor on `device` in `dtype` (floats converted with ops::cast; ints copied).
+Owned to_device(const Tensor& host, Device device, DType dtype);
+Owned to_device(const Tensor& host, Device device);  // same dtype
+// A CPU copy of any tensor in `dtype` (f64 for comparisons).
+Owned to_host(const Tensor& t, DType dtype);
+
 // Element i of a float tensor on the CPU as double.
 double get(const Tensor& t, int64_t i);
 void set(const Tensor& t, int64_t i, double v);

@@ -1,0 +1,81 @@
+#include "bench/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/check.h"
+
+#ifdef ENGINE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.cuh"
+#include "cuda/common/device.cuh"
+#endif
+
+namespace engine::bench {
+
+double time_ms(const std::function<void()>& fn, int warmup, int reps) {
+  ENSURE(reps > 0, "time_ms needs at least one repeat");
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+#ifdef ENGINE_CUDA
+  cudaStream_t s = static_cast<cudaStream_t>(cuda::compute_stream());
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(start, s));
+    fn();
+    CUDA_CHECK(cudaEventRecord(stop, s));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+#else
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+#endif
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+static std::vector<Registered>& registry() {
+  static std::vector<Registered> r;
+  return r;
+}
+
+bool register_cases(const std::string& area, Case c) {
+  registry().push_back({area, std::move(c)});
+  return true;
+}
+
+const std::vector<Registered>& registered_cases() { return registry(); }
+
+std::string format(const Result& r) {
+  char buf[512];
+  std::string perf;
+  if (r.flops > 0) {
+    const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
+    std::snprintf(buf, sizeof buf, "%8.1f TFLOP/s (%5.1f%% of %.0f)", tflops, 100 * tflops / kPeakGemmTflops,
+                  kPeakGemmTflops);
+    perf += buf;
+  }
+  if (r.bytes > 0) {
+    const double tbps = r.bytes / (r.ms * 1e-3) / 1e12;
+    std::snprintf(buf, sizeof buf, "%s%7.0f GB/s (%5.1f%% of copy)", perf.empty() ? "" : "  ", tbps * 1e3,
+                  100 * tbps / kCopyTBps);
+    perf += buf;
+  }
+  std::snprintf(buf, sizeof buf, "%-58s %9.3f ms  %s%s%s", r.name.c_str(), r.ms, perf.c_str(),
+                r.note.empty() ? "" : "  ", r.note.c_str());
+  return buf;
+}
+
+}  // namespace engine::bench

@@ -1,0 +1,48 @@
+// Benchmark harness shared by the `bench` program's cases: timing with CUDA events (warm-up,
+// median of repeats), results as time plus the useful work (FLOPs, bytes that must move), and
+// a registry so each area's cases live in their own file (csrc/bench/<area>.cpp).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace engine::bench {
+
+// Ceilings measured on one H200 (../shared/DEVICE.md): the figures results are judged against.
+constexpr double kPeakGemmTflops = 774.0;  // bf16 GEMM 8192^3 through PyTorch
+constexpr double kCopyTBps = 4.28;         // device copy, bytes read + written
+
+struct Result {
+  std::string name;     // e.g. "rmsnorm fwd T=16384 C=4096"
+  double ms = 0;        // median time of one call
+  double flops = 0;     // useful floating-point work of one call (0: memory-bound case)
+  double bytes = 0;     // bytes one call must read + write at least (0: compute-bound case)
+  std::string note;     // anything else worth printing (a peer's figure, memory)
+};
+
+// Median milliseconds of fn() over `reps` timed calls after `warmup` untimed ones, measured with
+// CUDA events on the compute stream (requires a GPU).
+double time_ms(const std::function<void()>& fn, int warmup = 3, int reps = 10);
+
+using Case = std::function<std::vector<Result>()>;
+// Registers a named group of cases ("gemm", "attention", ...); returns true (for static init).
+bool register_cases(const std::string& area, Case c);
+struct Registered {
+  std::string area;
+  Case run;
+};
+const std::vector<Registered>& registered_cases();
+
+// One formatted line: name, ms, TFLOP/s and % of the GEMM peak, GB/s and % of copy bandwidth.
+std::string format(const Result& r);
+
+}  // namespace engine::bench
+
+// In a bench case file: BENCH_CASES("area") { ... return results; }
+#define BENCH_CONCAT_(a, b) a##b
+#define BENCH_CONCAT(a, b) BENCH_CONCAT_(a, b)
+#define BENCH_CASES(area)                                                                 \
+  static std::vector<::engine::bench::Result> BENCH_CONCAT(bench_fn_, __LINE__)();        \
+  static const bool BENCH_CONCAT(bench_reg_, __LINE__) =                                  \
+      ::engine::bench::register_cases(area, BENCH_CONCAT(bench_fn_, __LINE__));           \
+  static std::vector<::engine::bench::Result> BENCH_CONCAT(bench_fn_, __LINE__)()
