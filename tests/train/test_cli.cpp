@@ -118,3 +118,66 @@ TEST_CASE("./train: SIGINT stops the run cleanly after the current step" * docte
   CHECK(r.code == 0);
   CHECK(r.output.find("stopped cleanly after step") != std::string::npos);
 }
+
+namespace {
+// The Python the scripts run with, if it can import `module` (empty string otherwise).
+std::string python_with(const std::string& module) {
+  const char* py = std::getenv("PYTHON");
+  const std::string python = py ? py : "python3";
+  if (std::system((python + " -c 'import " + module + "' >/dev/null 2>&1").c_str()) != 0) return "";
+  return python;
+}
+}  // namespace
+
+TEST_CASE("demo data: tiny gpt2 and llama configs learn the demo corpus through ./train" * doctest::test_suite("slow")) {
+  if (!has_train_binary()) return;
+  const std::string python = python_with("json");
+  if (python.empty()) {
+    skip_test("no python to prepare the demo corpus");
+    return;
+  }
+  const fs::path dir = fs::path(learnable_dataset()).parent_path() / "demo";
+  fs::create_directories(dir);
+  REQUIRE(std::system((python + " scripts/make_demo_corpus.py --documents 600 " + (dir / "corpus.jsonl").string() +
+                       " >/dev/null && " + python + " scripts/prepare_data.py " + (dir / "corpus.jsonl").string() +
+                       " --output " + (dir / "demo").string() + " >/dev/null").c_str()) == 0);
+  for (const char* name : {"tiny-gpt2", "tiny-llama"}) {
+    CAPTURE(name);
+    const std::string out = (dir / "runs").string();
+    Result r = run(std::string("configs/") + name + ".toml 'data.train=[\"" + (dir / "demo").string() +
+                   "\"]' 'run.output_dir=\"" + out + "\"' training.steps=40 training.eval_every=0 "
+                   "optimizer.warmup_steps=5 data.sequence_length=64 batch.micro_batch_size=8 batch.global_batch_size=8");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    std::ifstream f(fs::path(out) / name / "metrics.jsonl");
+    std::vector<double> losses;
+    for (std::string line; std::getline(f, line);) {
+      const auto at = line.find("\"loss\":");
+      if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 7)));
+    }
+    REQUIRE(losses.size() == 40);
+    INFO("first " << losses.front() << ", last " << losses.back());
+    CHECK(losses.back() < 0.6 * losses.front());
+  }
+}
+
+TEST_CASE("plot_metrics.py overlays runs into a PNG") {
+  if (!has_train_binary()) return;
+  const std::string python = python_with("matplotlib");
+  if (python.empty()) {
+    skip_test("no python with matplotlib (make deps installs python3-matplotlib)");
+    return;
+  }
+  Result ok = run(good_config("plot-a"));
+  REQUIRE(ok.code == 0);
+  Config c = tiny_run_config("llama", {"run.name=plot-a"});
+  const fs::path run_dir = fs::path(c.run.output_dir) / "plot-a", png = run_dir / "plot.png";
+  const std::string cmd = python + " scripts/plot_metrics.py " + run_dir.string() + " " +
+                          (run_dir / "metrics.jsonl").string() + " -o " + png.string() + " >/dev/null 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  REQUIRE(fs::exists(png));
+  std::ifstream f(png, std::ios::binary);
+  char magic[8] = {};
+  f.read(magic, 8);
+  CHECK(std::string(magic + 1, 3) == "PNG");
+}
