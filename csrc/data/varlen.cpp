@@ -44,4 +44,33 @@ VarlenLayout build_varlen(const std::vector<const Sample*>& sequences, int seque
   return v;
 }
 
+VarlenSlice slice_varlen(const VarlenLayout& v, int64_t begin, int64_t end) {
+  const int64_t total = static_cast<int64_t>(v.position_ids.size());
+  ENSURE(0 <= begin && begin <= end && end <= total, "slice [", begin, ", ", end, ") of ", total, " rows");
+  VarlenSlice s;
+  s.begin = begin;
+  s.end = end;
+  s.key_begin = begin;
+  s.cu_seqlens_q.push_back(0);
+  s.cu_seqlens_k.push_back(0);
+  if (begin == end) return s;
+  // Segments are sorted: find the one holding row `begin`, then walk forward.
+  const auto first = std::upper_bound(v.cu_seqlens.begin(), v.cu_seqlens.end(), static_cast<int32_t>(begin)) - 1;
+  s.key_begin = *first;
+  for (auto it = first; it + 1 != v.cu_seqlens.end() && *it < end; ++it) {
+    const int64_t seg_begin = *it, seg_end = *(it + 1);
+    if (seg_end <= begin) continue;  // empty segments before the slice
+    const int64_t q0 = std::max(seg_begin, begin), q1 = std::min(seg_end, end);
+    const int32_t nq = static_cast<int32_t>(q1 - q0), nk = static_cast<int32_t>(q1 - seg_begin);
+    s.cu_seqlens_q.push_back(s.cu_seqlens_q.back() + nq);
+    s.cu_seqlens_k.push_back(static_cast<int32_t>(q1 - s.key_begin));
+    s.max_seqlen_q = std::max(s.max_seqlen_q, nq);
+    s.max_seqlen_k = std::max(s.max_seqlen_k, nk);
+    const int32_t seg = static_cast<int32_t>(s.cu_seqlens_q.size()) - 2;
+    for (int64_t r = q0; r < q1; ++r) s.segment.push_back(seg);
+  }
+  s.position_ids.assign(v.position_ids.begin() + begin, v.position_ids.begin() + end);
+  return s;
+}
+
 }  // namespace engine
