@@ -16,14 +16,20 @@ PYTHON ?= $(shell command -v /usr/bin/python3 2>/dev/null || command -v python3)
 CXXFLAGS ?= -O2
 CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP
 CPPFLAGS += -I. -Icsrc -isystem .deps/include
+# OpenMPI (make deps installs it); the fallback paths are Debian/Ubuntu's.
+MPI_CFLAGS ?= $(shell mpicxx --showme:compile 2>/dev/null || echo -I/usr/lib/x86_64-linux-gnu/openmpi/include)
+MPI_LIBS ?= $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null || echo -L/usr/lib/x86_64-linux-gnu/openmpi/lib -lmpi))
+CPPFLAGS += $(patsubst -I%,-isystem %,$(MPI_CFLAGS)) -DOMPI_SKIP_MPICXX
 LDFLAGS += -fopenmp
-LDLIBS += -lpthread
+LDLIBS += $(MPI_LIBS) -lpthread
 
-CPP_SRC := $(shell find csrc -name '*.cpp' -not -path 'csrc/train/main_*' -not -path 'csrc/bench/*')
+CPP_SRC := $(shell find csrc comm -name '*.cpp' -not -path 'csrc/train/main_*' -not -path 'csrc/bench/*')
 # Benchmark cases register themselves at static init: linked as objects, never from the archive.
 BENCH_SRC := $(shell find csrc/bench -name '*.cpp')
 MAIN_SRC := $(wildcard csrc/train/main_*.cpp)
-TEST_SRC := $(shell find tests -name '*.cpp')
+TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/dist/*')
+# The multi-rank suite (run under mpirun): its own cases, the shared test code, the same runner.
+DIST_SRC := $(shell find tests/dist -name '*.cpp') $(filter-out tests/main.cpp,$(shell find tests/common -name '*.cpp')) tests/train/train_fixture.cpp
 CU_SRC :=
 
 ifeq ($(CUDA),1)
@@ -45,11 +51,12 @@ comma := ,
 OBJ := $(CPP_SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_OBJ := $(BENCH_SRC:%.cpp=$(BUILD)/obj/%.o)
+DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
 PROGRAMS := train bench
 
 .PHONY: all test test-fast deps clean demo
-all: $(PROGRAMS) $(BUILD)/engine_tests
+all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests
 
 HEADER_DEPS := .deps/include/toml++/toml.h .deps/include/nlohmann/json.hpp
 
@@ -79,6 +86,13 @@ bench: $(BUILD)/obj/csrc/train/main_bench.o $(BENCH_OBJ) $(LIB) $(FLAGS_STAMP)
 $(BUILD)/engine_tests: $(TEST_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
+$(BUILD)/obj/tests/main_dist.o: tests/main.cpp $(FLAGS_STAMP) | $(HEADER_DEPS)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -DENGINE_DIST_TESTS $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/dist_tests: $(DIST_OBJ) $(LIB) $(FLAGS_STAMP)
+	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
+
 # Header-only dependencies copied into the tree so a shipped copy builds where they are absent.
 .deps/include/toml++/toml.h:
 	@scripts/install_deps.sh --headers-only
@@ -104,4 +118,4 @@ demo: deps
 clean:
 	rm -rf $(BUILD) $(PROGRAMS)
 
--include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d $(BUILD)/obj/csrc/train/main_bench.d
+-include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(DIST_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d $(BUILD)/obj/csrc/train/main_bench.d

@@ -37,6 +37,23 @@ args=()
 [[ $tier == full ]] && args+=(--all)
 start=$(date +%s)
 run_suite "unit and model tests" build/engine_tests "${args[@]}" "$@"
+
+# Multi-rank suites (full tier): the same runner under mpirun, CPU and MPI backend, one rank per
+# process with one OpenMP thread each. A hung collective fails by the timeout, never blocks CI.
+if [[ $tier == full ]]; then
+  if command -v mpirun >/dev/null 2>&1; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers without ptrace/CMA
+    mpi=(timeout 300 mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x TEST_SEED)
+    export TEST_SEED=${TEST_SEED:-$(( $(date +%s) % 1000000007 ))}
+    run_suite "2 ranks" "${mpi[@]}" -n 2 build/dist_tests "${args[@]}" "$@"
+    run_suite "3 ranks (collectives, dp3)" "${mpi[@]}" -n 3 build/dist_tests "${args[@]}" "$@"
+    run_suite "4 ranks" "${mpi[@]}" -n 4 build/dist_tests "${args[@]}" "$@"
+  else
+    echo "== multi-rank suites: skipped (no mpirun; make deps installs OpenMPI)"
+    skipped=$((skipped + 1))
+  fi
+fi
 echo "== total time $(( $(date +%s) - start )) s"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 exit $status

@@ -18,6 +18,22 @@
 #include "core/log.h"
 #include "tests/common/testing.h"
 
+#ifdef ENGINE_DIST_TESTS
+// The multi-rank suite (tests/dist) runs this same runner under mpirun: every rank runs every
+// test case; a case passes only if it passes on all ranks, and rank 0 prints the report.
+#include <mpi.h>
+
+#include "comm/launch.h"
+static int dist_all_min(int v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return v;
+}
+static bool report_rank() { return engine::launch_info().rank == 0; }
+#else
+static int dist_all_min(int v) { return v; }
+static bool report_rank() { return true; }
+#endif
+
 namespace {
 
 std::mutex g_mu;
@@ -35,10 +51,12 @@ struct TimingListener : public doctest::IReporter {
   explicit TimingListener(const doctest::ContextOptions&) {}
   void report_query(const doctest::QueryData&) override {}
   void test_run_start() override {
+    if (!report_rank()) return;
     std::printf("test seed: %llu (set TEST_SEED to replay)\n",
                 static_cast<unsigned long long>(engine::testing::test_seed()));
   }
   void test_run_end(const doctest::TestRunStats&) override {
+    if (!report_rank()) return;
     std::sort(entries.begin(), entries.end(),
               [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
     double total = 0;
@@ -55,9 +73,10 @@ struct TimingListener : public doctest::IReporter {
   }
   void test_case_reenter(const doctest::TestCaseData&) override {}
   void test_case_end(const doctest::CurrentTestCaseStats& st) override {
+    const bool ok = dist_all_min(st.testCaseSuccess ? 1 : 0) != 0;
     std::lock_guard<std::mutex> lock(g_mu);
     entries.push_back({g_current, st.seconds});
-    if (!st.testCaseSuccess) {
+    if (!ok) {
       failed++;
       std::printf("FAILED (TEST_SEED=%llu): %s\n",
                   static_cast<unsigned long long>(engine::testing::test_seed()), g_current.c_str());
@@ -88,6 +107,14 @@ void skip_test(const std::string& reason) {
 }  // namespace engine::testing
 
 int main(int argc, char** argv) {
+#ifdef ENGINE_DIST_TESTS
+  engine::launch_init(&argc, &argv);
+  {  // every rank draws from rank 0's seed
+    unsigned long long seed = engine::launch_info().rank == 0 ? engine::testing::test_seed() : 0;
+    MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+    if (engine::launch_info().rank != 0) setenv("TEST_SEED", std::to_string(seed).c_str(), 1);
+  }
+#endif
   bool all = false;
   if (const char* tier = std::getenv("TEST_TIER")) all = std::strcmp(tier, "full") == 0;
   std::vector<char*> args;
@@ -104,5 +131,12 @@ int main(int argc, char** argv) {
   if (!all) context.addFilter("test-suite-exclude", "slow");
   context.setOption("no-intro", true);
   context.applyCommandLine(static_cast<int>(args.size()), args.data());
-  return context.run();
+  // Only the reporting rank prints doctest's own summary; the others report failures alone.
+  if (!report_rank()) context.setOption("minimal", true);
+  int code = context.run();
+#ifdef ENGINE_DIST_TESTS
+  code = dist_all_min(code == 0 ? 1 : 0) ? 0 : 1;
+  engine::launch_finalize();
+#endif
+  return code;
 }

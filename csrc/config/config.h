@@ -73,7 +73,7 @@ struct DataConfig {
 struct BatchConfig {
   int micro_batch_size = 1;   // sequences per micro-batch
   int global_batch_size = 1;  // sequences per optimizer step
-  int accumulation_steps = 1; // derived: global / (micro * data_parallel)
+  int accumulation_steps = 1; // derived: global / (micro * data_parallel), set at launch
   bool operator==(const BatchConfig&) const = default;
 };
 
@@ -98,6 +98,14 @@ struct TrainingConfig {
   bool operator==(const TrainingConfig&) const = default;
 };
 
+// Parallel layout. data_parallel = world size / (tensor_parallel x pipeline_parallel) is derived
+// at launch (the world size is not in the file).
+struct DistributedConfig {
+  int zero_stage = 0;  // 0: replicated; 1: optimizer state and master weights sharded over dp;
+                       // 2: also gradients reduce-scattered; 3: also weights sharded, gathered per step
+  bool operator==(const DistributedConfig&) const = default;
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -105,6 +113,7 @@ struct Config {
   BatchConfig batch;
   OptimizerConfig optimizer;
   TrainingConfig training;
+  DistributedConfig distributed;
 
   std::string source;                       // file name the config came from
   std::map<std::string, std::string> origin;  // key path -> "file:line" or "<command line>"

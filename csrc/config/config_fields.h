@@ -106,7 +106,7 @@ void visit_fields(C& c, V& v) {
   v.field("micro_batch_size", c.batch.micro_batch_size);
   v.field("global_batch_size", c.batch.global_batch_size);
   v.derived("accumulation_steps", c.batch.accumulation_steps,
-            "global_batch_size / micro_batch_size");
+            "global_batch_size / (micro_batch_size x data_parallel)");
 
   v.section("optimizer");
   v.field("lr", c.optimizer.lr);
@@ -124,6 +124,9 @@ void visit_fields(C& c, V& v) {
   v.field("steps", c.training.steps);
   v.field("eval_every", c.training.eval_every);
   v.field("eval_steps", c.training.eval_steps);
+
+  v.section("distributed");
+  v.field("zero_stage", c.distributed.zero_stage);
 }
 
 // The key schema, collected once by a visitor over a default Config.

@@ -23,7 +23,7 @@ std::string Config::where(const std::string& key) const {
 
 bool Config::operator==(const Config& o) const {
   return run == o.run && model == o.model && data == o.data && batch == o.batch &&
-         optimizer == o.optimizer && training == o.training;
+         optimizer == o.optimizer && training == o.training && distributed == o.distributed;
 }
 
 const char* family_name(ModelFamily f) {
@@ -247,7 +247,12 @@ struct Checker {
     if (b.global_batch_size % b.micro_batch_size != 0)
       RAISE(c.where("batch.global_batch_size"), "must be a multiple of micro_batch_size (",
             b.micro_batch_size, "), got ", b.global_batch_size);
-    b.accumulation_steps = b.global_batch_size / b.micro_batch_size;  // data_parallel = 1
+    b.accumulation_steps = b.global_batch_size / b.micro_batch_size;  // data_parallel 1; launch sets it
+  }
+
+  void distributed() const {
+    const int z = c.distributed.zero_stage;
+    if (z < 0 || z > 3) RAISE(c.where("distributed.zero_stage"), "must be 0, 1, 2 or 3, got ", z);
   }
 
   void training() const {
@@ -292,6 +297,7 @@ void finish_config(Config& c) {
   k.positions();
   k.batch();
   k.training();
+  k.distributed();
   k.optimizer();
 }
 

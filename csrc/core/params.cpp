@@ -1,6 +1,6 @@
 #include "core/params.h"
 
-#include <vector>
+#include <algorithm>
 
 #include "core/rng.h"
 #include "ops/elementwise.h"
@@ -36,55 +36,82 @@ int64_t ParamTable::num_parameters() const {
   return n;
 }
 
-ParamStore::ParamStore(const ParamTable& table, Device device, DType compute_dtype)
-    : table_(table), device_(device), compute_dtype_(compute_dtype) {
+void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out) {
+  ENSURE(out.device == Device::CPU && (out.dtype == DType::F32 || out.dtype == DType::F64),
+         "init_values writes a host f32 or f64 tensor");
+  ENSURE(0 <= begin && begin <= end && out.numel() == end - begin, "init_values: range [", begin, ", ", end,
+         ") into ", out.numel(), " elements");
+  zero_tensor(out);
+  for (const ParamSpec& s : table.entries()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.shape.numel());
+    if (lo >= hi) continue;
+    const PhiloxKey key = philox_key(seed, s.name);
+    for (int64_t g = lo; g < hi; ++g) {
+      const int64_t i = g - s.offset;  // index within the full parameter
+      const double v = s.init == InitKind::Ones ? 1.0
+                       : s.init == InitKind::Zeros ? 0.0
+                                                   : s.init_std * philox_normal(key, static_cast<uint64_t>(i));
+      if (out.dtype == DType::F64)
+        out.ptr<double>()[g - begin] = v;
+      else
+        out.ptr<float>()[g - begin] = static_cast<float>(v);
+    }
+  }
+}
+
+ParamStore::ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity)
+    : table_(table), device_(device), compute_dtype_(compute_dtype),
+      capacity_(std::max(capacity, table.total_elements())) {
   ENSURE(compute_dtype == DType::F32 || compute_dtype == DType::F64 || compute_dtype == DType::BF16,
          "parameters in ", dtype_name(compute_dtype));
-  size_t n = static_cast<size_t>(table_.total_elements());
-  weights_ = Buffer(n * dtype_size(compute_dtype), device);
-  if (compute_dtype == master_dtype()) {
-    master_ptr_ = &weights_;
-  } else {
-    master_ = Buffer(n * dtype_size(master_dtype()), device);
-    master_ptr_ = &master_;
-  }
-  grads_ = Buffer(n * dtype_size(grad_dtype()), device);
-  fill_zero_bytes(weights_.data(), device, weights_.bytes());
-  if (!master_aliases_weights()) fill_zero_bytes(master_.data(), device, master_.bytes());
+  allocate_weights();
+  grads_ = Buffer(static_cast<size_t>(capacity_) * dtype_size(grad_dtype()), device);
   zero_grads();
 }
 
-Tensor ParamStore::view(const Buffer& b, DType t, const std::string& name) const {
-  const ParamSpec& s = table_.get(name);
-  return Tensor(static_cast<char*>(b.data()) + s.offset * dtype_size(t), t, device_, s.shape);
+void ParamStore::allocate_weights() {
+  if (has_weights()) return;
+  weights_ = Buffer(static_cast<size_t>(capacity_) * dtype_size(compute_dtype_), device_);
+  fill_zero_bytes(weights_.data(), device_, weights_.bytes());
 }
 
-Tensor ParamStore::flat(const Buffer& b, DType t) const {
-  return Tensor(b.data(), t, device_, {table_.total_elements()});
+Tensor ParamStore::weight_at(int64_t offset, Shape s) const {
+  ENSURE(has_weights(), "weights are not resident (ZeRO-3: gathered only during a step)");
+  return Tensor(static_cast<char*>(weights_.data()) + offset * static_cast<int64_t>(dtype_size(compute_dtype_)),
+                compute_dtype_, device_, s);
 }
+
+Tensor ParamStore::grad_at(int64_t offset, Shape s) const {
+  return Tensor(static_cast<char*>(grads_.data()) + offset * static_cast<int64_t>(dtype_size(grad_dtype())),
+                grad_dtype(), device_, s);
+}
+
+Tensor ParamStore::weight(const std::string& name) const {
+  const ParamSpec& s = table_.get(name);
+  return weight_at(s.offset, s.shape);
+}
+
+Tensor ParamStore::grad(const std::string& name) const {
+  const ParamSpec& s = table_.get(name);
+  return grad_at(s.offset, s.shape);
+}
+
+Tensor ParamStore::weights_flat() const { return weight_at(0, {capacity_}); }
+Tensor ParamStore::grads_flat() const { return grad_at(0, {capacity_}); }
 
 void ParamStore::init(uint64_t seed) {
-  // Generated on the host in the master dtype, then copied: identical on every backend.
-  Owned host = zeros({table_.total_elements()}, master_dtype(), Device::CPU);
-  for (const ParamSpec& s : table_.entries()) {
-    int64_t n = s.shape.numel();
-    PhiloxKey key = philox_key(seed, s.name);
-    for (int64_t i = 0; i < n; ++i) {
-      double v = s.init == InitKind::Ones ? 1.0
-                 : s.init == InitKind::Zeros ? 0.0
-                                             : s.init_std * philox_normal(key, static_cast<uint64_t>(i));
-      if (master_dtype() == DType::F64)
-        host.ptr<double>()[s.offset + i] = v;
-      else
-        host.ptr<float>()[s.offset + i] = static_cast<float>(v);
-    }
+  // Generated on the host in f32 (f64 for an f64 model), then converted: identical on every
+  // backend and layout.
+  const DType host_dtype = compute_dtype_ == DType::F64 ? DType::F64 : DType::F32;
+  Owned host = empty({capacity_}, host_dtype, Device::CPU);
+  init_values(table_, seed, 0, capacity_, host);
+  if (host_dtype == compute_dtype_) {
+    copy_tensor(weights_flat(), host);
+  } else {
+    Owned converted = empty({capacity_}, compute_dtype_, Device::CPU);
+    ops::cast(host, converted);
+    copy_tensor(weights_flat(), converted);
   }
-  copy_tensor(master_flat(), host.t);
-  sync_weights_from_master();
-}
-
-void ParamStore::sync_weights_from_master() {
-  if (!master_aliases_weights()) ops::cast(master_flat(), weights_flat());
 }
 
 void ParamStore::zero_grads() { fill_zero_bytes(grads_.data(), device_, grads_.bytes()); }

@@ -1,11 +1,12 @@
-// Parameters live in flat buffers, one per kind, laid out from a table:
-//   weights   compute dtype (f32 on CPU, bf16 on GPU; f64 for gradient checks)
-//   master    f32 copy the optimizer updates (aliases `weights` when the compute dtype is f32)
+// Parameters live in flat buffers laid out from a table:
+//   weights   compute dtype (f32 on CPU, bf16 on GPU; f64 for gradient checks), what layers read
 //   grads     f32 (f64 for an f64 model), accumulated (+=) by every backward
-//   exp_avg, exp_avg_sq   AdamW moments, f32 (allocated by the optimizer)
-// A parameter is a view at its offset in each buffer. Entries declared `adjacent` follow the
-// previous entry with no gap, so a layer can view them as one matrix (q, k, v -> one qkv GEMM;
-// gate, up -> one GEMM); other entries start on a 64-element boundary.
+// The optimizer's f32 master weights and AdamW moments use the same flat offsets and live with
+// the optimizer (optim/optimizer.h), sharded over data-parallel ranks under ZeRO.
+// A parameter is a view at its offset. Entries declared `adjacent` follow the previous entry with
+// no gap, so a layer can view them as one matrix (q, k, v -> one qkv GEMM; gate, up -> one GEMM);
+// other entries start on a 64-element boundary. The buffers may be longer than the table
+// (`capacity`), so they split evenly into data-parallel shards; the tail is zero.
 // Init is layout independent: element i of parameter `name` (i counted in the full, unsharded
 // tensor) is drawn from Philox keyed by (seed, name) at counter i.
 #pragma once
@@ -45,41 +46,46 @@ class ParamTable {
   int64_t total_ = 0;
 };
 
+// Init values of flat elements [begin, end) into `out` (a host f32 or f64 tensor of end - begin
+// elements); alignment gaps and the tail past the table are 0. Any range of any layout gets
+// exactly the values of the single-rank model.
+void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out);
+
 class ParamStore {
  public:
-  // compute_dtype: F32 or F64 on CPU, BF16 (or F32) on CUDA.
-  ParamStore(const ParamTable& table, Device device, DType compute_dtype);
+  // compute_dtype: F32 or F64 on CPU, BF16 (or F32) on CUDA. capacity >= table.total_elements().
+  ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity = 0);
 
   const ParamTable& table() const { return table_; }
   Device device() const { return device_; }
   DType compute_dtype() const { return compute_dtype_; }
+  DType grad_dtype() const { return compute_dtype_ == DType::F64 ? DType::F64 : DType::F32; }
+  int64_t capacity() const { return capacity_; }
 
-  Tensor weight(const std::string& name) const { return view(weights_, compute_dtype_, name); }
-  Tensor master(const std::string& name) const { return view(*master_ptr_, master_dtype(), name); }
-  Tensor grad(const std::string& name) const { return view(grads_, grad_dtype(), name); }
-  // Whole flat buffers (for the optimizer, grad norm, collectives).
-  Tensor weights_flat() const { return flat(weights_, compute_dtype_); }
-  Tensor master_flat() const { return flat(*master_ptr_, master_dtype()); }
-  Tensor grads_flat() const { return flat(grads_, grad_dtype()); }
-  bool master_aliases_weights() const { return master_ptr_ == &weights_; }
+  Tensor weight(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  // Views at a flat offset (what layers hold: valid across release/allocate of the buffers).
+  Tensor weight_at(int64_t offset, Shape s) const;
+  Tensor grad_at(int64_t offset, Shape s) const;
+  // Whole flat buffers (capacity elements), for the optimizer and collectives.
+  Tensor weights_flat() const;
+  Tensor grads_flat() const;
 
-  // Fills every parameter from its spec (Philox normal / ones / zeros) and syncs weights.
+  // Fills every weight from the init rule (ops::cast from f32 values when the dtype differs).
   void init(uint64_t seed);
-  // After the optimizer updated master: weights = cast(master) (no-op when aliased).
-  void sync_weights_from_master();
   void zero_grads();
 
- private:
-  DType master_dtype() const { return compute_dtype_ == DType::F64 ? DType::F64 : DType::F32; }
-  DType grad_dtype() const { return master_dtype(); }
-  Tensor view(const Buffer& b, DType t, const std::string& name) const;
-  Tensor flat(const Buffer& b, DType t) const;
+  // ZeRO stage 3 keeps the full weights only while a step runs.
+  bool has_weights() const { return weights_.data() != nullptr; }
+  void release_weights() { weights_.release(); }
+  void allocate_weights();
 
+ private:
   ParamTable table_;
   Device device_;
   DType compute_dtype_;
-  Buffer weights_, master_, grads_;
-  const Buffer* master_ptr_ = nullptr;
+  int64_t capacity_;
+  Buffer weights_, grads_;
 };
 
 }  // namespace engine

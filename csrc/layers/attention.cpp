@@ -58,10 +58,10 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   s.qkv = env.act_tensor({T, NH, head_dim_});
   s.out = env.act_tensor({T, heads_, head_dim_});
   s.lse = env.stat_tensor({T, heads_});
-  linear_forward(xn, wqkv_.w, bqkv_.w, s.qkv->view({T, int64_t{NH} * head_dim_}));
+  linear_forward(xn, wqkv_.w(), bqkv_.w(), s.qkv->view({T, int64_t{NH} * head_dim_}));
   if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, theta_);
   ops::attention_forward(op_params(seg, s));
-  linear_forward(s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w, bo_.w, y);
+  linear_forward(s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(), bo_.w(), y);
 }
 
 void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
@@ -69,8 +69,8 @@ void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, con
   const int64_t T = xn.size(0);
   const int NH = heads_ + 2 * kv_heads_;
   Owned dout = env.act_tensor({T, heads_, head_dim_});
-  linear_backward(dy, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w,
-                  dout->view({T, int64_t{heads_} * head_dim_}), wo_.g, bo_.g);
+  linear_backward(dy, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(),
+                  dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), bo_.g());
   Owned dqkv = env.act_tensor({T, NH, head_dim_});
   ops::AttentionBackwardParams b;
   b.fwd = op_params(seg, s);
@@ -78,7 +78,7 @@ void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, con
   b.dqkv = dqkv;
   ops::attention_backward(b);
   if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, theta_);
-  linear_backward(dqkv->view({T, int64_t{NH} * head_dim_}), xn, wqkv_.w, dxn, wqkv_.g, bqkv_.g);
+  linear_backward(dqkv->view({T, int64_t{NH} * head_dim_}), xn, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g());
 }
 
 }  // namespace engine::layers

@@ -15,10 +15,9 @@ Param adjacent_rows(const ParamStore& store, const std::vector<std::string>& nam
     expect = s.offset + s.shape.numel();
   }
   Param p;
-  Tensor w0 = store.weight(names[0]), g0 = store.grad(names[0]);
-  Shape shape = first.shape.ndim == 2 ? Shape{rows, cols} : Shape{rows};
-  p.w = Tensor(w0.data, w0.dtype, w0.device, shape);
-  p.g = Tensor(g0.data, g0.dtype, g0.device, shape);
+  p.store = &store;
+  p.offset = first.offset;
+  p.shape = first.shape.ndim == 2 ? Shape{rows, cols} : Shape{rows};
   return p;
 }
 

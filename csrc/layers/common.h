@@ -14,13 +14,18 @@ struct Env {
   Owned stat_tensor(Shape s) const { return empty(s, stat(), device); }
 };
 
-// A parameter's weight and gradient views, resolved once from the store by name.
+// A parameter (or adjacent parameters seen as one matrix) of a store: its weight and gradient
+// views are made on use, so they stay valid when ZeRO-3 releases and re-gathers the weights.
 struct Param {
-  Tensor w, g;
+  const ParamStore* store = nullptr;
+  int64_t offset = 0;
+  Shape shape;
   Param() = default;
-  Param(const ParamStore& store, const std::string& name)
-      : w(store.weight(name)), g(store.grad(name)) {}
-  explicit operator bool() const { return w.data != nullptr; }
+  Param(const ParamStore& s, const std::string& name)
+      : store(&s), offset(s.table().get(name).offset), shape(s.table().get(name).shape) {}
+  Tensor w() const { return store ? store->weight_at(offset, shape) : Tensor{}; }
+  Tensor g() const { return store ? store->grad_at(offset, shape) : Tensor{}; }
+  explicit operator bool() const { return store != nullptr; }
 };
 
 // Weight and gradient views spanning adjacent parameters `first` .. `last` as one (rows, cols)

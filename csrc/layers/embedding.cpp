@@ -16,13 +16,13 @@ void Embedding::declare(ParamTable& t, const ModelConfig& c) {
 }
 
 void Embedding::forward(const Tensor& tokens, const Tensor& positions, const Tensor& x) const {
-  ops::embedding_forward(tokens, tokens_.w, x, false);
-  if (positions_) ops::embedding_forward(positions, positions_.w, x, true);
+  ops::embedding_forward(tokens, tokens_.w(), x, false);
+  if (positions_) ops::embedding_forward(positions, positions_.w(), x, true);
 }
 
 void Embedding::backward(const Tensor& tokens, const Tensor& positions, const Tensor& dx) const {
-  ops::embedding_backward(tokens, dx, tokens_.g);
-  if (positions_) ops::embedding_backward(positions, dx, positions_.g);
+  ops::embedding_backward(tokens, dx, tokens_.g());
+  if (positions_) ops::embedding_backward(positions, dx, positions_.g());
 }
 
 }  // namespace engine::layers

@@ -48,24 +48,24 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
   s.a = env.act_tensor({T, ffn_});
-  linear_forward(xn, w_in_.w, b_in_.w, s.h);
+  linear_forward(xn, w_in_.w(), b_in_.w(), s.h);
   if (glu)
     ops::swiglu_forward(s.h, s.a);
   else
     ops::gelu_forward(s.h, s.a);
-  linear_forward(s.a, w_out_.w, b_out_.w, y);
+  linear_forward(s.a, w_out_.w(), b_out_.w(), y);
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
                    const Tensor& dxn) const {
   Owned da = env.act_tensor(s.a->shape);
-  linear_backward(dy, s.a, w_out_.w, da, w_out_.g, b_out_.g);
+  linear_backward(dy, s.a, w_out_.w(), da, w_out_.g(), b_out_.g());
   Owned dh = env.act_tensor(s.h->shape);
   if (act_ == ActivationKind::SwiGLU)
     ops::swiglu_backward(da, s.h, dh);
   else
     ops::gelu_backward(da, s.h, dh);
-  linear_backward(dh, xn, w_in_.w, dxn, w_in_.g, b_in_.g);
+  linear_backward(dh, xn, w_in_.w(), dxn, w_in_.g(), b_in_.g());
 }
 
 }  // namespace engine::layers

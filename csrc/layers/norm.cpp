@@ -20,17 +20,17 @@ void Norm::forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& 
   s.rstd = env.stat_tensor({T});
   if (kind_ == NormKind::LayerNorm) {
     s.mean = env.stat_tensor({T});
-    ops::layernorm_forward(x.rows(), weight_.w, bias_.w, eps_, y.rows(), s.mean, s.rstd);
+    ops::layernorm_forward(x.rows(), weight_.w(), bias_.w(), eps_, y.rows(), s.mean, s.rstd);
   } else {
-    ops::rmsnorm_forward(x.rows(), weight_.w, eps_, y.rows(), s.rstd);
+    ops::rmsnorm_forward(x.rows(), weight_.w(), eps_, y.rows(), s.rstd);
   }
 }
 
 void Norm::backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const Tensor& dx) const {
   if (kind_ == NormKind::LayerNorm)
-    ops::layernorm_backward(dy.rows(), x.rows(), weight_.w, s.mean, s.rstd, dx.rows(), weight_.g, bias_.g);
+    ops::layernorm_backward(dy.rows(), x.rows(), weight_.w(), s.mean, s.rstd, dx.rows(), weight_.g(), bias_.g());
   else
-    ops::rmsnorm_backward(dy.rows(), x.rows(), weight_.w, s.rstd, dx.rows(), weight_.g);
+    ops::rmsnorm_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dx.rows(), weight_.g());
 }
 
 }  // namespace engine::layers

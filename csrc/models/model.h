@@ -29,7 +29,8 @@ class Model {
 // The parameter table of a model family (no memory).
 ParamTable model_param_table(const ModelConfig& c);
 // Builds the model of config.model.family with parameters on `device` in `compute_dtype`
-// (uninitialised: call params().init(seed)).
-std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype);
+// (zero: call params().init(seed)); `capacity` pads the flat buffers (even ZeRO shards).
+std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,
+                                  int64_t capacity = 0);
 
 }  // namespace engine

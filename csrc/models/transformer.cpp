@@ -20,8 +20,8 @@ static ParamTable table_of(const ModelConfig& c) {
   return t;
 }
 
-Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype)
-    : config_(c), store_(table_of(c), device, compute_dtype), env_{device, compute_dtype},
+Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity)
+    : config_(c), store_(table_of(c), device, compute_dtype, capacity), env_{device, compute_dtype},
       embedding_(store_, c), head_(store_, c) {
   for (int i = 0; i < c.num_layers; ++i) blocks_.emplace_back(store_, i, c);
 }
@@ -65,12 +65,13 @@ void Transformer::backward(const MicroBatch& mb, Saved& saved) {
 
 ParamTable model_param_table(const ModelConfig& c) { return table_of(c); }
 
-std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype) {
+std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,
+                                  int64_t capacity) {
   switch (c.family) {
     case ModelFamily::GPT2:
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
-      return std::make_unique<Transformer>(c, device, compute_dtype);
+      return std::make_unique<Transformer>(c, device, compute_dtype, capacity);
   }
   RAISE("unknown model family");
 }

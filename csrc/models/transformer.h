@@ -14,7 +14,7 @@ namespace engine {
 
 class Transformer final : public Model {
  public:
-  Transformer(const ModelConfig& c, Device device, DType compute_dtype);
+  Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity = 0);
   static void declare(ParamTable& t, const ModelConfig& c);
 
   ParamStore& params() override { return store_; }

@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/adamw.h"
@@ -8,25 +9,77 @@
 
 namespace engine {
 
-AdamW::AdamW(ParamStore& store, const OptimizerConfig& config) : store_(store), config_(config) {
-  const int64_t n = store.table().total_elements();
-  m_ = zeros({n}, DType::F32, store.device());
-  v_ = zeros({n}, DType::F32, store.device());
-  for (const ParamSpec& s : store.table().entries()) {
-    const int64_t b = s.offset, e = s.offset + s.shape.numel();
-    if (!runs_.empty() && runs_.back().decay == s.weight_decay && runs_.back().end <= b)
-      runs_.back().end = e;  // alignment gaps are zero everywhere: updating them is harmless
-    else
-      runs_.push_back({b, e, s.weight_decay});
+AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed)
+    : store_(store), config_(config), dp_(dp), stage_(zero_stage) {
+  ENSURE(stage_ >= 0 && stage_ <= 3, "ZeRO stage ", stage_);
+  const int64_t n = store.capacity();
+  const bool sharded = stage_ >= 1 && dp.size() > 1;
+  ENSURE(n % dp.size() == 0, "parameter buffer of ", n, " elements does not split over ", dp.size(), " ranks");
+  begin_ = sharded ? n / dp.size() * dp.rank() : 0;
+  end_ = sharded ? begin_ + n / dp.size() : n;
+  const int64_t len = end_ - begin_;
+  const Device dev = store.device();
+
+  master_aliased_ = store.compute_dtype() == DType::F32 && stage_ < 3;
+  if (!master_aliased_) {
+    Owned host = empty({len}, DType::F32, Device::CPU);
+    init_values(store.table(), seed, begin_, end_, host);
+    master_ = empty({len}, DType::F32, dev);
+    copy_tensor(master_, host);
   }
+  m_ = zeros({len}, DType::F32, dev);
+  v_ = zeros({len}, DType::F32, dev);
+  if (stage_ >= 2 && dp.size() > 1) grad_shard_ = zeros({len}, DType::F32, dev);
+  if (stage_ == 3 && dp.size() > 1) store.release_weights();
+
+  // Maximal runs of equal weight decay within the shard (alignment gaps and the tail are zero
+  // in every buffer, so updating them with either setting is harmless).
+  for (const ParamSpec& s : store.table().entries()) {
+    const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.shape.numel(), end_);
+    if (b >= e) continue;
+    if (!runs_.empty() && runs_.back().decay == s.weight_decay)
+      runs_.back().end = e - begin_;
+    else
+      runs_.push_back({b - begin_, e - begin_, s.weight_decay});
+  }
+}
+
+Tensor AdamW::master() const {
+  return master_aliased_ ? store_.weights_flat().slice(begin_, end_) : master_.t;
+}
+
+void AdamW::begin_step() {
+  if (store_.has_weights()) return;
+  store_.allocate_weights();  // stage 3: the shard's weights from the master, then gather
+  write_and_gather_weights();
+}
+
+void AdamW::write_and_gather_weights() {
+  const Tensor shard = store_.weights_flat().slice(begin_, end_);
+  if (!master_aliased_) ops::cast(master_, shard);
+  if (end_ - begin_ != store_.capacity()) dp_.all_gather(shard, store_.weights_flat());
 }
 
 StepStats AdamW::step(int step) {
   StepStats st;
   st.lr = learning_rate(config_, step);
-  st.grad_norm = grad_norm(store_.grads_flat());
+  const bool sharded = end_ - begin_ != store_.capacity();
+  Tensor grads;
+  if (dp_.size() == 1) {
+    grads = store_.grads_flat();
+  } else if (stage_ >= 2) {
+    dp_.reduce_scatter(store_.grads_flat(), grad_shard_);
+    grads = grad_shard_.t;
+  } else {
+    dp_.all_reduce(store_.grads_flat());
+    grads = store_.grads_flat().slice(begin_, end_);
+  }
+  double sq = ops::sum_squares(grads);
+  if (sharded) sq = dp_.all_reduce_sum(sq);
+  st.grad_norm = std::sqrt(sq);
   if (config_.grad_clip > 0 && st.grad_norm > config_.grad_clip)
     st.clip_scale = config_.grad_clip / (st.grad_norm + 1e-6);
+
   ops::AdamWParams p;
   p.lr = static_cast<float>(st.lr);
   p.beta1 = static_cast<float>(config_.beta1);
@@ -34,14 +87,38 @@ StepStats AdamW::step(int step) {
   p.eps = static_cast<float>(config_.eps);
   p.step = step;
   p.grad_scale = static_cast<float>(st.clip_scale);
-  const bool copy = !store_.master_aliases_weights();
+  const Tensor master_shard = master();
+  const Tensor weights = store_.weights_flat().slice(begin_, end_);
   for (const Run& r : runs_) {
     p.weight_decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.f;
-    ops::adamw_step(store_.master_flat().slice(r.begin, r.end), store_.grads_flat().slice(r.begin, r.end),
-                    m_->slice(r.begin, r.end), v_->slice(r.begin, r.end), p,
-                    copy ? store_.weights_flat().slice(r.begin, r.end) : Tensor{});
+    ops::adamw_step(master_shard.slice(r.begin, r.end), grads.slice(r.begin, r.end), m_->slice(r.begin, r.end),
+                    v_->slice(r.begin, r.end), p, master_aliased_ ? Tensor{} : weights.slice(r.begin, r.end));
+  }
+  if (sharded) {
+    if (stage_ == 3)
+      store_.release_weights();  // gathered again by the next begin_step()
+    else
+      dp_.all_gather(weights, store_.weights_flat());
   }
   return st;
+}
+
+Owned AdamW::gather_master() {
+  Owned full = empty({store_.capacity()}, DType::F32, store_.device());
+  const Tensor mine = master();
+  if (end_ - begin_ == store_.capacity()) {
+    copy_tensor(full, mine);
+  } else {
+    copy_tensor(full->slice(begin_, end_), mine);
+    dp_.all_gather(full->slice(begin_, end_), full);
+  }
+  return full;
+}
+
+size_t AdamW::state_bytes() const {
+  size_t b = m_.buf.bytes() + v_.buf.bytes() + grad_shard_.buf.bytes();
+  b += master_aliased_ ? 0 : master_.buf.bytes();
+  return b;
 }
 
 double grad_norm(const Tensor& grads) { return std::sqrt(ops::sum_squares(grads)); }

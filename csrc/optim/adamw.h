@@ -1,12 +1,19 @@
-// AdamW over a model's flat buffers. Weight decay applies to parameters whose spec asks for it
-// (matrices and embeddings), never to norms and biases; the flat buffer is split into maximal
-// runs of equal decay so the update is a handful of calls, not one per tensor. Global grad-norm
-// clipping is folded into the update as a gradient scale. Moments are f32 buffers laid out like
-// the parameters (ZeRO later shards exactly these ranges).
+// AdamW over a model's flat buffers, with ZeRO sharding over the data-parallel group.
+// Each dp rank owns one contiguous shard [rank * n / dp, (rank + 1) * n / dp) of the flat buffers
+// (n = the store's capacity, a multiple of dp) and keeps for it the f32 master weights and both
+// moments (stage 0: one "shard" = everything, on every rank). A step:
+//   gradients: stage 0/1 all-reduce the full gradient buffer; stage 2/3 reduce-scatter it
+//   norm:      sum of squares of the shard's gradient, summed over the shards; clip scale
+//   update:    AdamW (ops/adamw.h) on the shard, run by run of equal weight decay (none for
+//              norms and biases); the compute-dtype weights of the shard are written in the same pass
+//   weights:   stage 1/2 all-gather the updated weights; stage 3 keeps only the shard between
+//              steps and gathers the full weights in begin_step()
+// Master weights alias the shard of the compute weights when those are f32 (CPU) and resident.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/params.h"
 
@@ -20,24 +27,41 @@ struct StepStats {
 
 class AdamW {
  public:
-  AdamW(ParamStore& store, const OptimizerConfig& config);
-  // One update from the gradients in the store (step counts from 1). Returns the statistics.
-  StepStats step(int step);
-  const Tensor& exp_avg() const { return m_.t; }
-  const Tensor& exp_avg_sq() const { return v_.t; }
+  // dp: the data-parallel group the gradients are summed over. seed: the init seed (master
+  // weights of a shard are generated directly in f32, never rounded through the compute dtype).
+  AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed);
+
+  void begin_step();         // before the first forward of a step (stage 3: gather the weights)
+  StepStats step(int step);  // after the last backward: reduce, clip, update; step counts from 1
+
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_end() const { return end_; }
+  const Tensor& exp_avg() const { return m_.t; }      // (shard)
+  const Tensor& exp_avg_sq() const { return v_.t; }   // (shard)
+  Tensor master() const;                              // (shard) f32
+  // The full f32 master weights of every rank, gathered (tests, checkpoints).
+  Owned gather_master();
+  // Bytes this rank keeps between steps for the optimizer (master, moments, gradient shard).
+  size_t state_bytes() const;
 
  private:
   struct Run {
-    int64_t begin = 0, end = 0;
+    int64_t begin = 0, end = 0;  // relative to the shard
     bool decay = true;
   };
+  void write_and_gather_weights();
+
   ParamStore& store_;
   OptimizerConfig config_;
-  Owned m_, v_;
+  Comm& dp_;
+  int stage_;
+  int64_t begin_ = 0, end_ = 0;
+  bool master_aliased_ = false;
+  Owned master_, m_, v_, grad_shard_;
   std::vector<Run> runs_;
 };
 
-// Global L2 norm of a gradient buffer (f64 accumulation).
+// Global L2 norm of a gradient buffer (f64 accumulation) on one rank.
 double grad_norm(const Tensor& grads);
 
 }  // namespace engine

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/launch.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "train/trainer.h"
@@ -18,6 +19,7 @@ static void usage() {
 }
 
 int main(int argc, char** argv) {
+  engine::launch_init(&argc, &argv);
   std::vector<std::string> overrides;
   std::string path;
   bool print_config = false;
@@ -48,10 +50,15 @@ int main(int argc, char** argv) {
       std::fputs(engine::config_to_toml(config).c_str(), stdout);
       return 0;
     }
-    engine::Trainer trainer(config);
-    return trainer.run();
+    int code = 0;
+    {
+      engine::Trainer trainer(config);
+      code = trainer.run();
+    }
+    engine::launch_finalize();
+    return code;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    // Ends every rank (MPI_Abort) so none waits in a collective for this one.
+    engine::fatal_error(e.what());
   }
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "models/model.h"
 
 #ifdef ENGINE_CUDA
 #include "cuda/common/device.cuh"
@@ -64,8 +65,9 @@ Device resolve_device(DeviceChoice choice) {
   return Device::CPU;
 }
 
-Trainer::Trainer(const Config& config, bool write_outputs)
-    : config_(config), write_outputs_(write_outputs), device_(resolve_device(config.run.device)) {
+Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
+    : config_(config), dp_(dp ? *dp : world()), write_outputs_(write_outputs && world().rank() == 0),
+      device_(resolve_device(config.run.device)) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
 #ifdef ENGINE_CUDA
   if (device_ == Device::CUDA) {
@@ -73,10 +75,20 @@ Trainer::Trainer(const Config& config, bool write_outputs)
     log_info("GPU: ", cuda::device_description(0));
   }
 #endif
+  const int dp_size = dp_.size();
+  BatchConfig& b = config_.batch;
+  if (b.global_batch_size % (b.micro_batch_size * dp_size) != 0)
+    RAISE(config_.where("batch.global_batch_size"), "must be a multiple of micro_batch_size (", b.micro_batch_size,
+          ") x data_parallel (", dp_size, " ranks) = ", b.micro_batch_size * dp_size, ", got ", b.global_batch_size);
+  b.accumulation_steps = b.global_batch_size / (b.micro_batch_size * dp_size);
   const DType compute = device_ == Device::CPU ? DType::F32 : DType::BF16;
-  model_ = make_model(config_.model, device_, compute);
+  // Pad the flat buffers so they split into equal, aligned shards over the dp ranks.
+  const int64_t unit = 64 * int64_t{dp_size};
+  const int64_t capacity = (model_param_table(config_.model).total_elements() + unit - 1) / unit * unit;
+  model_ = make_model(config_.model, device_, compute, capacity);
   model_->params().init(config_.run.seed);
-  optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer);
+  optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, config_.distributed.zero_stage,
+                                       config_.run.seed);
   const int64_t gb = config_.batch.global_batch_size;
   train_data_ = make_sample_source(config_, Split::Train, int64_t{config_.training.steps} * gb);
   if (!config_.data.valid.empty() || config_.data.valid_fraction > 0)
@@ -99,8 +111,11 @@ Trainer::Trainer(const Config& config, bool write_outputs)
            device_name(device_));
   log_info("train data: ", train_data_->describe());
   if (valid_data_) log_info("valid data: ", valid_data_->describe());
-  log_info("batch: ", gb, " sequences x ", config_.data.sequence_length, " tokens, ",
-           config_.batch.accumulation_steps, " micro-batches of ", config_.batch.micro_batch_size);
+  log_info("batch: ", gb, " sequences x ", config_.data.sequence_length, " tokens, ", dp_size,
+           " data-parallel rank(s) x ", config_.batch.accumulation_steps, " micro-batches of ",
+           config_.batch.micro_batch_size);
+  log_info("optimizer state per rank: ", format_bytes(static_cast<double>(optimizer_->state_bytes())),
+           " (ZeRO stage ", config_.distributed.zero_stage, " over ", dp_size, " rank(s))");
 }
 
 Trainer::~Trainer() {
@@ -110,6 +125,9 @@ Trainer::~Trainer() {
 double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t count, bool with_grad,
                           int64_t* loss_tokens) {
   const int mbs = config_.batch.micro_batch_size;
+  // This rank's contiguous part of the global batch.
+  count /= dp_.size();
+  first += count * dp_.rank();
   // The whole global batch is read first: its loss-token count normalises every micro-batch.
   std::vector<Sample> samples(static_cast<size_t>(count));
   int64_t tokens = 0;
@@ -117,6 +135,7 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
     samples[static_cast<size_t>(i)] = source.get(first + i);
     for (uint8_t m : samples[static_cast<size_t>(i)].loss_mask) tokens += m != 0;
   }
+  tokens = dp_.all_reduce_sum(tokens);  // the global batch's loss tokens normalise every rank
   *loss_tokens += tokens;
   const float grad_scale = tokens > 0 ? 1.f / static_cast<float>(tokens) : 0.f;
   double loss_sum = 0;
@@ -133,13 +152,14 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
               " loss tokens, ", mb.cu_seqlens->numel() - 1, " segments (longest ", mb.max_seqlen,
               "), loss sum ", mb_loss);
   }
-  return loss_sum;
+  return dp_.all_reduce_sum(loss_sum);
 }
 
 StepResult Trainer::train_step() {
   ENSURE(step_ < config_.training.steps, "training already finished at step ", step_);
   const double t0 = now_seconds();
   const int64_t gb = config_.batch.global_batch_size;
+  optimizer_->begin_step();
   model_->params().zero_grads();
   int64_t loss_tokens = 0;
   const double loss_sum = run_batch(*train_data_, int64_t{step_} * gb, gb, true, &loss_tokens);
@@ -159,6 +179,7 @@ StepResult Trainer::train_step() {
 double Trainer::evaluate() {
   if (!valid_data_) return NAN;
   const int64_t gb = config_.batch.global_batch_size;
+  optimizer_->begin_step();  // ZeRO-3: the weights are gathered only around a step
   double loss_sum = 0;
   int64_t loss_tokens = 0;
   for (int i = 0; i < config_.training.eval_steps; ++i)

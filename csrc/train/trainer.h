@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "data/sampler.h"
 #include "models/model.h"
@@ -30,7 +31,9 @@ Device resolve_device(DeviceChoice choice);
 class Trainer {
  public:
   // write_outputs = false keeps everything in memory (tests): no run directory, no metrics file.
-  explicit Trainer(const Config& config, bool write_outputs = true);
+  // dp: the data-parallel group (world() by default); each rank takes its part of every global
+  // batch and gradients are summed over the group (optimizer sharding per distributed.zero_stage).
+  explicit Trainer(const Config& config, bool write_outputs = true, Comm* dp = nullptr);
   ~Trainer();
 
   StepResult train_step();        // the next step
@@ -38,6 +41,7 @@ class Trainer {
   int run();                      // the whole run; returns the process exit code
   int step() const { return step_; }
   Model& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
   const std::string& run_dir() const { return run_dir_; }
 
   // Set by SIGINT/SIGTERM once install_signal_handlers() ran (the train program does so at
@@ -53,6 +57,7 @@ class Trainer {
   void write_metrics(const std::string& json_line);
 
   Config config_;
+  Comm& dp_;
   bool write_outputs_;
   Device device_;
   std::string run_dir_;

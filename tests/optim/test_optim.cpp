@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "comm/comm.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -41,7 +42,7 @@ TEST_CASE("AdamW: decoupled weight decay skips norms and biases; clipping scales
   o.decay = DecayKind::Constant;
   o.weight_decay = 0.5;
   o.grad_clip = 0;
-  AdamW opt(p, o);
+  AdamW opt(p, o, world(), 0, 3);
   const float w_before = p.weight("layers.0.attn.wq").ptr<float>()[7];
   const float n_before = p.weight("layers.0.norm1.weight").ptr<float>()[2];
   p.zero_grads();
@@ -55,7 +56,7 @@ TEST_CASE("AdamW: decoupled weight decay skips norms and biases; clipping scales
   // (Adam normalises), but the moments see the clipped gradient.
   o.weight_decay = 0;
   o.grad_clip = 1.0;
-  AdamW opt2(p, o);
+  AdamW opt2(p, o, world(), 0, 3);
   p.zero_grads();
   Tensor g = p.grads_flat();
   const int64_t off = p.table().get("layers.1.mlp.w_out").offset;

@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -180,4 +181,38 @@ TEST_CASE("plot_metrics.py overlays runs into a PNG") {
   char magic[8] = {};
   f.read(magic, 8);
   CHECK(std::string(magic + 1, 3) == "PNG");
+}
+
+TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the message printed once") {
+  if (!has_train_binary()) return;
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    skip_test("no mpirun (make deps installs OpenMPI)");
+    return;
+  }
+  const fs::path dir = fs::path(learnable_dataset()).parent_path();
+  const std::string good = good_config("mpi-good");
+  const std::string bad = good_config("mpi-bad", (dir / "missing-on-rank-1").string());
+  const char* bin = std::getenv("TRAIN_BIN");
+  const std::string train = bin ? bin : "./train";
+  // MPMD launch: rank 0 gets a valid config, rank 1 one whose dataset does not exist.
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                          "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 60 mpirun --oversubscribe "
+                          "--bind-to none -n 1 " + train + " " + good + " : -n 1 " + train + " " + bad + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.output);
+  CHECK(r.code != 0);
+  CHECK(r.code != 124);  // not the timeout: the ranks ended by themselves
+  CHECK(seconds < 10.0);
+  size_t count = 0;
+  for (size_t at = r.output.find("error: [rank 1]"); at != std::string::npos; at = r.output.find("error: [rank 1]", at + 1)) ++count;
+  CHECK(count == 1);
+  CHECK(r.output.find("missing-on-rank-1") != std::string::npos);
 }

@@ -1,0 +1,48 @@
+// Communication between the ranks of one process group, on tensors:
+//   all_reduce      t = sum (or max) over ranks of t, in place
+//   reduce_scatter  out (n) = rank's slice [rank*n, (rank+1)*n) of the sum over ranks of in (size*n)
+//   all_gather      out (size*n) = concatenation of every rank's in (n), in rank order; `in` may
+//                   be this rank's own slice of `out` (in place)
+//   broadcast       t = root's t
+//   send / recv     point to point, matched in program order
+// Two backends behind one interface: MPI (host tensors; CPU runs and CI) and NCCL (device
+// tensors, its own stream ordered after the compute stream). Groups for the dp, tp and pp
+// dimensions of the mesh come from Comm::split. A group of one rank is valid and does nothing.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace engine {
+
+enum class ReduceOp { Sum, Max };
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  virtual void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
+  virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
+  virtual void broadcast(const Tensor& t, int root) = 0;
+  virtual void send(const Tensor& t, int peer) = 0;
+  virtual void recv(const Tensor& t, int peer) = 0;
+  virtual void barrier() = 0;
+
+  // Ranks with equal `color` form a new group, ordered by `key` (MPI_Comm_split semantics).
+  virtual std::unique_ptr<Comm> split(int color, int key) const = 0;
+
+  // Scalar helpers (host values) built on all_reduce.
+  double all_reduce_sum(double v);
+  int64_t all_reduce_sum(int64_t v);
+  double all_reduce_max(double v);
+};
+
+// The group of every process (MPI_COMM_WORLD, or a single-process group without MPI).
+Comm& world();
+
+}  // namespace engine

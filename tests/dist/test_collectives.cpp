@@ -1,0 +1,105 @@
+// Collectives on exactly predictable data (integers held exactly in f32), on whatever world size
+// mpirun gives (the suite runs with 2, 3 and 4 ranks): results must be equal, not close.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "comm/comm.h"
+#include "core/buffer.h"
+#include "tests/common/testing.h"
+
+using namespace engine;
+
+namespace {
+Owned filled(int64_t n, DType t, const std::function<double(int64_t)>& f) {
+  Owned o = empty({n}, t, Device::CPU);
+  for (int64_t i = 0; i < n; ++i) testing::set(o, i, f(i));
+  return o;
+}
+}  // namespace
+
+TEST_CASE("all_reduce sum and max: exact, f32 / f64 / i32 / i64") {
+  Comm& w = world();
+  const int r = w.rank(), n = w.size();
+  for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64}) {
+    CAPTURE(dtype_name(t));
+    Owned x = filled(1001, t, [&](int64_t i) { return r * 1000.0 + static_cast<double>(i); });
+    w.all_reduce(x, ReduceOp::Sum);
+    for (int64_t i = 0; i < 1001; ++i) REQUIRE(testing::get(x, i) == n * (n - 1) / 2 * 1000.0 + n * static_cast<double>(i));
+    Owned y = filled(17, t, [&](int64_t i) { return static_cast<double>((r * 7 + i) % (n + 3)); });
+    w.all_reduce(y, ReduceOp::Max);
+    for (int64_t i = 0; i < 17; ++i) {
+      double expect = 0;
+      for (int q = 0; q < n; ++q) expect = std::max(expect, static_cast<double>((q * 7 + i) % (n + 3)));
+      REQUIRE(testing::get(y, i) == expect);
+    }
+  }
+  CHECK(w.all_reduce_sum(int64_t{r + 1}) == int64_t{n} * (n + 1) / 2);
+  CHECK(w.all_reduce_max(static_cast<double>(r)) == n - 1);
+}
+
+TEST_CASE("reduce_scatter and all_gather (also in place): exact") {
+  Comm& w = world();
+  const int r = w.rank(), n = w.size();
+  const int64_t k = 37;
+  Owned in = filled(k * n, DType::F32, [&](int64_t j) { return static_cast<double>(r + 3 * j); });
+  Owned out = empty({k}, DType::F32, Device::CPU);
+  testing::poison(out);
+  w.reduce_scatter(in, out);
+  for (int64_t i = 0; i < k; ++i) REQUIRE(testing::get(out, i) == n * (n - 1) / 2.0 + n * 3.0 * (r * k + i));
+
+  Owned mine = filled(k, DType::F32, [&](int64_t i) { return r * 100.0 + static_cast<double>(i); });
+  Owned all = empty({k * n}, DType::F32, Device::CPU);
+  testing::poison(all);
+  w.all_gather(mine, all);
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < k; ++i) REQUIRE(testing::get(all, q * k + i) == q * 100.0 + static_cast<double>(i));
+
+  Owned inplace = empty({k * n}, DType::F32, Device::CPU);
+  testing::poison(inplace);
+  for (int64_t i = 0; i < k; ++i) testing::set(inplace, r * k + i, -r - static_cast<double>(i));
+  w.all_gather(inplace->slice(r * k, (r + 1) * k), inplace);
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < k; ++i) REQUIRE(testing::get(inplace, q * k + i) == -q - static_cast<double>(i));
+}
+
+TEST_CASE("broadcast, send/recv around a ring, barrier") {
+  Comm& w = world();
+  const int r = w.rank(), n = w.size();
+  Owned b = filled(9, DType::I32, [&](int64_t i) { return r == n - 1 ? 5.0 * static_cast<double>(i) : -1.0; });
+  w.broadcast(b, n - 1);
+  for (int64_t i = 0; i < 9; ++i) REQUIRE(testing::get(b, i) == 5.0 * static_cast<double>(i));
+  Owned send = filled(5, DType::F64, [&](int64_t i) { return r + 0.25 * static_cast<double>(i); });
+  Owned recv = empty({5}, DType::F64, Device::CPU);
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  if (r % 2 == 0) {  // even ranks send first: no deadlock for any n
+    w.send(send, next);
+    w.recv(recv, prev);
+  } else {
+    w.recv(recv, prev);
+    w.send(send, next);
+  }
+  for (int64_t i = 0; i < 5; ++i) REQUIRE(testing::get(recv, i) == prev + 0.25 * static_cast<double>(i));
+  w.barrier();
+}
+
+TEST_CASE("split: groups by color, ordered by key, collectives stay inside a group") {
+  Comm& w = world();
+  const int r = w.rank(), n = w.size();
+  auto g = w.split(r % 2, -r);  // reversed order inside each group
+  int members = 0, higher = 0;
+  for (int q = 0; q < n; ++q)
+    if (q % 2 == r % 2) {
+      ++members;
+      higher += q > r;
+    }
+  CHECK(g->size() == members);
+  CHECK(g->rank() == higher);
+  CHECK(g->all_reduce_sum(int64_t{1} << r) == [&] {
+    int64_t s = 0;
+    for (int q = 0; q < n; ++q)
+      if (q % 2 == r % 2) s += int64_t{1} << q;
+    return s;
+  }());
+}
