@@ -46,15 +46,19 @@ void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t 
     const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.shape.numel());
     if (lo >= hi) continue;
     const PhiloxKey key = philox_key(seed, s.name);
+    const bool f64 = out.dtype == DType::F64;
+    void* base = out.data;
+    // Every element is a pure function of its index: any thread split gives the same values.
+#pragma omp parallel for schedule(static) if (hi - lo > (1 << 16))
     for (int64_t g = lo; g < hi; ++g) {
       const int64_t i = g - s.offset;  // index within the full parameter
       const double v = s.init == InitKind::Ones ? 1.0
                        : s.init == InitKind::Zeros ? 0.0
                                                    : s.init_std * philox_normal(key, static_cast<uint64_t>(i));
-      if (out.dtype == DType::F64)
-        out.ptr<double>()[g - begin] = v;
+      if (f64)
+        static_cast<double*>(base)[g - begin] = v;
       else
-        out.ptr<float>()[g - begin] = static_cast<float>(v);
+        static_cast<float*>(base)[g - begin] = static_cast<float>(v);
     }
   }
 }
