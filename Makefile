@@ -35,16 +35,17 @@ CU_SRC :=
 ifeq ($(CUDA),1)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
   # NCCL and cuDNN: CUDA_HOME first, else the Python venv's nvidia/ packages (the GPU machine).
-  NV_PY := $(shell $(PYTHON) -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0] + '/x'))" 2>/dev/null)
+  NV_PY := $(firstword $(foreach py,python3 $(PYTHON),$(shell $(py) -c "import nvidia; print(nvidia.__path__[0])" 2>/dev/null)))
   NCCL_HOME ?= $(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(CUDA_HOME),$(NV_PY)/nccl)
   CUDNN_HOME ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME),$(NV_PY)/cudnn)
   CU_SRC := $(shell find cuda -name '*.cu')
   GENCODE ?= $(if $(filter 90,$(SM)),-gencode=arch=compute_90a$(comma)code=sm_90a,-gencode=arch=compute_$(SM)$(comma)code=sm_$(SM))
   NVCCFLAGS ?= -O3
   NVCCFLAGS += -std=c++20 $(GENCODE) -t=0 -MMD -MP --expt-relaxed-constexpr -Xcompiler -fopenmp
-  CPPFLAGS += -DENGINE_CUDA -I$(CUDA_HOME)/include
-  LDFLAGS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64
-  LDLIBS += -lcublasLt -lcublas -lcudart
+  NCCL_LIB ?= $(firstword $(dir $(wildcard $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2)))
+  CPPFLAGS += -DENGINE_CUDA -I$(CUDA_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-I$(NCCL_HOME)/include)
+  LDFLAGS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(if $(NCCL_LIB),-L$(NCCL_LIB) -Wl$(comma)-rpath$(comma)$(NCCL_LIB))
+  LDLIBS += -l:libnccl.so.2 -lcublasLt -lcublas -lcudart
 endif
 comma := ,
 

@@ -36,10 +36,10 @@ class Comm {
   // Ranks with equal `color` form a new group, ordered by `key` (MPI_Comm_split semantics).
   virtual std::unique_ptr<Comm> split(int color, int key) const = 0;
 
-  // Scalar helpers (host values) built on all_reduce.
-  double all_reduce_sum(double v);
-  int64_t all_reduce_sum(int64_t v);
-  double all_reduce_max(double v);
+  // Scalar helpers on host values (device backends route them through their host group).
+  virtual double all_reduce_sum(double v);
+  virtual int64_t all_reduce_sum(int64_t v);
+  virtual double all_reduce_max(double v);
 };
 
 // The group of every process (MPI_COMM_WORLD, or a single-process group without MPI).

@@ -101,7 +101,7 @@ REGISTER_LISTENER("timing", 1, TimingListener);
 namespace engine::testing {
 void skip_test(const std::string& reason) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_skipped.insert(g_current).second)
+  if (g_skipped.insert(g_current).second && report_rank())
     std::printf("skipped: %s: %s\n", g_current.c_str(), reason.c_str());
 }
 }  // namespace engine::testing

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/launch.h"
+#include "comm/nccl_comm.h"
 #include "core/log.h"
 #include "models/model.h"
 
@@ -65,14 +67,32 @@ Device resolve_device(DeviceChoice choice) {
   return Device::CPU;
 }
 
+namespace {
+// The device picked before anything touches it: each rank's GPU is its local rank.
+Device pick_device(DeviceChoice choice) {
+  const Device d = resolve_device(choice);
+#ifdef ENGINE_CUDA
+  if (d == Device::CUDA) cuda::set_device(launch_info().local_rank % cuda::device_count());
+#endif
+  return d;
+}
+
+// The data-parallel group's communicator: the one given, else the world (NCCL on GPUs).
+std::unique_ptr<Comm> device_comm_for(Comm* given, Device device) {
+  if (given || device != Device::CUDA || world().size() == 1) return nullptr;
+  return make_nccl_comm(world());
+}
+}  // namespace
+
 Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
-    : config_(config), dp_(dp ? *dp : world()), write_outputs_(write_outputs && world().rank() == 0),
+    : config_(config), device_comm_(device_comm_for(dp, pick_device(config.run.device))),
+      dp_(dp ? *dp : device_comm_ ? *device_comm_ : world()), write_outputs_(write_outputs && world().rank() == 0),
       device_(resolve_device(config.run.device)) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
 #ifdef ENGINE_CUDA
   if (device_ == Device::CUDA) {
-    cuda::set_device(0);
-    log_info("GPU: ", cuda::device_description(0));
+    const int gpu = launch_info().local_rank % cuda::device_count();
+    log_info("GPU ", gpu, ": ", cuda::device_description(gpu), ", data-parallel backend ", dp_.backend());
   }
 #endif
   const int dp_size = dp_.size();

@@ -57,6 +57,7 @@ class Trainer {
   void write_metrics(const std::string& json_line);
 
   Config config_;
+  std::unique_ptr<Comm> device_comm_;  // NCCL over the world when training on GPUs with several ranks
   Comm& dp_;
   bool write_outputs_;
   Device device_;

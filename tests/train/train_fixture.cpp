@@ -42,6 +42,7 @@ Config tiny_run_config(const std::string& family, const std::vector<std::string>
 name = "test"
 output_dir = ")" + (std::filesystem::path(learnable_dataset()).parent_path() / "runs").string() + R"("
 seed = 5
+device = "cpu"
 [model]
 family = ")" + family + R"("
 vocab_size = 37

@@ -10,8 +10,8 @@ namespace engine::testing {
 
 // Writes (once per process) the dataset and returns its path prefix.
 std::string learnable_dataset();
-// A run config of `family` over learnable_dataset(), parsed through the real parser; `extra`
-// is appended TOML (keys of sections not already opened, or overrides via `overrides`).
+// A run config of `family` over learnable_dataset() on the CPU, parsed through the real parser,
+// with `overrides` (section.key=value) applied.
 Config tiny_run_config(const std::string& family, const std::vector<std::string>& overrides = {});
 
 }  // namespace engine::testing

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What runs on the GPU machine: build, the full test suite (GPU cases run there), kernel and
+# end-to-end training benchmarks, and the PyTorch reference for the same shapes. Every step
+# writes its log under $OUT (the device tool's output folder) or ./gpu-logs.
+# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [torch]   (default: build test bench train)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-logs}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+steps=("$@")
+[[ ${#steps[@]} == 0 ]] && steps=(build test bench train)
+for step in "${steps[@]}"; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    build)
+      nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+      make -j16 >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+      grep -E "warning" "$out/build.log" | head -20
+      ;;
+    test)
+      timeout 500 scripts/run_tests.sh full >"$out/tests.log" 2>&1
+      grep -E "FAILED|ERROR|skipped:|^tests:|slowest|^ +[0-9.]+ s " "$out/tests.log" | head -80
+      ;;
+    bench)
+      timeout 400 ./bench "${BENCH_AREAS[@]:-}" >"$out/bench.log" 2>&1
+      cat "$out/bench.log"
+      ;;
+    train)
+      for c in configs/bench-gpt2-162m.toml configs/bench-llama-0.9b.toml; do
+        timeout 300 ./bench train "$c" 2>&1 | grep -v "^\[" | tee -a "$out/train.log"
+      done
+      ;;
+    torch)
+      timeout 500 python3 scripts/bench_torch.py ${TORCH_WHAT:-} 2>&1 | tee "$out/torch.log"
+      ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
