@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/buffer.h"
 #include "core/log.h"
@@ -73,13 +74,17 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
   const double flops_per_token = 6.0 * (params - embed) + attn;
   const double tps = tokens / seconds;
   const MemoryStats mem = memory_stats(dev);
-  std::printf("train %s: %s, %.0f M parameters, %d x %d tokens per step, %d timed steps\n",
-              c.run.name.c_str(), device_name(dev), params / 1e6, c.batch.global_batch_size,
-              c.data.sequence_length, timed);
-  std::printf("  %.1f k tokens/s, %.3f s/step, MFU %.3f (of %.0f TFLOP/s), peak memory %s in use, %s reserved, loss %.4f\n",
-              tps / 1e3, seconds / timed, tps * flops_per_token / (kPeakDenseBf16Tflops * 1e12),
-              kPeakDenseBf16Tflops, format_bytes(static_cast<double>(mem.peak_in_use)).c_str(),
-              format_bytes(static_cast<double>(mem.peak_reserved)).c_str(), loss);
+  const int ranks = world().size();
+  if (world().rank() == 0) {
+    std::printf("train %s: %s x %d, %.0f M parameters, %d x %d tokens per step, %d timed steps\n",
+                c.run.name.c_str(), device_name(dev), ranks, params / 1e6, c.batch.global_batch_size,
+                c.data.sequence_length, timed);
+    std::printf("  %.1f k tokens/s, %.3f s/step, MFU %.3f per GPU (of %.0f TFLOP/s), peak memory %s in use, %s reserved, loss %.4f\n",
+                tps / 1e3, seconds / timed, tps / ranks * flops_per_token / (kPeakDenseBf16Tflops * 1e12),
+                kPeakDenseBf16Tflops, format_bytes(static_cast<double>(mem.peak_in_use)).c_str(),
+                format_bytes(static_cast<double>(mem.peak_reserved)).c_str(), loss);
+    if (ranks > 1) std::printf("  %d ranks: %.1f k tokens/s per rank (memory figures are rank 0's)\n", ranks, tps / ranks / 1e3);
+  }
   std::error_code ec;
   std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("engine_bench." + std::to_string(getpid())), ec);
   return 0;
