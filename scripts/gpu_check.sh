@@ -23,7 +23,7 @@ for step in "${steps[@]}"; do
       grep -E "FAILED|ERROR|skipped:|^tests:|slowest|^ +[0-9.]+ s " "$out/tests.log" | head -80
       ;;
     bench)
-      timeout 400 ./bench "${BENCH_AREAS[@]:-}" >"$out/bench.log" 2>&1
+      timeout 400 ./bench ${BENCH_AREAS:-} >"$out/bench.log" 2>&1
       cat "$out/bench.log"
       ;;
     train)

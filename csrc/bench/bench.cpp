@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstdio>
 
+#include "core/buffer.h"
 #include "core/check.h"
+#include "core/rng.h"
 
 #ifdef ENGINE_CUDA
 #include <cuda_runtime.h>
@@ -44,6 +46,25 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
 #endif
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+void fill_random(const Tensor& t, const std::string& name, double std) {
+  const int64_t n = t.numel(), tile = std::min<int64_t>(n, 1 << 20);
+  if (n == 0) return;
+  Owned host = empty({tile}, t.dtype, Device::CPU);
+  const PhiloxKey key = philox_key(4321, name);
+  for (int64_t i = 0; i < tile; ++i) {
+    const float v = static_cast<float>(std * philox_normal(key, static_cast<uint64_t>(i)));
+    if (t.dtype == DType::BF16) host.ptr<bf16>()[i] = bf16(v);
+    else host.ptr<float>()[i] = v;
+  }
+  const Tensor flat = t.view({n});
+  copy_tensor(flat.slice(0, tile), host);
+  for (int64_t done = tile; done < n;) {
+    const int64_t len = std::min(done, n - done);
+    copy_tensor(flat.slice(done, done + len), flat.slice(0, len));
+    done += len;
+  }
 }
 
 static std::vector<Registered>& registry() {

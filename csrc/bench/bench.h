@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace engine::bench {
 
 // Ceilings measured on one H200 (../shared/DEVICE.md): the figures results are judged against.
@@ -23,6 +25,11 @@ struct Result {
 // Median milliseconds of fn() over `reps` timed calls after `warmup` untimed ones, measured with
 // CUDA events on the compute stream (requires a GPU).
 double time_ms(const std::function<void()>& fn, int warmup = 3, int reps = 10);
+
+// Fills a bf16 or f32 tensor (any device) with N(0, std^2) values keyed by `name`: a tile of up
+// to 1M elements made on the host, copied over the tensor in doubling copies (cheap at any size;
+// GEMM power, hence clocks, depends on the data, so it must not be constant).
+void fill_random(const Tensor& t, const std::string& name, double std = 1.0);
 
 using Case = std::function<std::vector<Result>()>;
 // Registers a named group of cases ("gemm", "attention", ...); returns true (for static init).

@@ -1,8 +1,12 @@
-// Dispatch of ops/adamw.h: CPU -> ref/adamw, CUDA -> cuda/adamw once it exists.
+// Dispatch of ops/adamw.h: CPU -> ref/adamw, CUDA -> cuda/optim/adamw.
 #include "ops/adamw.h"
 
 #include "ops/dispatch.h"
 #include "ref/adamw.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/optim/adamw.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -15,7 +19,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                                {"compute_copy", compute_copy}}) == Device::CPU)
     return ref::adamw_step(param, grad, exp_avg, exp_avg_sq, p, compute_copy);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("adamw_step");
+  return cuda::adamw_step(param, grad, exp_avg, exp_avg_sq, p, compute_copy);
 #endif
   no_cuda_build("adamw_step");
 }

@@ -1,9 +1,13 @@
-// Dispatch of ops/attention.h: CPU -> ref/attention, CUDA -> cuda/attention (flash attention)
-// once it exists.
+// Dispatch of ops/attention.h: CPU -> ref/attention, CUDA -> cuda/attention (flash attention:
+// mma.sync kernels for head dims 64 and 128, a simple f32 kernel for the others).
 #include "ops/attention.h"
 
 #include "ops/dispatch.h"
 #include "ref/attention.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/attention/flash.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -13,7 +17,7 @@ void attention_forward(const AttentionParams& p) {
       Device::CPU)
     return ref::attention_forward(p);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("attention_forward");
+  return cuda::attention_forward(p);
 #endif
   no_cuda_build("attention_forward");
 }
@@ -27,7 +31,7 @@ void attention_backward(const AttentionBackwardParams& p) {
                                        {"dqkv", p.dqkv}}) == Device::CPU)
     return ref::attention_backward(p);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("attention_backward");
+  return cuda::attention_backward(p);
 #endif
   no_cuda_build("attention_backward");
 }

@@ -25,7 +25,7 @@ struct NamedTensor {
 inline Device device_of(const char* op, std::initializer_list<NamedTensor> args) {
   const NamedTensor* first = nullptr;
   for (const NamedTensor& a : args) {
-    if (a.t.data == nullptr) continue;
+    if (a.t.data == nullptr && a.t.ndim() == 0) continue;  // undefined (optional); empty tensors count
     if (!first) {
       first = &a;
       continue;

@@ -1,8 +1,12 @@
-// Dispatch of ops/elementwise.h: CPU -> ref/elementwise, CUDA -> cuda/elementwise once it exists.
+// Dispatch of ops/elementwise.h: CPU -> ref/elementwise, CUDA -> cuda/elementwise.
 #include "ops/elementwise.h"
 
 #include "ops/dispatch.h"
 #include "ref/elementwise.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/elementwise/elementwise.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -10,7 +14,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (device_of("add", {{"a", a}, {"b", b}, {"out", out}}) == Device::CPU)
     return ref::add(a, b, out);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("add");
+  return cuda::add(a, b, out);
 #endif
   no_cuda_build("add");
 }
@@ -19,7 +23,7 @@ void add_inplace(const Tensor& acc, const Tensor& x) {
   if (device_of("add_inplace", {{"acc", acc}, {"x", x}}) == Device::CPU)
     return ref::add_inplace(acc, x);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("add_inplace");
+  return cuda::add_inplace(acc, x);
 #endif
   no_cuda_build("add_inplace");
 }
@@ -27,7 +31,7 @@ void add_inplace(const Tensor& acc, const Tensor& x) {
 void scale_inplace(const Tensor& x, double s) {
   if (device_of("scale_inplace", {{"x", x}}) == Device::CPU) return ref::scale_inplace(x, s);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("scale_inplace");
+  return cuda::scale_inplace(x, s);
 #endif
   no_cuda_build("scale_inplace");
 }
@@ -35,7 +39,7 @@ void scale_inplace(const Tensor& x, double s) {
 void cast(const Tensor& src, const Tensor& dst) {
   if (device_of("cast", {{"src", src}, {"dst", dst}}) == Device::CPU) return ref::cast(src, dst);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("cast");
+  return cuda::cast(src, dst);
 #endif
   no_cuda_build("cast");
 }
@@ -43,7 +47,7 @@ void cast(const Tensor& src, const Tensor& dst) {
 double sum(const Tensor& x) {
   if (device_of("sum", {{"x", x}}) == Device::CPU) return ref::sum(x);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("sum");
+  return cuda::sum(x);
 #endif
   no_cuda_build("sum");
 }
@@ -51,7 +55,7 @@ double sum(const Tensor& x) {
 double sum_squares(const Tensor& x) {
   if (device_of("sum_squares", {{"x", x}}) == Device::CPU) return ref::sum_squares(x);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("sum_squares");
+  return cuda::sum_squares(x);
 #endif
   no_cuda_build("sum_squares");
 }
@@ -59,7 +63,7 @@ double sum_squares(const Tensor& x) {
 int64_t count_nonfinite(const Tensor& x) {
   if (device_of("count_nonfinite", {{"x", x}}) == Device::CPU) return ref::count_nonfinite(x);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("count_nonfinite");
+  return cuda::count_nonfinite(x);
 #endif
   no_cuda_build("count_nonfinite");
 }

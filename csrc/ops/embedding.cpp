@@ -1,8 +1,12 @@
-// Dispatch of ops/embedding.h: CPU -> ref/embedding, CUDA -> cuda/embedding once it exists.
+// Dispatch of ops/embedding.h: CPU -> ref/embedding, CUDA -> cuda/embedding.
 #include "ops/embedding.h"
 
 #include "ops/dispatch.h"
 #include "ref/embedding.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/embedding/embedding.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -10,7 +14,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
   if (device_of("embedding_forward", {{"ids", ids}, {"table", table}, {"out", out}}) == Device::CPU)
     return ref::embedding_forward(ids, table, out, accumulate);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("embedding_forward");
+  return cuda::embedding_forward(ids, table, out, accumulate);
 #endif
   no_cuda_build("embedding_forward");
 }
@@ -20,7 +24,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
       Device::CPU)
     return ref::embedding_backward(ids, dout, dtable);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("embedding_backward");
+  return cuda::embedding_backward(ids, dout, dtable);
 #endif
   no_cuda_build("embedding_backward");
 }

@@ -1,8 +1,12 @@
-// Dispatch of ops/gemm.h: CPU -> ref/gemm, CUDA -> cuda/gemm (cuBLASLt) once it exists.
+// Dispatch of ops/gemm.h: CPU -> ref/gemm, CUDA -> cuda/gemm (cuBLASLt, column sums).
 #include "ops/gemm.h"
 
 #include "ops/dispatch.h"
 #include "ref/gemm.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/gemm/gemm.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -11,7 +15,7 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   if (device_of("matmul", {{"a", a}, {"b", b}, {"c", c}, {"bias", options.bias}}) == Device::CPU)
     return ref::matmul(a, trans_a, b, trans_b, c, options);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("matmul");
+  return cuda::matmul(a, trans_a, b, trans_b, c, options);
 #endif
   no_cuda_build("matmul");
 }
@@ -20,7 +24,7 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
   if (device_of("sum_rows", {{"x", x}, {"out", out}}) == Device::CPU)
     return ref::sum_rows(x, out, beta);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("sum_rows");
+  return cuda::sum_rows(x, out, beta);
 #endif
   no_cuda_build("sum_rows");
 }

@@ -1,8 +1,12 @@
-// Dispatch of ops/loss.h: CPU -> ref/loss, CUDA -> cuda/loss once it exists.
+// Dispatch of ops/loss.h: CPU -> ref/loss, CUDA -> cuda/loss/cross_entropy.
 #include "ops/loss.h"
 
 #include "ops/dispatch.h"
 #include "ref/loss.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/loss/cross_entropy.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -13,7 +17,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
       Device::CPU)
     return ref::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("cross_entropy");
+  return cuda::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale);
 #endif
   no_cuda_build("cross_entropy");
 }

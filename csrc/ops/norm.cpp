@@ -1,8 +1,12 @@
-// Dispatch of ops/norm.h: CPU -> ref/norm, CUDA -> cuda/norm once it exists.
+// Dispatch of ops/norm.h: CPU -> ref/norm, CUDA -> cuda/norm.
 #include "ops/norm.h"
 
 #include "ops/dispatch.h"
 #include "ref/norm.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/norm/norm.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -16,7 +20,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
                                       {"rstd", rstd}}) == Device::CPU)
     return ref::layernorm_forward(x, weight, bias, eps, y, mean, rstd);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("layernorm_forward");
+  return cuda::layernorm_forward(x, weight, bias, eps, y, mean, rstd);
 #endif
   no_cuda_build("layernorm_forward");
 }
@@ -34,7 +38,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                        {"dbias", dbias}}) == Device::CPU)
     return ref::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("layernorm_backward");
+  return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
 #endif
   no_cuda_build("layernorm_backward");
 }
@@ -45,7 +49,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
       Device::CPU)
     return ref::rmsnorm_forward(x, weight, eps, y, rstd);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("rmsnorm_forward");
+  return cuda::rmsnorm_forward(x, weight, eps, y, rstd);
 #endif
   no_cuda_build("rmsnorm_forward");
 }
@@ -60,7 +64,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
                                      {"dweight", dweight}}) == Device::CPU)
     return ref::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("rmsnorm_backward");
+  return cuda::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 #endif
   no_cuda_build("rmsnorm_backward");
 }

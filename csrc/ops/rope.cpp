@@ -1,8 +1,12 @@
-// Dispatch of ops/rope.h: CPU -> ref/rope, CUDA -> cuda/rope once it exists.
+// Dispatch of ops/rope.h: CPU -> ref/rope, CUDA -> cuda/rope.
 #include "ops/rope.h"
 
 #include "ops/dispatch.h"
 #include "ref/rope.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/rope/rope.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -10,7 +14,7 @@ void rope_forward(const Tensor& x, const Tensor& positions, int rotated_heads, f
   if (device_of("rope_forward", {{"x", x}, {"positions", positions}}) == Device::CPU)
     return ref::rope_forward(x, positions, rotated_heads, theta);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("rope_forward");
+  return cuda::rope_forward(x, positions, rotated_heads, theta);
 #endif
   no_cuda_build("rope_forward");
 }
@@ -19,7 +23,7 @@ void rope_backward(const Tensor& dx, const Tensor& positions, int rotated_heads,
   if (device_of("rope_backward", {{"dx", dx}, {"positions", positions}}) == Device::CPU)
     return ref::rope_backward(dx, positions, rotated_heads, theta);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("rope_backward");
+  return cuda::rope_backward(dx, positions, rotated_heads, theta);
 #endif
   no_cuda_build("rope_backward");
 }

@@ -1,14 +1,45 @@
-// Helpers for kernel files (.cu only): the compute stream as a cudaStream_t, a post-launch
-// check, bf16 conversions and ceil-division. Every launcher runs on stream() and calls
-// check_launch("name") after its launch.
+// Helpers for kernel files (.cu only): the launchers' argument checks, the compute stream as a
+// cudaStream_t, a post-launch check, ceil-division, grid sizes (one wave of a grid-stride loop, a
+// persistent grid), the device bf16 type with f32 conversions and the bf16 / f32 dtype switch.
+// Every launcher runs on stream() and calls check_launch("name") after its launch.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.cuh"
 
 namespace engine::cuda {
+
+using bf16_t = __nv_bfloat16;
+
+// Launcher argument checks; a failure names the op and the argument ("op: name ...").
+// t on the GPU, with memory behind it unless it is empty.
+inline void expect_cuda(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device),
+         ", expected cuda");
+  ENSURE(t.data != nullptr || t.numel() == 0, op, ": ", name, " is undefined");
+}
+// ... in bf16 or f32.
+inline void expect_cuda_float(const Tensor& t, const char* op, const char* name) {
+  expect_cuda(t, op, name);
+  ENSURE(t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+         dtype_name(t.dtype), ", expected bf16 or f32");
+}
+// ... of `dtype` and shape `s`.
+inline void expect_cuda(const Tensor& t, DType dtype, const Shape& s, const char* op,
+                        const char* name) {
+  expect_cuda(t, op, name);
+  ENSURE(t.dtype == dtype, op, ": ", name, " is ", dtype_name(t.dtype), ", expected ",
+         dtype_name(dtype));
+  ENSURE(t.shape == s, op, ": ", name, " has shape ", t.shape.str(), ", expected ", s.str());
+}
 
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(compute_stream()); }
 
@@ -18,6 +49,45 @@ inline void check_launch(const char* kernel) {
 }
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Multiprocessors of the current device (queried once per device).
+inline int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) > 0) return cached[dev];
+  int n = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < kMaxDevices) cached[dev] = n;
+  return n;
+}
+
+// Blocks of `threads` for a grid-stride loop over `items` work items: one full wave (2048
+// threads per multiprocessor), fewer when there is less work, at least one.
+inline unsigned stream_blocks(int64_t items, int threads) {
+  const int64_t want = std::max<int64_t>(1, ceil_div(items, threads));
+  return static_cast<unsigned>(std::min<int64_t>(want, int64_t{sm_count()} * (2048 / threads)));
+}
+
+// Persistent grid for a kernel whose blocks stride over `rows`: as many blocks as are resident
+// on the device at once (at least one per multiprocessor), at most one per row.
+template <typename Kernel>
+int persistent_grid(Kernel kernel, int threads, size_t smem_bytes, int64_t rows) {
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
+  return static_cast<int>(std::min(rows, resident));
+}
+
+// f(bf16_t{}) for a bf16 tensor, else f(float{}) (the launcher has checked for bf16 or f32).
+template <typename F>
+void float_switch(DType dtype, F&& f) {
+  if (dtype == DType::BF16)
+    f(bf16_t{});
+  else
+    f(float{});
+}
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -1,0 +1,132 @@
+// Benchmarks of flash attention (cuda/attention, through ops::attention_forward/backward), causal,
+// bf16, on the shapes of the PyTorch comparison in ../shared/DEVICE.md (one H200):
+//   hd128 B16 H16 S2048    peer: flash 285 / 221, cuDNN 512 / 392 TFLOP/s (fwd / fwd+bwd)
+//   hd128 B4  H16 S8192    peer: flash 331 / 290, cuDNN 598 / 497
+//   hd64  B16 H32 S2048    peer: flash 244 / 200, cuDNN 387 / 309
+// and a packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens).
+// The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
+// half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
+// Each case prints fwd, bwd and fwd+bwd.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "core/buffer.h"
+#include "core/rng.h"
+#include "ops/attention.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/common/device.cuh"
+#endif
+
+namespace engine::bench {
+namespace {
+
+#ifdef ENGINE_CUDA
+// Random N(0, 1) bf16 values: a 1M-element tile made on the host, copied over the tensor.
+void fill_random(const Tensor& t, const std::string& name) {
+  const int64_t n = t.numel(), tile = std::min<int64_t>(n, 1 << 20);
+  if (n == 0) return;
+  Owned host = empty({tile}, DType::BF16, Device::CPU);
+  const PhiloxKey key = philox_key(2024, name);
+  for (int64_t i = 0; i < tile; ++i)
+    host.ptr<bf16>()[i] = bf16(static_cast<float>(philox_normal(key, static_cast<uint64_t>(i))));
+  const Tensor flat = t.view({n});
+  copy_tensor(flat.slice(0, tile), host);
+  for (int64_t done = tile; done < n;) {
+    const int64_t len = std::min(done, n - done);
+    copy_tensor(flat.slice(done, done + len), flat.slice(0, len));
+    done += len;
+  }
+}
+
+struct AttnShape {
+  std::string name;
+  std::vector<int> lens;  // packed sequence lengths
+  int heads, dim;
+  std::string peer;  // the PyTorch figures, fwd / fwd+bwd
+};
+
+void run_shape(const AttnShape& s, std::vector<Result>& out) {
+  int64_t t = 0;
+  double sq = 0;  // sum of L^2 / 2
+  for (int l : s.lens) t += l, sq += 0.5 * l * static_cast<double>(l);
+  const int64_t h = s.heads, d = s.dim;
+  Owned qkv = empty({t, 3 * h, d}, DType::BF16, Device::CUDA);
+  Owned o = empty({t, h, d}, DType::BF16, Device::CUDA), lse = empty({t, h}, DType::F32, Device::CUDA);
+  Owned dout = empty({t, h, d}, DType::BF16, Device::CUDA);
+  Owned dqkv = empty({t, 3 * h, d}, DType::BF16, Device::CUDA);
+  fill_random(qkv, "attention.qkv");
+  fill_random(dout, "attention.dout");
+  Owned cu_host = empty({static_cast<int64_t>(s.lens.size()) + 1}, DType::I32, Device::CPU);
+  cu_host.ptr<int32_t>()[0] = 0;
+  for (size_t i = 0; i < s.lens.size(); ++i)
+    cu_host.ptr<int32_t>()[i + 1] = cu_host.ptr<int32_t>()[i] + s.lens[i];
+  Owned cu = empty(cu_host->shape, DType::I32, Device::CUDA);
+  copy_tensor(cu, cu_host);
+
+  ops::AttentionParams p;
+  p.qkv = qkv;
+  p.out = o;
+  p.lse = lse;
+  p.cu_seqlens = cu;
+  p.max_seqlen = *std::max_element(s.lens.begin(), s.lens.end());
+  p.num_heads = s.heads;
+  p.num_kv_heads = s.heads;
+  p.head_dim = s.dim;
+  p.softmax_scale = 1.f / std::sqrt(static_cast<float>(s.dim));
+  p.causal = true;
+  const ops::AttentionBackwardParams bp{p, dout, dqkv};
+  const double fwd_flops = 4.0 * sq * d * h;
+
+  ops::attention_forward(p);  // out and lse for the backward-only timing
+  out.push_back({s.name + " fwd", time_ms([&] { ops::attention_forward(p); }), fwd_flops, 0,
+                 s.peer.empty() ? "" : "peer fwd / fwd+bwd: " + s.peer});
+  out.push_back({s.name + " bwd", time_ms([&] { ops::attention_backward(bp); }), 2.5 * fwd_flops, 0,
+                 ""});
+  out.push_back({s.name + " fwd+bwd", time_ms([&] {
+                   ops::attention_forward(p);
+                   ops::attention_backward(bp);
+                 }),
+                 3.5 * fwd_flops, 0, ""});
+}
+
+std::vector<int> equal(int batch, int len) { return std::vector<int>(batch, len); }
+
+// Documents of 64 .. 2047 tokens (uniform, fixed seed) filling `total` tokens.
+std::vector<int> documents(int total) {
+  std::vector<int> lens;
+  const PhiloxKey key = philox_key(7, "attention.docs");
+  for (uint64_t i = 0; total > 0; ++i) {
+    const int l = std::min(total, 64 + static_cast<int>(philox_below(key, i, 2048 - 64)));
+    lens.push_back(l);
+    total -= l;
+  }
+  return lens;
+}
+#endif
+
+}  // namespace
+
+BENCH_CASES("attention") {
+  std::vector<Result> out;
+#ifdef ENGINE_CUDA
+  if (cuda::device_count() == 0) return out;
+  const std::vector<AttnShape> shapes = {
+      {"causal hd128 B16 H16 S2048", equal(16, 2048), 16, 128, "flash 285 / 221, cuDNN 512 / 392"},
+      {"causal hd128 B4 H16 S8192", equal(4, 8192), 16, 128, "flash 331 / 290, cuDNN 598 / 497"},
+      {"causal hd64 B16 H32 S2048", equal(16, 2048), 32, 64, "flash 244 / 200, cuDNN 387 / 309"},
+  };
+  for (const AttnShape& s : shapes) run_shape(s, out);
+  const std::vector<int> docs = documents(32768);
+  run_shape({"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs,
+             16, 128, ""},
+            out);
+#endif
+  return out;
+}
+
+}  // namespace engine::bench

@@ -1,0 +1,99 @@
+// Benchmarks of the cuBLASLt GEMM (cuda/gemm/gemm.cu) on the shapes training runs:
+//   8192^3 bf16 (peer: PyTorch 774 TFLOP/s on one H200, ../shared/DEVICE.md);
+//   the 0.89B Llama (T = 16384 tokens, hidden 2048): qkv 2048->4096, o 2048->2048,
+//   gate_up 2048->11264, down 5632->2048, lm head 2048->32000;
+//   GPT-2 (T = 32768, hidden 768): qkv 768->2304, fc 768->3072, proj 3072->768, lm head 768->50304.
+// Each linear (T, in) -> (T, out) with weight W (out, in) runs as in layers/linear.cpp:
+//   fwd   Y = X W^T    (NT, bf16 out)          dgrad dX = dY W   (NN, bf16 out)
+//   wgrad dW += dY^T X (TN, f32 out, beta = 1)
+// GPT-2 shapes also time the bias epilogue (fwd + bias) and the fused bias gradient (wgrad +
+// dbias, cuda::gemm's dbias_a). Operands hold random bf16 values (a tile copied over the tensor:
+// GEMM power, hence clocks, depends on the data). sum_rows (bias gradient alone) is timed in GB/s.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "core/buffer.h"
+#include "ops/gemm.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/common/device.cuh"
+#include "cuda/gemm/gemm.cuh"
+#endif
+
+namespace engine::bench {
+namespace {
+
+#ifdef ENGINE_CUDA
+struct Linear {
+  const char* model;
+  const char* name;
+  int64_t t, in, out;
+  bool bias;  // GPT-2: also time fwd + bias and wgrad + fused dbias
+};
+#endif
+
+}  // namespace
+
+BENCH_CASES("gemm") {
+  std::vector<Result> out;
+#ifdef ENGINE_CUDA
+  if (cuda::device_count() == 0) return out;
+  {  // the peer's square case
+    const int64_t n = 8192;
+    Owned a = empty({n, n}, DType::BF16, Device::CUDA), b = empty({n, n}, DType::BF16, Device::CUDA);
+    Owned c = empty({n, n}, DType::BF16, Device::CUDA), c32 = zeros({n, n}, DType::F32, Device::CUDA);
+    fill_random(a, "gemm.a", 1.0);
+    fill_random(b, "gemm.b", 1.0);
+    const double flops = 2.0 * n * n * n;
+    out.push_back({"8192^3 NN bf16", time_ms([&] { ops::matmul(a, false, b, false, c); }), flops, 0,
+                   "peer: PyTorch 774 TFLOP/s"});
+    out.push_back({"8192^3 NT bf16", time_ms([&] { ops::matmul(a, false, b, true, c); }), flops, 0, ""});
+    out.push_back({"8192^3 TN f32 beta=1", time_ms([&] { ops::matmul(a, true, b, false, c32, {1.f, 1.f, {}}); }),
+                   flops, 0, ""});
+  }
+  const Linear shapes[] = {
+      {"llama-0.89B", "qkv", 16384, 2048, 4096, false},
+      {"llama-0.89B", "o", 16384, 2048, 2048, false},
+      {"llama-0.89B", "gate_up", 16384, 2048, 11264, false},
+      {"llama-0.89B", "down", 16384, 5632, 2048, false},
+      {"llama-0.89B", "lm_head", 16384, 2048, 32000, false},
+      {"gpt2", "qkv", 32768, 768, 2304, true},
+      {"gpt2", "fc", 32768, 768, 3072, true},
+      {"gpt2", "proj", 32768, 3072, 768, true},
+      {"gpt2", "lm_head", 32768, 768, 50304, false},
+  };
+  for (const Linear& s : shapes) {
+    Owned x = empty({s.t, s.in}, DType::BF16, Device::CUDA), w = empty({s.out, s.in}, DType::BF16, Device::CUDA);
+    Owned y = empty({s.t, s.out}, DType::BF16, Device::CUDA), dx = empty({s.t, s.in}, DType::BF16, Device::CUDA);
+    Owned dw = zeros({s.out, s.in}, DType::F32, Device::CUDA), bias = empty({s.out}, DType::BF16, Device::CUDA);
+    Owned dbias = zeros({s.out}, DType::F32, Device::CUDA);
+    fill_random(x, "gemm.x", 1.0);
+    fill_random(w, "gemm.w", 0.02);
+    fill_random(y, "gemm.dy", 1.0);  // used as dY by the backward cases
+    fill_random(bias, "gemm.bias", 0.02);
+    const double flops = 2.0 * s.t * s.in * s.out;
+    const std::string base = std::string(s.model) + " " + s.name + " T=" + std::to_string(s.t) + " " +
+                             std::to_string(s.in) + "->" + std::to_string(s.out);
+    out.push_back({base + " fwd NT", time_ms([&] { ops::matmul(x, false, w, true, y); }), flops, 0, ""});
+    out.push_back({base + " dgrad NN", time_ms([&] { ops::matmul(y, false, w, false, dx); }), flops, 0, ""});
+    out.push_back({base + " wgrad TN f32+=", time_ms([&] { ops::matmul(y, true, x, false, dw, {1.f, 1.f, {}}); }),
+                   flops, 0, ""});
+    if (s.bias) {
+      out.push_back({base + " fwd NT + bias", time_ms([&] { ops::matmul(x, false, w, true, y, {1.f, 0.f, bias}); }),
+                     flops, 0, ""});
+      cuda::GemmParams p;
+      p.a = y, p.trans_a = true, p.b = x, p.trans_b = false, p.c = dw, p.beta = 1.f, p.dbias_a = dbias;
+      const double ms = time_ms([&] { cuda::gemm(p); });
+      out.push_back({base + " wgrad TN f32+= + dbias", ms, flops, 0,
+                     cuda::gemm_last_call().fused_epilogue ? "fused BGRADB" : "separate sum kernel"});
+      out.push_back({base + " sum_rows (dbias alone)", time_ms([&] { ops::sum_rows(y, dbias, 1.f); }), 0,
+                     2.0 * s.t * s.out + 8.0 * s.out, ""});
+    }
+  }
+#endif
+  return out;
+}
+
+}  // namespace engine::bench

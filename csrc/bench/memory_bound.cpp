@@ -1,0 +1,149 @@
+// Memory-bound kernels at training sizes: T = 16384 tokens, C = 2048 and 4096, bf16 activations
+// (rmsnorm, layernorm, rope, swiglu, gelu, embedding; forward and backward). Each result carries
+// the bytes the op must read + write at least (statistics and parameter vectors included,
+// scratch and cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h).
+// swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); embedding
+// draws ids uniformly from V = 32000 and counts the distinct rows it must touch.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "bench/bench.h"
+
+#ifdef ENGINE_CUDA
+#include "core/buffer.h"
+#include "cuda/common/device.cuh"
+#include "ops/activation.h"
+#include "ops/embedding.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#endif
+
+namespace engine::bench {
+namespace {
+
+#ifdef ENGINE_CUDA
+
+// A device tensor of uniform values in [-2, 2): a 1M-element host pattern repeated (cheap to
+// make at any size; the values only need to be finite and varied).
+Owned device_random(Shape s, DType dtype, uint64_t seed) {
+  Owned d = empty(s, dtype, Device::CUDA);
+  const int64_t n = d.t.numel(), chunk = std::min<int64_t>(n, int64_t{1} << 20);
+  Owned h = empty({chunk}, dtype, Device::CPU);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < chunk; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const float v = static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 4.f - 2.f;
+    if (dtype == DType::BF16)
+      h.ptr<bf16>()[i] = bf16(v);
+    else
+      h.ptr<float>()[i] = v;
+  }
+  const size_t es = dtype_size(dtype);
+  for (int64_t off = 0; off < n; off += chunk)
+    copy_bytes(static_cast<char*>(d.t.data) + off * es, Device::CUDA, h.t.data, Device::CPU,
+               static_cast<size_t>(std::min(chunk, n - off)) * es);
+  return d;
+}
+
+// ids (T) uniform in [0, vocab); returns the device tensor and the number of distinct ids.
+std::pair<Owned, int64_t> device_ids(int64_t t, int64_t vocab, uint64_t seed) {
+  Owned h = empty({t}, DType::I32, Device::CPU);
+  std::unordered_set<int32_t> distinct;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (int64_t i = 0; i < t; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    h.ptr<int32_t>()[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+    distinct.insert(h.ptr<int32_t>()[i]);
+  }
+  Owned d = empty({t}, DType::I32, Device::CUDA);
+  copy_tensor(d, h);
+  return {std::move(d), static_cast<int64_t>(distinct.size())};
+}
+
+std::string label(const char* op, int64_t t, int64_t c) {
+  return std::string(op) + " T=" + std::to_string(t) + " C=" + std::to_string(c);
+}
+
+#endif
+
+}  // namespace
+
+BENCH_CASES("memory_bound") {
+  std::vector<Result> results;
+#ifdef ENGINE_CUDA
+  if (cuda::device_count() == 0) {
+    std::printf("  (no CUDA device: skipped)\n");
+    return results;
+  }
+  constexpr int64_t kT = 16384, kVocab = 32000, kHeadDim = 128;
+  constexpr double kB16 = 2, kF32 = 4;
+  const DType bf = DType::BF16, f32 = DType::F32;
+  for (int64_t c : {int64_t{2048}, int64_t{4096}}) {
+    const double act = static_cast<double>(kT) * c * kB16;  // bytes of one (T, C) bf16 tensor
+    {                                                       // norms
+      Owned x = device_random({kT, c}, bf, 1), w = device_random({c}, bf, 2),
+            b = device_random({c}, bf, 3), dy = device_random({kT, c}, bf, 4);
+      Owned y = empty({kT, c}, bf, Device::CUDA), dx = empty({kT, c}, bf, Device::CUDA);
+      Owned mean = empty({kT}, f32, Device::CUDA), rstd = empty({kT}, f32, Device::CUDA);
+      Owned dw = zeros({c}, f32, Device::CUDA), db = zeros({c}, f32, Device::CUDA);
+      const double stat = kT * kF32, vec = c * kB16, grad = 2 * c * kF32;  // grad: read + write
+      double ms = time_ms([&] { ops::rmsnorm_forward(x, w, 1e-5f, y, rstd); });
+      results.push_back({label("rmsnorm fwd", kT, c), ms, 0, 2 * act + stat + vec, ""});
+      ms = time_ms([&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
+      results.push_back({label("rmsnorm bwd", kT, c), ms, 0, 3 * act + stat + vec + grad, ""});
+      ms = time_ms([&] { ops::layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); });
+      results.push_back({label("layernorm fwd", kT, c), ms, 0, 2 * act + 2 * stat + 2 * vec, ""});
+      ms = time_ms([&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
+      results.push_back(
+          {label("layernorm bwd", kT, c), ms, 0, 3 * act + 2 * stat + vec + 2 * grad, ""});
+    }
+    {  // rope (all heads rotated, in place; the angle changes nothing in the traffic)
+      Owned x = device_random({kT, c / kHeadDim, kHeadDim}, bf, 5);
+      Owned pos = empty({kT}, DType::I32, Device::CPU);
+      for (int64_t t = 0; t < kT; ++t) pos.ptr<int32_t>()[t] = static_cast<int32_t>(t % 4096);
+      Owned gpos = empty({kT}, DType::I32, Device::CUDA);
+      copy_tensor(gpos, pos);
+      const int heads = static_cast<int>(c / kHeadDim);
+      const double ms = time_ms([&] { ops::rope_forward(x, gpos, heads, 10000.f); });
+      results.push_back({label("rope fwd", kT, c) + " D=128", ms, 0, 2 * act + kT * 4.0, ""});
+    }
+    {  // swiglu, F = C
+      Owned gu = device_random({kT, 2 * c}, bf, 6), dy = device_random({kT, c}, bf, 7);
+      Owned y = empty({kT, c}, bf, Device::CUDA), dgu = empty({kT, 2 * c}, bf, Device::CUDA);
+      double ms = time_ms([&] { ops::swiglu_forward(gu, y); });
+      results.push_back({label("swiglu fwd", kT, c) + " F=C", ms, 0, 3 * act, ""});
+      ms = time_ms([&] { ops::swiglu_backward(dy, gu, dgu); });
+      results.push_back({label("swiglu bwd", kT, c) + " F=C", ms, 0, 5 * act, ""});
+    }
+    {  // gelu
+      Owned x = device_random({kT, c}, bf, 8), dy = device_random({kT, c}, bf, 9);
+      Owned y = empty({kT, c}, bf, Device::CUDA);
+      double ms = time_ms([&] { ops::gelu_forward(x, y); });
+      results.push_back({label("gelu fwd", kT, c), ms, 0, 2 * act, ""});
+      ms = time_ms([&] { ops::gelu_backward(dy, x, y); });
+      results.push_back({label("gelu bwd", kT, c), ms, 0, 3 * act, ""});
+    }
+    {  // embedding: distinct rows read once (forward) / read + written once in f32 (backward)
+      auto [ids, distinct] = device_ids(kT, kVocab, 10);
+      Owned table = device_random({kVocab, c}, bf, 11), out = empty({kT, c}, bf, Device::CUDA);
+      Owned dtable = zeros({kVocab, c}, f32, Device::CUDA);
+      const double rows = static_cast<double>(distinct) * c;
+      const std::string note = std::to_string(distinct) +
+                               " distinct ids of V=" + std::to_string(kVocab) +
+                               "; includes the id-check readback";
+      double ms = time_ms([&] { ops::embedding_forward(ids, table, out, false); });
+      results.push_back({label("embedding fwd", kT, c), ms, 0, kT * 4.0 + rows * kB16 + act, note});
+      ms = time_ms([&] { ops::embedding_backward(ids, out, dtable); });
+      results.push_back(
+          {label("embedding bwd", kT, c), ms, 0, kT * 4.0 + act + 2 * rows * kF32, note});
+    }
+  }
+#endif
+  return results;
+}
+
+}  // namespace engine::bench

@@ -1,0 +1,253 @@
+// Pointwise MLP activations, f32 math on bf16 or f32 tensors, grid-stride over 16-byte packs.
+//   gelu (tanh form): u = c (x + a x^3), c = sqrt(2/pi), a = 0.044715
+//     y = 0.5 x (1 + tanh u) = x s,  s = sigmoid(2u) = 1 / (1 + e^(-2u))
+//     dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3a x^2)
+//           = s (1 + 2x (1 - s) c (1 + 3a x^2))
+//   swiglu: row t of gate_up is [g | u] (F each), y = silu(g) u, silu(g) = g sig(g)
+//     dg = dy u sig(g) (1 + g (1 - sig(g))),  du = dy silu(g)
+// The sigmoid form needs no tanh and no cancellation in 1 + tanh u; e^(-2u) = inf gives s = 0.
+// bf16 tensors use the fast exp / divide (error ~1e-6, far below bf16's 4e-3); f32 the accurate.
+// Layout: gelu sees the tensor as a flat array (packs of 8 bf16 / 4 f32 when every pointer is
+// 16-byte aligned, the n % N tail element-wise; else all element-wise), two packs per thread in
+// flight. swiglu walks (row, pack) of y with the row and column advanced incrementally (no
+// division in the loop); packs when F is a multiple of the vector width and pointers aligned.
+// Every output element depends only on the inputs at its own index, read by the same thread
+// before the write: y may alias x, dx may alias dy, dgate_up may alias gate_up.
+#include "cuda/activation/activation.cuh"
+
+#include <cstdint>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector.cuh"
+
+namespace engine::cuda {
+
+constexpr int kThreads = 256;
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+// 1 / (1 + e^-z): fast intrinsics for bf16 outputs, IEEE exp and division for f32.
+template <typename T>
+static __device__ __forceinline__ float sigmoid(float z) {
+  if constexpr (sizeof(T) == 2)
+    return __fdividef(1.f, 1.f + __expf(-z));
+  else
+    return 1.f / (1.f + expf(-z));
+}
+
+struct GeluForward {
+  template <typename T>
+  static __device__ __forceinline__ float apply(float x, float /*unused*/) {
+    const float u = kGeluC * (x + kGeluA * x * x * x);
+    return x * sigmoid<T>(2.f * u);
+  }
+};
+
+struct GeluBackward {  // (dy, x) -> dx
+  template <typename T>
+  static __device__ __forceinline__ float apply(float dy, float x) {
+    const float u = kGeluC * (x + kGeluA * x * x * x);
+    const float s = sigmoid<T>(2.f * u);
+    return dy * s * (1.f + 2.f * x * (1.f - s) * kGeluC * (1.f + 3.f * kGeluA * x * x));
+  }
+};
+
+// out = Op(a, b) element-wise over n elements (b unused when !kBinary).
+template <typename T, int N, typename Op, bool kBinary>
+static __device__ __forceinline__ void map_pack(const T* a, const T* b, T* out, int64_t i) {
+  float va[N], vb[N], o[N];
+  load_pack<T, N>(a + i, va);
+  if constexpr (kBinary) {
+    load_pack<T, N>(b + i, vb);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) vb[j] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) o[j] = Op::template apply<T>(va[j], vb[j]);
+  store_pack<T, N>(out + i, o);
+}
+
+template <typename T, int N, typename Op, bool kBinary>
+static __global__ void __launch_bounds__(kThreads)
+    map_kernel(const T* a, const T* b, T* out, int64_t n) {
+  const int64_t packs = n / N;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t q = tid;
+  // Two packs per iteration, both loaded before either is stored (loads in flight; aliasing
+  // out with a or b is harmless because each element is read before it is written).
+  for (; q + stride < packs; q += 2 * stride) {
+    float va0[N], va1[N], vb0[N], vb1[N], o0[N], o1[N];
+    load_pack<T, N>(a + q * N, va0);
+    load_pack<T, N>(a + (q + stride) * N, va1);
+    if constexpr (kBinary) {
+      load_pack<T, N>(b + q * N, vb0);
+      load_pack<T, N>(b + (q + stride) * N, vb1);
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) vb0[j] = vb1[j] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      o0[j] = Op::template apply<T>(va0[j], vb0[j]);
+      o1[j] = Op::template apply<T>(va1[j], vb1[j]);
+    }
+    store_pack<T, N>(out + q * N, o0);
+    store_pack<T, N>(out + (q + stride) * N, o1);
+  }
+  if (q < packs) map_pack<T, N, Op, kBinary>(a, b, out, q * N);
+  if constexpr (N > 1) {
+    const int64_t i = packs * N + tid;  // the n % N tail
+    if (i < n) map_pack<T, 1, Op, kBinary>(a, b, out, i);
+  }
+}
+
+// Calls f(row, col) for the (row, pack) pairs of this thread of a grid-stride loop over a
+// (rows, per_row) grid of packs, the row and column advanced incrementally (no division in the
+// loop).
+template <typename F>
+static __device__ __forceinline__ void for_each_row_pack(int64_t rows, int64_t per_row, F&& f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t srow = stride / per_row, scol = stride % per_row;
+  int64_t row = start / per_row, col = start % per_row;
+  while (row < rows) {
+    f(row, col);
+    row += srow;
+    col += scol;
+    if (col >= per_row) {
+      col -= per_row;
+      ++row;
+    }
+  }
+}
+
+// y (rows, f) = silu(g) u with gate_up (rows, 2f) = [g | u]; N elements per pack along f.
+template <typename T, int N>
+static __global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(const T* gate_up, T* y, int64_t rows, int64_t f) {
+  for_each_row_pack(rows, f / N, [&](int64_t row, int64_t col) {
+    const T* g = gate_up + row * 2 * f + col * N;
+    float vg[N], vu[N], o[N];
+    load_pack<T, N>(g, vg);
+    load_pack<T, N>(g + f, vu);
+#pragma unroll
+    for (int j = 0; j < N; ++j) o[j] = vg[j] * sigmoid<T>(vg[j]) * vu[j];
+    store_pack<T, N>(y + row * f + col * N, o);
+  });
+}
+
+template <typename T, int N>
+static __global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const T* dy, const T* gate_up, T* dgate_up, int64_t rows, int64_t f) {
+  for_each_row_pack(rows, f / N, [&](int64_t row, int64_t col) {
+    const int64_t gi = row * 2 * f + col * N;
+    float vd[N], vg[N], vu[N], dg[N], du[N];
+    load_pack<T, N>(dy + row * f + col * N, vd);
+    load_pack<T, N>(gate_up + gi, vg);
+    load_pack<T, N>(gate_up + gi + f, vu);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float s = sigmoid<T>(vg[j]);
+      dg[j] = vd[j] * vu[j] * s * (1.f + vg[j] * (1.f - s));
+      du[j] = vd[j] * vg[j] * s;
+    }
+    store_pack<T, N>(dgate_up + gi, dg);
+    store_pack<T, N>(dgate_up + gi + f, du);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+template <typename Op, bool kBinary>
+static void launch_map(const Tensor& a, const Tensor* b, const Tensor& out, const char* op) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const bool vec = aligned16(a.data) && aligned16(out.data) && (!b || aligned16(b->data));
+  float_switch(out.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const T* pa = static_cast<const T*>(a.data);
+    const T* pb = b ? static_cast<const T*>(b->data) : nullptr;
+    T* po = static_cast<T*>(out.data);
+    // At least one block: enough threads for the n % V tail.
+    const unsigned grid = stream_blocks(vec ? n / V : n, kThreads);
+    if (vec)
+      map_kernel<T, V, Op, kBinary><<<grid, kThreads, 0, stream()>>>(pa, pb, po, n);
+    else
+      map_kernel<T, 1, Op, kBinary><<<grid, kThreads, 0, stream()>>>(pa, pb, po, n);
+    check_launch(op);
+  });
+}
+
+void gelu_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_forward";
+  expect_cuda_float(x, op, "x");
+  expect_cuda(y, x.dtype, x.shape, op, "y");
+  launch_map<GeluForward, false>(x, nullptr, y, op);
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const char* op = "gelu_backward";
+  expect_cuda_float(x, op, "x");
+  expect_cuda(dy, x.dtype, x.shape, op, "dy");
+  expect_cuda(dx, x.dtype, x.shape, op, "dx");
+  launch_map<GeluBackward, true>(dy, &x, dx, op);
+}
+
+// gate_up (..., 2F) and y (..., F) with equal leading dimensions; returns {rows, F}.
+static std::pair<int64_t, int64_t> swiglu_shape(const Tensor& gate_up, const Tensor& y,
+                                                const char* op, const char* yname) {
+  expect_cuda_float(gate_up, op, "gate_up");
+  ENSURE(gate_up.ndim() >= 1 && gate_up.size(-1) % 2 == 0, op, ": gate_up has shape ",
+         gate_up.shape.str(), ", its last dimension must be 2 * F");
+  Shape expected = gate_up.shape;
+  expected.d[expected.ndim - 1] = gate_up.size(-1) / 2;
+  expect_cuda(y, gate_up.dtype, expected, op, yname);
+  const int64_t f = expected[-1];
+  return {f ? y.numel() / f : 0, f};
+}
+
+void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
+  const char* op = "swiglu_forward";
+  auto [rows, f] = swiglu_shape(gate_up, y, op, "y");
+  if (rows == 0 || f == 0) return;
+  float_switch(y.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const T* gu = static_cast<const T*>(gate_up.data);
+    T* py = static_cast<T*>(y.data);
+    const bool vec = f % V == 0 && aligned16(gu) && aligned16(py);
+    const unsigned grid = stream_blocks(rows * (vec ? f / V : f), kThreads);
+    if (vec)
+      swiglu_forward_kernel<T, V><<<grid, kThreads, 0, stream()>>>(gu, py, rows, f);
+    else
+      swiglu_forward_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(gu, py, rows, f);
+    check_launch(op);
+  });
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
+  const char* op = "swiglu_backward";
+  auto [rows, f] = swiglu_shape(gate_up, dy, op, "dy");
+  expect_cuda(dgate_up, gate_up.dtype, gate_up.shape, op, "dgate_up");
+  if (rows == 0 || f == 0) return;
+  float_switch(dy.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const T* pdy = static_cast<const T*>(dy.data);
+    const T* gu = static_cast<const T*>(gate_up.data);
+    T* dgu = static_cast<T*>(dgate_up.data);
+    const bool vec = f % V == 0 && aligned16(pdy) && aligned16(gu) && aligned16(dgu);
+    const unsigned grid = stream_blocks(rows * (vec ? f / V : f), kThreads);
+    if (vec)
+      swiglu_backward_kernel<T, V><<<grid, kThreads, 0, stream()>>>(pdy, gu, dgu, rows, f);
+    else
+      swiglu_backward_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(pdy, gu, dgu, rows, f);
+    check_launch(op);
+  });
+}
+
+}  // namespace engine::cuda

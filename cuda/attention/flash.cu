@@ -1,0 +1,189 @@
+// Launchers of flash attention (flash.cuh): argument checks, the choice between the mma.sync
+// kernels (D = 64, 128) and the f32 fallback, and the two small kernels around the backward:
+//   dsum_kernel:       dsum[t, h] = sum_d dout[t, h, d] * out[t, h, d]   (f32, 8 lanes per row)
+//   dq_convert_kernel: dqkv[t, h, :] = bf16(scale * dq_accum[t, h, :])  for the q heads
+// Backward on the mma path: dq_accum = 0 (memset), dsum, flash_bwd_kernel (writes dK, dV and
+// adds into dq_accum), dq_convert. Everything runs in order on the compute stream; the
+// scratch buffers go back to the caching allocator on return, which is safe because every
+// later user of that memory is ordered behind these kernels on the same stream.
+#include "cuda/attention/flash.cuh"
+
+#include <cmath>
+#include <limits>
+
+#include "core/buffer.h"
+#include "cuda/attention/flash_common.cuh"
+#include "cuda/common/launch.cuh"
+
+namespace engine::cuda {
+namespace {
+
+using flash::bf16;
+
+constexpr int kRowsPerBlock = 32;  // dsum: 8 lanes per (token, head) row, 256 threads
+
+template <bool kVec>
+__global__ void __launch_bounds__(256) dsum_kernel(const bf16* __restrict__ out,
+                                                   const bf16* __restrict__ dout,
+                                                   float* __restrict__ dsum, int64_t rows,
+                                                   int D) {
+  const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 8;
+  const int sub = threadIdx.x % 8;
+  float acc = 0.f;
+  if (r < rows) {
+    const bf16* o = out + r * D;
+    const bf16* g = dout + r * D;
+    if constexpr (kVec) {  // D % 8 == 0, rows 16-byte aligned
+      for (int ch = sub; ch < D / 8; ch += 8) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(o + ch * 8);
+        const uint4 gv = *reinterpret_cast<const uint4*>(g + ch * 8);
+        const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
+        const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 a = __bfloat1622float2(o2[k]), b = __bfloat1622float2(g2[k]);
+          acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+        }
+      }
+    } else {
+      for (int d = sub; d < D; d += 8)
+        acc = fmaf(__bfloat162float(o[d]), __bfloat162float(g[d]), acc);
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if (r < rows && sub == 0) dsum[r] = acc;
+}
+
+// Four elements per thread; D % 4 == 0 and 16-byte aligned rows (the mma path's head dims).
+__global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_accum,
+                                                         bf16* __restrict__ dqkv, int64_t rows,
+                                                         int H, int D, int64_t qkv_row,
+                                                         float scale) {
+  const int64_t e = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4;
+  if (e >= rows * D) return;
+  const int64_t r = e / D, t = r / H;
+  const int h = static_cast<int>(r % H), d = static_cast<int>(e % D);
+  const float4 v = *reinterpret_cast<const float4*>(dq_accum + e);
+  uint2 packed;
+  packed.x = flash::pack_bf16(v.x * scale, v.y * scale);
+  packed.y = flash::pack_bf16(v.z * scale, v.w * scale);
+  *reinterpret_cast<uint2*>(dqkv + t * qkv_row + int64_t{h} * D + d) = packed;
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
+
+void expect(const Tensor& t, DType dtype, const Shape& shape, const char* op, const char* name) {
+  ENSURE(t.device == Device::CUDA, op, ": ", name, " must be on cuda");
+  ENSURE(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ",
+         dtype_name(dtype));
+  ENSURE(t.shape == shape, op, ": ", name, " has shape ", t.shape.str(), ", expected ",
+         shape.str());
+}
+
+// Checks the forward arguments and fills the kernel parameters (backward fields left empty).
+flash::Params make_params(const ops::AttentionParams& p, const char* op) {
+  ENSURE(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, op,
+         ": num_heads = ", p.num_heads, " must be a positive multiple of num_kv_heads = ",
+         p.num_kv_heads);
+  ENSURE(p.head_dim > 0 && p.head_dim <= flash::kFallbackMaxHeadDim, op, ": head_dim = ",
+         p.head_dim, " (supported: 1 .. ", flash::kFallbackMaxHeadDim, ")");
+  ENSURE(p.qkv.ndim() == 3, op, ": qkv must be (T, H + 2*Hkv, D), got ", p.qkv.shape.str());
+  const int64_t t = p.qkv.size(0), h = p.num_heads, hkv = p.num_kv_heads, d = p.head_dim;
+  expect(p.qkv, DType::BF16, {t, h + 2 * hkv, d}, op, "qkv (T, H + 2*Hkv, D)");
+  expect(p.out, DType::BF16, {t, h, d}, op, "out (T, H, D)");
+  expect(p.lse, DType::F32, {t, h}, op, "lse (T, H)");
+  ENSURE(p.cu_seqlens.ndim() == 1 && p.cu_seqlens.size(0) >= 1, op,
+         ": cu_seqlens must be (S + 1), got shape ", p.cu_seqlens.shape.str());
+  expect(p.cu_seqlens, DType::I32, p.cu_seqlens.shape, op, "cu_seqlens");
+  ENSURE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, op, ": softmax_scale = ",
+         p.softmax_scale, " (usually 1 / sqrt(head_dim))");
+  ENSURE(p.window >= 0, op, ": window = ", p.window, " (0 = unlimited)");
+  ENSURE(p.max_seqlen >= 0 && p.max_seqlen <= std::numeric_limits<int>::max() / 2, op,
+         ": max_seqlen = ", p.max_seqlen);
+  ENSURE(t == 0 || p.max_seqlen > 0, op, ": max_seqlen = 0 with T = ", t,
+         " tokens (it must bound every sequence length)");
+  const int64_t seqs = p.cu_seqlens.size(0) - 1;
+  ENSURE(seqs <= 65535 && h <= 65535, op, ": ", seqs, " sequences and ", h,
+         " heads; the grid allows 65535 of each");
+  ENSURE(t <= std::numeric_limits<int32_t>::max(), op, ": T = ", t,
+         " tokens; cu_seqlens (i32) cannot address them");
+  if (flash::has_mma_path(p.head_dim))
+    ENSURE(aligned16(p.qkv) && aligned16(p.out), op,
+           ": qkv and out must be 16-byte aligned for head_dim ", p.head_dim);
+  flash::Params k{};
+  k.qkv = static_cast<const bf16*>(p.qkv.data);
+  k.out = static_cast<bf16*>(p.out.data);
+  k.lse = static_cast<float*>(p.lse.data);
+  k.cu_seqlens = static_cast<const int32_t*>(p.cu_seqlens.data);
+  k.qkv_row = (h + 2 * hkv) * d;
+  k.num_seqs = static_cast<int>(seqs);
+  k.max_seqlen = p.max_seqlen;
+  k.num_heads = p.num_heads;
+  k.num_kv_heads = p.num_kv_heads;
+  k.head_dim = p.head_dim;
+  k.scale = p.softmax_scale;
+  k.scale_log2 = p.softmax_scale * flash::kLog2e;
+  k.causal = p.causal;
+  k.window = p.window;
+  return k;
+}
+
+bool nothing_to_do(const flash::Params& k, const ops::AttentionParams& p) {
+  return p.qkv.size(0) == 0 || k.num_seqs == 0 || k.max_seqlen == 0;
+}
+
+}  // namespace
+
+void attention_forward(const ops::AttentionParams& p) {
+  const flash::Params k = make_params(p, "attention_forward");
+  if (nothing_to_do(k, p)) return;
+  if (flash::has_mma_path(k.head_dim))
+    flash::head_dim_switch(k.head_dim,
+                           [&](auto d) { flash::run_flash_fwd<decltype(d)::value>(k, stream()); });
+  else
+    flash::run_fallback_fwd(k, stream());
+}
+
+void attention_backward(const ops::AttentionBackwardParams& bp) {
+  const char* op = "attention_backward";
+  flash::Params k = make_params(bp.fwd, op);
+  const int64_t t = bp.fwd.qkv.size(0), h = k.num_heads, d = k.head_dim;
+  expect(bp.dout, DType::BF16, {t, h, d}, op, "dout (T, H, D)");
+  expect(bp.dqkv, DType::BF16, bp.fwd.qkv.shape, op, "dqkv (T, H + 2*Hkv, D)");
+  const bool mma = flash::has_mma_path(k.head_dim);
+  if (mma)
+    ENSURE(aligned16(bp.dout) && aligned16(bp.dqkv), op,
+           ": dout and dqkv must be 16-byte aligned for head_dim ", k.head_dim);
+  if (nothing_to_do(k, bp.fwd)) return;
+  k.dout = static_cast<const bf16*>(bp.dout.data);
+  k.dqkv = static_cast<bf16*>(bp.dqkv.data);
+
+  const int64_t rows = t * h;
+  Buffer dsum(static_cast<size_t>(rows) * sizeof(float), Device::CUDA);
+  k.dsum = static_cast<float*>(dsum.data());
+  const bool vec = d % 8 == 0 && aligned16(bp.dout) && aligned16(bp.fwd.out);
+  const unsigned dsum_blocks = static_cast<unsigned>(ceil_div(rows, kRowsPerBlock));
+  if (vec)
+    dsum_kernel<true><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows, k.head_dim);
+  else
+    dsum_kernel<false><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows, k.head_dim);
+  check_launch("dsum_kernel");
+
+  if (!mma) {
+    flash::run_fallback_bwd(k, stream());
+    return;
+  }
+  Buffer dq_accum(static_cast<size_t>(rows * d) * sizeof(float), Device::CUDA);
+  k.dq_accum = static_cast<float*>(dq_accum.data());
+  CUDA_CHECK(cudaMemsetAsync(k.dq_accum, 0, dq_accum.bytes(), stream()));
+  flash::head_dim_switch(k.head_dim,
+                         [&](auto d) { flash::run_flash_bwd<decltype(d)::value>(k, stream()); });
+  const int64_t quads = rows * d / 4;
+  dq_convert_kernel<<<static_cast<unsigned>(ceil_div(quads, 256)), 256, 0, stream()>>>(
+      k.dq_accum, k.dqkv, rows, k.num_heads, k.head_dim, k.qkv_row, k.scale);
+  check_launch("dq_convert_kernel");
+}
+
+}  // namespace engine::cuda

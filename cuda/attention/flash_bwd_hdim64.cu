@@ -1,0 +1,7 @@
+// One instantiation per file so builds parallelise: flash attention backward, head dim 64
+// (the kernel and its tiles are described in flash_bwd.cuh).
+#include "cuda/attention/flash_bwd.cuh"
+
+namespace engine::cuda::flash {
+template void run_flash_bwd<64>(const Params&, cudaStream_t);
+}  // namespace engine::cuda::flash

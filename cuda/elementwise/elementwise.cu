@@ -1,0 +1,275 @@
+// Whole-tensor element-wise ops and reductions on the GPU (ops/elementwise.h).
+//   add:            out_i = a_i + b_i           (in f32, rounded once to the dtype)
+//   scale_inplace:  x_i = x_i * s               (in double, rounded to f32 then to the dtype,
+//                                                exactly as the CPU reference)
+//   cast:           dst_i = src_i               (bf16 <- f32 rounds to nearest even)
+//   sum, sum_squares, count_nonfinite: sum over i of x_i, x_i^2, [x_i is NaN or inf]
+// Memory: contiguous tensors; every thread moves 8 elements per step with 16-byte accesses
+// (cuda/common/vector.cuh: misaligned heads peeled, pointers that disagree on their
+// misalignment fall back to element accesses), in a grid-stride loop over one wave of blocks.
+// Reductions: each thread adds the 8 terms of a vector in f32 and the vector sums into a double;
+// blocks reduce in a fixed tree into one double per block (at most kReduceBlocks, a number set by
+// the element count alone), and a single block adds those in order. No atomics, so the same tensor
+// gives the same bits every run. Limit: squares are formed in f32, so |x| must stay below ~1e19.
+#include "cuda/elementwise/elementwise.cuh"
+
+#include <cmath>
+
+#include "core/buffer.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector.cuh"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kE = 8;                 // elements per vector step (16 bytes of bf16, 32 of f32)
+constexpr int kReduceBlocks = 2048;   // most partial sums of a reduction
+constexpr int kFinishThreads = 1024;  // the block that adds the partial sums
+
+// ---- argument checks ----------------------------------------------------------------------
+
+void expect_like(const Tensor& t, const Tensor& like, const char* op, const char* name,
+                 const char* like_name) {
+  expect_cuda_float(t, op, name);
+  ENSURE(t.dtype == like.dtype, op, ": ", name, " is ", dtype_name(t.dtype), " but ", like_name,
+         " is ", dtype_name(like.dtype));
+  ENSURE(t.shape == like.shape, op, ": ", name, " has shape ", t.shape.str(), " but ", like_name,
+         " has ", like.shape.str());
+}
+
+// ---- element-wise maps --------------------------------------------------------------------
+
+// Runs op.one(i) over the scalar head and tail and op.vec(i) over the aligned body.
+template <typename Op>
+__global__ void map_kernel(Op op, int64_t n, int64_t head) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t nvec = (n - head) / kE, tail = head + nvec * kE;
+  for (int64_t v = tid; v < nvec; v += stride) op.vec(head + v * kE);
+  for (int64_t i = tid; i < head; i += stride) op.one(i);
+  for (int64_t i = tail + tid; i < n; i += stride) op.one(i);
+}
+
+template <typename T>
+struct AddOp {
+  const T* a;
+  const T* b;
+  T* out;
+  __device__ void one(int64_t i) const { out[i] = from_float<T>(to_float(a[i]) + to_float(b[i])); }
+  __device__ void vec(int64_t i) const {
+    float x[kE], y[kE];
+    load_pack(a + i, x);
+    load_pack(b + i, y);
+#pragma unroll
+    for (int k = 0; k < kE; ++k) x[k] += y[k];
+    store_pack(out + i, x);
+  }
+};
+
+template <typename T>
+struct ScaleOp {
+  T* x;
+  double s;
+  __device__ float scaled(float v) const {
+    return static_cast<float>(static_cast<double>(v) * s);
+  }
+  __device__ void one(int64_t i) const { x[i] = from_float<T>(scaled(to_float(x[i]))); }
+  __device__ void vec(int64_t i) const {
+    float v[kE];
+    load_pack(x + i, v);
+#pragma unroll
+    for (int k = 0; k < kE; ++k) v[k] = scaled(v[k]);
+    store_pack(x + i, v);
+  }
+};
+
+template <typename S, typename D>
+struct CastOp {
+  const S* src;
+  D* dst;
+  __device__ void one(int64_t i) const { dst[i] = from_float<D>(to_float(src[i])); }
+  __device__ void vec(int64_t i) const {
+    float v[kE];
+    load_pack(src + i, v);
+    store_pack(dst + i, v);
+  }
+};
+
+template <typename Op>
+void launch_map(const Op& op, int64_t n, std::initializer_list<VecPtr> ptrs, const char* name) {
+  if (n == 0) return;
+  const int64_t head = vector_head(ptrs, kE, n);
+  const unsigned blocks = stream_blocks(vector_items(n, head, kE), kThreads);
+  map_kernel<<<blocks, kThreads, 0, stream()>>>(op, n, head);
+  check_launch(name);
+}
+
+// ---- reductions ---------------------------------------------------------------------------
+
+enum class Reduce { Sum, SumSquares, NonFinite };
+
+template <Reduce R>
+__device__ __forceinline__ float term(float x) {
+  if constexpr (R == Reduce::Sum) return x;
+  else if constexpr (R == Reduce::SumSquares) return x * x;
+  else return isfinite(x) ? 0.f : 1.f;
+}
+
+// Sums s[0 .. blockDim.x) into s[0] in a fixed tree (blockDim.x a power of two).
+__device__ __forceinline__ void block_tree_sum(double* s) {
+  for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+    if (static_cast<int>(threadIdx.x) < off) s[threadIdx.x] += s[threadIdx.x + off];
+    __syncthreads();
+  }
+}
+
+template <Reduce R, typename T>
+__global__ void reduce_partial_kernel(const T* x, int64_t n, int64_t head, double* partial) {
+  __shared__ double s[kThreads];
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t nvec = (n - head) / kE, tail = head + nvec * kE;
+  auto vector_sum = [](const float (&e)[kE]) {
+    float part = 0.f;
+#pragma unroll
+    for (int k = 0; k < kE; ++k) part += term<R>(e[k]);
+    return part;
+  };
+  double acc = 0;
+  int64_t v = tid;
+  for (; v + stride < nvec; v += 2 * stride) {  // two vectors in flight, added in index order
+    float e0[kE], e1[kE];
+    load_pack(x + head + v * kE, e0);
+    load_pack(x + head + (v + stride) * kE, e1);
+    acc += vector_sum(e0);
+    acc += vector_sum(e1);
+  }
+  if (v < nvec) {
+    float e[kE];
+    load_pack(x + head + v * kE, e);
+    acc += vector_sum(e);
+  }
+  for (int64_t i = tid; i < head; i += stride) acc += term<R>(to_float(x[i]));
+  for (int64_t i = tail + tid; i < n; i += stride) acc += term<R>(to_float(x[i]));
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  block_tree_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+__global__ void reduce_finish_kernel(const double* partial, int count, double* out) {
+  __shared__ double s[kFinishThreads];
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  block_tree_sum(s);
+  if (threadIdx.x == 0) *out = s[0];
+}
+
+// Device scratch for the partial sums and the result; only grows. Reuse is ordered by the
+// compute stream, and the result is read back before the next reduction can start.
+double* reduce_scratch() {
+  static Buffer buf(sizeof(double) * (kReduceBlocks + 1), Device::CUDA);
+  return static_cast<double*>(buf.data());
+}
+
+template <Reduce R>
+double reduce(const Tensor& x, const char* op) {
+  expect_cuda_float(x, op, "x");
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  double* partial = reduce_scratch();
+  double* result = partial + kReduceBlocks;
+  const size_t elem = dtype_size(x.dtype);
+  const int64_t head = vector_head({{x.data, elem}}, kE, n);
+  // The grid depends on n and the alignment only, so the summation order is fixed per tensor.
+  const int blocks = static_cast<int>(
+      std::clamp<int64_t>(ceil_div(vector_items(n, head, kE), kThreads), 1, kReduceBlocks));
+  if (x.dtype == DType::BF16)
+    reduce_partial_kernel<R><<<blocks, kThreads, 0, stream()>>>(static_cast<const bf16_t*>(x.data),
+                                                                 n, head, partial);
+  else
+    reduce_partial_kernel<R><<<blocks, kThreads, 0, stream()>>>(static_cast<const float*>(x.data),
+                                                                 n, head, partial);
+  check_launch(op);
+  reduce_finish_kernel<<<1, kFinishThreads, 0, stream()>>>(partial, blocks, result);
+  check_launch(op);
+  double host = 0;
+  copy_bytes(&host, false, result, true, sizeof(double));  // waits for the compute stream
+  return host;
+}
+
+}  // namespace
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const char* op = "add";
+  expect_cuda_float(a, op, "a");
+  expect_like(b, a, op, "b", "a");
+  expect_like(out, a, op, "out", "a");
+  const int64_t n = a.numel();
+  const size_t e = dtype_size(a.dtype);
+  if (a.dtype == DType::BF16)
+    launch_map(AddOp<bf16_t>{static_cast<const bf16_t*>(a.data), static_cast<const bf16_t*>(b.data),
+                             static_cast<bf16_t*>(out.data)},
+               n, {{a.data, e}, {b.data, e}, {out.data, e}}, "add_kernel<bf16>");
+  else
+    launch_map(AddOp<float>{static_cast<const float*>(a.data), static_cast<const float*>(b.data),
+                            static_cast<float*>(out.data)},
+               n, {{a.data, e}, {b.data, e}, {out.data, e}}, "add_kernel<f32>");
+}
+
+void add_inplace(const Tensor& acc, const Tensor& x) {
+  const char* op = "add_inplace";
+  expect_cuda_float(acc, op, "acc");
+  expect_like(x, acc, op, "x", "acc");
+  add(acc, x, acc);
+}
+
+void scale_inplace(const Tensor& x, double s) {
+  const char* op = "scale_inplace";
+  expect_cuda_float(x, op, "x");
+  const int64_t n = x.numel();
+  const size_t e = dtype_size(x.dtype);
+  if (x.dtype == DType::BF16)
+    launch_map(ScaleOp<bf16_t>{static_cast<bf16_t*>(x.data), s}, n, {{x.data, e}},
+               "scale_kernel<bf16>");
+  else
+    launch_map(ScaleOp<float>{static_cast<float*>(x.data), s}, n, {{x.data, e}},
+               "scale_kernel<f32>");
+}
+
+void cast(const Tensor& src, const Tensor& dst) {
+  const char* op = "cast";
+  for (const Tensor* t : {&src, &dst})
+    ENSURE(t->dtype != DType::F64, op, ": ", t == &src ? "src" : "dst",
+           " is f64; the GPU holds no f64 tensors (cast on the CPU, then copy)");
+  expect_cuda_float(src, op, "src");
+  expect_cuda_float(dst, op, "dst");
+  ENSURE(dst.shape == src.shape, op, ": dst has shape ", dst.shape.str(), ", src has ",
+         src.shape.str());
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.dtype == dst.dtype) {
+    if (src.data != dst.data)
+      CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+    return;
+  }
+  const std::initializer_list<VecPtr> ptrs = {{src.data, dtype_size(src.dtype)},
+                                              {dst.data, dtype_size(dst.dtype)}};
+  if (src.dtype == DType::F32)
+    launch_map(CastOp<float, bf16_t>{static_cast<const float*>(src.data), static_cast<bf16_t*>(dst.data)},
+               n, ptrs, "cast_kernel<f32, bf16>");
+  else
+    launch_map(CastOp<bf16_t, float>{static_cast<const bf16_t*>(src.data), static_cast<float*>(dst.data)},
+               n, ptrs, "cast_kernel<bf16, f32>");
+}
+
+double sum(const Tensor& x) { return reduce<Reduce::Sum>(x, "sum"); }
+double sum_squares(const Tensor& x) { return reduce<Reduce::SumSquares>(x, "sum_squares"); }
+int64_t count_nonfinite(const Tensor& x) {
+  return static_cast<int64_t>(reduce<Reduce::NonFinite>(x, "count_nonfinite"));
+}
+
+}  // namespace engine::cuda

@@ -1,0 +1,48 @@
+// CUDA GEMM through cuBLASLt (host declarations only; implementation in gemm.cu).
+//   c = epilogue(alpha * op(A) @ op(B) + beta * c)
+// Row-major, contiguous, 2-D: A (M, K) or (K, M) with trans_a; B (K, N) or (N, K) with trans_b;
+// C (M, N). A and B bf16; C bf16 or f32; f32 accumulation (CUBLAS_COMPUTE_32F); beta = 1 into an
+// f32 C accumulates (parameter gradients). Any sizes, leading dimensions and pointer alignments.
+// matmul is ops::matmul for CUDA tensors (bias bf16 or f32); gemm is the richer launcher for
+// fused layers. sum_rows / sum_columns (cuda/gemm/sum_rows.cuh) are the bias-gradient reductions.
+#pragma once
+#include "core/tensor.h"
+#include "cuda/gemm/sum_rows.cuh"
+#include "ops/gemm.h"
+
+namespace engine::cuda {
+
+struct GemmParams {
+  Tensor a;              // (M, K), or (K, M) with trans_a; bf16
+  bool trans_a = false;
+  Tensor b;              // (K, N), or (N, K) with trans_b; bf16
+  bool trans_b = false;
+  Tensor c;              // (M, N) bf16 or f32: the output, and an input when beta != 0
+  float alpha = 1.f;
+  float beta = 0.f;      // c is not read when beta == 0
+  Tensor bias;           // (N) bf16 or f32, or undefined: added to every row before the GELU
+  bool gelu = false;     // c = gelu(pre), pre = alpha op(A) op(B) + beta c + bias (tanh form)
+  Tensor gelu_input;     // (M, N), c's dtype, or undefined: receives pre (needs gelu; not c)
+  // Bias gradients (overwritten, never accumulated; need alpha == 1, no bias and no gelu; at
+  // most one of the two):
+  Tensor dbias_a;        // (M) f32 or bf16: dbias_a(i) = sum_k op(A)(i, k)
+  Tensor dbias_b;        // (N) f32 or bf16: dbias_b(j) = sum_k op(B)(k, j)
+  // false: never ask cuBLASLt for a fused epilogue; the plain GEMM and the separate kernels
+  // run instead (the path also taken when cuBLASLt has no algorithm for the epilogue). Tests.
+  bool fuse_epilogue = true;
+};
+
+void gemm(const GemmParams& p);
+
+// ops::matmul on CUDA tensors: gemm() with the options' alpha, beta and bias.
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+            const ops::MatmulOptions& options = {});
+
+// Counters of the last gemm() call, for tests: whether cuBLASLt ran the epilogue itself.
+struct GemmLastCall {
+  bool fused_epilogue = false;   // bias / GELU / bias gradient done inside cuBLASLt
+  bool fallback_kernels = false; // separate epilogue or reduction kernels ran
+};
+GemmLastCall gemm_last_call();
+
+}  // namespace engine::cuda

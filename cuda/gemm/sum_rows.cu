@@ -1,0 +1,201 @@
+// Row and column reductions of a row-major matrix x (M, N), bf16 or f32, into f32 or bf16:
+//   sum_rows:    out(j) = beta * out(j) + sum_i x(i, j)   (column sums: bias gradients)
+//   sum_columns: out(i) = beta * out(i) + sum_j x(i, j)   (row sums)
+// sum_rows runs in two passes, no atomics, so the result has the same bits every run:
+//   1. Block (column tile, row chunk): a tile is 32 lanes x V columns (V = 16 bytes of x: 8 bf16
+//      or 4 f32, one vector load per lane and row when rows are 16-byte aligned, else V strided
+//      scalar loads); its 8 warps take every 8th row of the chunk, each lane adding its columns in
+//      f32 in row order; the 8 warp sums are added in warp order into partial(chunk, column).
+//      The number of chunks depends on (M, N) only: about kTargetBlocks blocks in all.
+//   2. One thread per column adds the chunk partials in chunk order and applies beta.
+// sum_columns: one warp per row; lanes add strided vectors in f32, then a fixed xor butterfly.
+// Scratch: the partials (chunks x N f32) live in a device buffer that only grows, reused in
+// compute-stream order.
+#include "cuda/gemm/sum_rows.cuh"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/buffer.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector.cuh"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kTargetBlocks = 1024;  // pass-1 blocks to aim for (~8 per H200 multiprocessor)
+constexpr int64_t kMinRowsPerChunk = 64;
+
+template <typename T>
+constexpr int kVecOf = 16 / static_cast<int>(sizeof(T));  // columns per lane
+
+// Pass 1: partial(chunk, j) = sum over rows of the chunk of x(i, j), for the block's column tile.
+template <typename T, bool kVec>
+__global__ void column_partial_kernel(const T* x, int64_t m, int64_t n, int64_t rows_per_chunk,
+                                      float* partial) {
+  constexpr int V = kVecOf<T>;
+  constexpr int kTile = 32 * V;
+  __shared__ float s[kWarps][kTile];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = std::min(m, r0 + rows_per_chunk);
+  // Column of this lane's k-th accumulator within the tile.
+  auto col_of = [&](int k) { return kVec ? lane * V + k : lane + 32 * k; };
+  float acc[V] = {};
+  auto load_row = [&](int64_t r, float (&v)[V]) {
+    const T* row = x + r * n + col0;
+    if constexpr (kVec) {
+      if (col0 + lane * V < n) load_pack(row + lane * V, v);
+      else
+        for (int k = 0; k < V; ++k) v[k] = 0.f;
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = col0 + col_of(k) < n ? to_float(row[col_of(k)]) : 0.f;
+    }
+  };
+  int64_t r = r0 + warp;
+  // Four rows in flight per warp, added in row order.
+  for (; r + 3 * kWarps < r1; r += 4 * kWarps) {
+    float v0[V], v1[V], v2[V], v3[V];
+    load_row(r, v0);
+    load_row(r + kWarps, v1);
+    load_row(r + 2 * kWarps, v2);
+    load_row(r + 3 * kWarps, v3);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = acc[k] + v0[k] + v1[k] + v2[k] + v3[k];
+  }
+  for (; r < r1; r += kWarps) {
+    float v[V];
+    load_row(r, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += v[k];
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) s[warp][col_of(k)] = acc[k];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTile; i += kThreads) {
+    if (col0 + i >= n) continue;
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += s[w][i];
+    partial[blockIdx.y * n + col0 + i] = t;
+  }
+}
+
+// Pass 2: out(j) = beta * out(j) + sum over chunks of partial(c, j), in chunk order.
+template <typename Out>
+__global__ void column_finish_kernel(const float* partial, int64_t chunks, int64_t n, Out* out,
+                                     float beta) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  float t = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) t += partial[c * n + j];
+  if (beta != 0.f) t += beta * to_float(out[j]);
+  out[j] = from_float<Out>(t);
+}
+
+// out(i) = beta * out(i) + sum_j x(i, j): one warp per row.
+template <typename T, bool kVec, typename Out>
+__global__ void row_sum_kernel(const T* x, int64_t m, int64_t n, Out* out, float beta) {
+  constexpr int V = kVecOf<T>;
+  const int lane = threadIdx.x & 31;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (i >= m) return;
+  const T* row = x + i * n;
+  float acc = 0.f;
+  if constexpr (kVec) {
+    for (int64_t c = static_cast<int64_t>(lane) * V; c < n; c += 32 * V) {
+      float v[V];
+      load_pack(row + c, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc += v[k];
+    }
+  } else {
+    for (int64_t c = lane; c < n; c += 32) acc += to_float(row[c]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    if (beta != 0.f) acc += beta * to_float(out[i]);
+    out[i] = from_float<Out>(acc);
+  }
+}
+
+float* partial_scratch(size_t count) {
+  static Buffer buf;
+  if (buf.bytes() < count * sizeof(float)) buf = Buffer(count * sizeof(float), Device::CUDA);
+  return static_cast<float*>(buf.data());
+}
+
+// x (M, N) and out (x.size(out_dim)) on cuda; returns {M, N}.
+std::pair<int64_t, int64_t> check_args(const Tensor& x, const Tensor& out, int out_dim,
+                                       const char* op) {
+  ENSURE(x.ndim() == 2, op, ": x must be 2-D, got shape ", x.shape.str());
+  const int64_t out_len = x.size(out_dim);
+  expect_cuda_float(x, op, "x");
+  expect_cuda_float(out, op, "out");
+  ENSURE(out.shape == Shape{out_len}, op, ": out has shape ", out.shape.str(), ", expected (",
+         out_len, ") for x ", x.shape.str());
+  return {x.size(0), x.size(1)};
+}
+
+// Calls f(T{}, Out{}) for the dtypes of x and out.
+template <typename F>
+void dtype_pair(const Tensor& x, const Tensor& out, F&& f) {
+  float_switch(x.dtype, [&](auto xt) { float_switch(out.dtype, [&](auto ot) { f(xt, ot); }); });
+}
+
+}  // namespace
+
+void sum_rows(const Tensor& x, const Tensor& out, float beta) {
+  const auto [m, n] = check_args(x, out, 1, "sum_rows");
+  if (n == 0) return;
+  dtype_pair(x, out, [&](auto xt, auto ot) {
+    using T = decltype(xt);
+    using Out = decltype(ot);
+    constexpr int V = kVecOf<T>;
+    const int64_t tiles = ceil_div(n, 32 * V);
+    int64_t chunks = 0, rows_per_chunk = 0;
+    if (m > 0) {
+      const int64_t want = std::clamp<int64_t>(ceil_div(kTargetBlocks, tiles), 1,
+                                               std::max<int64_t>(1, m / kMinRowsPerChunk));
+      rows_per_chunk = ceil_div(m, want);
+      chunks = ceil_div(m, rows_per_chunk);
+    }
+    float* partial = partial_scratch(static_cast<size_t>(std::max<int64_t>(chunks, 1) * n));
+    if (chunks > 0) {
+      const bool vec = n % V == 0 && aligned16(x.data);
+      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+      const T* px = static_cast<const T*>(x.data);
+      if (vec)
+        column_partial_kernel<T, true><<<grid, kThreads, 0, stream()>>>(px, m, n, rows_per_chunk, partial);
+      else
+        column_partial_kernel<T, false><<<grid, kThreads, 0, stream()>>>(px, m, n, rows_per_chunk, partial);
+      check_launch("column_partial_kernel");
+    }
+    column_finish_kernel<Out><<<static_cast<unsigned>(ceil_div(n, kThreads)), kThreads, 0, stream()>>>(
+        partial, chunks, n, static_cast<Out*>(out.data), beta);
+    check_launch("column_finish_kernel");
+  });
+}
+
+void sum_columns(const Tensor& x, const Tensor& out, float beta) {
+  const auto [m, n] = check_args(x, out, 0, "sum_columns");
+  if (m == 0) return;
+  dtype_pair(x, out, [&](auto xt, auto ot) {
+    using T = decltype(xt);
+    using Out = decltype(ot);
+    const bool vec = n % kVecOf<T> == 0 && aligned16(x.data);
+    const auto blocks = static_cast<unsigned>(ceil_div(m, kWarps));
+    const T* px = static_cast<const T*>(x.data);
+    auto* po = static_cast<Out*>(out.data);
+    if (vec) row_sum_kernel<T, true, Out><<<blocks, kThreads, 0, stream()>>>(px, m, n, po, beta);
+    else row_sum_kernel<T, false, Out><<<blocks, kThreads, 0, stream()>>>(px, m, n, po, beta);
+    check_launch("row_sum_kernel");
+  });
+}
+
+}  // namespace engine::cuda

@@ -1,0 +1,656 @@
+// Fused cross-entropy with its gradient in place over the logits (launcher contract in
+// cross_entropy.cuh; CPU reference csrc/ref/loss.cpp). Per masked-in row of x = logits (T, V):
+//   pass 1   m = max_v x_v,  s = sum_v exp(x_v - m)   one read, online: whenever a batch of
+//            values raises the running max, s is rescaled by exp(m_old - m_new) first;
+//            partial (m, s) pairs merge as (max, s_a e^(m_a - m) + s_b e^(m_b - m))
+//   loss     (m - x_label) + log s                      (= lse - x_label, f32)
+//   pass 2   x_v <- grad_scale * (exp((x_v - m) - log s) - [v == label])   in the logits' dtype
+// exp is ex2.approx on (x - m) * log2(e): x - m is formed first so that logits of any magnitude
+// (|x| ~ 1e3) keep f32 accuracy in the exponent. All statistics are f32; rows never exist in
+// f32 in memory; scratch is one 8-byte flag (bad labels), so memory is O(1) beyond the tensors.
+//
+// Memory traffic per masked-in row of B = V * sizeof(logit) bytes (with_grad; without it pass
+// 2 is skipped and every path reads the row once):
+//   WarpRows   read B, re-read B (mostly from L1/L2: a warp re-reads its own few-KB row at
+//              once), write B. 8 rows per 256-thread block; for rows up to 4 KB.
+//   BlockRows  read B, re-read B, write B: 3 B from DRAM once the rows in flight outgrow L2 (a
+//              fused in-place kernel that keeps nothing on chip cannot do better than two
+//              reads and one write). Fallback for rows too large for the cluster path.
+//   Cluster    a cluster of C in {1, 2, 4, 8} blocks per row; block r copies its slice of the
+//              row (V / C elements) into shared memory with bulk copies (cp.async.bulk, 16 KB
+//              per mbarrier, all issued at once), reduces it while the chunks land, the blocks
+//              exchange (m, s) through distributed shared memory, and each writes its slice's
+//              gradient from shared memory: read B + write B, the bytes floor. Auto takes the
+//              smallest C whose slice is <= 72 KB (3 blocks per SM), e.g. 128256 bf16 -> C = 4
+//              (62.6 KB), 50304 bf16 -> C = 2, 32000 bf16 -> C = 1.
+// Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element; the up to
+// 2 x 7 elements before and after the vectors (rows of odd V are not aligned) are scalars,
+// one per thread. Masked rows read nothing but the mask and write zeros.
+//
+// Limits: logits bf16 or f32, contiguous, element-aligned; 0 < V <= 2^31 - 1; T * C < 2^31
+// blocks; Cluster slices up to the device's shared memory per block (227 KB on H100/H200:
+// V <= 8 x 227 KB / sizeof(logit)); larger rows take BlockRows. Results are deterministic
+// (fixed reduction order, no float atomics). A bad label makes that row's loss NaN and drops
+// its one-hot term; the launcher reads the flag back and raises. The per-device limits and
+// the cluster-occupancy answers are cached for the first device that asks (one GPU per
+// process).
+#include "cuda/loss/cross_entropy.cuh"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/buffer.h"
+#include "cuda/common/launch.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace engine::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kUnroll = 4;                   // streaming paths: 16-byte loads in flight per thread
+constexpr int kWarpRowsThreads = 256;        // WarpRows: 8 rows of one warp each per block
+constexpr int kBlockRowsThreads = 512;       // BlockRows: one row per block
+constexpr int kClusterThreads = 256;         // Cluster: one slice per block
+constexpr int kChunkVecs = 1024;             // Cluster: 16 KB per bulk copy and mbarrier
+constexpr int kMaxChunks = 16;               // 16 x 16 KB > 227 KB, the largest slice
+constexpr int64_t kWarpRowsMaxBytes = 4096;  // Auto: rows up to this take WarpRows
+constexpr int64_t kAutoSliceBytes = 72 * 1024;  // Auto: preferred Cluster slice (3 per SM)
+static_assert(kChunkVecs % kClusterThreads == 0);
+
+// Everything a kernel needs (one struct for all three kernels).
+struct CeParams {
+  void* logits;                   // (T, V) bf16 or f32; gradient written in place
+  const int32_t* labels;          // (T)
+  const uint8_t* mask;            // (T)
+  float* losses;                  // (T)
+  unsigned long long* bad_label;  // (1) min over bad rows of (row << 32 | label), else ~0
+  int64_t rows;                   // T
+  int32_t vocab;                  // V
+  int32_t cluster;                // Cluster: blocks per row (C), else 1
+  int32_t slice_vecs;             // Cluster: 16-byte vectors per block, >= ceil(nvec / C)
+  float grad_scale;
+  bool with_grad;
+};
+
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers: conversions, the (max, sum) statistic, one vector's gradient.
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void unpack(const uint4& u, float (&x)[8], bf16_t) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    x[2 * k] = __uint_as_float(w[k] << 16);  // the lower half is the earlier element
+    x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void unpack(const uint4& u, float (&x)[4], float) {
+  x[0] = __uint_as_float(u.x);
+  x[1] = __uint_as_float(u.y);
+  x[2] = __uint_as_float(u.z);
+  x[3] = __uint_as_float(u.w);
+}
+
+__device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi) {
+  uint32_t w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+}
+__device__ __forceinline__ uint4 pack(const float (&g)[8], bf16_t) {
+  return make_uint4(pack2_bf16(g[0], g[1]), pack2_bf16(g[2], g[3]), pack2_bf16(g[4], g[5]),
+                    pack2_bf16(g[6], g[7]));
+}
+__device__ __forceinline__ uint4 pack(const float (&g)[4], float) {
+  return make_uint4(__float_as_uint(g[0]), __float_as_uint(g[1]), __float_as_uint(g[2]),
+                    __float_as_uint(g[3]));
+}
+
+// A vector of -inf: padding that changes neither the max nor the sum.
+template <typename T>
+__device__ __forceinline__ uint4 neg_inf_vec() {
+  constexpr uint32_t w = sizeof(T) == 2 ? 0xff80ff80u : 0xff800000u;
+  return make_uint4(w, w, w, w);
+}
+
+struct Stat {
+  float m;  // running max
+  float s;  // sum of exp(x - m)
+};
+
+// Bitwise symmetric in its arguments (explicit roundings, no FMA contraction), so a butterfly
+// leaves the same value in every lane and every block of a cluster merges to the same result.
+__device__ __forceinline__ Stat merge(Stat a, Stat b) {
+  const float m = fmaxf(a.m, b.m);
+  const float fa = a.m == m ? 1.f : ex2(__fmul_rn(a.m - m, kLog2e));
+  const float fb = b.m == m ? 1.f : ex2(__fmul_rn(b.m - m, kLog2e));
+  return {m, __fadd_rn(__fmul_rn(a.s, fa), __fmul_rn(b.s, fb))};
+}
+
+__device__ __forceinline__ Stat warp_reduce(Stat st) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    st = merge(st, {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)});
+  return st;
+}
+
+// Block-wide (m, s), the same in every thread: warp butterflies, then every thread merges the
+// warps' results in warp order. red: kThreads / 32 entries of shared memory.
+template <int kThreads>
+__device__ __forceinline__ Stat block_reduce(Stat st, Stat* red) {
+  st = warp_reduce(st);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = st;
+  __syncthreads();
+  Stat r = red[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) r = merge(r, red[w]);
+  return r;
+}
+
+// Folds a batch of values into the running statistic: one rescale at most per batch.
+template <int N>
+__device__ __forceinline__ void accumulate(Stat& st, const float (&x)[N]) {
+  float bm = x[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) bm = fmaxf(bm, x[j]);
+  if (bm == -INFINITY) return;  // only -inf (or padding): adds nothing, and keeps m = -inf legal
+  if (bm > st.m) {
+    st.s *= ex2((st.m - bm) * kLog2e);  // 0 while m is still -inf
+    st.m = bm;
+  }
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // independent partial sums for ILP
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j % 4] += ex2((x[j] - st.m) * kLog2e);
+  st.s += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// kU 16-byte vectors as one flat batch of values.
+template <typename T, int kU>
+__device__ __forceinline__ void unpack_batch(const uint4 (&u)[kU], float (&x)[kU * kVec<T>]) {
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    float v[kVec<T>];
+    unpack(u[k], v, T{});
+#pragma unroll
+    for (int j = 0; j < kVec<T>; ++j) x[k * kVec<T> + j] = v[j];
+  }
+}
+
+// softmax(x) = exp2((x - m) * log2e - log2 s); `col` is the row index of the vector's first
+// element; the label's element gets (p - 1) * scale, exact in p - 1 for p near 1.
+template <typename T>
+__device__ __forceinline__ uint4 grad_vec(const uint4& u, int col, int label, float m, float l2s,
+                                          float scale) {
+  float x[kVec<T>], p[kVec<T>], g[kVec<T>];
+  unpack(u, x, T{});
+#pragma unroll
+  for (int j = 0; j < kVec<T>; ++j) {
+    p[j] = ex2(fmaf(x[j] - m, kLog2e, -l2s));
+    g[j] = p[j] * scale;
+  }
+  if (static_cast<unsigned>(label - col) < static_cast<unsigned>(kVec<T>)) {
+#pragma unroll
+    for (int j = 0; j < kVec<T>; ++j)
+      if (col + j == label) g[j] = (p[j] - 1.f) * scale;
+  }
+  return pack(g, T{});
+}
+
+__device__ __forceinline__ float grad_scalar(float x, bool is_label, float m, float l2s,
+                                             float scale) {
+  const float p = ex2(fmaf(x - m, kLog2e, -l2s));
+  return (is_label ? p - 1.f : p) * scale;
+}
+
+// A row as [head scalars][nvec 16-byte vectors][tail scalars].
+struct RowLayout {
+  int head, nvec, tail;
+};
+template <typename T>
+__device__ __forceinline__ RowLayout row_layout(const T* row, int vocab) {
+  const int mis = static_cast<int>((reinterpret_cast<uintptr_t>(row) & 15) / sizeof(T));
+  const int head = min(mis ? kVec<T> - mis : 0, vocab);
+  const int nvec = (vocab - head) / kVec<T>;
+  return {head, nvec, vocab - head - nvec * kVec<T>};
+}
+// Column of scalar e in [0, head + tail).
+template <typename T>
+__device__ __forceinline__ int extra_col(int e, const RowLayout& l) {
+  return e < l.head ? e : l.head + l.nvec * kVec<T> + (e - l.head);
+}
+
+// The row's label, or -1 when it is out of range (flagged once per row by `reporter`).
+__device__ __forceinline__ int checked_label(const CeParams& p, int64_t row, bool reporter) {
+  const int label = p.labels[row];
+  if (static_cast<unsigned>(label) < static_cast<unsigned>(p.vocab)) return label;
+  if (reporter)
+    atomicMin(p.bad_label,
+              (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label));
+  return -1;
+}
+
+__device__ __forceinline__ float row_loss(Stat st, float x_label, int label) {
+  return label >= 0 ? (st.m - x_label) + log2f(st.s) * kLn2 : __int_as_float(0x7fffffff);
+}
+
+// ---------------------------------------------------------------------------------------------
+// WarpRows (kGroup = 32) and BlockRows (kGroup = kThreads): kGroup threads stream one row.
+
+template <typename T, int kGroup, int kThreads>
+__global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
+  static_assert(kGroup == 32 || kGroup == kThreads);
+  constexpr int kN = kVec<T>;
+  const int lane = static_cast<int>(threadIdx.x) % kGroup;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup) + threadIdx.x / kGroup;
+  if (row >= p.rows) return;  // whole groups only: a block-wide group never leaves early here
+  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  const RowLayout l = row_layout(x, p.vocab);
+  uint4* body = reinterpret_cast<uint4*>(x + l.head);
+  const int ecol = lane < l.head + l.tail ? extra_col<T>(lane, l) : -1;
+
+  if (!p.mask[row]) {
+    if (lane == 0) p.losses[row] = 0.f;
+    if (p.with_grad) {
+      for (int i = lane; i < l.nvec; i += kGroup) body[i] = make_uint4(0, 0, 0, 0);
+      if (ecol >= 0) x[ecol] = from_float<T>(0.f);
+    }
+    return;
+  }
+  const int label = checked_label(p, row, lane == 0);
+  const float x_label = lane == 0 && label >= 0 ? to_float(x[label]) : 0.f;
+  const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+
+  Stat st{-INFINITY, 0.f};
+  for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
+    uint4 u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int j = i + k * kGroup;
+      u[k] = j < l.nvec ? body[j] : neg_inf_vec<T>();
+    }
+    float v[kUnroll * kN];
+    unpack_batch<T>(u, v);
+    accumulate(st, v);
+  }
+  {
+    const float e[1] = {xe};
+    accumulate(st, e);
+  }
+  if constexpr (kGroup == 32) {
+    st = warp_reduce(st);
+  } else {
+    __shared__ Stat red[kThreads / 32];
+    st = block_reduce<kThreads>(st, red);
+  }
+  if (lane == 0) p.losses[row] = row_loss(st, x_label, label);
+  if (!p.with_grad) return;
+  // Lane 0's read of x[label] is ordered before the writes below: by __syncthreads in
+  // block_reduce, and here for the warp.
+  if constexpr (kGroup == 32) __syncwarp();
+
+  const float l2s = log2f(st.s);
+  for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
+    uint4 u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int j = i + k * kGroup;
+      if (j < l.nvec) u[k] = body[j];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int j = i + k * kGroup;
+      if (j < l.nvec) body[j] = grad_vec<T>(u[k], l.head + j * kN, label, st.m, l2s, p.grad_scale);
+    }
+  }
+  if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, p.grad_scale));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster: C blocks per row, each holding slice [v0, v0 + n) of the row's vectors in shared
+// memory (dynamic, p.slice_vecs * 16 bytes), filled by bulk copies completing on mbarriers.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (the bulk copies) and the cluster.
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CeParams p) {
+  constexpr int kN = kVec<T>;
+  constexpr int kPerThread = kChunkVecs / kClusterThreads;  // vectors per thread per chunk
+  extern __shared__ __align__(128) uint4 slice[];
+  __shared__ uint64_t bars[kMaxChunks];
+  __shared__ Stat red[kClusterThreads / 32];
+  __shared__ Stat block_stat;  // this block's (m, s), read by the whole cluster
+
+  const int C = p.cluster;
+  const int rank = C > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) / C;
+  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  const RowLayout l = row_layout(x, p.vocab);
+  uint4* body = reinterpret_cast<uint4*>(x + l.head);
+  const int v0 = min(rank * p.slice_vecs, l.nvec);
+  const int n = min(l.nvec - v0, p.slice_vecs);
+  const int ecol = rank == 0 && tid < l.head + l.tail ? extra_col<T>(tid, l) : -1;
+
+  // Masked: the whole cluster leaves here together, before any cluster barrier.
+  if (!p.mask[row]) {
+    if (rank == 0 && tid == 0) p.losses[row] = 0.f;
+    if (p.with_grad) {
+      for (int i = tid; i < n; i += kClusterThreads) body[v0 + i] = make_uint4(0, 0, 0, 0);
+      if (ecol >= 0) x[ecol] = from_float<T>(0.f);
+    }
+    return;
+  }
+
+  const int nchunks = (n + kChunkVecs - 1) / kChunkVecs;
+  if (tid == 0) {
+    for (int c = 0; c < nchunks; ++c) mbar_init(&bars[c], 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    for (int c = 0; c < nchunks; ++c) {
+      const uint32_t bytes = static_cast<uint32_t>(min(kChunkVecs, n - c * kChunkVecs)) * 16u;
+      mbar_expect_tx(&bars[c], bytes);
+      bulk_load(slice + c * kChunkVecs, body + v0 + c * kChunkVecs, bytes, &bars[c]);
+    }
+  }
+  const bool reporter = rank == 0 && tid == 0;
+  const int label = checked_label(p, row, reporter);
+  const float x_label = reporter && label >= 0 ? to_float(x[label]) : 0.f;
+  const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+
+  Stat st{-INFINITY, 0.f};
+  for (int c = 0; c < nchunks; ++c) {
+    mbar_wait(&bars[c], 0);
+    uint4 u[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = c * kChunkVecs + k * kClusterThreads + tid;
+      u[k] = i < n ? slice[i] : neg_inf_vec<T>();
+    }
+    float v[kPerThread * kN];
+    unpack_batch<T>(u, v);
+    accumulate(st, v);
+  }
+  {
+    const float e[1] = {xe};
+    accumulate(st, e);
+  }
+  st = block_reduce<kClusterThreads>(st, red);
+  if (C > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (tid == 0) block_stat = st;
+    cluster.sync();  // release/acquire: every block's block_stat is visible
+    st = *cluster.map_shared_rank(&block_stat, 0);
+    for (int r = 1; r < C; ++r) st = merge(st, *cluster.map_shared_rank(&block_stat, r));
+    // Done reading the other blocks' shared memory; the matching wait (before exit) keeps
+    // every block alive until all have read.
+    cluster.barrier_arrive();
+  }
+  if (reporter) p.losses[row] = row_loss(st, x_label, label);
+
+  if (p.with_grad) {
+    const float l2s = log2f(st.s);
+#pragma unroll 4
+    for (int i = tid; i < n; i += kClusterThreads)
+      body[v0 + i] = grad_vec<T>(slice[i], l.head + (v0 + i) * kN, label, st.m, l2s, p.grad_scale);
+    if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, p.grad_scale));
+  }
+  if (C > 1) cg::this_cluster().barrier_wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+using KernelFn = void (*)(CeParams);
+
+KernelFn cluster_kernel(DType dtype) {
+  return dtype == DType::BF16 ? ce_cluster_kernel<bf16_t> : ce_cluster_kernel<float>;
+}
+
+// Largest dynamic shared memory a Cluster block may take (the opt-in limit less the kernel's
+// static shared memory), after raising the kernels' limits to it once.
+int64_t max_slice_bytes() {
+  static const int64_t bytes = [] {
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    int64_t limit = optin;
+    for (DType dt : {DType::BF16, DType::F32}) {
+      cudaFuncAttributes attr{};
+      CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(cluster_kernel(dt))));
+      limit = std::min<int64_t>(limit, optin - static_cast<int64_t>(attr.sharedSizeBytes));
+    }
+    limit = std::min<int64_t>(limit, int64_t{kMaxChunks} * kChunkVecs * 16) / 16 * 16;
+    for (DType dt : {DType::BF16, DType::F32}) {
+      const void* k = reinterpret_cast<const void*>(cluster_kernel(dt));
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(limit)));
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+    }
+    return limit;
+  }();
+  return bytes;
+}
+
+cudaLaunchConfig_t cluster_config(int64_t blocks, int cluster, int64_t slice_bytes,
+                                  cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(slice_bytes);
+  cfg.stream = stream();
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Whether the device can run at least one cluster of this shape (cached).
+bool cluster_schedulable(DType dtype, int cluster, int64_t slice_bytes) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int64_t>, bool> known;
+  const auto key = std::make_tuple(static_cast<int>(dtype), cluster, slice_bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  max_slice_bytes();  // raises the dynamic shared-memory limits first
+  cudaLaunchAttribute attr{};
+  const cudaLaunchConfig_t cfg = cluster_config(cluster, cluster, slice_bytes, &attr);
+  int n = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(
+      &n, reinterpret_cast<const void*>(cluster_kernel(dtype)), &cfg);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: an unsupported shape is a "no"
+    n = 0;
+  }
+  return known[key] = n > 0;
+}
+
+const char* path_name(CrossEntropyPath path) {
+  switch (path) {
+    case CrossEntropyPath::Auto:
+      return "Auto";
+    case CrossEntropyPath::WarpRows:
+      return "WarpRows";
+    case CrossEntropyPath::BlockRows:
+      return "BlockRows";
+    case CrossEntropyPath::Cluster:
+      return "Cluster";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
+                                                   CrossEntropyPath path, int cluster) {
+  ENSURE(dtype == DType::BF16 || dtype == DType::F32, "cross_entropy: logits are ",
+         dtype_name(dtype), ", expected bf16 or f32");
+  ENSURE(vocab > 0 && vocab <= INT32_MAX, "cross_entropy: vocabulary of ", vocab,
+         " outside [1, 2^31)");
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t max_vecs = vocab * esize / 16;  // >= the vector count of any row
+  auto slice = [&](int c) { return ceil_div(max_vecs, c) * 16; };
+  auto fits = [&](int c) {
+    return slice(c) <= max_slice_bytes() && cluster_schedulable(dtype, c, slice(c));
+  };
+  auto choose_cluster = [&]() -> std::optional<CrossEntropyPlan> {
+    for (int c : {1, 2, 4, 8})
+      if (slice(c) <= kAutoSliceBytes && fits(c))
+        return CrossEntropyPlan{CrossEntropyPath::Cluster, c, slice(c)};
+    for (int c : {1, 2, 4, 8})
+      if (fits(c)) return CrossEntropyPlan{CrossEntropyPath::Cluster, c, slice(c)};
+    return std::nullopt;
+  };
+  switch (path) {
+    case CrossEntropyPath::Auto:
+      if (vocab * esize <= kWarpRowsMaxBytes)
+        return CrossEntropyPlan{CrossEntropyPath::WarpRows, 1, 0};
+      if (auto plan = choose_cluster()) return plan;
+      return CrossEntropyPlan{CrossEntropyPath::BlockRows, 1, 0};
+    case CrossEntropyPath::Cluster:
+      if (cluster == 0) return choose_cluster();
+      if ((cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8) || !fits(cluster))
+        return std::nullopt;
+      return CrossEntropyPlan{CrossEntropyPath::Cluster, cluster, slice(cluster)};
+    case CrossEntropyPath::WarpRows:
+    case CrossEntropyPath::BlockRows:
+      if (cluster > 1) return std::nullopt;
+      return CrossEntropyPlan{path, 1, 0};
+  }
+  return std::nullopt;
+}
+
+void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                   const Tensor& losses, bool with_grad, float grad_scale, CrossEntropyPath path,
+                   int cluster) {
+  ENSURE(logits.device == Device::CUDA, "cross_entropy: logits are on ", device_name(logits.device),
+         ", expected cuda");
+  ENSURE(logits.ndim() == 2, "cross_entropy: logits must be 2-D (T, V), got shape ",
+         logits.shape.str());
+  ENSURE(logits.dtype == DType::BF16 || logits.dtype == DType::F32, "cross_entropy: logits are ",
+         dtype_name(logits.dtype), ", expected bf16 or f32");
+  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(v > 0, "cross_entropy: logits has shape ", logits.shape.str(),
+         ", the vocabulary is empty");
+  expect_cuda(labels, DType::I32, {t}, "cross_entropy", "labels");
+  expect_cuda(mask, DType::U8, {t}, "cross_entropy", "mask");
+  expect_cuda(losses, DType::F32, {t}, "cross_entropy", "losses");
+  ENSURE(reinterpret_cast<uintptr_t>(logits.data) % dtype_size(logits.dtype) == 0,
+         "cross_entropy: logits are not aligned to their element size");
+  const std::optional<CrossEntropyPlan> plan = cross_entropy_plan(v, logits.dtype, path, cluster);
+  ENSURE(plan.has_value(), "cross_entropy: the ", path_name(path), " path with cluster size ",
+         cluster, " cannot run a row of ", v, " ", dtype_name(logits.dtype), " logits");
+  if (t == 0) return;
+  ENSURE(t * plan->cluster <= INT32_MAX, "cross_entropy: ", t, " rows x ", plan->cluster,
+         " blocks exceed the grid");
+
+  Owned flag = empty({1}, DType::I64, Device::CUDA);
+  CUDA_CHECK(cudaMemsetAsync(flag.t.data, 0xff, sizeof(unsigned long long), stream()));
+  const CeParams p{logits.data,
+                   labels.ptr<int32_t>(),
+                   mask.ptr<uint8_t>(),
+                   losses.ptr<float>(),
+                   static_cast<unsigned long long*>(flag.t.data),
+                   t,
+                   static_cast<int32_t>(v),
+                   plan->cluster,
+                   static_cast<int32_t>(plan->slice_bytes / 16),
+                   grad_scale,
+                   with_grad};
+  const bool bf = logits.dtype == DType::BF16;
+  switch (plan->path) {
+    case CrossEntropyPath::WarpRows: {
+      constexpr int kRows = kWarpRowsThreads / 32;
+      const auto kernel = bf ? ce_rows_kernel<bf16_t, 32, kWarpRowsThreads>
+                             : ce_rows_kernel<float, 32, kWarpRowsThreads>;
+      kernel<<<static_cast<unsigned>(ceil_div(t, kRows)), kWarpRowsThreads, 0, stream()>>>(p);
+      check_launch("cross_entropy (WarpRows)");
+      break;
+    }
+    case CrossEntropyPath::BlockRows: {
+      const auto kernel = bf ? ce_rows_kernel<bf16_t, kBlockRowsThreads, kBlockRowsThreads>
+                             : ce_rows_kernel<float, kBlockRowsThreads, kBlockRowsThreads>;
+      kernel<<<static_cast<unsigned>(t), kBlockRowsThreads, 0, stream()>>>(p);
+      check_launch("cross_entropy (BlockRows)");
+      break;
+    }
+    case CrossEntropyPath::Cluster: {
+      max_slice_bytes();  // raises the dynamic shared-memory limit once
+      cudaLaunchAttribute attr{};
+      const cudaLaunchConfig_t cfg =
+          cluster_config(t * plan->cluster, plan->cluster, plan->slice_bytes, &attr);
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_kernel(logits.dtype), p));
+      check_launch("cross_entropy (Cluster)");
+      break;
+    }
+    case CrossEntropyPath::Auto:
+      RAISE("cross_entropy: unresolved plan");
+  }
+
+  unsigned long long bad = 0;
+  copy_bytes(&bad, false, flag.t.data, true, sizeof bad);  // synchronises the compute stream
+  if (bad != ~0ull) {
+    const int64_t pos = static_cast<int64_t>(bad >> 32);
+    const int32_t label = static_cast<int32_t>(static_cast<uint32_t>(bad & 0xffffffffu));
+    RAISE("cross_entropy: labels[", pos, "] = ", label, " out of range [0, ", v,
+          ") at a masked-in token (position ", pos, ")");
+  }
+}
+
+}  // namespace engine::cuda

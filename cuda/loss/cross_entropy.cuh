@@ -1,0 +1,47 @@
+// Fused cross-entropy over CUDA logits (T, V), the CUDA backend of ops::cross_entropy
+// (csrc/ops/loss.h; CPU reference csrc/ref/loss.cpp). For every row t with mask(t) != 0:
+//   m = max_v x_v,  s = sum_v exp(x_v - m),  lse = m + log s
+//   losses(t) = lse - x_label
+//   with_grad: x_v <- grad_scale * (exp(x_v - lse) - [v == label])   in place, logits' dtype
+// Masked rows: losses(t) = 0 and (with_grad) a zero gradient row; their labels are never read.
+// logits bf16 or f32 (T, V); labels i32 (T); mask u8 (T); losses f32 (T). A label outside
+// [0, V) at a masked-in token raises engine::Error naming the position and the label, after
+// the kernel ran (the logits may then already hold gradients; the losses are unspecified).
+// The call synchronises the compute stream once (the bad-label flag is read back).
+//
+// Paths (cross_entropy.cu says how each one moves the bytes):
+//   WarpRows   one warp per row, 8 rows per block: small vocabularies (rows of a few KB)
+//   BlockRows  one block per row, the row streamed twice from global memory (any V)
+//   Cluster    a cluster of 1-8 blocks per row, each holding its slice of the row in shared
+//              memory: the row is read once and written once (the bytes floor)
+// Auto picks by the row size; tests and benchmarks may force a path and a cluster size.
+// Plain C++ declarations: includable from g++-built files.
+#pragma once
+#include <cstdint>
+#include <optional>
+
+#include "core/tensor.h"
+
+namespace engine::cuda {
+
+enum class CrossEntropyPath { Auto, WarpRows, BlockRows, Cluster };
+
+struct CrossEntropyPlan {
+  CrossEntropyPath path = CrossEntropyPath::Auto;  // resolved: never Auto
+  int cluster = 1;                                 // blocks per row (Cluster), else 1
+  int64_t slice_bytes = 0;                         // shared memory per block (Cluster), else 0
+};
+
+// The plan cross_entropy runs for this vocabulary and dtype; nullopt when a forced path or
+// cluster size cannot hold the row (a slice over the shared-memory limit, a cluster size
+// outside {1, 2, 4, 8}, or a cluster the device cannot schedule). cluster = 0: choose.
+std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
+                                                   CrossEntropyPath path = CrossEntropyPath::Auto,
+                                                   int cluster = 0);
+
+// ops::cross_entropy for CUDA tensors (see the top of this file), on stream().
+void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                   const Tensor& losses, bool with_grad, float grad_scale,
+                   CrossEntropyPath path = CrossEntropyPath::Auto, int cluster = 0);
+
+}  // namespace engine::cuda

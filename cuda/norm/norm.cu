@@ -1,0 +1,477 @@
+// Layer norms over the last dimension of x (T, C): one thread block per row, the blocks of a
+// persistent grid striding over the rows. A row lives in registers: thread i holds the packs
+// i, i + B, ..., i + (K-1) B of the row, a pack being one 16-byte vector (8 bf16 or 4 f32) when
+// C is a multiple of it and every pointer is 16-byte aligned, else one element (scalar variant).
+//   forward:  mean = sum(x) / C (layernorm; 0 for rmsnorm), var = sum((x - mean)^2) / C (two
+//             passes over the registers), rstd = 1 / sqrt(var + eps), y = (x - mean) rstd w (+ b)
+//   backward: xhat = (x - mean) rstd, g = dy w,
+//             dx = rstd (g - mean(g) - xhat mean(g xhat))        (mean(g): layernorm only)
+//             dweight += sum_t dy xhat,  dbias += sum_t dy
+// Every sum is f32 in a fixed order (shuffle trees, blocks in index order): bitwise reproducible.
+// Weight gradients without float atomics: each block keeps per-column partial sums of its rows in
+// registers and writes them to a scratch (blocks, C) f32 buffer taken from the caching allocator;
+// a second kernel adds the partials in block order into dweight / dbias.
+// Memory: x, weight, bias, y, dy, dx all bf16 or all f32; mean, rstd, dweight, dbias f32. Each
+// thread reads its elements before writing them, so y may alias x and dx may alias dy or x.
+// Limits: C <= 8192 (at most 16 vector elements or 8 scalar elements per thread, blocks of at
+// most 512 / 1024 threads), C >= 1, T < 2^31.
+#include "cuda/norm/norm.cuh"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/buffer.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector.cuh"
+
+namespace engine::cuda {
+
+constexpr int kMaxVecThreads = 512;      // block size cap of the 16-byte variant
+constexpr int kMaxScalarThreads = 1024;  // block size cap of the scalar variant
+constexpr int kMaxVecElems = 16;         // elements per thread and row, 16-byte variant
+constexpr int kScalarIters = 8;          // elements per thread and row, scalar variant
+constexpr int kRowLanes = 16;            // partial rows summed in parallel by the second pass
+
+// Butterfly sum over the warp: every lane ends with the same bits (a + b == b + a).
+template <int M>
+static __device__ __forceinline__ void warp_sum(float (&v)[M]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int m = 0; m < M; ++m) v[m] += __shfl_xor_sync(0xffffffffu, v[m], o);
+}
+
+// Sum of v over the block, the same bits in every thread. smem holds 2 x (32 M) floats used in
+// turn (phase), so one barrier per call suffices: a half is written again two calls later, only
+// after every warp passed the barrier of the call in between, hence after it read that half.
+template <int M>
+static __device__ __forceinline__ void block_sum(float (&v)[M], float* smem, int& phase) {
+  warp_sum(v);
+  float* buf = smem + (phase & 1) * 32 * M;
+  ++phase;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) buf[m * 32 + warp] = v[m];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < M; ++m) v[m] = lane < warps ? buf[m * 32 + lane] : 0.f;
+  warp_sum(v);
+}
+
+template <typename T>
+struct NormFwdParams {
+  const T* x;       // (rows, cols)
+  const T* weight;  // (cols)
+  const T* bias;    // (cols), nullptr: no bias
+  T* y;             // (rows, cols)
+  float* mean;      // (rows), nullptr for rmsnorm
+  float* rstd;      // (rows)
+  int64_t rows, cols;
+  float eps;
+};
+
+template <typename T>
+struct NormBwdParams {
+  const T* dy;        // (rows, cols)
+  const T* x;         // (rows, cols)
+  const T* weight;    // (cols)
+  const float* mean;  // (rows), nullptr for rmsnorm
+  const float* rstd;  // (rows)
+  T* dx;              // (rows, cols)
+  float* partial_dw;  // (gridDim.x, cols): sum of dy xhat over the rows of each block
+  float* partial_db;  // (gridDim.x, cols) or nullptr: sum of dy over the rows of each block
+  int64_t rows, cols;
+};
+
+// Packs i, i + B, ..., i + (K-1) B of row `row` (those below `packs`) into registers, raw.
+template <typename T, int N, int K>
+static __device__ __forceinline__ void load_row(const T* base, int64_t row, int64_t cols,
+                                                int64_t packs, Pack<T, N> (&dst)[K]) {
+  const Pack<T, N>* r = reinterpret_cast<const Pack<T, N>*>(base + row * cols);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (q < packs) dst[k] = r[q];
+  }
+}
+
+// N: elements per pack (16-byte vector or 1); K: packs per thread; kCentered: layernorm.
+// The next row of the block is loaded before this row's reductions, so its latency overlaps them.
+template <typename T, int N, int K, bool kCentered>
+static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
+    norm_forward_kernel(const NormFwdParams<T> p) {
+  __shared__ float smem[2 * 32];
+  int phase = 0;
+  const int64_t packs = p.cols / N;
+  const float inv_cols = 1.f / static_cast<float>(p.cols);
+  Pack<T, N> cur[K], nxt[K];
+  load_row<T, N, K>(p.x, blockIdx.x, p.cols, packs, cur);  // the grid has at most one block per row
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    if (row + gridDim.x < p.rows) load_row<T, N, K>(p.x, row + gridDim.x, p.cols, packs, nxt);
+    float v[K][N];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (q < packs) {
+        unpack<T, N>(cur[k], v[k]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[k][j] = 0.f;
+      }
+    }
+    float mu = 0.f;
+    if constexpr (kCentered) {
+      float s[1] = {0.f};
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int j = 0; j < N; ++j) s[0] += v[k][j];
+      block_sum(s, smem, phase);
+      mu = s[0] * inv_cols;
+    }
+    float ss[1] = {0.f};
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (q < packs) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float d = v[k][j] - mu;
+          ss[0] += d * d;
+        }
+      }
+    }
+    block_sum(ss, smem, phase);
+    const float rs = rsqrtf(ss[0] * inv_cols + p.eps);
+    T* yr = p.y + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (q < packs) {
+        float w[N], b[N], o[N];
+        load_pack<T, N>(p.weight + q * N, w);
+        if (p.bias) {
+          load_pack<T, N>(p.bias + q * N, b);
+        } else {
+#pragma unroll
+          for (int j = 0; j < N; ++j) b[j] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) o[j] = (v[k][j] - mu) * rs * w[j] + b[j];
+        store_pack<T, N>(yr + q * N, o);
+      }
+    }
+    if (threadIdx.x == 0) {
+      if constexpr (kCentered) p.mean[row] = mu;
+      p.rstd[row] = rs;
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) cur[k] = nxt[k];
+  }
+}
+
+// As the forward, the next row's x and dy are prefetched, when they fit in 32 bytes per thread
+// each and rows are vectors (beyond that, or in the scalar variant, registers would spill).
+template <typename T, int N, int K, bool kCentered>
+static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
+    norm_backward_kernel(const NormBwdParams<T> p) {
+  constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
+  __shared__ float smem[2 * 32 * 2];
+  int phase = 0;
+  const int64_t packs = p.cols / N;
+  const float inv_cols = 1.f / static_cast<float>(p.cols);
+  float dw[K][N], db[K][N];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.f;
+  Pack<T, N> xc[K], dc[K], xn[K], dn[K];
+  float mu_c = 0.f, rs_c = 0.f, mu_n = 0.f, rs_n = 0.f;  // statistics of this row and the next
+  if constexpr (kPrefetch) {
+    load_row<T, N, K>(p.x, blockIdx.x, p.cols, packs, xc);
+    load_row<T, N, K>(p.dy, blockIdx.x, p.cols, packs, dc);
+    if constexpr (kCentered) mu_c = p.mean[blockIdx.x];
+    rs_c = p.rstd[blockIdx.x];
+  }
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    if constexpr (kPrefetch) {
+      const int64_t next = row + gridDim.x;
+      if (next < p.rows) {
+        load_row<T, N, K>(p.x, next, p.cols, packs, xn);
+        load_row<T, N, K>(p.dy, next, p.cols, packs, dn);
+        if constexpr (kCentered) mu_n = p.mean[next];
+        rs_n = p.rstd[next];
+      }
+    } else {
+      if constexpr (kCentered) mu_c = p.mean[row];
+      rs_c = p.rstd[row];
+    }
+    const float mu = mu_c, rs = rs_c;
+    float xh[K][N], g[K][N];
+    float s[2] = {0.f, 0.f};  // sum g, sum g xhat
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (q < packs) {
+        float xv[N], dv[N], w[N];
+        if constexpr (kPrefetch) {
+          unpack<T, N>(xc[k], xv);
+          unpack<T, N>(dc[k], dv);
+        } else {
+          load_pack<T, N>(p.x + row * p.cols + q * N, xv);
+          load_pack<T, N>(p.dy + row * p.cols + q * N, dv);
+        }
+        load_pack<T, N>(p.weight + q * N, w);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          xh[k][j] = (xv[j] - mu) * rs;
+          g[k][j] = dv[j] * w[j];
+          s[0] += g[k][j];
+          s[1] += g[k][j] * xh[k][j];
+          dw[k][j] += dv[j] * xh[k][j];
+          if constexpr (kCentered) db[k][j] += dv[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) xh[k][j] = g[k][j] = 0.f;
+      }
+    }
+    block_sum(s, smem, phase);
+    const float mg = kCentered ? s[0] * inv_cols : 0.f;
+    const float mgx = s[1] * inv_cols;
+    T* dxr = p.dx + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (q < packs) {
+        float o[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) o[j] = rs * (g[k][j] - mg - xh[k][j] * mgx);
+        store_pack<T, N>(dxr + q * N, o);
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        xc[k] = xn[k];
+        dc[k] = dn[k];
+      }
+      mu_c = mu_n;
+      rs_c = rs_n;
+    }
+  }
+  float* pdw = p.partial_dw + static_cast<int64_t>(blockIdx.x) * p.cols;
+  float* pdb = p.partial_db ? p.partial_db + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (q < packs) {
+      store_pack<float, N>(pdw + q * N, dw[k]);
+      if constexpr (kCentered)
+        if (pdb) store_pack<float, N>(pdb + q * N, db[k]);
+    }
+  }
+}
+
+// grad[j] += sum_b partial[b][j] over the `blocks` partial rows, in a fixed order: thread
+// (x, y) sums rows b = y, y + kRowLanes, ... in turn, then y == 0 adds the kRowLanes sums in
+// order. blockIdx.y selects (partial_dw, dw) or (partial_db, db).
+static __global__ void __launch_bounds__(32 * kRowLanes)
+    norm_param_grad_kernel(const float* partial_dw, float* dw, const float* partial_db, float* db,
+                           int blocks, int64_t cols) {
+  __shared__ float sums[kRowLanes][33];
+  const float* partial = blockIdx.y == 0 ? partial_dw : partial_db;
+  float* grad = blockIdx.y == 0 ? dw : db;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.f;
+  if (j < cols)
+    for (int b = threadIdx.y; b < blocks; b += kRowLanes) s += partial[b * cols + j];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float t = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowLanes; ++r) t += sums[r][threadIdx.x];
+    grad[j] += t;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+struct RowPlan {
+  bool vec;     // 16-byte packs (else one element per pack)
+  int iters;    // packs per thread (K)
+  int threads;  // block size
+};
+
+static int round_up_warp(int64_t n) { return static_cast<int>(ceil_div(n, 32) * 32); }
+
+static RowPlan plan_rows(int64_t cols, int vec_elems, bool aligned, const char* op) {
+  if (aligned && cols % vec_elems == 0) {
+    const int64_t packs = cols / vec_elems;
+    for (int k = 1; k * vec_elems <= kMaxVecElems; k *= 2)
+      if (ceil_div(packs, k) <= kMaxVecThreads) return {true, k, round_up_warp(ceil_div(packs, k))};
+  } else if (ceil_div(cols, kScalarIters) <= kMaxScalarThreads) {
+    return {false, kScalarIters, round_up_warp(ceil_div(cols, kScalarIters))};
+  }
+  RAISE(op, ": C = ", cols, " is wider than the kernels take (at most ",
+        kMaxVecThreads * kMaxVecElems, ")");
+}
+
+// x (T, C) with C >= 1 in bf16 or f32; returns {T, C}.
+static std::pair<int64_t, int64_t> check_x(const Tensor& x, const char* op) {
+  ENSURE(x.ndim() == 2, op, ": x must be 2-D (T, C), got shape ", x.shape.str());
+  ENSURE(x.dtype == DType::BF16 || x.dtype == DType::F32, op, ": x is ", dtype_name(x.dtype),
+         ", the kernel takes bf16 or f32 (statistics f32)");
+  ENSURE(x.size(1) > 0, op, ": x has shape ", x.shape.str(), ", normalising needs columns");
+  ENSURE(x.size(0) < (int64_t{1} << 31), op, ": T = ", x.size(0), " rows is too many");
+  expect_cuda(x, x.dtype, x.shape, op, "x");
+  return {x.size(0), x.size(1)};
+}
+
+// f(N, K) with std::integral_constant elements per pack N and packs per thread K of the plan:
+// (1, kScalarIters) for the scalar variant, (16 / sizeof(T), plan.iters) for 16-byte packs.
+template <typename T, typename F>
+static void plan_switch(const RowPlan& plan, const char* what, F&& f) {
+  constexpr int V = 16 / sizeof(T);
+  using std::integral_constant;
+  if (!plan.vec) return f(integral_constant<int, 1>{}, integral_constant<int, kScalarIters>{});
+  switch (plan.iters) {
+    case 1:
+      return f(integral_constant<int, V>{}, integral_constant<int, 1>{});
+    case 2:
+      return f(integral_constant<int, V>{}, integral_constant<int, 2>{});
+    case 4:
+      if constexpr (4 * V <= kMaxVecElems)
+        return f(integral_constant<int, V>{}, integral_constant<int, 4>{});
+      break;
+  }
+  RAISE(what, ": no kernel for ", plan.iters, " packs per thread");
+}
+
+template <typename T, bool kCentered>
+static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
+  plan_switch<T>(plan, "norm forward", [&](auto n, auto k) {
+    auto kernel = norm_forward_kernel<T, decltype(n)::value, decltype(k)::value, kCentered>;
+    const int grid = persistent_grid(kernel, plan.threads, 0, p.rows);
+    kernel<<<grid, plan.threads, 0, stream()>>>(p);
+    check_launch(kCentered ? "layernorm_forward_kernel" : "rmsnorm_forward_kernel");
+  });
+}
+
+template <typename T, bool kCentered>
+static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias) {
+  plan_switch<T>(plan, "norm backward", [&](auto n, auto k) {
+    auto kernel = norm_backward_kernel<T, decltype(n)::value, decltype(k)::value, kCentered>;
+    const int grid = persistent_grid(kernel, plan.threads, 0, p.rows);
+    // Released to the cache at return; later users of the block run after these kernels on the
+    // same (compute) stream.
+    Buffer scratch(static_cast<size_t>(grid) * p.cols * sizeof(float) * (dbias ? 2 : 1),
+                   Device::CUDA);
+    p.partial_dw = static_cast<float*>(scratch.data());
+    p.partial_db = dbias ? p.partial_dw + static_cast<int64_t>(grid) * p.cols : nullptr;
+    kernel<<<grid, plan.threads, 0, stream()>>>(p);
+    check_launch(kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
+    const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), dbias ? 2u : 1u);
+    norm_param_grad_kernel<<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(
+        p.partial_dw, dweight, p.partial_db, dbias, grid, p.cols);
+    check_launch("norm_param_grad_kernel");
+  });
+}
+
+// mean == nullptr: rmsnorm.
+static void norm_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor* bias,
+                         float eps, const Tensor& y, const Tensor* mean, const Tensor& rstd) {
+  auto [rows, cols] = check_x(x, op);
+  expect_cuda(weight, x.dtype, {cols}, op, "weight");
+  const bool has_bias = bias && bias->data;
+  if (has_bias) expect_cuda(*bias, x.dtype, {cols}, op, "bias");
+  expect_cuda(y, x.dtype, x.shape, op, "y");
+  if (mean) expect_cuda(*mean, DType::F32, {rows}, op, "mean");
+  expect_cuda(rstd, DType::F32, {rows}, op, "rstd");
+  ENSURE(eps >= 0.f, op, ": eps must be >= 0, got ", eps);
+  if (rows == 0) return;
+  const bool aligned = aligned16(x.data) && aligned16(weight.data) && aligned16(y.data) &&
+                       (!has_bias || aligned16(bias->data));
+  const RowPlan plan = plan_rows(cols, static_cast<int>(16 / dtype_size(x.dtype)), aligned, op);
+  float_switch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    NormFwdParams<T> p{};
+    p.x = static_cast<const T*>(x.data);
+    p.weight = static_cast<const T*>(weight.data);
+    p.bias = has_bias ? static_cast<const T*>(bias->data) : nullptr;
+    p.y = static_cast<T*>(y.data);
+    p.mean = mean ? static_cast<float*>(mean->data) : nullptr;
+    p.rstd = static_cast<float*>(rstd.data);
+    p.rows = rows;
+    p.cols = cols;
+    p.eps = eps;
+    if (mean)
+      launch_forward<T, true>(p, plan);
+    else
+      launch_forward<T, false>(p, plan);
+  });
+}
+
+static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                          const Tensor* mean, const Tensor& rstd, const Tensor& dx,
+                          const Tensor& dweight, const Tensor* dbias) {
+  auto [rows, cols] = check_x(x, op);
+  expect_cuda(dy, x.dtype, x.shape, op, "dy");
+  expect_cuda(weight, x.dtype, {cols}, op, "weight");
+  if (mean) expect_cuda(*mean, DType::F32, {rows}, op, "mean");
+  expect_cuda(rstd, DType::F32, {rows}, op, "rstd");
+  expect_cuda(dx, x.dtype, x.shape, op, "dx");
+  expect_cuda(dweight, DType::F32, {cols}, op, "dweight");
+  const bool has_dbias = dbias && dbias->data;
+  if (has_dbias) expect_cuda(*dbias, DType::F32, {cols}, op, "dbias");
+  if (rows == 0) return;  // dx is empty and the parameter gradients gain nothing
+  const bool aligned =
+      aligned16(x.data) && aligned16(dy.data) && aligned16(weight.data) && aligned16(dx.data);
+  const RowPlan plan = plan_rows(cols, static_cast<int>(16 / dtype_size(x.dtype)), aligned, op);
+  float_switch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    NormBwdParams<T> p{};
+    p.dy = static_cast<const T*>(dy.data);
+    p.x = static_cast<const T*>(x.data);
+    p.weight = static_cast<const T*>(weight.data);
+    p.mean = mean ? static_cast<const float*>(mean->data) : nullptr;
+    p.rstd = static_cast<const float*>(rstd.data);
+    p.dx = static_cast<T*>(dx.data);
+    p.rows = rows;
+    p.cols = cols;
+    float* dw = static_cast<float*>(dweight.data);
+    float* db = has_dbias ? static_cast<float*>(dbias->data) : nullptr;
+    if (mean)
+      launch_backward<T, true>(p, plan, dw, db);
+    else
+      launch_backward<T, false>(p, plan, dw, nullptr);
+  });
+}
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  norm_forward("layernorm_forward", x, weight, &bias, eps, y, &mean, rstd);
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias) {
+  norm_backward("layernorm_backward", dy, x, weight, &mean, rstd, dx, dweight, &dbias);
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                     const Tensor& rstd) {
+  norm_forward("rmsnorm_forward", x, weight, nullptr, eps, y, nullptr, rstd);
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight) {
+  norm_backward("rmsnorm_backward", dy, x, weight, nullptr, rstd, dx, dweight, nullptr);
+}
+
+}  // namespace engine::cuda

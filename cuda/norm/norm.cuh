@@ -1,0 +1,22 @@
+// CUDA launchers of layernorm and rmsnorm (contract: csrc/ops/norm.h; kernels: norm.cu).
+// x, weight, bias, y, dy, dx: bf16 (mixed precision) or all f32; mean, rstd: f32;
+// dweight, dbias: f32, accumulated (+=) by a deterministic two-pass reduction. bias / dbias may
+// be undefined (data == nullptr). C up to 8192 for any layout, larger when rows are 16-byte
+// vectors (C % 8 == 0 for bf16, C % 4 == 0 for f32, 16-byte aligned pointers).
+#pragma once
+#include "core/tensor.h"
+
+namespace engine::cuda {
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias);
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                     const Tensor& rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight);
+
+}  // namespace engine::cuda

@@ -1,0 +1,139 @@
+// AdamW step on the GPU (ops/adamw.h), element by element over flat f32 buffers:
+//   g = grad * grad_scale
+//   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+//   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + weight_decay * p)
+//   compute_copy (optional, bf16 or f32) = p
+// bc1 = 1 - b1^t and bc2 = 1 - b2^t are computed on the host in double and rounded to f32, as the
+// CPU reference does; every operation is a correctly rounded IEEE f32 op written with the _rn
+// intrinsics, in the reference's order, so no multiply-add is fused and the result matches the
+// CPU bit for bit.
+// Memory: each thread moves 4 elements of each array per step (16-byte f32 accesses, 8-byte bf16
+// copy stores) in a grid-stride loop; misaligned heads are peeled, and buffers that disagree on
+// their misalignment fall back to element accesses (cuda/common/vector.cuh). Reads 16 and
+// writes 12 (+2 or 4 for the copy) bytes per element: judged against the copy bandwidth.
+#include "cuda/optim/adamw.cuh"
+
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector.cuh"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kE = 4;  // elements per vector step: 16 bytes of f32
+
+struct Hyper {
+  float b1, b2, one_minus_b1, one_minus_b2, lr, eps, wd, grad_scale, bc1, bc2;
+};
+
+__device__ __forceinline__ void adamw_element(const Hyper& h, float& p, float g0, float& m,
+                                              float& v) {
+  const float g = __fmul_rn(g0, h.grad_scale);
+  m = __fadd_rn(__fmul_rn(h.b1, m), __fmul_rn(h.one_minus_b1, g));
+  v = __fadd_rn(__fmul_rn(h.b2, v), __fmul_rn(__fmul_rn(h.one_minus_b2, g), g));
+  const float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(v, h.bc2)), h.eps);
+  const float update = __fadd_rn(__fdiv_rn(__fdiv_rn(m, h.bc1), denom), __fmul_rn(h.wd, p));
+  p = __fsub_rn(p, __fmul_rn(h.lr, update));
+}
+
+// Copy is void (no copy), float or bf16_t.
+template <typename Copy>
+__global__ void adamw_kernel(Hyper h, float* param, const float* grad, float* exp_avg,
+                             float* exp_avg_sq, Copy* copy, int64_t n, int64_t head) {
+  constexpr bool kCopy = !std::is_void_v<Copy>;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t nvec = (n - head) / kE, tail = head + nvec * kE;
+  for (int64_t q = tid; q < nvec; q += stride) {
+    const int64_t i = head + q * kE;
+    float p[kE], g[kE], m[kE], v[kE];
+    load_pack(param + i, p);
+    load_pack(grad + i, g);
+    load_pack(exp_avg + i, m);
+    load_pack(exp_avg_sq + i, v);
+#pragma unroll
+    for (int k = 0; k < kE; ++k) adamw_element(h, p[k], g[k], m[k], v[k]);
+    store_pack(param + i, p);
+    store_pack(exp_avg + i, m);
+    store_pack(exp_avg_sq + i, v);
+    if constexpr (kCopy) store_pack(copy + i, p);
+  }
+  auto one = [&](int64_t i) {
+    float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+    adamw_element(h, p, grad[i], m, v);
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if constexpr (kCopy) copy[i] = from_float<Copy>(p);
+  };
+  for (int64_t i = tid; i < head; i += stride) one(i);
+  for (int64_t i = tail + tid; i < n; i += stride) one(i);
+}
+
+void expect_state(const Tensor& t, int64_t n, const char* name) {
+  const char* op = "adamw_step";
+  expect_cuda(t, op, name);
+  ENSURE(t.dtype == DType::F32, op, ": ", name, " is ", dtype_name(t.dtype), ", expected f32");
+  ENSURE(t.numel() == n, op, ": ", name, " has ", t.numel(), " elements ", t.shape.str(),
+         ", param has ", n);
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const ops::AdamWParams& p, const Tensor& compute_copy) {
+  const char* op = "adamw_step";
+  const int64_t n = param.numel();
+  expect_state(param, n, "param");
+  expect_state(grad, n, "grad");
+  expect_state(exp_avg, n, "exp_avg");
+  expect_state(exp_avg_sq, n, "exp_avg_sq");
+  const bool copy = compute_copy.data != nullptr;
+  if (copy) {
+    expect_cuda_float(compute_copy, op, "compute_copy");
+    ENSURE(compute_copy.numel() == n, op, ": compute_copy has ", compute_copy.numel(),
+           " elements, param has ", n);
+  }
+  ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
+  ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
+         p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
+  if (n == 0) return;
+  const auto t = static_cast<double>(p.step);
+  Hyper h{};
+  h.b1 = p.beta1;
+  h.b2 = p.beta2;
+  h.one_minus_b1 = 1.f - p.beta1;
+  h.one_minus_b2 = 1.f - p.beta2;
+  h.lr = p.lr;
+  h.eps = p.eps;
+  h.wd = p.weight_decay;
+  h.grad_scale = p.grad_scale;
+  h.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+  h.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), t));
+
+  auto* pp = static_cast<float*>(param.data);
+  auto* pg = static_cast<const float*>(grad.data);
+  auto* pm = static_cast<float*>(exp_avg.data);
+  auto* pv = static_cast<float*>(exp_avg_sq.data);
+  const size_t copy_elem = copy ? dtype_size(compute_copy.dtype) : 0;
+  const int64_t head =
+      vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {compute_copy.data, copy_elem}}, kE, n);
+  const unsigned blocks = stream_blocks(vector_items(n, head, kE), kThreads);
+  if (!copy) {
+    adamw_kernel<void><<<blocks, kThreads, 0, stream()>>>(h, pp, pg, pm, pv, nullptr, n, head);
+    check_launch("adamw_kernel");
+  } else if (compute_copy.dtype == DType::BF16) {
+    adamw_kernel<bf16_t><<<blocks, kThreads, 0, stream()>>>(
+        h, pp, pg, pm, pv, static_cast<bf16_t*>(compute_copy.data), n, head);
+    check_launch("adamw_kernel<bf16 copy>");
+  } else {
+    adamw_kernel<float><<<blocks, kThreads, 0, stream()>>>(
+        h, pp, pg, pm, pv, static_cast<float*>(compute_copy.data), n, head);
+    check_launch("adamw_kernel<f32 copy>");
+  }
+}
+
+}  // namespace engine::cuda

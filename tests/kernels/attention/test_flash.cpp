@@ -1,0 +1,250 @@
+// Flash attention on the GPU (cuda/attention) against the CPU reference (csrc/ref/attention.cpp)
+// run in f64 on the same bf16-rounded inputs: out, lse and the whole dqkv (dq, dk, dv parts
+// compared separately), for a table of cases over the mma.sync head dims (64, 128) and the
+// f32 fallback (16, 6, 32); GQA ratios 1, 4 and 2 (H/Hkv 4/4, 8/2, 6/3); causal and not;
+// windows shorter than the sequences (down to 1); several sequences of lengths that are not
+// multiples of the tiles (1, 17, 64, 129, 300) including zero-length ones; a single sequence
+// of 1000; a large softmax scale. Outputs are poisoned (NaN) first, so any element left
+// unwritten fails. Also: run-to-run determinism, and the launcher's argument checks.
+//
+// Tolerances (relative RMS error over the whole tensor, err = rms(got - ref) / rms(ref)):
+//   out 1e-2:  out is rounded to bf16 (relative RMS 2^-9 / sqrt(3) ~ 1.1e-3) and P is rounded
+//              to bf16 before P V (about as much again): a few 1e-3 expected.
+//   lse 1e-3:  computed in f32 from exact bf16 products with f32 accumulation: ~1e-6 expected;
+//              1e-3 still catches any wrong mask or missing key (lse moves by O(1 / L) at least).
+//   dqkv 2e-2: P and dS = P (dP - dsum) are rounded to bf16 before the dV, dK, dQ products,
+//              dsum uses the bf16 out, and dqkv is rounded to bf16: several 1e-3 expected.
+// The measured errors of each case are printed, to keep an eye on the margins.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ops/attention.h"
+#include "tests/common/testing.h"
+
+using namespace engine;
+using namespace engine::testing;
+
+namespace {
+
+struct FlashCase {
+  std::vector<int> lens;  // sequence lengths packed into one batch
+  int heads, kv_heads, dim;
+  bool causal;
+  int window;
+  float scale = 0.f;  // 0: 1 / sqrt(dim)
+  std::string name() const {
+    std::string s = "lens";
+    for (int l : lens) s += " " + std::to_string(l);
+    return s + ", H" + std::to_string(heads) + " Hkv" + std::to_string(kv_heads) + " D" +
+           std::to_string(dim) + (causal ? " causal" : " full") + " window " +
+           std::to_string(window) + (scale > 0 ? " scale " + std::to_string(scale) : "");
+  }
+  int64_t rows() const { return std::accumulate(lens.begin(), lens.end(), int64_t{0}); }
+  int max_len() const { return lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end()); }
+  float softmax_scale() const {
+    return scale > 0 ? scale : 1.f / std::sqrt(static_cast<float>(dim));
+  }
+};
+
+const std::vector<FlashCase> kCases = {
+    // mma.sync, D = 128 (forward tiles 128 x 64, backward 64 x 128)
+    {{1, 17, 64, 129, 300}, 4, 4, 128, true, 0},
+    {{300, 1, 129, 17, 64}, 8, 2, 128, false, 0},
+    {{129, 300, 17}, 6, 3, 128, true, 100},
+    {{300, 129}, 4, 4, 128, false, 70},
+    {{1000}, 8, 2, 128, true, 0},
+    {{257, 0, 130}, 6, 3, 128, true, 1},  // window 1: each query sees only itself
+    // mma.sync, D = 64 (forward tiles 128 x 128)
+    {{17, 129, 1, 300}, 4, 4, 64, true, 0},
+    {{64, 300, 129}, 6, 3, 64, false, 50},
+    {{1000}, 4, 4, 64, true, 200},
+    {{0, 129, 0, 64, 1, 0}, 8, 2, 64, true, 0},  // zero-length sequences around short ones
+    {{300, 17}, 8, 2, 64, true, 0, 0.5f},        // peaked softmax: the running max matters
+    // f32 fallback
+    {{17, 129, 300}, 8, 2, 16, true, 0},
+    {{1, 64, 129}, 6, 3, 16, false, 30},
+    {{1000}, 4, 4, 16, true, 0},
+    {{300, 17}, 4, 4, 6, true, 40},
+    {{129, 0, 64, 1}, 6, 3, 6, false, 0},
+    {{65, 33}, 6, 2, 32, true, 0},
+};
+
+// The CPU tensors of one problem (f64 holding bf16-rounded values) and their GPU copies.
+struct Problem {
+  FlashCase c;
+  Owned qkv_ref, dout_ref, cu_host;  // CPU, f64 / i32
+  Owned qkv, dout, cu;               // GPU, bf16 / i32
+
+  explicit Problem(const FlashCase& fc) : c(fc) {
+    const int64_t t = c.rows(), nh = c.heads + 2 * c.kv_heads;
+    qkv = to_device(randn({t, nh, c.dim}, DType::F32, "flash.qkv"), Device::CUDA, DType::BF16);
+    dout = to_device(randn({t, c.heads, c.dim}, DType::F32, "flash.dout"), Device::CUDA,
+                     DType::BF16);
+    qkv_ref = to_host(qkv, DType::F64);
+    dout_ref = to_host(dout, DType::F64);
+    cu_host = empty({static_cast<int64_t>(c.lens.size()) + 1}, DType::I32, Device::CPU);
+    int32_t* cu_p = cu_host.ptr<int32_t>();
+    cu_p[0] = 0;
+    for (size_t s = 0; s < c.lens.size(); ++s) cu_p[s + 1] = cu_p[s] + c.lens[s];
+    cu = to_device(cu_host, Device::CUDA);
+  }
+
+  ops::AttentionParams params(const Tensor& qkv_t, const Tensor& out, const Tensor& lse,
+                              const Tensor& cu_t) const {
+    ops::AttentionParams p;
+    p.qkv = qkv_t;
+    p.out = out;
+    p.lse = lse;
+    p.cu_seqlens = cu_t;
+    p.max_seqlen = c.max_len();
+    p.num_heads = c.heads;
+    p.num_kv_heads = c.kv_heads;
+    p.head_dim = c.dim;
+    p.softmax_scale = c.softmax_scale();
+    p.causal = c.causal;
+    p.window = c.window;
+    return p;
+  }
+};
+
+struct GpuResult {
+  Owned out, lse, dqkv;
+};
+
+GpuResult run_gpu(const Problem& pr) {
+  const int64_t t = pr.c.rows();
+  GpuResult r{empty({t, pr.c.heads, pr.c.dim}, DType::BF16, Device::CUDA),
+              empty({t, pr.c.heads}, DType::F32, Device::CUDA),
+              empty(pr.qkv->shape, DType::BF16, Device::CUDA)};
+  poison(r.out);
+  poison(r.lse);
+  poison(r.dqkv);
+  const ops::AttentionParams p = pr.params(pr.qkv, r.out, r.lse, pr.cu);
+  ops::attention_forward(p);
+  ops::attention_backward({p, pr.dout, r.dqkv});
+  return r;
+}
+
+// Heads [h0, h0 + n) of a (T, NH, D) tensor, as a CPU f64 (T, n, D) tensor.
+Owned heads_of(const Tensor& x, int64_t h0, int64_t n) {
+  Owned host = to_host(x, DType::F64);
+  const int64_t t = x.size(0), nh = x.size(1), d = x.size(2);
+  Owned part = empty({t, n, d}, DType::F64, Device::CPU);
+  for (int64_t i = 0; i < t; ++i)
+    std::memcpy(part.ptr<double>() + i * n * d, host.ptr<double>() + (i * nh + h0) * d,
+                static_cast<size_t>(n * d) * sizeof(double));
+  return part;
+}
+
+// CHECKs got against ref at tolerance tol (relative RMS, no NaN/inf); returns the error.
+double check_close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
+  const Comparison cmp = compare(got, ref, what);
+  INFO(cmp.report);
+  CHECK(cmp.nonfinite == 0);
+  CHECK(cmp.rel_rms <= tol);
+  return cmp.rel_rms;
+}
+
+void check_case(const FlashCase& c) {
+  const Problem pr(c);
+  const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads;
+  GpuResult gpu = run_gpu(pr);
+
+  Owned out_ref = empty({t, h, c.dim}, DType::F64, Device::CPU);
+  Owned lse_ref = empty({t, h}, DType::F64, Device::CPU);
+  Owned dqkv_ref = empty(pr.qkv_ref->shape, DType::F64, Device::CPU);
+  const ops::AttentionParams p = pr.params(pr.qkv_ref, out_ref, lse_ref, pr.cu_host);
+  ops::attention_forward(p);
+  ops::attention_backward({p, pr.dout_ref, dqkv_ref});
+
+  const double e_out = check_close(gpu.out, out_ref, 1e-2, "out");
+  const double e_lse = check_close(gpu.lse, lse_ref, 1e-3, "lse");
+  const double e_dq = check_close(heads_of(gpu.dqkv, 0, h), heads_of(dqkv_ref, 0, h), 2e-2, "dq");
+  const double e_dk =
+      check_close(heads_of(gpu.dqkv, h, hkv), heads_of(dqkv_ref, h, hkv), 2e-2, "dk");
+  const double e_dv =
+      check_close(heads_of(gpu.dqkv, h + hkv, hkv), heads_of(dqkv_ref, h + hkv, hkv), 2e-2, "dv");
+  std::printf("flash %-62s out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", c.name().c_str(), e_out,
+              e_lse, e_dq, e_dk, e_dv);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  Owned ha = to_host(a, a.dtype), hb = to_host(b, b.dtype);
+  return ha->nbytes() == hb->nbytes() && std::memcmp(ha->data, hb->data, ha->nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("flash attention forward and backward match the f64 reference (bf16 inputs)") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  for (const FlashCase& c : kCases) {
+    SUBCASE(c.name().c_str()) { check_case(c); }
+  }
+}
+
+TEST_CASE("flash attention: forward, dk and dv are deterministic; dq to atomics noise") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  for (const FlashCase& c : {FlashCase{{300, 129, 17}, 8, 2, 128, true, 0},
+                             FlashCase{{129, 300}, 6, 3, 64, false, 0},
+                             FlashCase{{129, 17}, 6, 3, 16, true, 0}}) {
+    SUBCASE(c.name().c_str()) {
+      const Problem pr(c);
+      GpuResult a = run_gpu(pr), b = run_gpu(pr);
+      CHECK(bitwise_equal(a.out, b.out));
+      CHECK(bitwise_equal(a.lse, b.lse));
+      const int64_t h = c.heads, hkv = c.kv_heads;
+      CHECK(bitwise_equal(heads_of(a.dqkv, h, 2 * hkv), heads_of(b.dqkv, h, 2 * hkv)));
+      // dq sums f32 atomics in varying order before rounding to bf16: a few ulp apart at most.
+      check_close(heads_of(a.dqkv, 0, h), heads_of(b.dqkv, 0, h), 1e-3, "dq run to run");
+    }
+  }
+}
+
+TEST_CASE("flash attention launchers reject bad arguments, naming them") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  const Problem pr(FlashCase{{5, 9}, 4, 2, 64, true, 0});
+  Owned out = empty({14, 4, 64}, DType::BF16, Device::CUDA);
+  Owned lse = empty({14, 4}, DType::F32, Device::CUDA);
+  Owned lse_bf16 = empty({14, 4}, DType::BF16, Device::CUDA);
+  Owned qkv_f32 = to_device(to_host(pr.qkv, DType::F32), Device::CUDA);
+  const ops::AttentionParams good = pr.params(pr.qkv, out, lse, pr.cu);
+  ops::attention_forward(good);  // the baseline is accepted
+
+  ops::AttentionParams p = good;
+  p.qkv = qkv_f32;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(p), doctest::Contains("qkv"), Error);
+  p = good;
+  p.lse = lse_bf16;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(p), doctest::Contains("lse"), Error);
+  p = good;
+  p.num_kv_heads = 3;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(p), doctest::Contains("num_kv_heads"), Error);
+  p = good;
+  p.softmax_scale = 0.f;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(p), doctest::Contains("softmax_scale"), Error);
+  // A qkv view starting 2 bytes in: misaligned for the 16-byte loads of the mma path.
+  Owned big = empty({15, 8, 64}, DType::BF16, Device::CUDA);
+  p = good;
+  p.qkv = Tensor(static_cast<char*>(big->data) + 2, DType::BF16, Device::CUDA, {14, 8, 64});
+  CHECK_THROWS_WITH_AS(ops::attention_forward(p), doctest::Contains("aligned"), Error);
+  // Head dims past the fallback's limit.
+  Owned wide = empty({14, 8, 264}, DType::BF16, Device::CUDA);
+  Owned wide_out = empty({14, 4, 264}, DType::BF16, Device::CUDA);
+  p = good;
+  p.qkv = wide;
+  p.out = wide_out;
+  p.head_dim = 264;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(p), doctest::Contains("head_dim"), Error);
+  // Backward: dout of the wrong shape.
+  Owned dqkv = empty(pr.qkv->shape, DType::BF16, Device::CUDA);
+  Owned dout_bad = empty({14, 4, 32}, DType::BF16, Device::CUDA);
+  CHECK_THROWS_WITH_AS(ops::attention_backward({good, dout_bad, dqkv}), doctest::Contains("dout"),
+                       Error);
+}

@@ -1,0 +1,151 @@
+// GPU tests of cuda/embedding against the f64 CPU reference (csrc/ref/embedding.cpp): forward
+// (= and +=) and the deterministic backward with duplicate ids, a popular id whose tokens span
+// many cells of the sorted order, vocabularies needing 1 to 3 radix passes, odd widths and
+// misaligned views (scalar kernels); out-of-range ids raise naming the token position.
+// Tolerances: a gathered row is copied exactly (0); bf16 += within twice the error of rounding
+// the exact sum to bf16, plus 1e-4; f32 += within 1e-6 (one rounding); dtable (f32 sums of up
+// to T rows into random prefills) within 1e-5. Backward bits are equal over repeated runs.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "ops/embedding.h"
+#include "tests/common/gpu_testing.h"
+
+using namespace engine;
+using namespace engine::testing;
+
+namespace {
+
+struct EmbCase {
+  int64_t t, vocab, c;
+  int64_t offset;  // 1: table / out / dout / dtable one element past a 16-byte boundary
+  std::string name() const {
+    return "T" + std::to_string(t) + " V" + std::to_string(vocab) + " C" + std::to_string(c) +
+           (offset ? " misaligned" : "");
+  }
+};
+// V < T forces duplicates; V = 1 and the popular id make runs over many 64-entry cells;
+// V = 300000 needs 19 key bits (3 radix passes); T = 2049 leaves a partial sort tile.
+const std::vector<EmbCase> kCases = {
+    {1, 1, 11, 0},         {7, 5, 64, 0},        {1000, 37, 2047, 0},
+    {1000, 3, 64, 0},      {5000, 1, 16, 0},     {1000, 5003, 1024, 0},
+    {3000, 300000, 24, 0}, {2049, 70000, 40, 0}, {100, 9, 64, 1},
+    {300, 11, 2047, 1},    {64, 2, 4096, 0}};
+
+// Random ids in [0, V) where about a third of the tokens carry one popular id.
+Owned random_ids(const EmbCase& k) {
+  Owned ids = randint({k.t}, 0, k.vocab, "emb.ids");
+  Owned coin = randint({k.t}, 0, 3, "emb.coin");
+  for (int64_t i = 0; i < k.t; ++i)
+    if (coin.ptr<int32_t>()[i] == 0) ids.ptr<int32_t>()[i] = static_cast<int32_t>(k.vocab / 2);
+  return ids;
+}
+
+// Calls f and checks that it throws engine::Error whose message holds every one of `parts`.
+template <typename F>
+void check_error_mentions(F&& f, const std::vector<std::string>& parts) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const Error& e) {
+    thrown = true;
+    const std::string msg = e.what();
+    for (const std::string& p : parts) {
+      INFO("message: ", msg, "  expected to contain: ", p);
+      CHECK(msg.find(p) != std::string::npos);
+    }
+  }
+  CHECK(thrown);
+}
+
+}  // namespace
+
+TEST_CASE("cuda embedding forward gathers rows (= and +=, bf16 and f32)") {
+  if (!gpu_available_or_skip()) return;
+  for (const EmbCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        INFO(dtype_name(dt));
+        Owned ids = random_ids(k);
+        Owned table = randn({k.vocab, k.c}, DType::F32, "emb.table"),
+              base = randn({k.t, k.c}, DType::F32, "emb.base");
+        DeviceTensor gids = to_gpu(ids, DType::I32);
+        auto [gtable, table64] = device_input(table, dt, k.offset);
+        Owned ref = empty({k.t, k.c}, DType::F64, Device::CPU);
+        ops::embedding_forward(ids, table64, ref, false);
+
+        DeviceTensor gout = gpu_poisoned({k.t, k.c}, dt, k.offset);
+        ops::embedding_forward(gids.t, gtable.t, gout.t, false);
+        CHECK_CLOSE(gout.t, ref.t, 0.0);
+
+        auto [gacc, ref_acc] = device_input(base, dt, k.offset);
+        ops::embedding_forward(ids, table64, ref_acc, true);
+        ops::embedding_forward(gids.t, gtable.t, gacc.t, true);
+        CHECK_CLOSE(gacc.t, ref_acc.t, output_tol(dt, ref_acc, 1e-6));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, deterministically") {
+  if (!gpu_available_or_skip()) return;
+  for (const EmbCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        INFO("dout ", dtype_name(dt));
+        Owned ids = random_ids(k);
+        Owned dout = randn({k.t, k.c}, DType::F32, "emb.dout"),
+              dtable0 = randn({k.vocab, k.c}, DType::F32, "emb.dtable0");
+        DeviceTensor gids = to_gpu(ids, DType::I32);
+        auto [gdout, dout64] = device_input(dout, dt, k.offset);
+        Owned ref = to_host(dtable0, DType::F64);
+        ops::embedding_backward(ids, dout64, ref);
+
+        DeviceTensor gd1 = to_gpu(dtable0, DType::F32, k.offset),
+            gd2 = to_gpu(dtable0, DType::F32, k.offset);
+        ops::embedding_backward(gids.t, gdout.t, gd1.t);
+        CHECK_CLOSE(gd1.t, ref.t, 1e-5);
+        ops::embedding_backward(gids.t, gdout.t, gd2.t);
+        CHECK(bitwise_equal(gd1.t, gd2.t));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda embedding raises on an out-of-range id, naming the token position and id") {
+  if (!gpu_available_or_skip()) return;
+  const int64_t t = 300, vocab = 17, c = 24;
+  for (int32_t bad : {-1, static_cast<int32_t>(vocab), 1 << 30}) {
+    for (int64_t where : {int64_t{0}, int64_t{123}, t - 1}) {
+      INFO("ids[", where, "] = ", bad);
+      Owned ids = randint({t}, 0, vocab, "emb.ids");
+      ids.ptr<int32_t>()[where] = bad;
+      if (where != t - 1) ids.ptr<int32_t>()[t - 1] = -5;  // a later bad id: the first is named
+      DeviceTensor gids = to_gpu(ids, DType::I32);
+      DeviceTensor table = to_gpu(randn({vocab, c}, DType::F32, "emb.table"), DType::BF16);
+      DeviceTensor out = gpu_poisoned({t, c}, DType::BF16);
+      DeviceTensor dtable = to_gpu(randn({vocab, c}, DType::F32, "emb.dtable0"), DType::F32);
+      const std::vector<std::string> parts = {
+          "ids[" + std::to_string(where) + "] = " + std::to_string(bad),
+          "token position " + std::to_string(where)};
+      check_error_mentions([&] { ops::embedding_forward(gids.t, table.t, out.t, false); }, parts);
+      check_error_mentions([&] { ops::embedding_backward(gids.t, out.t, dtable.t); }, parts);
+    }
+  }
+  // The device is still usable afterwards, and empty inputs are fine.
+  Owned ids = randint({5}, 0, vocab, "emb.ids");
+  DeviceTensor gids = to_gpu(ids, DType::I32);
+  DeviceTensor table = to_gpu(randn({vocab, c}, DType::F32, "emb.table"), DType::F32);
+  DeviceTensor out = gpu_poisoned({5, c}, DType::F32);
+  ops::embedding_forward(gids.t, table.t, out.t, false);
+  Owned ref = empty({5, c}, DType::F32, Device::CPU);
+  ops::embedding_forward(ids, to_host(table.t, DType::F32), ref, false);
+  CHECK_CLOSE(out.t, ref.t, 0.0);
+  DeviceTensor none = to_gpu(randint({0}, 0, vocab, "emb.none"), DType::I32);
+  DeviceTensor out0 = gpu_poisoned({0, c}, DType::F32);
+  DeviceTensor dtable = to_gpu(randn({vocab, c}, DType::F32, "emb.dtable0"), DType::F32);
+  ops::embedding_forward(none.t, table.t, out0.t, true);
+  ops::embedding_backward(none.t, out0.t, dtable.t);
+}

@@ -1,0 +1,248 @@
+// GPU tests of cuda/norm (layernorm, rmsnorm) against the f64 CPU reference (csrc/ref/norm.cpp),
+// on fresh random inputs of odd sizes, with poisoned outputs.
+// Tolerances: a bf16 output must be within twice the error of rounding the exact (f64) result to
+// bf16, plus a floor of 1e-4 (the kernel computes in f32 and rounds once, so its error is that
+// rounding plus f32 noise); the reference runs on the same bf16-rounded inputs. f32 outputs
+// (all-f32 runs, statistics, weight gradients) within 1e-5. Weight gradients accumulate into
+// random prefills; results are bitwise reproducible; dx may alias dy.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "ops/norm.h"
+#include "tests/common/gpu_testing.h"
+
+using namespace engine;
+using namespace engine::testing;
+
+namespace {
+
+constexpr float kEps = 1e-5f;
+constexpr double kF32Tol = 1e-5;
+
+struct NormCase {
+  int64_t t, c;
+  int64_t offset;  // 1: every tensor starts one element past a 16-byte boundary (scalar kernels)
+  std::string name() const {
+    return "T" + std::to_string(t) + " C" + std::to_string(c) + (offset ? " misaligned" : "");
+  }
+};
+const std::vector<NormCase> kCases = {{1, 11, 0},     {7, 64, 0},   {1000, 2047, 0},
+                                      {300, 4096, 0}, {3, 8192, 0}, {5, 8190, 0},
+                                      {33, 64, 1},    {6, 2047, 1}, {2, 768, 1}};
+
+Owned random_x(const NormCase& k) {
+  Owned x = randn({k.t, k.c}, DType::F32, "norm.x");
+  for (int64_t i = 0; i < x.t.numel(); ++i) set(x, i, get(x, i) + 0.7);  // a mean to remove
+  return x;
+}
+
+Owned random_weight(int64_t c, const std::string& name) {
+  Owned w = randn({c}, DType::F32, name, 0.5);
+  for (int64_t i = 0; i < c; ++i) set(w, i, get(w, i) + 1.0);
+  return w;
+}
+
+const char* dname(DType d) { return dtype_name(d); }
+
+}  // namespace
+
+TEST_CASE(
+    "cuda layernorm forward matches the f64 reference (bf16 and f32, with and without bias)") {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        for (bool with_bias : {true, false}) {
+          INFO(dname(dt), with_bias ? " with bias" : " without bias");
+          auto [gx, x64] = device_input(random_x(k), dt, k.offset);
+          auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
+          auto [gb, b64] = device_input(randn({k.c}, DType::F32, "norm.b", 0.3), dt, k.offset);
+          Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
+                mean64 = empty({k.t}, DType::F64, Device::CPU),
+                rstd64 = empty({k.t}, DType::F64, Device::CPU);
+          ops::layernorm_forward(x64, w64, with_bias ? b64.t : Tensor(), kEps, y64, mean64, rstd64);
+
+          DeviceTensor gy = gpu_poisoned({k.t, k.c}, dt, k.offset);
+          DeviceTensor gmean = gpu_poisoned({k.t}, DType::F32),
+              grstd = gpu_poisoned({k.t}, DType::F32);
+          ops::layernorm_forward(gx.t, gw.t, with_bias ? gb.t : Tensor(), kEps, gy.t, gmean.t,
+                                 grstd.t);
+          CHECK_CLOSE(gy.t, y64.t, output_tol(dt, y64, kF32Tol));
+          CHECK_CLOSE(gmean.t, mean64.t, kF32Tol);
+          CHECK_CLOSE(grstd.t, rstd64.t, kF32Tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda rmsnorm forward matches the f64 reference (bf16 and f32)") {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        INFO(dname(dt));
+        auto [gx, x64] = device_input(random_x(k), dt, k.offset);
+        auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
+        Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
+              rstd64 = empty({k.t}, DType::F64, Device::CPU);
+        ops::rmsnorm_forward(x64, w64, kEps, y64, rstd64);
+
+        DeviceTensor gy = gpu_poisoned({k.t, k.c}, dt, k.offset);
+        DeviceTensor grstd = gpu_poisoned({k.t}, DType::F32);
+        ops::rmsnorm_forward(gx.t, gw.t, kEps, gy.t, grstd.t);
+        CHECK_CLOSE(gy.t, y64.t, output_tol(dt, y64, kF32Tol));
+        CHECK_CLOSE(grstd.t, rstd64.t, kF32Tol);
+      }
+    }
+  }
+}
+
+// Backward inputs: the statistics are the reference's, rounded to f32 (what the kernel takes),
+// and the reference runs on exactly those values.
+TEST_CASE("cuda layernorm backward matches the f64 reference and accumulates dweight, dbias") {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        for (bool with_bias : {true, false}) {
+          INFO(dname(dt), with_bias ? " with dbias" : " without dbias");
+          auto [gx, x64] = device_input(random_x(k), dt, k.offset);
+          auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
+          auto [gdy, dy64] = device_input(randn({k.t, k.c}, DType::F32, "norm.dy"), dt, k.offset);
+          Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
+                mean64 = empty({k.t}, DType::F64, Device::CPU),
+                rstd64 = empty({k.t}, DType::F64, Device::CPU);
+          ops::layernorm_forward(x64, w64, Tensor(), kEps, y64, mean64, rstd64);
+          auto [gmean, mean_r] = device_input(mean64, DType::F32);
+          auto [grstd, rstd_r] = device_input(rstd64, DType::F32);
+
+          Owned dw0 = randn({k.c}, DType::F32, "norm.dw0"),
+                db0 = randn({k.c}, DType::F32, "norm.db0");
+          Owned dx64 = empty({k.t, k.c}, DType::F64, Device::CPU);
+          Owned dw64 = to_host(dw0, DType::F64), db64 = to_host(db0, DType::F64);
+          ops::layernorm_backward(dy64, x64, w64, mean_r, rstd_r, dx64, dw64,
+                                  with_bias ? db64.t : Tensor());
+
+          DeviceTensor gdx = gpu_poisoned({k.t, k.c}, dt, k.offset);
+          DeviceTensor gdw = to_gpu(dw0, DType::F32), gdb = to_gpu(db0, DType::F32);
+          ops::layernorm_backward(gdy.t, gx.t, gw.t, gmean.t, grstd.t, gdx.t, gdw.t,
+                                  with_bias ? gdb.t : Tensor());
+          CHECK_CLOSE(gdx.t, dx64.t, output_tol(dt, dx64, kF32Tol));
+          CHECK_CLOSE(gdw.t, dw64.t, kF32Tol);
+          if (with_bias)
+            CHECK_CLOSE(gdb.t, db64.t, kF32Tol);
+          else
+            CHECK(bitwise_equal(gdb.t, to_gpu(db0, DType::F32).t));  // untouched
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda rmsnorm backward matches the f64 reference and accumulates dweight") {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        INFO(dname(dt));
+        auto [gx, x64] = device_input(random_x(k), dt, k.offset);
+        auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
+        auto [gdy, dy64] = device_input(randn({k.t, k.c}, DType::F32, "norm.dy"), dt, k.offset);
+        Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
+              rstd64 = empty({k.t}, DType::F64, Device::CPU);
+        ops::rmsnorm_forward(x64, w64, kEps, y64, rstd64);
+        auto [grstd, rstd_r] = device_input(rstd64, DType::F32);
+
+        Owned dw0 = randn({k.c}, DType::F32, "norm.dw0");
+        Owned dx64 = empty({k.t, k.c}, DType::F64, Device::CPU), dw64 = to_host(dw0, DType::F64);
+        ops::rmsnorm_backward(dy64, x64, w64, rstd_r, dx64, dw64);
+
+        DeviceTensor gdx = gpu_poisoned({k.t, k.c}, dt, k.offset);
+        DeviceTensor gdw = to_gpu(dw0, DType::F32);
+        ops::rmsnorm_backward(gdy.t, gx.t, gw.t, grstd.t, gdx.t, gdw.t);
+        CHECK_CLOSE(gdx.t, dx64.t, output_tol(dt, dx64, kF32Tol));
+        CHECK_CLOSE(gdw.t, dw64.t, kF32Tol);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in place") {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : kCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        INFO(dname(dt));
+        Owned x = random_x(k), w = random_weight(k.c, "norm.w"),
+              b = randn({k.c}, DType::F32, "norm.b", 0.3),
+              dy = randn({k.t, k.c}, DType::F32, "norm.dy"),
+              dw0 = randn({k.c}, DType::F32, "norm.dw0");
+        DeviceTensor gx = to_gpu(x, dt, k.offset), gw = to_gpu(w, dt, k.offset),
+            gb = to_gpu(b, dt, k.offset), gdy = to_gpu(dy, dt, k.offset);
+        DeviceTensor mean = gpu_poisoned({k.t}, DType::F32),
+            rstd = gpu_poisoned({k.t}, DType::F32);
+
+        // Forward twice, then in place.
+        DeviceTensor y1 = gpu_poisoned({k.t, k.c}, dt, k.offset),
+            y2 = gpu_poisoned({k.t, k.c}, dt, k.offset);
+        ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y1.t, mean.t, rstd.t);
+        ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y2.t, mean.t, rstd.t);
+        CHECK(bitwise_equal(y1.t, y2.t));
+        DeviceTensor inplace = to_gpu(x, dt, k.offset);
+        ops::layernorm_forward(inplace.t, gw.t, gb.t, kEps, inplace.t, mean.t, rstd.t);
+        CHECK(bitwise_equal(y1.t, inplace.t));
+
+        // Backward twice (layernorm and rmsnorm), then dx = dy in place.
+        for (bool layer : {true, false}) {
+          INFO((layer ? "layernorm" : "rmsnorm"));
+          if (layer)
+            ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y1.t, mean.t, rstd.t);
+          else
+            ops::rmsnorm_forward(gx.t, gw.t, kEps, y1.t, rstd.t);
+          auto backward = [&](const Tensor& dyt, const Tensor& dxt, const Tensor& dwt,
+                              const Tensor& dbt) {
+            if (layer)
+              ops::layernorm_backward(dyt, gx.t, gw.t, mean.t, rstd.t, dxt, dwt, dbt);
+            else
+              ops::rmsnorm_backward(dyt, gx.t, gw.t, rstd.t, dxt, dwt);
+          };
+          DeviceTensor dx1 = gpu_poisoned({k.t, k.c}, dt, k.offset),
+              dx2 = gpu_poisoned({k.t, k.c}, dt, k.offset);
+          DeviceTensor dw1 = to_gpu(dw0, DType::F32), dw2 = to_gpu(dw0, DType::F32),
+              dw3 = to_gpu(dw0, DType::F32);
+          DeviceTensor db1 = to_gpu(dw0, DType::F32), db2 = to_gpu(dw0, DType::F32),
+              db3 = to_gpu(dw0, DType::F32);
+          backward(gdy.t, dx1.t, dw1.t, db1.t);
+          backward(gdy.t, dx2.t, dw2.t, db2.t);
+          CHECK(bitwise_equal(dx1.t, dx2.t));
+          CHECK(bitwise_equal(dw1.t, dw2.t));
+          CHECK(bitwise_equal(db1.t, db2.t));
+          DeviceTensor alias = to_gpu(dy, dt, k.offset);
+          backward(alias.t, alias.t, dw3.t, db3.t);
+          CHECK(bitwise_equal(dx1.t, alias.t));
+          CHECK(bitwise_equal(dw1.t, dw3.t));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda norm launchers reject mismatched dtypes and shapes") {
+  if (!gpu_available_or_skip()) return;
+  Owned x = randn({4, 16}, DType::F32, "norm.x"), w = randn({16}, DType::F32, "norm.w");
+  DeviceTensor gx = to_gpu(x, DType::BF16), gw32 = to_gpu(w, DType::F32),
+      gw = to_gpu(w, DType::BF16), gy = gpu_poisoned({4, 16}, DType::BF16),
+      rstd = gpu_poisoned({4}, DType::F32), rstd_bf = gpu_poisoned({4}, DType::BF16),
+      short_w = to_gpu(randn({15}, DType::F32, "norm.w15"), DType::BF16);
+  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, gw32.t, kEps, gy.t, rstd.t), Error);     // weight f32
+  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, gw.t, kEps, gy.t, rstd_bf.t), Error);    // rstd bf16
+  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, short_w.t, kEps, gy.t, rstd.t), Error);  // (15)
+  DeviceTensor wide = gpu_poisoned({2, 8200}, DType::BF16, 1);
+  DeviceTensor wide_w = gpu_poisoned({8200}, DType::BF16, 1),
+      wide_r = gpu_poisoned({2}, DType::F32);
+  CHECK_THROWS_AS(ops::rmsnorm_forward(wide.t, wide_w.t, kEps, wide.t, wide_r.t),
+                  Error);  // C > 8192
+}
