@@ -8,6 +8,10 @@
 #include "core/check.h"
 #include "core/log.h"
 
+#ifdef ENGINE_CUDA
+#include "cuda/common/device.cuh"
+#endif
+
 namespace engine {
 
 namespace {
@@ -45,6 +49,10 @@ const LaunchInfo& launch_init(int* argc, char*** argv) {
   }
   // Errors come back as codes and become engine::Error (then fatal_error), never a silent abort.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+#ifdef ENGINE_CUDA
+  // Each rank's GPU is its local rank (before anything touches a GPU: NCCL needs one per rank).
+  if (const int gpus = cuda::device_count(); gpus > 0) cuda::set_device(g_info.local_rank % gpus);
+#endif
   log_set_rank(g_info.rank, g_info.world_size);
   return g_info;
 }

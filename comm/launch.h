@@ -15,7 +15,8 @@ struct LaunchInfo {
   bool mpi = false;  // MPI initialised (launched by mpirun)
 };
 
-// Idempotent. Reads the launcher's environment; initialises MPI when launched by one.
+// Idempotent. Reads the launcher's environment; initialises MPI when launched by one, and
+// selects the rank's GPU (local rank modulo the visible GPUs).
 const LaunchInfo& launch_init(int* argc, char*** argv);
 const LaunchInfo& launch_info();
 // Normal shutdown (MPI_Finalize when MPI was initialised).

@@ -2,7 +2,8 @@
 # What runs on the GPU machine: build, the full test suite (GPU cases run there), kernel and
 # end-to-end training benchmarks, and the PyTorch reference for the same shapes. Every step
 # writes its log under $OUT (the device tool's output folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [torch]   (default: build test bench train)
+# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [torch]   (default: build test bench train)
+#   dp needs two GPUs (nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -29,6 +30,17 @@ for step in "${steps[@]}"; do
     train)
       for c in configs/bench-gpt2-162m.toml configs/bench-llama-0.9b.toml; do
         timeout 300 ./bench train "$c" 2>&1 | grep -v "^\[" | tee -a "$out/train.log"
+      done
+      ;;
+    dp)  # needs 2 GPUs: NCCL tests under mpirun, collective bandwidth, data-parallel throughput
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+      mpi=(timeout 300 mpirun -n 2 --bind-to none -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS=4)
+      "${mpi[@]}" build/dist_tests 2>&1 | tee "$out/dp.log" | grep -E "FAILED|ERROR|skipped:|^tests:"
+      "${mpi[@]}" ./bench comm 2>&1 | tee -a "$out/dp.log"
+      timeout 300 ./bench train configs/bench-llama-0.9b.toml 2>&1 | grep -v "^\[" | tee -a "$out/dp.log"
+      for z in 0 1 3; do
+        "${mpi[@]}" ./bench train configs/bench-llama-0.9b.toml batch.global_batch_size=8 \
+          distributed.zero_stage=$z 2>&1 | grep -v "^\[" | tee -a "$out/dp.log"
       done
       ;;
     torch)
