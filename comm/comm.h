@@ -26,6 +26,11 @@ class Comm {
   virtual const char* backend() const = 0;
 
   virtual void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  // A sum all-reduce that may still run when it returns (device backends: on the comm stream,
+  // overlapping the compute queued after it); wait_async() orders later compute after every
+  // pending one. Host backends complete it at once.
+  virtual void all_reduce_async(const Tensor& t) { all_reduce(t, ReduceOp::Sum); }
+  virtual void wait_async() {}
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;

@@ -65,6 +65,17 @@ class NcclComm final : public Comm {
                                op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, stream_));
     });
   }
+  void all_reduce_async(const Tensor& t) override {
+    check_device(t, "all_reduce_async");
+    run([&] {
+      NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "all_reduce"),
+                               ncclSum, comm_, stream_));
+    }, /*wait=*/false);
+  }
+  void wait_async() override {
+    CUDA_CHECK(cudaEventRecord(after_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), after_, 0));
+  }
   void reduce_scatter(const Tensor& in, const Tensor& out) override {
     check_device(in, "reduce_scatter");
     check_device(out, "reduce_scatter");
@@ -114,12 +125,14 @@ class NcclComm final : public Comm {
   double all_reduce_max(double v) override { return host_->all_reduce_max(v); }
 
  private:
+  // The collective waits for the compute queued so far; with `wait`, later compute waits for it.
   template <typename F>
-  void run(F&& f) {
+  void run(F&& f, bool wait = true) {
     cudaStream_t compute = static_cast<cudaStream_t>(cuda::compute_stream());
     CUDA_CHECK(cudaEventRecord(before_, compute));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, before_, 0));
     f();
+    if (!wait) return;
     CUDA_CHECK(cudaEventRecord(after_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(compute, after_, 0));
   }

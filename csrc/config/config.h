@@ -103,6 +103,7 @@ struct TrainingConfig {
 struct DistributedConfig {
   int zero_stage = 0;  // 0: replicated; 1: optimizer state and master weights sharded over dp;
                        // 2: also gradients reduce-scattered; 3: also weights sharded, gathered per step
+  double reduce_bucket_mb = 64.0;  // f32 gradient MiB per data-parallel all-reduce bucket (stage 0/1)
   bool operator==(const DistributedConfig&) const = default;
 };
 

@@ -127,6 +127,7 @@ void visit_fields(C& c, V& v) {
 
   v.section("distributed");
   v.field("zero_stage", c.distributed.zero_stage);
+  v.field("reduce_bucket_mb", c.distributed.reduce_bucket_mb);
 }
 
 // The key schema, collected once by a visitor over a default Config.

@@ -253,6 +253,8 @@ struct Checker {
   void distributed() const {
     const int z = c.distributed.zero_stage;
     if (z < 0 || z > 3) RAISE(c.where("distributed.zero_stage"), "must be 0, 1, 2 or 3, got ", z);
+    if (!(c.distributed.reduce_bucket_mb > 0))
+      RAISE(c.where("distributed.reduce_bucket_mb"), "must be > 0, got ", c.distributed.reduce_bucket_mb);
   }
 
   void training() const {

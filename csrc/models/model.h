@@ -4,6 +4,7 @@
 // accumulated (+=) into the store's gradient buffer, scaled by `grad_scale` (1 / loss tokens of
 // the global batch), so summing micro-batches gives the global-batch gradient.
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "config/config.h"
@@ -23,7 +24,12 @@ class Model {
   // Returns the sum of per-token losses of the micro-batch. with_grad = false: evaluation
   // (no gradients, nothing kept).
   virtual double forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) = 0;
-  virtual void backward(const MicroBatch& mb, Saved& saved) = 0;
+  // grads_ready(offset), when given, is called as backward proceeds: every parameter gradient at
+  // flat offsets >= offset is complete for this micro-batch (backward runs from the last layer,
+  // whose parameters sit last in the buffers, to the embedding at offset 0), so the data-parallel
+  // reduction of that suffix can start while the rest of backward runs.
+  using GradsReady = std::function<void(int64_t offset)>;
+  virtual void backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready = {}) = 0;
 };
 
 // The parameter table of a model family (no memory).

@@ -23,7 +23,10 @@ static ParamTable table_of(const ModelConfig& c) {
 Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity)
     : config_(c), store_(table_of(c), device, compute_dtype, capacity), env_{device, compute_dtype},
       embedding_(store_, c), head_(store_, c) {
-  for (int i = 0; i < c.num_layers; ++i) blocks_.emplace_back(store_, i, c);
+  for (int i = 0; i < c.num_layers; ++i) {
+    blocks_.emplace_back(store_, i, c);
+    block_offsets_.push_back(store_.table().get("layers." + std::to_string(i) + ".norm1.weight").offset);
+  }
 }
 
 std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_unique<TSaved>(); }
@@ -47,7 +50,7 @@ double Transformer::forward(const MicroBatch& mb, Saved& saved, bool with_grad, 
   return loss;
 }
 
-void Transformer::backward(const MicroBatch& mb, Saved& saved) {
+void Transformer::backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready) {
   auto& s = static_cast<TSaved&>(saved);
   ENSURE(s.head.dx.t.data || mb.num_tokens == 0, "backward without a forward with gradients");
   const layers::SegmentInfo seg = mb.segments();
@@ -58,8 +61,11 @@ void Transformer::backward(const MicroBatch& mb, Saved& saved) {
     blocks_[i].backward(env_, dy, x, seg, s.blocks[i], dx);
     s.blocks[i] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy = std::move(dx);
+    // Block i and everything after it (later blocks, final norm, untied head) are complete.
+    if (grads_ready) grads_ready(block_offsets_[i]);
   }
   embedding_.backward(mb.tokens, mb.positions, dy);
+  if (grads_ready) grads_ready(0);
   s = TSaved{};
 }
 

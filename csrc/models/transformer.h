@@ -20,7 +20,7 @@ class Transformer final : public Model {
   ParamStore& params() override { return store_; }
   std::unique_ptr<Saved> new_saved() const override;
   double forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) override;
-  void backward(const MicroBatch& mb, Saved& saved) override;
+  void backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready = {}) override;
 
  private:
   struct TSaved;
@@ -30,6 +30,7 @@ class Transformer final : public Model {
   layers::Embedding embedding_;
   std::vector<layers::Block> blocks_;
   layers::LmHead head_;
+  std::vector<int64_t> block_offsets_;  // flat offset of each block's first parameter
 };
 
 }  // namespace engine

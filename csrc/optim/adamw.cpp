@@ -9,8 +9,9 @@
 
 namespace engine {
 
-AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed)
-    : store_(store), config_(config), dp_(dp), stage_(zero_stage) {
+AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
+             int64_t bucket_elements)
+    : store_(store), config_(config), dp_(dp), stage_(zero_stage), bucket_(std::max<int64_t>(1, bucket_elements)) {
   ENSURE(stage_ >= 0 && stage_ <= 3, "ZeRO stage ", stage_);
   const int64_t n = store.capacity();
   const bool sharded = stage_ >= 1 && dp.size() > 1;
@@ -48,7 +49,20 @@ Tensor AdamW::master() const {
   return master_aliased_ ? store_.weights_flat().slice(begin_, end_) : master_.t;
 }
 
+void AdamW::grads_ready(int64_t offset) {
+  if (dp_.size() == 1 || stage_ >= 2) return;
+  const int64_t end = reduced_from_ < 0 ? store_.capacity() : reduced_from_;
+  // Whole buckets as soon as they are complete; the rest when the buffer is complete (offset 0).
+  if (end - offset >= bucket_ || (offset == 0 && end > 0)) reduce_range(offset, end);
+}
+
+void AdamW::reduce_range(int64_t begin, int64_t end) {
+  dp_.all_reduce_async(store_.grads_flat().slice(begin, end));
+  reduced_from_ = begin;
+}
+
 void AdamW::begin_step() {
+  reduced_from_ = -1;
   if (store_.has_weights()) return;
   store_.allocate_weights();  // stage 3: the shard's weights from the master, then gather
   write_and_gather_weights();
@@ -71,7 +85,9 @@ StepStats AdamW::step(int step) {
     dp_.reduce_scatter(store_.grads_flat(), grad_shard_);
     grads = grad_shard_.t;
   } else {
-    dp_.all_reduce(store_.grads_flat());
+    // Buckets the backward did not start (all of them when no grads_ready came) go now.
+    if (reduced_from_ != 0) reduce_range(0, reduced_from_ < 0 ? store_.capacity() : reduced_from_);
+    dp_.wait_async();
     grads = store_.grads_flat().slice(begin_, end_);
   }
   double sq = ops::sum_squares(grads);

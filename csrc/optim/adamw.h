@@ -2,7 +2,9 @@
 // Each dp rank owns one contiguous shard [rank * n / dp, (rank + 1) * n / dp) of the flat buffers
 // (n = the store's capacity, a multiple of dp) and keeps for it the f32 master weights and both
 // moments (stage 0: one "shard" = everything, on every rank). A step:
-//   gradients: stage 0/1 all-reduce the full gradient buffer; stage 2/3 reduce-scatter it
+//   gradients: stage 0/1 all-reduce the full gradient buffer in buckets, started from the
+//              backward as suffixes of the buffer complete (grads_ready) so they overlap the rest
+//              of backward on GPUs; stage 2/3 reduce-scatter it after the last micro-batch
 //   norm:      sum of squares of the shard's gradient, summed over the shards; clip scale
 //   update:    AdamW (ops/adamw.h) on the shard, run by run of equal weight decay (none for
 //              norms and biases); the compute-dtype weights of the shard are written in the same pass
@@ -29,9 +31,14 @@ class AdamW {
  public:
   // dp: the data-parallel group the gradients are summed over. seed: the init seed (master
   // weights of a shard are generated directly in f32, never rounded through the compute dtype).
-  AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed);
+  // bucket_elements: gradient elements per all-reduce bucket (stage 0/1).
+  AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
+        int64_t bucket_elements = int64_t{16} << 20);
 
   void begin_step();         // before the first forward of a step (stage 3: gather the weights)
+  // During the last micro-batch's backward: gradients at offsets >= offset are complete; reduces
+  // whole buckets of them as they fill (no-op for stages 2/3 and a single rank).
+  void grads_ready(int64_t offset);
   StepStats step(int step);  // after the last backward: reduce, clip, update; step counts from 1
 
   int64_t shard_begin() const { return begin_; }
@@ -50,12 +57,15 @@ class AdamW {
     bool decay = true;
   };
   void write_and_gather_weights();
+  void reduce_range(int64_t begin, int64_t end);
 
   ParamStore& store_;
   OptimizerConfig config_;
   Comm& dp_;
   int stage_;
   int64_t begin_ = 0, end_ = 0;
+  int64_t bucket_ = 0;
+  int64_t reduced_from_ = -1;  // gradients in [reduced_from_, capacity) are reduced; -1: none this step
   bool master_aliased_ = false;
   Owned master_, m_, v_, grad_shard_;
   std::vector<Run> runs_;

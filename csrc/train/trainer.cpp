@@ -107,8 +107,9 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
   const int64_t capacity = (model_param_table(config_.model).total_elements() + unit - 1) / unit * unit;
   model_ = make_model(config_.model, device_, compute, capacity);
   model_->params().init(config_.run.seed);
+  const auto bucket = static_cast<int64_t>(config_.distributed.reduce_bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, config_.distributed.zero_stage,
-                                       config_.run.seed);
+                                       config_.run.seed, bucket);
   const int64_t gb = config_.batch.global_batch_size;
   train_data_ = make_sample_source(config_, Split::Train, int64_t{config_.training.steps} * gb);
   if (!config_.data.valid.empty() || config_.data.valid_fraction > 0)
@@ -166,7 +167,11 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
     MicroBatch mb = make_micro_batch(seqs, config_.data.sequence_length,
                                      config_.data.cross_document_attention, device_);
     const double mb_loss = model_->forward(mb, *saved, with_grad, grad_scale);
-    if (with_grad) model_->backward(mb, *saved);
+    const bool last = b + mbs >= count;
+    // The last micro-batch's backward starts the gradient reduction bucket by bucket.
+    if (with_grad)
+      model_->backward(mb, *saved, last ? Model::GradsReady([this](int64_t at) { optimizer_->grads_ready(at); })
+                                        : Model::GradsReady{});
     loss_sum += mb_loss;
     log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), "): ", mb.loss_tokens,
               " loss tokens, ", mb.cu_seqlens->numel() - 1, " segments (longest ", mb.max_seqlen,
