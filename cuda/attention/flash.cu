@@ -1,11 +1,13 @@
 // Launchers of flash attention (flash.cuh): argument checks, the choice between the mma.sync
 // kernels (D = 64, 128) and the f32 fallback, and the two small kernels around the backward:
 //   dsum_kernel:       dsum[t, h] = sum_d dout[t, h, d] * out[t, h, d]   (f32, 8 lanes per row)
-//   dq_convert_kernel: dqkv[t, h, :] = bf16(scale * dq_accum[t, h, :])  for the q heads
-// Backward on the mma path: dq_accum = 0 (memset), dsum, flash_bwd_kernel (writes dK, dV and
-// adds into dq_accum), dq_convert. Everything runs in order on the compute stream; the
-// scratch buffers go back to the caching allocator on return, which is safe because every
-// later user of that memory is ordered behind these kernels on the same stream.
+//                      and, on the mma path, dq_accum row (h, t) = 0 (it touches every row)
+//   dq_convert_kernel: dqkv[t, h, :] = bf16(scale * dq_accum row (h, t))  for the q heads
+// dq_accum is (H, T, D) f32 in the layout of dq_accum_index (flash_layout.h: head-major, 16-byte
+// chunks swizzled by token). Backward on the mma path: dsum (+ zeroing), flash_bwd_kernel
+// (writes dK, dV and adds into dq_accum), dq_convert. Everything runs in order on the compute
+// stream; the scratch buffers go back to the caching allocator on return, which is safe
+// because every later user of that memory is ordered behind these kernels on the same stream.
 #include "cuda/attention/flash.cuh"
 
 #include <cmath>
@@ -22,11 +24,13 @@ using flash::bf16;
 
 constexpr int kRowsPerBlock = 32;  // dsum: 8 lanes per (token, head) row, 256 threads
 
+// dq_accum: zeroed here when not null (the mma path: D % 4 == 0, 16-byte aligned rows).
 template <bool kVec>
 __global__ void __launch_bounds__(256) dsum_kernel(const bf16* __restrict__ out,
                                                    const bf16* __restrict__ dout,
                                                    float* __restrict__ dsum, int64_t rows,
-                                                   int D) {
+                                                   int D, float* __restrict__ dq_accum,
+                                                   int64_t T, int H) {
   const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 8;
   const int sub = threadIdx.x % 8;
   float acc = 0.f;
@@ -49,6 +53,12 @@ __global__ void __launch_bounds__(256) dsum_kernel(const bf16* __restrict__ out,
       for (int d = sub; d < D; d += 8)
         acc = fmaf(__bfloat162float(o[d]), __bfloat162float(g[d]), acc);
     }
+    if (dq_accum != nullptr) {  // row (h, t) of the (H, T, D) accumulator; r = t H + h
+      const int64_t t = r / H;
+      const int h = static_cast<int>(r - t * H);
+      float4* z = reinterpret_cast<float4*>(dq_accum + (h * T + t) * D);
+      for (int ch = sub; ch < D / 4; ch += 8) z[ch] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
   acc += __shfl_xor_sync(0xffffffffu, acc, 4);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2);
@@ -56,20 +66,24 @@ __global__ void __launch_bounds__(256) dsum_kernel(const bf16* __restrict__ out,
   if (r < rows && sub == 0) dsum[r] = acc;
 }
 
-// Four elements per thread; D % 4 == 0 and 16-byte aligned rows (the mma path's head dims).
+// One 16-byte chunk (4 f32) of dq_accum per thread, head blockIdx.y; the chunk's place in the
+// row is swizzled by the token (flash::dq_row_offset: an involution on the chunk index), its
+// columns in dqkv are not.
+template <int kD>
 __global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_accum,
-                                                         bf16* __restrict__ dqkv, int64_t rows,
-                                                         int H, int D, int64_t qkv_row,
-                                                         float scale) {
-  const int64_t e = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4;
-  if (e >= rows * D) return;
-  const int64_t r = e / D, t = r / H;
-  const int h = static_cast<int>(r % H), d = static_cast<int>(e % D);
-  const float4 v = *reinterpret_cast<const float4*>(dq_accum + e);
+                                                         bf16* __restrict__ dqkv, int64_t T,
+                                                         int64_t qkv_row, float scale) {
+  constexpr int kChunks = kD / 4;
+  const int h = blockIdx.y;
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;  // t * kChunks + chunk
+  if (e >= T * kChunks) return;
+  const int64_t t = e / kChunks;
+  const int d = 4 * (static_cast<int>(e % kChunks) ^ flash::dq_swizzle(t));  // its columns
+  const float4 v = *reinterpret_cast<const float4*>(dq_accum + int64_t{h} * T * kD + 4 * e);
   uint2 packed;
   packed.x = flash::pack_bf16(v.x * scale, v.y * scale);
   packed.y = flash::pack_bf16(v.z * scale, v.w * scale);
-  *reinterpret_cast<uint2*>(dqkv + t * qkv_row + int64_t{h} * D + d) = packed;
+  *reinterpret_cast<uint2*>(dqkv + t * qkv_row + int64_t{h} * kD + d) = packed;
 }
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
@@ -118,7 +132,9 @@ flash::Params make_params(const ops::AttentionParams& p, const char* op) {
   k.lse = static_cast<float*>(p.lse.data);
   k.cu_seqlens = static_cast<const int32_t*>(p.cu_seqlens.data);
   k.qkv_row = (h + 2 * hkv) * d;
+  k.num_tokens = t;
   k.num_seqs = static_cast<int>(seqs);
+  k.bwd_section = 1;
   k.max_seqlen = p.max_seqlen;
   k.num_heads = p.num_heads;
   k.num_kv_heads = p.num_kv_heads;
@@ -163,26 +179,29 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   const int64_t rows = t * h;
   Buffer dsum(static_cast<size_t>(rows) * sizeof(float), Device::CUDA);
   k.dsum = static_cast<float*>(dsum.data());
+  Buffer dq_accum(mma ? static_cast<size_t>(rows * d) * sizeof(float) : 0, Device::CUDA);
+  k.dq_accum = static_cast<float*>(dq_accum.data());  // null on the fallback path
   const bool vec = d % 8 == 0 && aligned16(bp.dout) && aligned16(bp.fwd.out);
   const unsigned dsum_blocks = static_cast<unsigned>(ceil_div(rows, kRowsPerBlock));
   if (vec)
-    dsum_kernel<true><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows, k.head_dim);
+    dsum_kernel<true><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows, k.head_dim,
+                                                         k.dq_accum, t, k.num_heads);
   else
-    dsum_kernel<false><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows, k.head_dim);
+    dsum_kernel<false><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows,
+                                                          k.head_dim, k.dq_accum, t, k.num_heads);
   check_launch("dsum_kernel");
 
   if (!mma) {
     flash::run_fallback_bwd(k, stream());
     return;
   }
-  Buffer dq_accum(static_cast<size_t>(rows * d) * sizeof(float), Device::CUDA);
-  k.dq_accum = static_cast<float*>(dq_accum.data());
-  CUDA_CHECK(cudaMemsetAsync(k.dq_accum, 0, dq_accum.bytes(), stream()));
-  flash::head_dim_switch(k.head_dim,
-                         [&](auto d) { flash::run_flash_bwd<decltype(d)::value>(k, stream()); });
-  const int64_t quads = rows * d / 4;
-  dq_convert_kernel<<<static_cast<unsigned>(ceil_div(quads, 256)), 256, 0, stream()>>>(
-      k.dq_accum, k.dqkv, rows, k.num_heads, k.head_dim, k.qkv_row, k.scale);
+  flash::head_dim_switch(k.head_dim, [&](auto dim) {
+    constexpr int kD = decltype(dim)::value;
+    flash::run_flash_bwd<kD>(k, stream());
+    const dim3 grid(static_cast<unsigned>(ceil_div(t * (kD / 4), 256)),
+                    static_cast<unsigned>(k.num_heads));
+    dq_convert_kernel<kD><<<grid, 256, 0, stream()>>>(k.dq_accum, k.dqkv, t, k.qkv_row, k.scale);
+  });
   check_launch("dq_convert_kernel");
 }
 

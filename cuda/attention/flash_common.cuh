@@ -29,7 +29,8 @@ struct Params {
   const int32_t* cu_seqlens;  // (S + 1) sequence offsets
   const bf16* dout;           // (T, H, D)                backward only
   bf16* dqkv;                 // (T, H + 2*Hkv, D)        backward only
-  float* dq_accum;            // (T, H, D) f32, zeroed    backward, mma path only
+  float* dq_accum;            // (H, T, D) f32, zeroed, layout dq_accum_index (flash_layout.h):
+                              //                          backward, mma path only
   float* dsum;                // (T, H) f32 rowsum(dout * out), backward only
   int64_t qkv_row;            // elements per token of qkv / dqkv: (H + 2*Hkv) * D
   int num_seqs;               // S
@@ -39,6 +40,9 @@ struct Params {
   float scale_log2;           // scale * log2(e): exponentials are computed with ex2
   bool causal;
   int window;                 // 0 = unlimited
+  int64_t num_tokens;         // T                                         backward
+  int bwd_section;            // launch order: pairs per section (bwd_block, flash_layout.h),
+                              // >= 1, set by run_flash_bwd                backward, mma path
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -87,6 +91,47 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Bulk asynchronous reduction (the copy engine, sm_90): adds `bytes` (a multiple of 16) of f32
+// from shared memory at src into global memory at dst (both 16-byte aligned), each element
+// atomically (relaxed, gpu scope), rounded to nearest, like red.global.add.f32. Tracked per
+// thread in bulk groups: the shared source may be written again once bulk_wait_read() has
+// returned in the issuing thread (and a barrier orders that before the other threads' writes);
+// bulk_wait() also waits for the global writes. Shared memory written with ordinary stores must
+// be made visible to the copy engine (the async proxy) with fence_proxy_async() in each writing
+// thread before the barrier that precedes the issue.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+      "r"(src), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Two f32 to shared memory (8-byte aligned), as one st.shared.v2.f32.
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b));
+}
+
+// threadIdx.x, read afresh: a volatile asm is never hoisted out of a loop, so values derived
+// from it inside the loop are recomputed there (a few integer ops) instead of being kept in
+// registers across it, where they could only be spilled.
+__device__ __forceinline__ int thread_x() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
 }
 
 // 2^x (ex2.approx: 2 ulp, -inf -> +0).

@@ -79,4 +79,39 @@ FLASH_HD constexpr uint32_t operand_offset(uint32_t lane_off, int i, int kk) {
 FLASH_HD constexpr int frag_row(int lane, int e) { return (lane >> 2) + 8 * (e >> 1); }
 FLASH_HD constexpr int frag_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
 
+// The f32 dQ accumulator of the backward: head-major (H, T, D), so that the rows of one q tile
+// of one head are contiguous in memory (the kernel adds a whole tile with one bulk reduction
+// from shared memory, staged in the same layout), and within a row the 16-byte chunks (4 f32)
+// swizzled by the token: chunk d / 4 at position (d / 4) ^ dq_swizzle(t), which moves 32-byte
+// chunk pairs by t mod 4. The kernel's fragment stores into the staging tile (8 bytes per lane,
+// rows t .. t + 3 in each half-warp, 32 bytes per row at one chunk pair) then hit four
+// different 32-byte bank groups per half-warp: free of bank conflicts. D a multiple of 32.
+// Element (h, t, d) of the accumulator of T tokens is at (h T + t) D + dq_row_offset(t, d).
+FLASH_HD constexpr int dq_swizzle(int64_t t) { return static_cast<int>(t & 3) << 1; }
+FLASH_HD constexpr int dq_row_offset(int64_t t, int d) {
+  return 4 * ((d >> 2) ^ dq_swizzle(t)) + (d & 3);
+}
+FLASH_HD constexpr int64_t dq_accum_index(int h, int64_t t, int d, int64_t T, int D) {
+  return (h * T + t) * D + dq_row_offset(t, d);
+}
+
+// Backward launch order. The blocks (key tile n, pair) of the grid, pair = seq * Hkv + kv, run
+// roughly in the order of their linear block index; they are handed out in sections of
+// `section` pairs (the last section may be shorter), key tile outermost inside a section, so
+// that the long causal key tiles (n = 0 first) of all pairs of a section start before the
+// short ones (less tail at the end of the grid), while the q / dO / dQ rows that the blocks
+// running at one time share stay within a few pairs (L2). A bijection of [0, n_tiles * pairs).
+struct BwdBlock {
+  int n_block;
+  int64_t pair;
+};
+FLASH_HD constexpr BwdBlock bwd_block(int64_t linear, int n_tiles, int64_t pairs, int section) {
+  const int64_t per_section = static_cast<int64_t>(section) * n_tiles;
+  const int64_t sec = linear / per_section;
+  const int64_t l = linear - sec * per_section;
+  const int64_t first = sec * section;
+  const int64_t size = pairs - first < section ? pairs - first : section;
+  return {static_cast<int>(l / size), first + l % size};
+}
+
 }  // namespace engine::cuda::flash

@@ -3,12 +3,17 @@
 // run on the host, each CUDA thread a fiber (ucontext). Threads switch only at
 // synchronisation points (__syncthreads, __syncwarp and the warp collectives: shuffles,
 // ldmatrix, mma.sync), and the threads of a block run in a fresh random order between them,
-// so a missing barrier shows up as wrong results. Collectives follow their PTX definitions
+// so a missing barrier shows up as wrong results; warps also run at random speeds, some far
+// behind the others between barriers. Collectives follow their PTX definitions
 // (ldmatrix.x4 with .trans, mma.sync.m16n8k16 bf16 -> f32, shfl). cp.async copies land either
 // at issue or only at cp.async.wait_group (two modes: a read before the wait, or a copy into
 // a buffer that another warp may still read, breaks one of them). Shared memory starts as
 // 0xff bytes (bf16 NaN), so reading anything never written shows up too. Deadlocks (a
-// barrier or collective some threads never reach) abort with a message.
+// barrier or collective some threads never reach) abort with a message. Bulk reductions
+// (cp.reduce.async.bulk .add.f32, shared -> global) read their shared source at issue or only
+// at the issuing thread's cp.async.bulk.wait_group (the same two modes), and abort when the
+// source was written (st.shared through the wrapper) by a thread that had not executed
+// fence.proxy.async before the last barrier, or when a thread exits with bulk copies pending.
 // Not fast: for tests of a few hundred tokens.
 #pragma once
 #define FLASH_EMULATE 1
@@ -86,6 +91,13 @@ struct Copy {
   bool valid;
 };
 
+struct BulkReduce {  // cp.reduce.async.bulk .add.f32, shared -> global
+  float* dst;
+  uint32_t src, bytes;
+  bool committed;
+};
+inline void do_bulk(const BulkReduce& r);
+
 struct Thread {
   ucontext_t ctx;
   std::vector<char> stack;
@@ -93,6 +105,9 @@ struct Thread {
   int linear = 0;
   bool done = false;
   std::vector<Copy> pending;
+  std::vector<BulkReduce> bulk;
+  bool unfenced = false;             // wrote shared memory for the async proxy, no fence since
+  bool unfenced_at_barrier = false;  // ... as of its last __syncthreads
 };
 
 struct Rendezvous {  // one warp's collective in progress
@@ -121,6 +136,7 @@ struct State {
   CopyMode mode = CopyMode::kAtWait;
   std::mt19937 rng{12345};
   std::function<void()> body;
+  std::vector<Thread>* threads = nullptr;  // of the running block
   std::vector<std::pair<const char*, size_t>> global;  // buffers cp.async and atomics may touch
 };
 inline State& st() {
@@ -139,6 +155,7 @@ inline State& st() {
 
 inline void syncthreads() {
   Block& b = *st().block;
+  st().cur->unfenced_at_barrier = st().cur->unfenced;
   const uint64_t gen = b.bar_gen;
   ++st().progress;
   if (++b.bar_arrived == b.live) {
@@ -291,10 +308,63 @@ inline void cp_async_wait() {
   st().cur->pending.clear();
 }
 
+// cp.async.bulk.commit_group / wait_group(.read) 0: the committed bulk copies of the thread.
+inline void bulk_commit() {
+  for (auto& r : st().cur->bulk) r.committed = true;
+}
+inline void bulk_wait() {
+  auto& v = st().cur->bulk;
+  for (const auto& r : v)
+    if (r.committed) do_bulk(r);
+  v.erase(std::remove_if(v.begin(), v.end(), [](const auto& r) { return r.committed; }), v.end());
+}
+
+// st.shared.v2.f32: a store the copy engine may read (marks the thread as needing a fence).
+inline void st_shared_f32x2(uint32_t addr, float a, float b) {
+  Block& blk = *st().block;
+  if (addr % 8 != 0 || addr + 8 > blk.smem.size()) die("st.shared.v2.f32 out of bounds");
+  std::memcpy(blk.smem.data() + addr, &a, 4);
+  std::memcpy(blk.smem.data() + addr + 4, &b, 4);
+  st().cur->unfenced = true;
+}
+
+inline void fence_proxy_async() { st().cur->unfenced = false; }
+
+inline void do_bulk(const BulkReduce& r) {
+  const unsigned char* src = st().block->smem.data() + r.src;
+  for (uint32_t i = 0; i < r.bytes / 4; ++i) {
+    float v;
+    std::memcpy(&v, src + 4 * i, 4);
+    r.dst[i] += v;
+  }
+}
+
+inline void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
+  Block& b = *st().block;
+  if (bytes == 0 || bytes % 16 != 0) die("bulk reduction size not a positive multiple of 16");
+  if (src % 16 != 0 || src + bytes > b.smem.size()) die("bulk reduction source out of bounds");
+  const char* d = reinterpret_cast<const char*>(dst);
+  bool inside = false;
+  for (const auto& [base, size] : st().global) inside |= d >= base && d + bytes <= base + size;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || !inside)
+    die("bulk reduction destination misaligned or outside the tensors");
+  // The issue follows a barrier after the stores it reads: every thread must have reached that
+  // barrier with those stores fenced for the async proxy.
+  for (const Thread& t : *st().threads)
+    if (t.unfenced_at_barrier)
+      die("bulk reduction of shared memory stored without fence.proxy.async");
+  const BulkReduce r{dst, src, bytes, false};
+  if (st().mode == CopyMode::kAtIssue)
+    do_bulk(r);
+  else
+    st().cur->bulk.push_back(r);
+}
+
 inline void thread_entry() {
   st().body();
   Thread& t = *st().cur;
   if (!t.pending.empty()) die("thread exits with cp.async copies never waited for");
+  if (!t.bulk.empty()) die("thread exits with bulk copies never waited for");
   t.done = true;
   --st().block->live;
   --st().block->warp_live[t.linear / 32];
@@ -318,6 +388,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, std::function<void
   s.mode = mode;
   std::vector<Thread> ts(threads);
   for (Thread& t : ts) t.stack.resize(256 * 1024);
+  s.threads = &ts;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -335,22 +406,43 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, std::function<void
           t.linear = i;
           t.done = false;
           t.pending.clear();
+          t.bulk.clear();
+          t.unfenced = t.unfenced_at_barrier = false;
           make_fiber(t);
         }
         std::vector<int> order(threads);
         for (int i = 0; i < threads; ++i) order[i] = i;
-        for (;;) {
+        // Rounds: every thread that runs goes on to its next synchronisation point. Warps run
+        // at random speeds (redrawn every 64 rounds; some warps fall far behind the others
+        // between barriers, which exposes a missing barrier even where the writes it should
+        // wait for come early in a phase). A round without progress is repeated with every
+        // warp running; only such a round without progress is a deadlock.
+        const int nwarps = (threads + 31) / 32;
+        std::vector<double> speed(nwarps, 1.0);
+        std::vector<bool> runs(nwarps, true);
+        std::uniform_real_distribution<double> u01(0.0, 1.0);
+        bool full = false;
+        for (uint64_t round = 0;; ++round) {
           bool all_done = true;
           const uint64_t before = s.progress;
+          if (round % 64 == 0)
+            for (double& v : speed) {
+              const double x = u01(s.rng);
+              v = x < 0.5 ? 1.0 : x < 0.75 ? 0.5 : 0.05;
+            }
+          for (int w = 0; w < nwarps; ++w) runs[w] = full || u01(s.rng) < speed[w];
           std::shuffle(order.begin(), order.end(), s.rng);
           for (int i : order) {
             if (ts[i].done) continue;
             all_done = false;
+            if (!runs[i / 32]) continue;
             s.cur = &ts[i];
             resume(&ts[i].ctx);
           }
           if (all_done) break;
-          if (s.progress == before) die("deadlock: threads wait at a barrier others never reach");
+          if (s.progress == before && full)
+            die("deadlock: threads wait at a barrier others never reach");
+          full = s.progress == before;
         }
         s.block = nullptr;
       }
@@ -382,7 +474,16 @@ inline uint32_t smem_u32(const void* p) {
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) { emu::cp_async(dst, src, 16, valid); }
 inline void cp_async_4(uint32_t dst, const void* src, bool valid) { emu::cp_async(dst, src, 4, valid); }
 inline void cp_async_commit() {}
+inline int thread_x() { return static_cast<int>(threadIdx.x); }
 inline void cp_async_wait_all() { emu::cp_async_wait(); }
+inline void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  emu::bulk_reduce_add(dst, src, bytes);
+}
+inline void bulk_commit() { emu::bulk_commit(); }
+inline void bulk_wait_read() { emu::bulk_wait(); }
+inline void bulk_wait() { emu::bulk_wait(); }
+inline void fence_proxy_async() { emu::fence_proxy_async(); }
+inline void st_shared_f32x2(uint32_t addr, float a, float b) { emu::st_shared_f32x2(addr, a, b); }
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, false); }
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, true); }
 inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -1,10 +1,11 @@
 // Flash attention on the GPU (cuda/attention) against the CPU reference (csrc/ref/attention.cpp)
 // run in f64 on the same bf16-rounded inputs: out, lse and the whole dqkv (dq, dk, dv parts
 // compared separately), for a table of cases over the mma.sync head dims (64, 128) and the
-// f32 fallback (16, 6, 32); GQA ratios 1, 4 and 2 (H/Hkv 4/4, 8/2, 6/3); causal and not;
+// f32 fallback (16, 6, 32); GQA ratios 1, 4, 2 and 8 (H/Hkv 4/4, 8/2, 6/3, 16/2); causal and not;
 // windows shorter than the sequences (down to 1); several sequences of lengths that are not
 // multiples of the tiles (1, 17, 64, 129, 300) including zero-length ones; a single sequence
-// of 1000; a large softmax scale. Outputs are poisoned (NaN) first, so any element left
+// of 1000; a large softmax scale; enough (kv head, sequence) pairs for the backward to launch
+// in several sections (its launch order). Outputs are poisoned (NaN) first, so any element left
 // unwritten fails. Also: run-to-run determinism, and the launcher's argument checks.
 //
 // Tolerances (relative RMS error over the whole tensor, err = rms(got - ref) / rms(ref)):
@@ -61,12 +62,16 @@ const std::vector<FlashCase> kCases = {
     {{300, 129}, 4, 4, 128, false, 70},
     {{1000}, 8, 2, 128, true, 0},
     {{257, 0, 130}, 6, 3, 128, true, 1},  // window 1: each query sees only itself
+    // GQA 8 over 10 (kv head, sequence) pairs: the backward's launch order (flash_layout.h
+    // bwd_block) then runs in sections of 4 pairs (4, 4 and a short one of 2), not just one.
+    {{400, 399, 1, 400, 257}, 16, 2, 128, true, 0},
     // mma.sync, D = 64 (forward tiles 128 x 128)
     {{17, 129, 1, 300}, 4, 4, 64, true, 0},
     {{64, 300, 129}, 6, 3, 64, false, 50},
     {{1000}, 4, 4, 64, true, 200},
     {{0, 129, 0, 64, 1, 0}, 8, 2, 64, true, 0},  // zero-length sequences around short ones
     {{300, 17}, 8, 2, 64, true, 0, 0.5f},        // peaked softmax: the running max matters
+    {{400, 399, 1, 400, 257}, 16, 2, 64, false, 0},  // launch sections of 8 pairs (8, then 2)
     // f32 fallback
     {{17, 129, 300}, 8, 2, 16, true, 0},
     {{1, 64, 129}, 6, 3, 16, false, 30},

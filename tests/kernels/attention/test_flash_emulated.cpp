@@ -1,10 +1,11 @@
 // The flash-attention kernels (mma.sync: flash_fwd.cuh, flash_bwd.cuh; f32 fallback:
 // flash_fallback.cuh), compiled for the CPU and run by the emulator in flash_emu.h, against the
 // f64 reference: tile loops, masks, online softmax, cp.async pipelining and barriers, fragment
-// layouts, GQA accumulation, dQ atomics. Runs without a GPU (CI). Each case runs twice, with cp.async copies landing at
-// issue and at the wait, threads in random order between barriers. The launcher's small
-// kernels (dsum, dq conversion) are replayed on the host here; test_flash.cpp covers the
-// real launchers on the GPU. Tolerances as in test_flash.cpp.
+// layouts, GQA accumulation, dQ bulk reductions, the backward's launch order (sections of 2
+// pairs here). Runs without a GPU (CI). Each case runs twice, with cp.async copies and bulk
+// reductions landing at issue and at the wait, threads in random order between barriers. The
+// launcher's small kernels (dsum, dq conversion) are replayed on the host here; test_flash.cpp
+// covers the real launchers on the GPU. Tolerances as in test_flash.cpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -113,7 +114,9 @@ void run_case(const EmuCase& c, emu::CopyMode mode) {
   k.dq_accum = dq_accum.ptr<float>();
   k.dsum = dsum.ptr<float>();
   k.qkv_row = nh * D;
+  k.num_tokens = t;
   k.num_seqs = static_cast<int>(c.lens.size());
+  k.bwd_section = 2;  // sections of 2 (kv head, sequence) pairs, the last one shorter when odd
   k.max_seqlen = max_len;
   k.num_heads = c.heads;
   k.num_kv_heads = c.kv_heads;
@@ -152,9 +155,11 @@ void run_case(const EmuCase& c, emu::CopyMode mode) {
     using B = fl::BwdConfig<kD>;
     emu::launch(grid(B::kBlockN, hkv), B::kThreads, B::kSmemBytes,
                 [&] { fl::flash_bwd_kernel<kD>(k); }, mode);
-    for (int64_t r = 0; r < t * h; ++r)  // dq conversion, as the launcher's kernel does it
-      for (int d = 0; d < D; ++d)
-        dqkv.ptr<bf16>()[((r / h) * nh + r % h) * D + d] = bf16(scale * dq_accum.ptr<float>()[r * D + d]);
+    for (int64_t tok = 0; tok < t; ++tok)  // dq conversion, as the launcher's kernel does it
+      for (int hd = 0; hd < h; ++hd)
+        for (int d = 0; d < D; ++d)
+          dqkv.ptr<bf16>()[(tok * nh + hd) * D + d] =
+              bf16(scale * dq_accum.ptr<float>()[fl::dq_accum_index(hd, tok, d, t, D)]);
   } else {
     emu::launch(grid(fb::kWarps, h), fb::kWarps * 32, 0, [&] { fb::fallback_bwd_dq_kernel(k); }, mode);
     emu::launch(grid(fb::kWarps, hkv), fb::kWarps * 32, 0, [&] { fb::fallback_bwd_dkv_kernel(k); },

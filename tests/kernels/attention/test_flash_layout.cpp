@@ -3,7 +3,9 @@
 // mma.sync.m16n8k16 are emulated per lane from their PTX definitions, the warp GEMM loop of
 // flash_common.cuh is replayed on swizzled tiles for each warp layout the kernels use, and the
 // result must equal the plain matrix product. Also checks that every ldmatrix phase is free of
-// bank conflicts and that P in the S accumulators forms the A fragments of O += P V.
+// bank conflicts and that P in the S accumulators forms the A fragments of O += P V; and the
+// backward's dQ accumulator layout (a permutation of each row; its staging stores free of bank
+// conflicts) and launch order (a bijection, key tiles in order inside a section).
 // Runs without a GPU (CI), unlike the kernel tests in test_flash.cpp.
 #include <doctest/doctest.h>
 
@@ -178,4 +180,65 @@ TEST_CASE("flash layout: S accumulators of two n8 tiles form the A fragment of P
       CHECK(keys[3] == 2 * t + 8 + x);
     }
   }
+}
+
+TEST_CASE("flash layout: the dQ accumulator layout and its staging stores") {
+  for (int D : {64, 128}) {
+    // A permutation of each row, for every token phase; rows of one head contiguous.
+    for (int64_t t = 0; t < 16; ++t) {
+      std::set<int> seen;
+      for (int d = 0; d < D; ++d) seen.insert(dq_row_offset(t, d));
+      CHECK(seen.size() == static_cast<size_t>(D));
+      CHECK(*seen.begin() == 0);
+      CHECK(*seen.rbegin() == D - 1);
+      CHECK(dq_accum_index(3, t, 5, 100, D) == (3 * 100 + t) * D + dq_row_offset(t, 5));
+    }
+    // The backward's fragment stores (st.shared.v2.f32 of c0, c1 or c2, c3 of a 16 x 8 tile)
+    // into the staging tile (row r of the tile = token tok0 + r, any tok0): for every warp
+    // (2 x 4 warps of 32 rows x D / 4), m16 tile, half and n8 tile, the 8-byte stores of each
+    // half-warp use every bank once (two conflict-free wavefronts for the warp).
+    int bad = 0;
+    for (int tok0 = 0; tok0 < 8; ++tok0)
+      for (int w = 0; w < 8; ++w)
+        for (int mi = 0; mi < 2; ++mi)
+          for (int hf = 0; hf < 2; ++hf)
+            for (int ni = 0; ni < D / 32; ++ni)
+              for (int half = 0; half < 2; ++half) {
+                int per_bank[32] = {};
+                for (int l = 16 * half; l < 16 * half + 16; ++l) {
+                  const int r = (w >> 2) * 32 + mi * 16 + frag_row(l, 2 * hf);
+                  const int col = (w & 3) * (D / 4) + ni * 8 + frag_col(l, 0);
+                  const int byte = 4 * (r * D + dq_row_offset(tok0 + r, col));
+                  bad += byte % 8 != 0;
+                  ++per_bank[(byte / 4) % 32];
+                  ++per_bank[(byte / 4 + 1) % 32];
+                }
+                for (int b = 0; b < 32; ++b) bad += per_bank[b] != 1;
+              }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("flash layout: the backward's launch order covers every block once, long tiles first") {
+  for (int n_tiles : {1, 3, 64})
+    for (int pairs : {1, 5, 64})
+      for (int section : {1, 2, 4, 8, 128}) {
+        INFO("n_tiles " << n_tiles << " pairs " << pairs << " section " << section);
+        std::set<std::pair<int, int64_t>> seen;
+        int last_section = 0, last_n = 0;
+        bool ordered = true;
+        int outside = 0;
+        for (int64_t lin = 0; lin < int64_t{n_tiles} * pairs; ++lin) {
+          const BwdBlock b = bwd_block(lin, n_tiles, pairs, section);
+          outside += b.n_block < 0 || b.n_block >= n_tiles || b.pair < 0 || b.pair >= pairs;
+          seen.insert({b.n_block, b.pair});
+          // Inside a section (pairs [s section, (s + 1) section)) key tiles never go back.
+          const int sec = static_cast<int>(b.pair / section);
+          if (sec == last_section && b.n_block < last_n) ordered = false;
+          last_section = sec, last_n = b.n_block;
+        }
+        CHECK(outside == 0);
+        CHECK(seen.size() == static_cast<size_t>(n_tiles) * pairs);
+        CHECK(ordered);
+      }
 }
