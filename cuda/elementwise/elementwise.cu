@@ -7,6 +7,7 @@
 // Memory: contiguous tensors; every thread moves 8 elements per step with 16-byte accesses
 // (cuda/common/vector.cuh: misaligned heads peeled, pointers that disagree on their
 // misalignment fall back to element accesses), in a grid-stride loop over one wave of blocks.
+// cast bf16 -> f32 has its own body layout (cast_bf16_f32_kernel: whole-sector f32 stores).
 // Reductions: each thread adds the 8 terms of a vector in f32 and the vector sums into a double;
 // blocks reduce in a fixed tree into one double per block (at most kReduceBlocks, a number set by
 // the element count alone), and a single block adds those in order. No atomics, so the same tensor
@@ -96,6 +97,58 @@ struct CastOp {
   }
 };
 
+// bf16 -> f32 body (head peeled, so src + head and dst + head are 16-byte aligned). A 16-byte
+// f32 store per lane from 8-element vectors would leave every 32-byte sector it touches half
+// written (lane l's 32 bytes take two instructions); here, in each 256-element span of a warp,
+// lane l converts elements [4l, 4l + 4) and [128 + 4l, 128 + 4l + 4): each of its two 8-byte
+// loads and two 16-byte stores is contiguous across the warp (whole sectors per instruction).
+// kCastSpans spans per loop trip, so 2 kCastSpans loads are in flight per lane. The elements
+// past the last whole span (fewer than 256) go one per thread.
+constexpr int kCastSpan = 256;
+constexpr int kCastSpans = 4;
+
+__global__ void __launch_bounds__(kThreads) cast_bf16_f32_kernel(const bf16_t* src, float* dst,
+                                                                 int64_t n, int64_t head) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = tid >> 5, warps = stride >> 5;
+  const int64_t spans = (n - head) / kCastSpan, rest = head + spans * kCastSpan;
+  const bf16_t* s0 = src + head + 4 * lane;
+  float* d0 = dst + head + 4 * lane;
+  auto load = [&](int64_t span, int half) {
+    return *reinterpret_cast<const uint2*>(s0 + span * kCastSpan + half * (kCastSpan / 2));
+  };
+  auto store = [&](int64_t span, int half, uint2 v) {
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&v.x);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
+    const float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
+    *reinterpret_cast<float4*>(d0 + span * kCastSpan + half * (kCastSpan / 2)) =
+        make_float4(a.x, a.y, b.x, b.y);
+  };
+  int64_t s = warp;
+  for (; s + (kCastSpans - 1) * warps < spans; s += kCastSpans * warps) {
+    uint2 v[kCastSpans][2];
+#pragma unroll
+    for (int u = 0; u < kCastSpans; ++u) {
+      v[u][0] = load(s + u * warps, 0);
+      v[u][1] = load(s + u * warps, 1);
+    }
+#pragma unroll
+    for (int u = 0; u < kCastSpans; ++u) {
+      store(s + u * warps, 0, v[u][0]);
+      store(s + u * warps, 1, v[u][1]);
+    }
+  }
+  for (; s < spans; s += warps) {
+    const uint2 a = load(s, 0), b = load(s, 1);
+    store(s, 0, a);
+    store(s, 1, b);
+  }
+  for (int64_t i = tid; i < head; i += stride) dst[i] = __bfloat162float(src[i]);
+  for (int64_t i = rest + tid; i < n; i += stride) dst[i] = __bfloat162float(src[i]);
+}
+
 template <typename Op>
 void launch_map(const Op& op, int64_t n, std::initializer_list<VecPtr> ptrs, const char* name) {
   if (n == 0) return;
@@ -103,6 +156,14 @@ void launch_map(const Op& op, int64_t n, std::initializer_list<VecPtr> ptrs, con
   const unsigned blocks = stream_blocks(vector_items(n, head, kE), kThreads);
   map_kernel<<<blocks, kThreads, 0, stream()>>>(op, n, head);
   check_launch(name);
+}
+
+void launch_cast_bf16_f32(const bf16_t* src, float* dst, int64_t n, int64_t head) {
+  const int64_t spans = (n - head) / kCastSpan;
+  const int blocks = persistent_grid(cast_bf16_f32_kernel, kThreads, 0,
+                                     std::max<int64_t>(1, ceil_div(spans * 32, kThreads)));
+  cast_bf16_f32_kernel<<<blocks, kThreads, 0, stream()>>>(src, dst, n, head);
+  check_launch("cast_bf16_f32_kernel");
 }
 
 // ---- reductions ---------------------------------------------------------------------------
@@ -261,7 +322,10 @@ void cast(const Tensor& src, const Tensor& dst) {
   if (src.dtype == DType::F32)
     launch_map(CastOp<float, bf16_t>{static_cast<const float*>(src.data), static_cast<bf16_t*>(dst.data)},
                n, ptrs, "cast_kernel<f32, bf16>");
-  else
+  else if (const int64_t head = vector_head(ptrs, kE, n); head < n)
+    launch_cast_bf16_f32(static_cast<const bf16_t*>(src.data), static_cast<float*>(dst.data), n,
+                         head);
+  else  // the pointers disagree on their misalignment: element by element
     launch_map(CastOp<bf16_t, float>{static_cast<const bf16_t*>(src.data), static_cast<float*>(dst.data)},
                n, ptrs, "cast_kernel<bf16, f32>");
 }

@@ -6,8 +6,12 @@
 //      or 4 f32, one vector load per lane and row when rows are 16-byte aligned, else V strided
 //      scalar loads); its 8 warps take every 8th row of the chunk, each lane adding its columns in
 //      f32 in row order; the 8 warp sums are added in warp order into partial(chunk, column).
-//      The number of chunks depends on (M, N) only: about kTargetBlocks blocks in all.
-//   2. One thread per column adds the chunk partials in chunk order and applies beta.
+//      The number of chunks depends on (M, N) and the device only: about one wave of resident
+//      blocks in all (so the same device gives the same bits every run).
+//   2. kFinishLanes threads per column each add every kFinishLanes-th chunk partial in chunk
+//      order, then one adds their kFinishLanes sums in order and applies beta (the old single
+//      thread per column walked all chunks, a chain of dependent L2 loads that took longer than
+//      pass 1 itself for N = 768).
 // sum_columns: one warp per row; lanes add strided vectors in f32, then a fixed xor butterfly.
 // Scratch: the partials (chunks x N f32) live in a device buffer that only grows, reused in
 // compute-stream order.
@@ -25,8 +29,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int64_t kTargetBlocks = 1024;  // pass-1 blocks to aim for (~8 per H200 multiprocessor)
 constexpr int64_t kMinRowsPerChunk = 64;
+constexpr int kFinishLanes = 32;  // pass-2 threads per column
+constexpr int kFinishUnroll = 4;  // pass-2 loads in flight per thread
 
 template <typename T>
 constexpr int kVecOf = 16 / static_cast<int>(sizeof(T));  // columns per lane
@@ -67,11 +72,19 @@ __global__ void column_partial_kernel(const T* x, int64_t m, int64_t n, int64_t 
 #pragma unroll
     for (int k = 0; k < V; ++k) acc[k] = acc[k] + v0[k] + v1[k] + v2[k] + v3[k];
   }
-  for (; r < r1; r += kWarps) {
-    float v[V];
-    load_row(r, v);
+  // The last one to three rows of the warp, their loads in flight together too.
+  if (r < r1) {
+    float v0[V], v1[V], v2[V];
+    const bool has1 = r + kWarps < r1, has2 = r + 2 * kWarps < r1;
+    load_row(r, v0);
+    if (has1) load_row(r + kWarps, v1);
+    if (has2) load_row(r + 2 * kWarps, v2);
 #pragma unroll
-    for (int k = 0; k < V; ++k) acc[k] += v[k];
+    for (int k = 0; k < V; ++k) {
+      acc[k] += v0[k];
+      if (has1) acc[k] += v1[k];
+      if (has2) acc[k] += v2[k];
+    }
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) s[warp][col_of(k)] = acc[k];
@@ -85,16 +98,36 @@ __global__ void column_partial_kernel(const T* x, int64_t m, int64_t n, int64_t 
   }
 }
 
-// Pass 2: out(j) = beta * out(j) + sum over chunks of partial(c, j), in chunk order.
+// Pass 2: out(j) = beta * out(j) + sum over chunks of partial(c, j). Block (32 columns x
+// kFinishLanes): thread (x, y) adds the chunks c = y, y + kFinishLanes, ... of column x in turn
+// (kFinishUnroll loads in flight), then thread (x, 0) adds the kFinishLanes sums in order: a
+// fixed order, and each thread walks chunks / kFinishLanes partials instead of all of them.
 template <typename Out>
-__global__ void column_finish_kernel(const float* partial, int64_t chunks, int64_t n, Out* out,
-                                     float beta) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= n) return;
+__global__ void __launch_bounds__(32 * kFinishLanes)
+    column_finish_kernel(const float* partial, int64_t chunks, int64_t n, Out* out, float beta) {
+  __shared__ float sums[kFinishLanes][33];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float t = 0.f;
-  for (int64_t c = 0; c < chunks; ++c) t += partial[c * n + j];
-  if (beta != 0.f) t += beta * to_float(out[j]);
-  out[j] = from_float<Out>(t);
+  if (j < n) {
+    int64_t c = threadIdx.y;
+    for (; c + (kFinishUnroll - 1) * kFinishLanes < chunks; c += kFinishUnroll * kFinishLanes) {
+      float v[kFinishUnroll];
+#pragma unroll
+      for (int u = 0; u < kFinishUnroll; ++u) v[u] = partial[(c + u * kFinishLanes) * n + j];
+#pragma unroll
+      for (int u = 0; u < kFinishUnroll; ++u) t += v[u];
+    }
+    for (; c < chunks; c += kFinishLanes) t += partial[c * n + j];
+  }
+  sums[threadIdx.y][threadIdx.x] = t;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < n) {
+    float total = 0.f;
+#pragma unroll
+    for (int r = 0; r < kFinishLanes; ++r) total += sums[r][threadIdx.x];
+    if (beta != 0.f) total += beta * to_float(out[j]);
+    out[j] = from_float<Out>(total);
+  }
 }
 
 // out(i) = beta * out(i) + sum_j x(i, j): one warp per row.
@@ -158,26 +191,26 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
     using Out = decltype(ot);
     constexpr int V = kVecOf<T>;
     const int64_t tiles = ceil_div(n, 32 * V);
+    const bool vec = n % V == 0 && aligned16(x.data);
+    auto pass1 = vec ? column_partial_kernel<T, true> : column_partial_kernel<T, false>;
     int64_t chunks = 0, rows_per_chunk = 0;
     if (m > 0) {
-      const int64_t want = std::clamp<int64_t>(ceil_div(kTargetBlocks, tiles), 1,
+      // As many blocks as are resident at once (one wave), at least kMinRowsPerChunk rows each.
+      const int64_t resident = persistent_grid(pass1, kThreads, 0, int64_t{1} << 30);
+      const int64_t want = std::clamp<int64_t>(resident / tiles, 1,
                                                std::max<int64_t>(1, m / kMinRowsPerChunk));
       rows_per_chunk = ceil_div(m, want);
       chunks = ceil_div(m, rows_per_chunk);
     }
     float* partial = partial_scratch(static_cast<size_t>(std::max<int64_t>(chunks, 1) * n));
     if (chunks > 0) {
-      const bool vec = n % V == 0 && aligned16(x.data);
       const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
-      const T* px = static_cast<const T*>(x.data);
-      if (vec)
-        column_partial_kernel<T, true><<<grid, kThreads, 0, stream()>>>(px, m, n, rows_per_chunk, partial);
-      else
-        column_partial_kernel<T, false><<<grid, kThreads, 0, stream()>>>(px, m, n, rows_per_chunk, partial);
+      pass1<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
+                                            partial);
       check_launch("column_partial_kernel");
     }
-    column_finish_kernel<Out><<<static_cast<unsigned>(ceil_div(n, kThreads)), kThreads, 0, stream()>>>(
-        partial, chunks, n, static_cast<Out*>(out.data), beta);
+    column_finish_kernel<Out><<<static_cast<unsigned>(ceil_div(n, 32)), dim3(32, kFinishLanes), 0,
+                                stream()>>>(partial, chunks, n, static_cast<Out*>(out.data), beta);
     check_launch("column_finish_kernel");
   });
 }

@@ -1,6 +1,7 @@
 // CUDA launchers of rotary position embedding (contract: csrc/ops/rope.h; kernels: rope.cu).
-// x / dx (T, NH, D) bf16 or f32, rotated in place; positions (T) i32. Angles, cos and sin in
-// double as the CPU reference computes them; the rotation itself in f32. D even, D <= 2048.
+// x / dx (T, NH, D) bf16 or f32, rotated in place; positions (T) i32. Angles in double as the CPU
+// reference computes them, cos and sin by a double reduction and polynomials (rounded to f32,
+// they equal the reference's rounded values); the rotation itself in f32. D even, D <= 2048.
 #pragma once
 #include "core/tensor.h"
 

@@ -3,8 +3,9 @@
 // operations, rounded the same way); cast f32 <-> bf16 bit for bit (ties, -0, inf, NaN); f64
 // rejected. sum / sum_squares within 1e-6 of the reference's double sums (f32 partials over 8
 // elements) and bitwise repeatable; count_nonfinite exact. Sizes cross the vector width (8), the
-// peeled head and tail, and the grid; operands at odd element offsets exercise the peeled head
-// (all misaligned alike) and the element-by-element path (misaligned differently).
+// peeled head and tail, and the grid (cast bf16 -> f32 also its unrolled loop over warp spans);
+// operands at odd element offsets exercise the peeled head (all misaligned alike) and the
+// element-by-element path (misaligned differently).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -101,6 +102,24 @@ TEST_CASE("cuda cast between f32 and bf16 equals the reference bit for bit; f64 
   Owned d64 = empty({4}, DType::F64, Device::CUDA), d32 = empty({4}, DType::F32, Device::CUDA);
   CHECK_THROWS_AS(ops::cast(d64, d32), Error);
   CHECK_THROWS_AS(ops::cast(d32, d64), Error);
+}
+
+// The bf16 -> f32 body converts 256-element warp spans, four spans per loop trip once a thread
+// has that many (over 8.6M elements on an H200); both loops, the head and the tail run here.
+TEST_CASE("cuda cast bf16 -> f32 over many spans equals the reference bit for bit") {
+  if (!gpu_available_or_skip()) return;
+  for (int64_t n : {int64_t{(1 << 24) + 777}, int64_t{(1 << 22) + 5}, int64_t{300}}) {
+    for (int64_t offset : {0, 4}) {  // 4: both pointers 8 bytes past 16, a 4-element head
+      INFO("n ", n, " offset ", offset);
+      Owned x = randn({n}, DType::BF16, "ew.cast_big");
+      Owned want = empty({n}, DType::F32, Device::CPU);
+      ops::cast(x, want);
+      DeviceTensor dx = to_gpu(x, offset);
+      DeviceTensor dy = gpu_poisoned({n}, DType::F32, offset);
+      ops::cast(dx.t, dy.t);
+      CHECK(bitwise_equal(dy.t, want));
+    }
+  }
 }
 
 TEST_CASE("cuda sum and sum_squares match the reference's double sums and repeat bit for bit") {

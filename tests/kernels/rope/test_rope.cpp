@@ -3,7 +3,8 @@
 // reduction), heads past rotated_heads left bit for bit, forward then backward returning x.
 // Tolerances: bf16 within twice the error of rounding the exact result to bf16, plus 1e-4 (the
 // reference runs on the same bf16-rounded input; the kernel rotates in f32 and rounds once);
-// f32 within 1e-5 (angles, cos and sin are double in both, the rotation f32 in the kernel).
+// f32 within 1e-5 (angles in double in both, cos and sin to double accuracy, the rotation f32
+// in the kernel).
 #include <doctest/doctest.h>
 
 #include <cstring>
