@@ -11,7 +11,7 @@
 
 namespace engine {
 
-enum class ModelFamily { GPT2, Llama, Mistral };
+enum class ModelFamily { GPT2, Llama, Mistral, Qwen2 };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
@@ -29,7 +29,10 @@ struct RunConfig {
 };
 
 // Family presets fill the unset keys: gpt2 = layernorm, gelu, learned positions, biases, tied
-// embeddings; llama = rmsnorm, swiglu, rope, no biases, untied; mistral = llama + sliding window.
+// embeddings; llama = rmsnorm, swiglu, rope, no biases, untied; mistral = llama + sliding window;
+// qwen2 = llama + biases on q, k and v only, norm_eps 1e-6.
+// init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
+// (and must agree with the set ones) and its weights replace the random init.
 struct ModelConfig {
   ModelFamily family = ModelFamily::Llama;
   int vocab_size = 0;
@@ -47,8 +50,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int sliding_window = 0;     // 0 = full causal attention
   bool bias = false;          // biases in linear layers (and LayerNorm)
+  bool qkv_bias = false;      // biases on the q, k, v projections only (Qwen2); implied by bias
   bool tie_embeddings = false;
   double init_std = 0.02;     // output projections get init_std / sqrt(2 * num_layers)
+  std::string init_from;      // Hugging Face folder to start from ("" = random init)
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -95,6 +100,9 @@ struct TrainingConfig {
   int steps = 0;
   int eval_every = 0;  // 0 = no periodic validation
   int eval_steps = 1;  // global batches per validation
+  int checkpoint_every = 0;  // steps between checkpoints (also one at the end and on SIGINT/SIGTERM); 0 = none
+  int keep_checkpoints = 3;  // newest checkpoints kept; 0 = all
+  std::string resume = "none";  // "none", "auto" (newest usable checkpoint of this run) or a path
   bool operator==(const TrainingConfig&) const = default;
 };
 

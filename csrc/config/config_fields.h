@@ -26,7 +26,8 @@ struct EnumName {
 };
 
 inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
-    {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral}};
+    {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
+    {"qwen2", ModelFamily::Qwen2}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},
@@ -91,8 +92,10 @@ void visit_fields(C& c, V& v) {
   v.field("rope_theta", c.model.rope_theta);
   v.field("sliding_window", c.model.sliding_window);
   v.field("bias", c.model.bias);
+  v.field("qkv_bias", c.model.qkv_bias);
   v.field("tie_embeddings", c.model.tie_embeddings);
   v.field("init_std", c.model.init_std);
+  v.field("init_from", c.model.init_from);
 
   v.section("data");
   v.datasets("train", c.data.train);
@@ -124,6 +127,9 @@ void visit_fields(C& c, V& v) {
   v.field("steps", c.training.steps);
   v.field("eval_every", c.training.eval_every);
   v.field("eval_steps", c.training.eval_steps);
+  v.field("checkpoint_every", c.training.checkpoint_every);
+  v.field("keep_checkpoints", c.training.keep_checkpoints);
+  v.field("resume", c.training.resume);
 
   v.section("distributed");
   v.field("zero_stage", c.distributed.zero_stage);

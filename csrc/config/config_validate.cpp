@@ -6,7 +6,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 
+#include "checkpoint/hf.h"
 #include "config/config.h"
 #include "config/config_fields.h"
 #include "core/check.h"
@@ -160,6 +162,18 @@ struct Checker {
     at_least("run.debug_level", c.run.debug_level, 0);
   }
 
+  // A path set in the file is relative to the file's folder (like data paths); one from the
+  // command line to the working directory. Made absolute so the effective config reloads.
+  void resolve_path(const char* key, std::string& path) const {
+    namespace fs = std::filesystem;
+    if (path.empty() || fs::path(path).is_absolute() || !set(key)) return;
+    const auto it = c.origin.find(key);
+    const bool cli = it->second == "<command line>";
+    const fs::path base = cli ? fs::current_path() : fs::path(c.source).parent_path();
+    if (base.empty()) return;  // parsed from text without a folder: left as given
+    path = (fs::absolute(base) / path).lexically_normal().string();
+  }
+
   void family_presets() const {
     ModelConfig& m = c.model;
     const bool gpt2 = m.family == ModelFamily::GPT2;
@@ -169,12 +183,17 @@ struct Checker {
     if (!set("model.positions")) m.positions = gpt2 ? PositionKind::Learned : PositionKind::Rope;
     if (!set("model.bias")) m.bias = gpt2;
     if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
-    if (!set("model.norm_eps")) m.norm_eps = 1e-5;
+    if (!set("model.qkv_bias")) m.qkv_bias = m.family == ModelFamily::Qwen2;
+    if (!set("model.norm_eps")) m.norm_eps = m.family == ModelFamily::Qwen2 ? 1e-6 : 1e-5;
     if (!set("model.sliding_window") && m.family == ModelFamily::Mistral) m.sliding_window = 4096;
   }
 
   void model() const {
     ModelConfig& m = c.model;
+    if (!m.init_from.empty()) {
+      resolve_path("model.init_from", m.init_from);
+      hf::apply_hf_config(c);  // fills the unset [model] keys from config.json, checks the set ones
+    }
     required_positive("model.vocab_size", m.vocab_size);
     required_positive("model.hidden_size", m.hidden_size);
     required_positive("model.num_layers", m.num_layers);
@@ -262,6 +281,10 @@ struct Checker {
     required_positive("training.steps", t.steps);
     at_least("training.eval_every", t.eval_every, 0);
     at_least("training.eval_steps", t.eval_steps, 1);
+    at_least("training.checkpoint_every", t.checkpoint_every, 0);
+    at_least("training.keep_checkpoints", t.keep_checkpoints, 0);
+    non_empty("training.resume", t.resume);
+    if (t.resume != "none" && t.resume != "auto") resolve_path("training.resume", t.resume);
     if (t.eval_every > 0 && c.data.valid.empty() && c.data.valid_fraction == 0)
       RAISE(c.where("training.eval_every"),
             "validation needs data: set data.valid or data.valid_fraction > 0");

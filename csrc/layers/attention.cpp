@@ -14,10 +14,8 @@ Attention::Attention(const ParamStore& store, const std::string& prefix, const M
       theta_(static_cast<float>(c.rope_theta)) {
   wqkv_ = adjacent_rows(store, {prefix + ".wq", prefix + ".wk", prefix + ".wv"});
   wo_ = Param(store, prefix + ".wo");
-  if (c.bias) {
-    bqkv_ = adjacent_rows(store, {prefix + ".bq", prefix + ".bk", prefix + ".bv"});
-    bo_ = Param(store, prefix + ".bo");
-  }
+  if (c.bias || c.qkv_bias) bqkv_ = adjacent_rows(store, {prefix + ".bq", prefix + ".bk", prefix + ".bv"});
+  if (c.bias) bo_ = Param(store, prefix + ".bo");
 }
 
 void Attention::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c) {
@@ -27,12 +25,12 @@ void Attention::declare(ParamTable& t, const std::string& prefix, const ModelCon
   t.add({.name = prefix + ".wk", .shape = {Hkv * D, C}, .init_std = c.init_std, .adjacent = true});
   t.add({.name = prefix + ".wv", .shape = {Hkv * D, C}, .init_std = c.init_std, .adjacent = true});
   t.add({.name = prefix + ".wo", .shape = {C, H * D}, .init_std = out_std});
-  if (c.bias) {
+  if (c.bias || c.qkv_bias) {  // qkv_bias alone: Qwen2's biases on q, k, v but not o
     t.add({.name = prefix + ".bq", .shape = {H * D}, .init = InitKind::Zeros, .weight_decay = false});
     t.add({.name = prefix + ".bk", .shape = {Hkv * D}, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
     t.add({.name = prefix + ".bv", .shape = {Hkv * D}, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
-    t.add({.name = prefix + ".bo", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
   }
+  if (c.bias) t.add({.name = prefix + ".bo", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
 }
 
 ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const AttentionSaved& s) const {

@@ -1,9 +1,9 @@
 // Multi-head self-attention with grouped-query heads, optional RoPE and sliding window, over
 // packed varlen batches (segments from data/varlen.h).
-//   qkv = xn [Wq; Wk; Wv]^T (+ b)    one GEMM over the adjacent q, k, v weights
+//   qkv = xn [Wq; Wk; Wv]^T (+ b)    one GEMM over the adjacent q, k, v weights (b: bias or qkv_bias)
 //   rope on the q and k heads (in place, positions restart per document)
 //   o = attention(q, k, v)           ops/attention.h
-//   y = o Wo^T (+ bo)
+//   y = o Wo^T (+ bo)                bo only with bias
 // Saved: qkv after RoPE, o, the log-sum-exp. xn (the normalised input) is kept by the caller.
 // Gradients: dxn written (=); parameter gradients accumulated (+=).
 #pragma once

@@ -30,6 +30,9 @@ class Model {
   // reduction of that suffix can start while the rest of backward runs.
   using GradsReady = std::function<void(int64_t offset)>;
   virtual void backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready = {}) = 0;
+  // The logits (T, V) of the micro-batch's tokens into `out` (f32, on the model's device): the
+  // forward pass without the loss, for tools that compare against other implementations.
+  virtual void logits(const MicroBatch& mb, const Tensor& out) = 0;
 };
 
 // The parameter table of a model family (no memory).

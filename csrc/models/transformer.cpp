@@ -1,5 +1,8 @@
 #include "models/transformer.h"
 
+#include "layers/linear.h"
+#include "ops/elementwise.h"
+
 namespace engine {
 
 struct Transformer::TSaved : Model::Saved {
@@ -69,6 +72,33 @@ void Transformer::backward(const MicroBatch& mb, Saved& saved, const GradsReady&
   s = TSaved{};
 }
 
+void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
+  const int64_t T = mb.num_tokens, V = config_.vocab_size;
+  expect_shape(out, {T, V}, "logits");
+  ENSURE(out.dtype == DType::F32 && out.device == env_.device, "logits: an f32 tensor on the model's device");
+  const layers::SegmentInfo seg = mb.segments();
+  Owned x = env_.act_tensor({T, config_.hidden_size});
+  embedding_.forward(mb.tokens, mb.positions, x);
+  for (const layers::Block& b : blocks_) {
+    layers::BlockSaved s;
+    b.forward(env_, x, seg, s);
+    x = std::move(s.y);
+  }
+  // The head's norm and projection as LmHead::forward applies them, without the loss.
+  const layers::Norm norm(store_, "final_norm", config_.norm, static_cast<float>(config_.norm_eps), config_.bias);
+  Owned xn = env_.act_tensor({T, config_.hidden_size});
+  layers::NormSaved ns;
+  norm.forward(env_, x, xn, ns);
+  const Tensor w = store_.weight(config_.tie_embeddings ? layers::Embedding::kTokens : "head.weight");
+  if (env_.act == DType::F32) {
+    layers::linear_forward(xn, w, {}, out);
+  } else {
+    Owned y = env_.act_tensor({T, V});
+    layers::linear_forward(xn, w, {}, y);
+    ops::cast(y, out);
+  }
+}
+
 ParamTable model_param_table(const ModelConfig& c) { return table_of(c); }
 
 std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,
@@ -77,6 +107,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType com
     case ModelFamily::GPT2:
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
+    case ModelFamily::Qwen2:
       return std::make_unique<Transformer>(c, device, compute_dtype, capacity);
   }
   RAISE("unknown model family");

@@ -1,4 +1,4 @@
-// Decoder-only transformer: gpt2, llama and mistral are this one stack with different presets
+// Decoder-only transformer: gpt2, llama, mistral and qwen2 are this one stack with different presets
 // (config.cpp): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
 // LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.
@@ -21,6 +21,7 @@ class Transformer final : public Model {
   std::unique_ptr<Saved> new_saved() const override;
   double forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) override;
   void backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready = {}) override;
+  void logits(const MicroBatch& mb, const Tensor& out) override;
 
  private:
   struct TSaved;

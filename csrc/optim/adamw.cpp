@@ -131,6 +131,11 @@ Owned AdamW::gather_master() {
   return full;
 }
 
+void AdamW::weights_from_master() {
+  if (!store_.has_weights()) return;  // ZeRO-3 between steps: begin_step() gathers from the master
+  write_and_gather_weights();
+}
+
 size_t AdamW::state_bytes() const {
   size_t b = m_.buf.bytes() + v_.buf.bytes() + grad_shard_.buf.bytes();
   b += master_aliased_ ? 0 : master_.buf.bytes();

@@ -48,6 +48,21 @@ class AdamW {
   Tensor master() const;                              // (shard) f32
   // The full f32 master weights of every rank, gathered (tests, checkpoints).
   Owned gather_master();
+
+  // Checkpoint export/import. The shard's state as f32 views on the store's device: a
+  // checkpoint writer reads them, a loader overwrites them (master: the shard's master weights,
+  // aliasing the compute weights on CPU) and then calls weights_from_master(), which rewrites
+  // the compute weights from the master (rounded to the compute dtype by the same cast a step
+  // uses) and gathers them over the group (ZeRO-3: left to the next begin_step()). The compute
+  // weights are therefore never saved: they are a function of the master weights.
+  struct ShardState {
+    Tensor master, exp_avg, exp_avg_sq;  // (shard_end - shard_begin) f32 each
+  };
+  ShardState shard_state() const { return {master(), m_.t, v_.t}; }
+  void weights_from_master();
+  int zero_stage() const { return stage_; }
+  Comm& comm() const { return dp_; }
+  const ParamStore& store() const { return store_; }
   // Bytes this rank keeps between steps for the optimizer (master, moments, gradient shard).
   size_t state_bytes() const;
 

@@ -1,10 +1,13 @@
-// ./train run.toml [section.key=value ...]
+// ./train run.toml [section.key=value ...] [--export-hf DIR | --dump-logits TOKENS OUT]
 // Trains the model the config describes; see README.md for the config reference.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "checkpoint/tools.h"
+#include "comm/comm.h"
 #include "comm/launch.h"
 #include "config/config.h"
 #include "core/log.h"
@@ -12,17 +15,33 @@
 
 static void usage() {
   std::printf(
-      "usage: train CONFIG.toml [section.key=value ...]\n"
+      "usage: train CONFIG.toml [section.key=value ...] [options]\n"
       "  Trains the model described by CONFIG.toml; every key can be overridden on the command\n"
       "  line, e.g. train configs/tiny-llama.toml training.steps=50 optimizer.lr=1e-3\n"
-      "  --print-config   print the effective config (defaults and overrides applied) and exit\n");
+      "  --print-config            print the effective config (defaults and overrides applied) and exit\n"
+      "  --export-hf DIR           write the model as a Hugging Face folder (config.json + safetensors)\n"
+      "                            and exit; the weights of training.resume when it is a path, else of\n"
+      "                            the run's newest checkpoint, else of model.init_from or the init\n"
+      "  --export-dtype f32|bf16   dtype of the exported tensors (default f32)\n"
+      "  --export-shard-mb N       above N MiB the export is split into model-0000i-of-0000n files\n"
+      "                            with an index (default 5120)\n"
+      "  --dump-logits TOKENS OUT  logits of the token sequences in TOKENS (one per line, ids\n"
+      "                            separated by spaces) to OUT (safetensors), with the same weights\n");
 }
 
 int main(int argc, char** argv) {
   engine::launch_init(&argc, &argv);
   std::vector<std::string> overrides;
-  std::string path;
+  std::string path, export_dir, tokens_path, logits_path;
+  engine::hf::ExportOptions export_options;
   bool print_config = false;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]);
+      std::exit(2);
+    }
+    return argv[++i];
+  };
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
       usage();
@@ -30,7 +49,28 @@ int main(int argc, char** argv) {
     }
     if (!std::strcmp(argv[i], "--print-config")) {
       print_config = true;
-    } else if (path.empty() && std::strchr(argv[i], '=') == nullptr) {
+    } else if (!std::strcmp(argv[i], "--export-hf")) {
+      export_dir = value(i);
+    } else if (!std::strcmp(argv[i], "--export-dtype")) {
+      const std::string d = value(i);
+      if (d != "f32" && d != "bf16") {
+        std::fprintf(stderr, "error: --export-dtype must be f32 or bf16, got %s\n", d.c_str());
+        return 2;
+      }
+      export_options.dtype = d == "f32" ? "F32" : "BF16";
+    } else if (!std::strcmp(argv[i], "--export-shard-mb")) {
+      const std::string v = value(i);
+      char* end = nullptr;
+      const double mb = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || !(mb > 0)) {
+        std::fprintf(stderr, "error: --export-shard-mb must be a positive number, got %s\n", v.c_str());
+        return 2;
+      }
+      export_options.shard_bytes = static_cast<uint64_t>(mb * 1024 * 1024);
+    } else if (!std::strcmp(argv[i], "--dump-logits")) {
+      tokens_path = value(i);
+      logits_path = value(i);
+    } else if (path.empty() && std::strchr(argv[i], '=') == nullptr && argv[i][0] != '-') {
       path = argv[i];
     } else if (argv[i][0] == '-') {
       std::fprintf(stderr, "error: unknown option %s (see --help)\n", argv[i]);
@@ -48,6 +88,17 @@ int main(int argc, char** argv) {
     engine::Config config = engine::load_config(path, overrides);
     if (print_config) {
       std::fputs(engine::config_to_toml(config).c_str(), stdout);
+      return 0;
+    }
+    if (!export_dir.empty() || !tokens_path.empty()) {
+      // Tools run on one process (rank 0 under mpirun; the others wait).
+      if (engine::world().rank() == 0) {
+        if (!export_dir.empty()) engine::checkpoint::export_hf_from_config(config, export_dir, export_options);
+        if (!tokens_path.empty())
+          engine::checkpoint::dump_logits(config, engine::resolve_device(config.run.device), tokens_path, logits_path);
+      }
+      engine::world().barrier();
+      engine::launch_finalize();
       return 0;
     }
     int code = 0;

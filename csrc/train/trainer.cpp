@@ -6,9 +6,14 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/tools.h"
 #include "comm/launch.h"
 #include "comm/nccl_comm.h"
 #include "core/log.h"
@@ -33,6 +38,31 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
+}
+
+// "section.key = value" of an effective config (multi-line values joined), for comparisons.
+std::map<std::string, std::string> config_entries(const std::string& toml) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(toml);
+  std::string section, line, key;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (!key.empty()) {  // inside a multi-line array
+      out[key] += line;
+      if (line == "]") key.clear();
+      continue;
+    }
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    const std::string k = section + "." + line.substr(0, eq), v = line.substr(eq + 3);
+    out[k] = v;
+    if (v == "[") key = k;
+  }
+  return out;
 }
 
 std::string rate(double tokens_per_s) {
@@ -110,8 +140,13 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
   const auto bucket = static_cast<int64_t>(config_.distributed.reduce_bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, config_.distributed.zero_stage,
                                        config_.run.seed, bucket);
+  resume_or_init();
   const int64_t gb = config_.batch.global_batch_size;
-  train_data_ = make_sample_source(config_, Split::Train, int64_t{config_.training.steps} * gb);
+  // Enough samples for the remaining steps from the data position (which a resumed run takes
+  // from its checkpoint, even if the global batch size changed).
+  const int64_t samples = std::max(int64_t{config_.training.steps} * gb,
+                                   consumed_ + int64_t{std::max(0, config_.training.steps - step_)} * gb);
+  train_data_ = make_sample_source(config_, Split::Train, samples);
   if (!config_.data.valid.empty() || config_.data.valid_fraction > 0)
     valid_data_ = make_sample_source(config_, Split::Valid, int64_t{config_.training.eval_steps} * gb);
 
@@ -121,9 +156,7 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
     std::filesystem::create_directories(run_dir_, ec);
     ENSURE(!ec, "cannot create run directory ", run_dir_, ": ", ec.message());
     std::ofstream(run_dir_ + "/config.toml") << config_to_toml(config_);
-    const std::string metrics_path = run_dir_ + "/metrics.jsonl";
-    metrics_ = std::fopen(metrics_path.c_str(), "w");
-    ENSURE(metrics_ != nullptr, "cannot write ", metrics_path);
+    open_metrics();
   }
   const ParamTable& t = model_->params().table();
   log_info("model ", family_name(config_.model.family), ": ", t.num_parameters(), " parameters (",
@@ -141,6 +174,88 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
 
 Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
+}
+
+void Trainer::resume_or_init() {
+  checkpoint_root_ = checkpoint::checkpoint_root(config_);
+  resumed_from_ = checkpoint::resolve_resume(config_.training.resume, checkpoint_root_, optimizer_->comm());
+  if (!resumed_from_.empty()) {
+    const checkpoint::TrainerState st = checkpoint::load(resumed_from_, *optimizer_);
+    step_ = st.step;
+    consumed_ = st.consumed_samples;
+    tokens_seen_ = st.tokens_seen;
+    train_seconds_ = st.train_seconds;
+    last_checkpoint_step_ = step_;
+    log_info("resumed from ", resumed_from_, ": step ", step_, ", ", consumed_, " samples consumed");
+    // Settings that changed since the save: layout and bookkeeping keys may (re-sharding is
+    // what checkpoints do); others are allowed too (e.g. more steps) but then the run is not the
+    // one that would have continued, so they are a warning.
+    const auto before = config_entries(checkpoint::read_metadata(resumed_from_).config_toml);
+    const auto now = config_entries(config_to_toml(config_));
+    std::string changes, notes;
+    for (const auto& [k, v] : now) {
+      auto it = before.find(k);
+      if (k == "training.resume" || (it != before.end() && it->second == v)) continue;
+      const bool benign = k.rfind("run.", 0) == 0 || k.rfind("distributed.", 0) == 0 ||
+                          k == "training.checkpoint_every" || k == "training.keep_checkpoints" ||
+                          k == "training.eval_every" || k == "training.eval_steps";
+      (benign ? notes : changes) += "\n  " + k + ": " + (it == before.end() ? std::string("(unset)") : it->second) +
+                                    " -> " + v;
+    }
+    if (dp_.rank() == 0) {
+      if (!notes.empty()) log_info("layout and run settings changed since the checkpoint:", notes);
+      if (!changes.empty()) log_warn("the config differs from the one the checkpoint was saved with:", changes);
+    }
+    return;
+  }
+  if (config_.training.resume == "auto") log_info("no checkpoint under ", checkpoint_root_, ": starting from step 0");
+  if (!config_.model.init_from.empty()) {
+    std::unique_ptr<hf::HfWeights> weights;
+    checkpoint::agree(optimizer_->comm(), [&] {
+      weights = std::make_unique<hf::HfWeights>(config_.model.init_from, config_.model);
+      checkpoint::fill_shard(*optimizer_, 0, weights->fetcher());
+    });
+    optimizer_->weights_from_master();
+    log_info("weights from the Hugging Face folder ", config_.model.init_from);
+  }
+}
+
+void Trainer::open_metrics() {
+  const std::string path = run_dir_ + "/metrics.jsonl";
+  if (!resumed_from_.empty() && std::filesystem::exists(path)) {
+    // Keep the lines up to the resumed step; the steps after it are trained again.
+    std::ifstream in(path);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      try {
+        auto j = nlohmann::json::parse(line);
+        if (j.contains("step") && j["step"].get<int>() <= step_) kept += line + "\n";
+      } catch (const std::exception&) {  // a line cut by a crash
+      }
+    }
+    in.close();
+    std::ofstream(path, std::ios::trunc) << kept;
+  }
+  metrics_ = std::fopen(path.c_str(), resumed_from_.empty() ? "w" : "a");
+  ENSURE(metrics_ != nullptr, "cannot write ", path);
+}
+
+std::string Trainer::save_checkpoint() {
+  checkpoint::SaveOptions o;
+  o.root = checkpoint_root_;
+  o.keep = config_.training.keep_checkpoints;
+  o.config_toml = config_to_toml(config_);
+  o.state = {step_, consumed_, tokens_seen_, train_seconds_};
+  const double t0 = now_seconds();
+  const std::string dir = checkpoint::save(o, *optimizer_);
+  last_checkpoint_step_ = step_;
+  log_info("checkpoint ", dir, " written in ", format_duration(now_seconds() - t0));
+  return dir;
+}
+
+bool Trainer::stop_requested() {
+  const bool mine = g_stop.load();
+  return dp_.size() > 1 ? dp_.all_reduce_max(mine ? 1.0 : 0.0) > 0 : mine;
 }
 
 double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t count, bool with_grad,
@@ -187,7 +302,8 @@ StepResult Trainer::train_step() {
   optimizer_->begin_step();
   model_->params().zero_grads();
   int64_t loss_tokens = 0;
-  const double loss_sum = run_batch(*train_data_, int64_t{step_} * gb, gb, true, &loss_tokens);
+  const double loss_sum = run_batch(*train_data_, consumed_, gb, true, &loss_tokens);
+  consumed_ += gb;
   if (loss_tokens == 0) log_warn("step ", step_ + 1, ": the global batch has no loss tokens");
   ++step_;
   StepStats st = optimizer_->step(step_);
@@ -222,17 +338,19 @@ void Trainer::write_metrics(const std::string& line) {
 int Trainer::run() {
   // A stop requested before run() (or during a step) takes effect after the step in progress.
   const int total = config_.training.steps;
-  log_info("training for ", total, " steps; run directory ", run_dir_.empty() ? "(none)" : run_dir_);
-  int64_t tokens_seen = 0;
+  log_info("training for ", total, " steps", step_ > 0 ? str_cat(" from step ", step_) : "", "; run directory ",
+           run_dir_.empty() ? "(none)" : run_dir_);
+  const int every = config_.training.checkpoint_every;
+  if (step_ >= total) log_info("nothing to train: the run is at step ", step_, " of ", total);
   while (step_ < total) {
     StepResult r = train_step();
     train_seconds_ += r.seconds;
-    tokens_seen += r.tokens;
+    tokens_seen_ += r.tokens;
     const double tps = r.seconds > 0 ? r.tokens / r.seconds : 0;
     const size_t peak = memory_stats(device_).peak_in_use;
     nlohmann::json j = {{"step", r.step},           {"loss", r.loss},
                         {"lr", r.lr},               {"grad_norm", r.grad_norm},
-                        {"tokens_per_s", tps},      {"tokens", tokens_seen},
+                        {"tokens_per_s", tps},      {"tokens", tokens_seen_},
                         {"step_seconds", r.seconds}, {"elapsed_s", train_seconds_},
                         {"peak_memory_bytes", peak}};
     write_metrics(j.dump());
@@ -242,7 +360,7 @@ int Trainer::run() {
       return 1;
     }
     if (r.step % config_.run.log_every == 0 || r.step == total || r.step == 1) {
-      const double eta = train_seconds_ / r.step * (total - r.step);
+      const double eta = train_seconds_ / r.step * (total - r.step);  // (includes pre-resume steps)
       log_info("step ", r.step, "/", total, " | loss ", fmt("%.4f", r.loss), " | lr ", fmt("%.3e", r.lr),
                " | grad_norm ", fmt("%.3f", r.grad_norm), " | ", rate(tps), " tok/s | elapsed ",
                format_duration(train_seconds_), " | eta ", format_duration(eta),
@@ -253,12 +371,15 @@ int Trainer::run() {
       log_info("step ", r.step, " | valid loss ", fmt("%.4f", vl));
       write_metrics(nlohmann::json{{"step", r.step}, {"valid_loss", vl}}.dump());
     }
-    if (g_stop.load()) {
+    const bool stop = stop_requested();
+    if (every > 0 && (r.step % every == 0 || stop)) save_checkpoint();
+    if (stop) {
       log_info("stop requested: stopped cleanly after step ", step_, " of ", total);
       break;
     }
   }
   g_stop.store(false);
+  if (every > 0 && last_checkpoint_step_ != step_) save_checkpoint();  // the end of the run
   log_info("done: ", step_, " steps in ", format_duration(train_seconds_), ", peak memory ",
            format_bytes(static_cast<double>(memory_stats(device_).peak_in_use)));
   return 0;

@@ -1,6 +1,11 @@
 // The training loop of one process: global batch -> micro-batches (gradient accumulation) ->
-// forward/backward -> grad-norm clipping -> AdamW -> logs and metrics, with periodic validation
-// and a clean stop on SIGINT/SIGTERM after the current step.
+// forward/backward -> grad-norm clipping -> AdamW -> logs and metrics, with periodic validation,
+// checkpoints (checkpoint/checkpoint.h) every training.checkpoint_every steps, at the end and on
+// a stop, and a clean stop on SIGINT/SIGTERM after the current step (agreed by all ranks).
+// Resume (training.resume) restores the optimizer state, the step and the data position
+// (samples consumed: sample i of the training split is a pure function of config, seed and i),
+// so the losses after a resume equal those of the run that never stopped, bitwise on the CPU.
+// model.init_from starts from a Hugging Face folder's weights instead of the random init.
 // The loss of a step is the sum of per-token losses over the global batch divided by the number
 // of loss tokens in it, so how the batch is cut into micro-batches does not change it.
 #pragma once
@@ -40,6 +45,12 @@ class Trainer {
   double evaluate();              // mean validation loss over training.eval_steps batches
   int run();                      // the whole run; returns the process exit code
   int step() const { return step_; }
+  int64_t consumed_samples() const { return consumed_; }
+  // Writes a checkpoint of the current state under checkpoint_root() (collective over the
+  // data-parallel group); returns its folder.
+  std::string save_checkpoint();
+  const std::string& checkpoint_root() const { return checkpoint_root_; }
+  const std::string& resumed_from() const { return resumed_from_; }  // "" when not resumed
   Model& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   const std::string& run_dir() const { return run_dir_; }
@@ -55,6 +66,9 @@ class Trainer {
   double run_batch(const SampleSource& source, int64_t first, int64_t count, bool with_grad,
                    int64_t* loss_tokens);
   void write_metrics(const std::string& json_line);
+  void resume_or_init();
+  void open_metrics();
+  bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
 
   Config config_;
   std::unique_ptr<Comm> device_comm_;  // NCCL over the world when training on GPUs with several ranks
@@ -67,7 +81,11 @@ class Trainer {
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   FILE* metrics_ = nullptr;
   int step_ = 0;
+  int64_t consumed_ = 0;     // training samples used so far (the data position)
+  int64_t tokens_seen_ = 0;
   double train_seconds_ = 0;
+  std::string checkpoint_root_, resumed_from_;
+  int last_checkpoint_step_ = -1;
 };
 
 }  // namespace engine

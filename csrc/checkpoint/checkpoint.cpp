@@ -1,0 +1,414 @@
+#include "checkpoint/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include "comm/mpi_comm.h"
+#include "core/log.h"
+#include "ops/elementwise.h"
+
+namespace engine::checkpoint {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kChunk = int64_t{4} << 20;  // elements per staging copy (16 MiB of f32)
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + ")";
+}
+
+std::string shard_file_name(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
+std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+// One rank contributes `v`, the others 0: every rank gets v.
+int64_t share(Comm& comm, int from, int64_t v) { return comm.all_reduce_sum(comm.rank() == from ? v : int64_t{0}); }
+uint64_t share_u64(Comm& comm, int from, uint64_t v) {
+  int64_t s;
+  std::memcpy(&s, &v, 8);
+  s = share(comm, from, s);
+  std::memcpy(&v, &s, 8);
+  return v;
+}
+
+// The shard's state tensor of one kind.
+Tensor shard_tensor(const AdamW& opt, int kind) {
+  const AdamW::ShardState st = opt.shard_state();
+  return kind == 0 ? st.master : kind == 1 ? st.exp_avg : st.exp_avg_sq;
+}
+
+FileDigest write_shard(const std::string& dir, int rank, const AdamW& opt, int step) {
+  SafetensorsWriter w;
+  const int64_t len = opt.shard_end() - opt.shard_begin();
+  w.set_metadata({{"format", "engine-checkpoint-shard"},
+                  {"rank", std::to_string(rank)},
+                  {"begin", std::to_string(opt.shard_begin())},
+                  {"end", std::to_string(opt.shard_end())},
+                  {"step", std::to_string(step)}});
+  for (int k = 0; k < 3; ++k) {
+    const Tensor t = shard_tensor(opt, k);
+    ENSURE(t.dtype == DType::F32 && t.numel() == len, "optimizer state ", kTensorKinds[k], " is not an f32 shard");
+    w.add(kTensorKinds[k], "F32", {len}, [t](OutFile& f) {
+      if (t.device == Device::CPU) return f.write(t.data, t.nbytes());
+      std::vector<float> host(static_cast<size_t>(std::min(kChunk, t.numel())));
+      for (int64_t off = 0; off < t.numel(); off += kChunk) {
+        const int64_t n = std::min(kChunk, t.numel() - off);
+        copy_bytes(host.data(), Device::CPU, static_cast<const float*>(t.data) + off, t.device,
+                   static_cast<size_t>(n) * 4);
+        f.write(host.data(), static_cast<size_t>(n) * 4);
+      }
+    });
+  }
+  return w.write(join(dir, shard_file_name(rank)));
+}
+
+// Folders left by saves that died: step_<N>.tmp-<pid> (incomplete, removed) and
+// step_<N>.old-<pid> (a complete checkpoint moved aside for a replacement that never landed:
+// renamed back when step_<N> is missing, else removed).
+void remove_stale(const std::string& root) {
+  static const std::regex stale(R"((step_[0-9]+)\.(tmp|old)-[0-9]+)");
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(root, ec)) found.push_back(e.path());
+  for (const fs::path& p : found) {
+    std::smatch m;
+    const std::string name = p.filename().string();
+    if (!std::regex_match(name, m, stale)) continue;
+    const fs::path final_dir = p.parent_path() / m[1].str();
+    if (m[2] == "old" && !fs::exists(final_dir, ec)) {
+      log_warn("restoring ", final_dir.string(), " from ", p.string(), " (left by an interrupted save)");
+      rename_path(p.string(), final_dir.string());
+      continue;
+    }
+    log_info("removing ", p.string(), " (left by an interrupted save)");
+    remove_tree(p.string());
+  }
+}
+
+void apply_retention(const std::string& root, const std::string& current, int keep) {
+  const auto all = list_checkpoints(root);
+  int kept = 0;
+  for (const auto& [step, path] : all) {
+    if (path == current || keep == 0 || kept < keep) {
+      ++kept;
+      continue;
+    }
+    log_info("removing checkpoint ", path, " (training.keep_checkpoints = ", keep, ")");
+    remove_tree(path);
+  }
+}
+
+// rank 0, after every shard file is complete: metadata last, then the rename into place.
+void commit(const std::string& tmp, const std::string& final_dir, const std::string& root, const Metadata& m,
+            int keep, int64_t pid) {
+  write_file(join(tmp, kMetadataFile), m.serialize());
+  fsync_dir(tmp);
+  std::error_code ec;
+  std::string aside;
+  if (fs::exists(final_dir, ec)) {  // saving a step again (a resumed run): replace it only now
+    aside = final_dir + ".old-" + std::to_string(pid);
+    rename_path(final_dir, aside);
+  }
+  try {
+    rename_path(tmp, final_dir);
+  } catch (...) {
+    if (!aside.empty()) std::rename(aside.c_str(), final_dir.c_str());
+    throw;
+  }
+  fsync_dir(root);
+  if (!aside.empty()) remove_tree(aside);
+  apply_retention(root, final_dir, keep);
+  for (const auto& [step, path] : list_checkpoints(root))
+    if (step > m.state.step)
+      log_warn(path, " is from a later step than this run's checkpoint (step ", m.state.step,
+               "): training.resume = \"auto\" picks the highest step; remove it to continue from this run");
+}
+
+}  // namespace
+
+void agree(Comm& comm, const std::function<void()>& f, const std::function<void()>& on_fail) {
+  std::string error;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int n = comm.size();
+  const auto first = static_cast<int>(comm.all_reduce_max(error.empty() ? 0.0 : static_cast<double>(n - comm.rank())));
+  if (first == 0) return;
+  if (on_fail) on_fail();
+  if (!error.empty()) throw Error(error);
+  RAISE("rank ", n - first, " of the data-parallel group failed (its error is reported by that rank)");
+}
+
+std::string save(const SaveOptions& o, AdamW& opt) {
+  Comm& comm = opt.comm();
+  const int rank = comm.rank(), n = comm.size();
+  const ParamStore& store = opt.store();
+  const int64_t cap = store.capacity();
+  const bool sharded = opt.shard_end() - opt.shard_begin() != cap;
+  const std::string final_dir = join(o.root, step_dir_name(o.state.step));
+  std::string tmp;
+  auto cleanup = [&] {
+    if (rank == 0 && !tmp.empty()) remove_tree(tmp);
+  };
+  int64_t pid = 0;
+  agree(comm, [&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::create_directories(o.root, ec);
+    if (ec || !fs::is_directory(o.root)) RAISE("cannot create the checkpoint folder ", o.root, ": ", ec.message());
+    pid = ::getpid();
+    tmp = final_dir + ".tmp-" + std::to_string(pid);
+    remove_stale(o.root);
+    if (!fs::create_directory(tmp, ec) || ec) RAISE("cannot create ", tmp, ": ", ec.message());
+  }, cleanup);
+  pid = share(comm, 0, pid);
+  tmp = final_dir + ".tmp-" + std::to_string(pid);
+
+  FileDigest mine;
+  const bool writer = sharded || rank == 0;
+  agree(comm, [&] {
+    if (writer) mine = write_shard(tmp, rank, opt, o.state.step);
+  }, cleanup);
+
+  // Sizes, checksums and ranges of every file (the collectives also order every write before
+  // the metadata).
+  Metadata m;
+  m.state = o.state;
+  m.config_toml = o.config_toml;
+  for (const ParamSpec& p : store.table().entries())
+    m.params.push_back({p.name, std::vector<int64_t>(p.shape.d.begin(), p.shape.d.begin() + p.shape.ndim), p.offset});
+  m.table_elements = store.table().total_elements();
+  m.layout = {world().size(), n, opt.zero_stage(), cap, dtype_name(store.compute_dtype()), device_name(store.device())};
+  for (int r = 0; r < (sharded ? n : 1); ++r) {
+    Metadata::Shard s{shard_file_name(r), r, share(comm, r, opt.shard_begin()), share(comm, r, opt.shard_end())};
+    Metadata::File f{s.file, share_u64(comm, r, mine.bytes), share_u64(comm, r, mine.xxh64)};
+    m.shards.push_back(s);
+    m.files.push_back(f);
+  }
+  agree(comm, [&] {
+    if (rank == 0) commit(tmp, final_dir, o.root, m, o.keep, pid);
+  }, cleanup);
+  return final_dir;
+}
+
+std::string check(const std::string& dir, Comm& comm) {
+  Metadata m;
+  std::string error;
+  try {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) RAISE(dir, ": no such checkpoint folder");
+    m = read_metadata(dir);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (comm.all_reduce_sum(int64_t{error.empty() ? 0 : 1}) > 0)
+    return error.empty() ? join(dir, kMetadataFile) + ": unreadable on another rank" : error;
+  // Each file is checked by one rank, all ranks at once (code 0 ok, 1 missing, 2 wrong size, 3
+  // wrong checksum); then the results are shared.
+  const int n = comm.size();
+  auto owner = [n](size_t i) { return static_cast<int>(i % static_cast<size_t>(n)); };
+  std::vector<int64_t> codes(m.files.size(), 0);
+  std::vector<FileDigest> found(m.files.size());
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    if (owner(i) != comm.rank()) continue;
+    const Metadata::File& f = m.files[i];
+    const std::string path = join(dir, f.name);
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) {
+      codes[i] = 1;
+    } else if (size != f.bytes) {
+      codes[i] = 2;
+      found[i].bytes = size;
+    } else {
+      try {
+        found[i] = digest_file(path);
+        codes[i] = found[i].bytes != f.bytes ? 2 : found[i].xxh64 != f.xxh64 ? 3 : 0;
+      } catch (const std::exception&) {
+        codes[i] = 1;
+      }
+    }
+  }
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const int64_t code = share(comm, owner(i), codes[i]);
+    if (code == 0) continue;
+    const Metadata::File& f = m.files[i];
+    const std::string path = join(dir, f.name);
+    const uint64_t bytes = share_u64(comm, owner(i), found[i].bytes);
+    const uint64_t hash = share_u64(comm, owner(i), found[i].xxh64);
+    if (code == 1) return path + ": missing or unreadable (listed in " + kMetadataFile + ")";
+    if (code == 2)
+      return str_cat(path, ": size mismatch: ", kMetadataFile, " records ", f.bytes, " bytes, the file has ", bytes,
+                     bytes < f.bytes ? " (truncated)" : "");
+    return str_cat(path, ": checksum mismatch: ", kMetadataFile, " records xxh64 ", hex64(f.xxh64),
+                   ", the file hashes to ", hex64(hash), " (corrupted)");
+  }
+  return "";
+}
+
+void verify(const std::string& dir) {
+  SelfComm self;
+  const std::string error = check(dir, self);
+  if (!error.empty()) RAISE("corrupt checkpoint: ", error);
+}
+
+std::string resolve_resume(const std::string& spec_in, const std::string& root, Comm& comm) {
+  if (spec_in.empty() || spec_in == "none") return "";
+  std::string spec = spec_in;
+  while (spec.size() > 1 && spec.back() == '/') spec.pop_back();
+  std::string search = root;
+  if (spec != "auto") {
+    std::error_code ec;
+    if (fs::exists(join(spec, kMetadataFile), ec) || parse_step_dir_name(fs::path(spec).filename().string())) {
+      const std::string error = check(spec, comm);
+      if (!error.empty()) RAISE("training.resume: corrupt checkpoint: ", error);
+      return spec;
+    }
+    if (!fs::is_directory(spec, ec)) RAISE("training.resume: ", spec, ": no such checkpoint or folder");
+    search = fs::is_directory(join(spec, "checkpoints"), ec) ? join(spec, "checkpoints") : spec;
+  }
+  // Rank 0's listing decides (ranks of a shared file system may see it at different moments).
+  const auto mine = list_checkpoints(search);
+  const int64_t count = share(comm, 0, static_cast<int64_t>(mine.size()));
+  for (int64_t i = 0; i < count; ++i) {
+    const int step = static_cast<int>(share(comm, 0, comm.rank() == 0 ? mine[static_cast<size_t>(i)].first : 0));
+    const std::string dir = join(search, step_dir_name(step));
+    const std::string error = check(dir, comm);
+    if (error.empty()) {
+      if (i > 0 && comm.rank() == 0) log_warn("resuming from ", dir, ", the newest usable checkpoint");
+      return dir;
+    }
+    if (comm.rank() == 0)
+      log_warn("checkpoint ", dir, " is unusable, trying the previous one: ", error);
+  }
+  if (count > 0)
+    RAISE("training.resume = \"", spec, "\": none of the ", count, " checkpoints under ", search,
+          " is usable (see the warnings above); remove them or set training.resume = \"none\"");
+  if (spec != "auto") RAISE("training.resume: ", spec, ": no checkpoint (step_<N> folder) in it");
+  return "";
+}
+
+Reader::Reader(const std::string& dir) : dir_(dir), meta_(read_metadata(dir)) { files_.resize(meta_.shards.size()); }
+
+const SafetensorsFile& Reader::shard_file(size_t i) const {
+  if (!files_[i]) {
+    const Metadata::Shard& s = meta_.shards[i];
+    auto f = std::make_unique<SafetensorsFile>(join(dir_, s.file));
+    for (const char* kind : kTensorKinds) {
+      const StTensor& t = f->at(kind);
+      if (t.dtype != "F32" || t.shape.size() != 1 || t.numel != s.end - s.begin)
+        RAISE(f->path(), ": tensor ", kind, " is ", t.dtype, " of ", t.numel, " elements, ", kMetadataFile,
+              " says F32 of ", s.end - s.begin);
+    }
+    auto it_b = f->metadata().find("begin"), it_e = f->metadata().find("end");
+    if (it_b == f->metadata().end() || it_e == f->metadata().end() || it_b->second != std::to_string(s.begin) ||
+        it_e->second != std::to_string(s.end))
+      RAISE(f->path(), ": its range does not match ", kMetadataFile, " ([", s.begin, ", ", s.end, "))");
+    files_[i] = std::move(f);
+  }
+  return *files_[i];
+}
+
+void Reader::read(int kind, const std::string& name, int64_t lo, int64_t hi, float* out) const {
+  ENSURE(kind >= 0 && kind < 3, "tensor kind ", kind);
+  const Metadata::Param* p = meta_.find_param(name);
+  if (!p) RAISE(join(dir_, kMetadataFile), ": no parameter ", name);
+  ENSURE(0 <= lo && lo <= hi && hi <= p->numel(), "elements [", lo, ", ", hi, ") of ", name);
+  int64_t g = p->offset + lo;
+  const int64_t g_end = p->offset + hi;
+  // Shards are sorted and tile the buffers: start at the first one ending after g.
+  auto first = std::upper_bound(meta_.shards.begin(), meta_.shards.end(), g,
+                                [](int64_t v, const Metadata::Shard& s) { return v < s.end; });
+  for (auto i = static_cast<size_t>(first - meta_.shards.begin()); i < meta_.shards.size() && g < g_end; ++i) {
+    const Metadata::Shard& s = meta_.shards[i];
+    if (s.end <= g || s.begin >= g_end) continue;
+    const int64_t a = std::max(g, s.begin), b = std::min(g_end, s.end);
+    ENSURE(a == g, "shards leave elements of ", name, " uncovered");
+    const SafetensorsFile& f = shard_file(i);
+    f.read_f32(f.at(kTensorKinds[kind]), a - s.begin, b - s.begin, out + (a - p->offset - lo));
+    g = b;
+  }
+  ENSURE(g == g_end, join(dir_, kMetadataFile), ": no shard holds elements [", g, ", ", g_end, ")");
+}
+
+void fill_shard(AdamW& opt, int kind, const Fetch& fetch) {
+  const Tensor dst = shard_tensor(opt, kind);
+  const int64_t sb = opt.shard_begin(), se = opt.shard_end();
+  std::vector<float> host;
+  for (const ParamSpec& p : opt.store().table().entries()) {
+    const int64_t b = std::max(sb, p.offset), e = std::min(se, p.offset + p.shape.numel());
+    for (int64_t c = b; c < e; c += kChunk) {
+      const int64_t ce = std::min(e, c + kChunk);
+      float* at = static_cast<float*>(dst.data) + (c - sb);
+      if (dst.device == Device::CPU) {
+        fetch(p, c - p.offset, ce - p.offset, at);
+        continue;
+      }
+      host.resize(static_cast<size_t>(ce - c));
+      fetch(p, c - p.offset, ce - p.offset, host.data());
+      copy_bytes(at, dst.device, host.data(), Device::CPU, host.size() * 4);
+    }
+  }
+}
+
+void fill_weights(ParamStore& store, const Fetch& fetch) {
+  for (const ParamSpec& p : store.table().entries()) {
+    const int64_t n = p.shape.numel();
+    Owned host = empty({n}, DType::F32, Device::CPU);
+    fetch(p, 0, n, host.ptr<float>());
+    const Tensor w = store.weight_at(p.offset, {n});
+    if (store.compute_dtype() == DType::F32) {
+      copy_tensor(w, host);
+    } else {
+      Owned cast = empty({n}, store.compute_dtype(), Device::CPU);
+      ops::cast(host, cast);
+      copy_tensor(w, cast);
+    }
+  }
+}
+
+void check_compatible(const Metadata& m, const ParamTable& table, const std::string& dir) {
+  std::string problems;
+  for (const ParamSpec& p : table.entries()) {
+    const Metadata::Param* s = m.find_param(p.name);
+    const std::vector<int64_t> shape(p.shape.d.begin(), p.shape.d.begin() + p.shape.ndim);
+    if (!s)
+      problems += "\n  " + p.name + ": not in the checkpoint";
+    else if (s->shape != shape)
+      problems += str_cat("\n  ", p.name, ": shape ", p.shape.str(), " in the model, ", shape_str(s->shape),
+                          " in the checkpoint");
+  }
+  for (const Metadata::Param& s : m.params)
+    if (!table.contains(s.name)) problems += "\n  " + s.name + ": in the checkpoint, not in the model";
+  if (!problems.empty())
+    RAISE(dir, ": the checkpoint's parameters do not match the model (the [model] config must be the same):",
+          problems);
+}
+
+TrainerState load(const std::string& dir, AdamW& opt) {
+  Comm& comm = opt.comm();
+  const std::string error = check(dir, comm);
+  if (!error.empty()) RAISE("corrupt checkpoint: ", error);
+  std::unique_ptr<Reader> reader;
+  agree(comm, [&] {
+    reader = std::make_unique<Reader>(dir);
+    check_compatible(reader->metadata(), opt.store().table(), dir);
+    for (int k = 0; k < 3; ++k)
+      fill_shard(opt, k, [&](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+        reader->read(k, p.name, lo, hi, out);
+      });
+  });
+  opt.weights_from_master();
+  return reader->metadata().state;
+}
+
+}  // namespace engine::checkpoint

@@ -1,0 +1,75 @@
+// Hugging Face conversion for the dense families: a folder with config.json and
+// model.safetensors (or model-0000i-of-0000n.safetensors + model.safetensors.index.json).
+//   gpt2     GPT2LMHeadModel: transformer.wte / wpe, h.{i}.ln_1, attn.c_attn (q, k, v stacked),
+//            attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, ln_f; lm_head tied. Its linears are Conv1D
+//            modules whose weight is stored (in, out): transposed against ours (out, in).
+//   llama    LlamaForCausalLM: model.embed_tokens, layers.{i}.input_layernorm,
+//            self_attn.{q,k,v,o}_proj (+ biases with attention_bias), post_attention_layernorm,
+//            mlp.{gate,up,down}_proj (+ biases with mlp_bias), model.norm, lm_head
+//   mistral  MistralForCausalLM: llama's names, sliding_window
+//   qwen2    Qwen2ForCausalLM: llama's names + q/k/v biases (never o), sliding window on all
+//            layers or none
+// Our RoPE pairs dimension i with i + D/2 ("rotate half"), as Hugging Face's Llama does, so q and
+// k rows need no permutation. Linear weights are (out, in) on both sides except GPT-2's Conv1D.
+// Export checks that the model is representable (e.g. llama has no sliding window, GPT-2 needs
+// num_kv_heads = num_heads and head_dim x num_heads = hidden_size) and says which key is not.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+
+namespace engine::hf {
+
+// "LlamaForCausalLM" etc., checking that the model can be written in that architecture.
+std::string architecture(const ModelConfig& c);
+// config.json text for a model; dtype "F32" or "BF16" (recorded as its torch name).
+std::string hf_config_json(const ModelConfig& c, const std::string& dtype);
+// model.init_from: reads <dir>/config.json into the unset [model] keys (recording the file as
+// their origin) and checks that the set ones agree; throws naming the key and the file.
+void apply_hf_config(Config& c);
+// The ModelConfig a config.json describes (sizes and structure; everything else default).
+ModelConfig model_from_hf_config(const std::string& config_json_path);
+
+// One Hugging Face tensor and the parameters it holds: their rows stacked (dim 0) in order,
+// transposed when `transpose` (GPT-2 Conv1D).
+struct TensorMap {
+  std::string hf_name;
+  std::vector<std::string> params;
+  bool transpose = false;
+  std::vector<int64_t> hf_shape;
+};
+std::vector<TensorMap> tensor_map(const ModelConfig& c);
+
+struct ExportOptions {
+  std::string dtype = "F32";                    // "F32" or "BF16"
+  uint64_t shard_bytes = uint64_t{5} << 30;     // above this, sharded files and an index
+};
+// Writes the folder `out_dir` (atomically: a temporary sibling renamed into place; an existing
+// export there is replaced, any other non-empty folder is an error). `fetch` gives parameter
+// values by name (checkpoint::Fetch over `table`).
+void export_hf(const ModelConfig& c, const ParamTable& table, const checkpoint::Fetch& fetch,
+               const std::string& out_dir, const ExportOptions& options = {});
+
+// The weights of a Hugging Face folder as parameter values of the model `c` describes: every
+// expected tensor must be present with the expected shape, and nothing unexpected may be there
+// (buffers such as rotary inv_freq and GPT-2's attn.bias masks are ignored).
+class HfWeights {
+ public:
+  HfWeights(const std::string& dir, const ModelConfig& c);
+  ~HfWeights();
+  void fetch(const ParamSpec& p, int64_t lo, int64_t hi, float* out);
+  checkpoint::Fetch fetcher() {
+    return [this](const ParamSpec& p, int64_t lo, int64_t hi, float* out) { fetch(p, lo, hi, out); };
+  }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace engine::hf

@@ -1,0 +1,322 @@
+// config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
+// configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config); RoPE's
+// base is written both as rope_theta (transformers 4.x) and rope_parameters (5.x).
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf.h"
+#include "core/check.h"
+
+namespace engine::hf {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const char* norm_name(NormKind n) { return n == NormKind::LayerNorm ? "layernorm" : "rmsnorm"; }
+const char* act_name(ActivationKind a) { return a == ActivationKind::GELU ? "gelu" : "swiglu"; }
+const char* pos_name(PositionKind p) { return p == PositionKind::Learned ? "learned" : "rope"; }
+
+// An export precondition on one key.
+void need(bool ok, const char* family, const char* key, const std::string& value, const std::string& why) {
+  if (!ok) RAISE("Hugging Face ", family, " export: model.", key, " = ", value, " is not supported: ", why);
+}
+
+// Typed reads of config.json with errors naming the file and key.
+struct Reader {
+  const json& j;
+  const std::string& path;
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  int64_t integer(const char* k, int64_t def, bool required = false) const {
+    if (!has(k)) {
+      if (required) RAISE(path, ": ", k, ": required, missing");
+      return def;
+    }
+    if (!j[k].is_number_integer()) RAISE(path, ": ", k, ": expected an integer, got ", j[k].dump());
+    return j[k].get<int64_t>();
+  }
+  double number(const char* k, double def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_number()) RAISE(path, ": ", k, ": expected a number, got ", j[k].dump());
+    return j[k].get<double>();
+  }
+  bool boolean(const char* k, bool def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_boolean()) RAISE(path, ": ", k, ": expected true or false, got ", j[k].dump());
+    return j[k].get<bool>();
+  }
+  std::string string(const char* k, const std::string& def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_string()) RAISE(path, ": ", k, ": expected a string, got ", j[k].dump());
+    return j[k].get<std::string>();
+  }
+};
+
+int to_int(int64_t v, const std::string& path, const char* key) {
+  if (v < 0 || v > INT32_MAX) RAISE(path, ": ", key, ": out of range: ", v);
+  return static_cast<int>(v);
+}
+
+// RoPE base from rope_parameters / rope_scaling (5.x) or rope_theta (4.x); only default RoPE.
+double rope_theta(const json& j, const std::string& path) {
+  double theta = 10000.0;
+  if (j.contains("rope_theta") && j["rope_theta"].is_number()) theta = j["rope_theta"].get<double>();
+  for (const char* k : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    const json& r = j[k];
+    if (!r.is_object()) RAISE(path, ": ", k, ": expected an object, got ", r.dump());
+    const std::string type = r.value("rope_type", r.value("type", std::string("default")));
+    if (type != "default")
+      RAISE(path, ": ", k, ": rope_type \"", type, "\" is not supported (only default RoPE)");
+    if (r.contains("rope_theta") && r["rope_theta"].is_number()) theta = r["rope_theta"].get<double>();
+    if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
+      RAISE(path, ": ", k, ": partial_rotary_factor ", r["partial_rotary_factor"].dump(), " is not supported");
+  }
+  return theta;
+}
+
+}  // namespace
+
+std::string architecture(const ModelConfig& c) {
+  const bool qkv_only = c.qkv_bias && !c.bias;
+  switch (c.family) {
+    case ModelFamily::GPT2: {
+      const char* f = "gpt2";
+      need(c.norm == NormKind::LayerNorm, f, "norm", norm_name(c.norm), "GPT-2 uses layernorm");
+      need(c.activation == ActivationKind::GELU, f, "activation", act_name(c.activation), "GPT-2 uses gelu (tanh)");
+      need(c.positions == PositionKind::Learned, f, "positions", pos_name(c.positions), "GPT-2 learns positions");
+      need(c.bias, f, "bias", "false", "GPT-2 has biases in every linear and norm");
+      need(c.num_kv_heads == c.num_heads, f, "num_kv_heads", std::to_string(c.num_kv_heads),
+           "GPT-2 has no grouped-query attention");
+      need(int64_t{c.head_dim} * c.num_heads == c.hidden_size, f, "head_dim", std::to_string(c.head_dim),
+           "GPT-2 needs head_dim x num_heads = hidden_size");
+      need(c.sliding_window == 0, f, "sliding_window", std::to_string(c.sliding_window), "GPT-2 has no window");
+      return "GPT2LMHeadModel";
+    }
+    case ModelFamily::Llama:
+    case ModelFamily::Mistral:
+    case ModelFamily::Qwen2: {
+      const char* f = family_name(c.family);
+      need(c.norm == NormKind::RMSNorm, f, "norm", norm_name(c.norm), "this family uses rmsnorm");
+      need(c.activation == ActivationKind::SwiGLU, f, "activation", act_name(c.activation), "this family uses swiglu");
+      need(c.positions == PositionKind::Rope, f, "positions", pos_name(c.positions), "this family uses rope");
+      if (c.family == ModelFamily::Llama) {
+        need(c.sliding_window == 0, f, "sliding_window", std::to_string(c.sliding_window),
+             "LlamaForCausalLM has no sliding window (use family = \"mistral\")");
+        need(!qkv_only, f, "qkv_bias", "true", "Llama's attention_bias also biases o_proj (use family = \"qwen2\")");
+        return "LlamaForCausalLM";
+      }
+      if (c.family == ModelFamily::Mistral) {
+        need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true", "Mistral has no biases");
+        return "MistralForCausalLM";
+      }
+      need(!c.bias, f, "bias", "true", "Qwen2 has biases on q, k and v only (qkv_bias)");
+      need(c.qkv_bias, f, "qkv_bias", "false", "Qwen2 always has biases on q, k and v");
+      return "Qwen2ForCausalLM";
+    }
+  }
+  RAISE("unknown model family");
+}
+
+std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
+  const std::string arch = architecture(c);
+  json j;
+  j["architectures"] = {arch};
+  j["model_type"] = family_name(c.family);
+  j["vocab_size"] = c.vocab_size;
+  const bool gpt2 = c.family == ModelFamily::GPT2;
+  if (gpt2) {
+    j["n_positions"] = c.max_position_embeddings;
+    j["n_embd"] = c.hidden_size;
+    j["n_layer"] = c.num_layers;
+    j["n_head"] = c.num_heads;
+    j["n_inner"] = c.ffn_hidden_size;
+    j["activation_function"] = "gelu_new";
+    j["layer_norm_epsilon"] = c.norm_eps;
+    j["resid_pdrop"] = 0.0;
+    j["embd_pdrop"] = 0.0;
+    j["attn_pdrop"] = 0.0;
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["reorder_and_upcast_attn"] = false;
+  } else {
+    j["hidden_size"] = c.hidden_size;
+    j["intermediate_size"] = c.ffn_hidden_size;
+    j["num_hidden_layers"] = c.num_layers;
+    j["num_attention_heads"] = c.num_heads;
+    j["num_key_value_heads"] = c.num_kv_heads;
+    if (c.family != ModelFamily::Qwen2 || int64_t{c.head_dim} * c.num_heads != c.hidden_size)
+      j["head_dim"] = c.head_dim;
+    j["hidden_act"] = "silu";
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["rms_norm_eps"] = c.norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+    j["attention_dropout"] = 0.0;
+    if (c.family == ModelFamily::Llama) {
+      j["attention_bias"] = c.bias;
+      j["mlp_bias"] = c.bias;
+      j["pretraining_tp"] = 1;
+    } else if (c.family == ModelFamily::Mistral) {
+      j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    } else {
+      const bool window = c.sliding_window > 0;
+      j["use_sliding_window"] = window;
+      j["sliding_window"] = window ? json(c.sliding_window) : json(nullptr);
+      j["max_window_layers"] = window ? 0 : c.num_layers;
+      j["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_layers),
+                                                  window ? "sliding_attention" : "full_attention");
+    }
+  }
+  j["initializer_range"] = c.init_std;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["bos_token_id"] = nullptr;
+  j["eos_token_id"] = nullptr;
+  j["use_cache"] = true;
+  j["dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
+  return j.dump(2) + "\n";
+}
+
+ModelConfig model_from_hf_config(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(checkpoint::read_small_file(path, uint64_t{64} << 20));
+  } catch (const json::exception& e) {
+    RAISE(path, ": not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) RAISE(path, ": not a JSON object");
+  Reader r{j, path};
+  const std::string type = r.string("model_type", "");
+  ModelConfig c;
+  if (type == "gpt2") {
+    c.family = ModelFamily::GPT2;
+    c.vocab_size = to_int(r.integer("vocab_size", 50257), path, "vocab_size");
+    c.hidden_size = to_int(r.integer("n_embd", 768), path, "n_embd");
+    c.num_layers = to_int(r.integer("n_layer", 12), path, "n_layer");
+    c.num_heads = to_int(r.integer("n_head", 12), path, "n_head");
+    if (c.num_heads <= 0 || c.hidden_size % c.num_heads != 0)
+      RAISE(path, ": n_head (", c.num_heads, ") must divide n_embd (", c.hidden_size, ")");
+    c.num_kv_heads = c.num_heads;
+    c.head_dim = c.hidden_size / c.num_heads;
+    c.ffn_hidden_size = to_int(r.integer("n_inner", 4 * int64_t{c.hidden_size}), path, "n_inner");
+    c.norm = NormKind::LayerNorm;
+    c.norm_eps = r.number("layer_norm_epsilon", 1e-5);
+    c.activation = ActivationKind::GELU;
+    const std::string act = r.string("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      RAISE(path, ": activation_function \"", act, "\" is not supported (gelu_new: GELU with tanh)");
+    if (r.boolean("scale_attn_by_inverse_layer_idx", false))
+      RAISE(path, ": scale_attn_by_inverse_layer_idx = true is not supported");
+    if (!r.boolean("scale_attn_weights", true)) RAISE(path, ": scale_attn_weights = false is not supported");
+    if (r.boolean("add_cross_attention", false)) RAISE(path, ": add_cross_attention = true is not supported");
+    c.positions = PositionKind::Learned;
+    c.max_position_embeddings = to_int(r.integer("n_positions", 1024), path, "n_positions");
+    c.bias = true;
+    c.tie_embeddings = r.boolean("tie_word_embeddings", true);
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+    c.family = type == "llama" ? ModelFamily::Llama : type == "mistral" ? ModelFamily::Mistral : ModelFamily::Qwen2;
+    c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
+    c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
+    c.num_layers = to_int(r.integer("num_hidden_layers", 0, true), path, "num_hidden_layers");
+    c.num_heads = to_int(r.integer("num_attention_heads", 0, true), path, "num_attention_heads");
+    c.num_kv_heads = to_int(r.integer("num_key_value_heads", c.num_heads), path, "num_key_value_heads");
+    if (c.num_heads <= 0) RAISE(path, ": num_attention_heads must be > 0");
+    c.head_dim = to_int(r.integer("head_dim", c.hidden_size / c.num_heads), path, "head_dim");
+    c.ffn_hidden_size = to_int(r.integer("intermediate_size", 0, true), path, "intermediate_size");
+    const std::string act = r.string("hidden_act", "silu");
+    if (act != "silu") RAISE(path, ": hidden_act \"", act, "\" is not supported (silu: SwiGLU)");
+    c.norm = NormKind::RMSNorm;
+    c.norm_eps = r.number("rms_norm_eps", 1e-6);
+    c.activation = ActivationKind::SwiGLU;
+    c.positions = PositionKind::Rope;
+    c.rope_theta = rope_theta(j, path);
+    c.max_position_embeddings = to_int(r.integer("max_position_embeddings", 2048), path, "max_position_embeddings");
+    c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+    if (c.family == ModelFamily::Llama) {
+      const bool ab = r.boolean("attention_bias", false), mb = r.boolean("mlp_bias", false);
+      if (ab != mb) RAISE(path, ": attention_bias = ", ab, " with mlp_bias = ", mb, " is not supported (both or neither)");
+      c.bias = ab;
+    } else if (c.family == ModelFamily::Mistral) {
+      c.sliding_window = to_int(r.integer("sliding_window", 0), path, "sliding_window");
+    } else {
+      c.qkv_bias = true;
+      const int64_t window = r.boolean("use_sliding_window", false) ? r.integer("sliding_window", 0) : 0;
+      int sliding = 0, full = 0;
+      if (j.contains("layer_types") && j["layer_types"].is_array()) {
+        for (const auto& t : j["layer_types"]) (t == "sliding_attention" ? sliding : full)++;
+      } else if (window > 0) {
+        const int64_t from = r.integer("max_window_layers", 28);
+        sliding = static_cast<int>(std::max<int64_t>(0, c.num_layers - from));
+        full = c.num_layers - sliding;
+      }
+      if (sliding > 0 && full > 0)
+        RAISE(path, ": sliding window on ", sliding, " of ", c.num_layers,
+              " layers is not supported (all layers or none)");
+      c.sliding_window = sliding > 0 ? to_int(window, path, "sliding_window") : 0;
+      if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
+    }
+  } else {
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2)");
+  }
+  c.init_std = r.number("initializer_range", 0.02);
+  return c;
+}
+
+namespace {
+
+std::string show(int v) { return std::to_string(v); }
+std::string show(double v) { return str_cat(v); }
+std::string show(bool v) { return v ? "true" : "false"; }
+std::string show(ModelFamily v) { return family_name(v); }
+std::string show(NormKind v) { return norm_name(v); }
+std::string show(ActivationKind v) { return act_name(v); }
+std::string show(PositionKind v) { return pos_name(v); }
+
+}  // namespace
+
+void apply_hf_config(Config& c) {
+  const std::string path = (std::filesystem::path(c.model.init_from) / "config.json").string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    RAISE(c.where("model.init_from"), c.model.init_from, " is not a Hugging Face folder: no config.json");
+  const ModelConfig h = model_from_hf_config(path);
+  ModelConfig& m = c.model;
+  // A key set in [model] must agree with config.json; an unset one takes its value.
+  auto take = [&](const char* key, auto& ours, const auto& theirs, bool check = true) {
+    const std::string k = std::string("model.") + key;
+    if (c.is_set(k)) {
+      if (check && !(ours == theirs))
+        RAISE(c.where(k), "is ", show(ours), " but ", path, " gives ", show(theirs),
+              " (leave it unset to take the folder's value)");
+      return;
+    }
+    ours = theirs;
+    c.origin[k] = path;
+  };
+  take("family", m.family, h.family);
+  take("vocab_size", m.vocab_size, h.vocab_size);
+  take("hidden_size", m.hidden_size, h.hidden_size);
+  take("num_layers", m.num_layers, h.num_layers);
+  take("num_heads", m.num_heads, h.num_heads);
+  take("num_kv_heads", m.num_kv_heads, h.num_kv_heads);
+  take("head_dim", m.head_dim, h.head_dim);
+  take("ffn_hidden_size", m.ffn_hidden_size, h.ffn_hidden_size);
+  take("norm", m.norm, h.norm);
+  take("norm_eps", m.norm_eps, h.norm_eps);
+  take("activation", m.activation, h.activation);
+  take("positions", m.positions, h.positions);
+  // The table size matters for learned positions only.
+  take("max_position_embeddings", m.max_position_embeddings, h.max_position_embeddings,
+       h.positions == PositionKind::Learned);
+  if (h.positions == PositionKind::Rope) take("rope_theta", m.rope_theta, h.rope_theta);
+  take("sliding_window", m.sliding_window, h.sliding_window);
+  take("bias", m.bias, h.bias);
+  take("qkv_bias", m.qkv_bias, h.qkv_bias);
+  take("tie_embeddings", m.tie_embeddings, h.tie_embeddings);
+  take("init_std", m.init_std, h.init_std, false);
+}
+
+}  // namespace engine::hf

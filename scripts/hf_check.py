@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Checks the Hugging Face export and import of every model family against `transformers`.
+
+For each family (gpt2, llama, mistral, qwen2):
+  export  trains a small model for a few steps with ./train (so the weights are no longer the
+          init), exports it with `./train CONFIG --export-hf`, loads the export with
+          transformers' AutoModelForCausalLM and runs the same token sequences through both
+          (ours through `./train CONFIG --dump-logits`);
+  import  builds a model with transformers from the export's config.json with random weights
+          (norm weights and biases too), saves it with save_pretrained, starts ./train from it
+          (model.init_from) and compares the logits the same way;
+and prints one line per family:
+
+    gpt2     export cpu-f32 max_abs 6.0e-07 rel_rms 1.4e-07, cuda-bf16 ... | import cpu-f32 ... | OK
+
+The reference is transformers in float32 (eager attention, no TF32). Our logits are compared on
+the CPU backend (f32: tolerance rel_rms 1e-4) and, when a GPU is visible and ./train was built
+with CUDA, on the GPU backend (bf16 compute: tolerance rel_rms 3e-2). rel_rms = rms(ours - ref)
+/ rms(ref). Exit code 0 when every family passes.
+
+    python3 scripts/hf_check.py                 # all families, builds ./train first if missing
+    python3 scripts/hf_check.py --families qwen2 --keep --workdir /tmp/hf-check
+
+Needs torch, transformers and numpy (not needed by the engine itself).
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Small models with distinct sizes and head_dim 64 (the GPU's flash attention path); windows
+# shorter than the sequences so they matter; RoPE bases and eps other than the defaults so a
+# mapping mistake shows.
+FAMILIES = {
+    "gpt2": """
+family = "gpt2"
+vocab_size = 257
+hidden_size = 192
+num_layers = 2
+num_heads = 3
+ffn_hidden_size = 400
+norm_eps = 1e-5
+max_position_embeddings = 80
+""",
+    "llama": """
+family = "llama"
+vocab_size = 257
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 448
+rope_theta = 50000.0
+norm_eps = 1e-6
+""",
+    "mistral": """
+family = "mistral"
+vocab_size = 257
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+num_kv_heads = 1
+ffn_hidden_size = 384
+sliding_window = 24
+rope_theta = 500000.0
+""",
+    "qwen2": """
+family = "qwen2"
+vocab_size = 257
+hidden_size = 256
+num_layers = 3
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 320
+sliding_window = 20
+rope_theta = 1000000.0
+tie_embeddings = true
+""",
+}
+
+TOLERANCE = {"cpu": 1e-4, "cuda": 3e-2}
+
+
+def run(cmd, log):
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if r.returncode != 0:
+        with open(log) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def read_safetensors(path):
+    """{name: numpy array} of a safetensors file (F32 and I32 tensors)."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        dtype = {"F32": np.float32, "I32": np.int32}[t["dtype"]]
+        out[name] = np.frombuffer(data[8 + n + begin:8 + n + end], dtype=dtype).reshape(t["shape"])
+    return out
+
+
+def config_text(family, data_prefix, workdir, device, steps):
+    return f"""[run]
+name = "{family}"
+output_dir = "{workdir}/runs"
+seed = 7
+device = "{device}"
+log_every = 1
+
+[model]
+{FAMILIES[family].strip()}
+
+[data]
+train = [{{ path = "{data_prefix}" }}]
+sequence_length = 64
+
+[batch]
+micro_batch_size = 4
+global_batch_size = 8
+
+[optimizer]
+lr = 3e-3
+warmup_steps = 1
+
+[training]
+steps = {steps}
+checkpoint_every = {steps}
+"""
+
+
+def load_hf(model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    except TypeError:  # transformers < 4.56 names it torch_dtype
+        return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+
+
+def hf_logits(model_dir, sequences, device, model=None):
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = (model if model is not None else load_hf(model_dir)).to(device).eval()
+    out = []
+    with torch.no_grad():
+        for seq in sequences:
+            ids = torch.tensor([seq], dtype=torch.long, device=device)
+            out.append(model(input_ids=ids).logits[0].float().cpu().numpy())
+    return out
+
+
+def save_random_hf_model(export_dir, out_dir, seed):
+    """A transformers model of the export's config with random weights, saved with save_pretrained."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(export_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name or "ln_" in name else 0.0, 0.1 if p.dim() < 2 else 0.05)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    model.save_pretrained(out_dir)
+    return model
+
+
+def ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, tag, log):
+    """'cpu-f32 max_abs .. rel_rms .., cuda-bf16 ...' and whether all are within tolerance."""
+    parts, ok = [], True
+    for dev in devices:
+        out = os.path.join(workdir, f"logits-{tag}-{dev}.safetensors")
+        run([train, cfg, f"run.device={dev}", "--dump-logits", tokens, out], log)
+        got = read_safetensors(out)
+        ours = [got[f"logits.{i}"] for i in range(len(sequences))]
+        for i, s in enumerate(sequences):
+            assert list(got[f"tokens.{i}"]) == s, "token mismatch in the dump"
+            assert ours[i].shape == ref[i].shape, f"shape {ours[i].shape} vs {ref[i].shape}"
+        max_abs, rel = compare(ours, ref)
+        good = rel <= TOLERANCE[dev]
+        ok &= good
+        name = "cpu-f32" if dev == "cpu" else "cuda-bf16"
+        parts.append(f"{name} max_abs {max_abs:.1e} rel_rms {rel:.1e}" + ("" if good else " (too large)"))
+    return ", ".join(parts), ok
+
+
+def compare(ours, ref):
+    import numpy as np
+
+    diff = np.concatenate([(a.astype(np.float64) - b).ravel() for a, b in zip(ours, ref)])
+    scale = np.sqrt(np.mean(np.concatenate([b.astype(np.float64).ravel() for b in ref]) ** 2))
+    return float(np.max(np.abs(diff))), float(np.sqrt(np.mean(diff ** 2)) / max(scale, 1e-30))
+
+
+def train_has_cuda(train):
+    """A GPU is visible and ./train was built with CUDA (it links the CUDA runtime)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return b"libcudart" in subprocess.run(["ldd", train], capture_output=True).stdout
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default: all)")
+    p.add_argument("--train", default=os.path.join(ROOT, "train"), help="the train program")
+    p.add_argument("--steps", type=int, default=4, help="training steps before the export")
+    p.add_argument("--workdir", help="where runs, exports and logs go (default: a temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the working folder")
+    p.add_argument("--cpu-only", action="store_true", help="skip the GPU backend even when there is a GPU")
+    args = p.parse_args()
+
+    families = [f for f in args.families.split(",") if f]
+    for f in families:
+        if f not in FAMILIES:
+            sys.exit(f"unknown family {f} (known: {', '.join(FAMILIES)})")
+    try:
+        import numpy  # noqa: F401
+        import torch
+        import transformers
+    except ImportError as e:
+        sys.exit(f"hf_check.py needs torch, transformers and numpy: {e}")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if not os.path.exists(args.train):
+        print(f"building {args.train} (make -j{os.cpu_count()})", flush=True)
+        subprocess.run(["make", f"-j{os.cpu_count()}", "train"], cwd=ROOT, check=True)
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="hf-check.")
+    os.makedirs(workdir, exist_ok=True)
+    log = os.path.join(workdir, "log.txt")
+    devices = ["cpu"] + (["cuda"] if not args.cpu_only and train_has_cuda(args.train) else [])
+    ref_device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}; ours on {', '.join(devices)}; "
+          f"reference f32 on {ref_device}; log {log}", flush=True)
+
+    # Byte-level data (vocabulary 257) from the demo corpus.
+    data = os.path.join(workdir, "data", "demo")
+    if not os.path.exists(data + ".idx"):
+        os.makedirs(os.path.dirname(data), exist_ok=True)
+        corpus = os.path.join(workdir, "data", "corpus.jsonl")
+        run([sys.executable, "scripts/make_demo_corpus.py", "--documents", "400", corpus], log)
+        run([sys.executable, "scripts/prepare_data.py", corpus, "--output", data], log)
+
+    rng = random.Random(1234)
+    sequences = [[rng.randrange(257) for _ in range(n)] for n in (57, 33)]
+    tokens = os.path.join(workdir, "tokens.txt")
+    with open(tokens, "w") as f:
+        for s in sequences:
+            f.write(" ".join(map(str, s)) + "\n")
+
+    failed = 0
+    for family in families:
+        parts, ok = [], True
+        try:
+            cfg = os.path.join(workdir, f"{family}.toml")
+            with open(cfg, "w") as f:
+                f.write(config_text(family, data, workdir, "auto", args.steps))
+            shutil.rmtree(os.path.join(workdir, "runs", family), ignore_errors=True)
+            run([args.train, cfg], log)
+            export = os.path.join(workdir, "export", family)
+            run([args.train, cfg, "--export-hf", export], log)
+            ref = hf_logits(export, sequences, ref_device)
+            line, good = ours_vs(ref, args.train, cfg, tokens, sequences, devices, workdir, family + "-export", log)
+            parts.append("export " + line)
+            ok &= good
+            # The other direction: a checkpoint written by transformers, read by model.init_from.
+            hf_dir = os.path.join(workdir, "hf", family)
+            model = save_random_hf_model(export, hf_dir, seed=11)
+            ref = hf_logits(hf_dir, sequences, ref_device, model=model)
+            cfg_in = os.path.join(workdir, f"{family}-import.toml")
+            with open(cfg_in, "w") as f:
+                f.write(f'[run]\nname = "{family}-import"\noutput_dir = "{workdir}/runs"\n'
+                        f'[model]\ninit_from = "{hf_dir}"\n[data]\ntrain = [{{ path = "{data}" }}]\n'
+                        f'sequence_length = 64\n[training]\nsteps = 1\n')
+            shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
+            line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log)
+            parts.append("import " + line)
+            ok &= good
+        except Exception as e:  # one line per family, whatever went wrong
+            ok = False
+            parts.append("error: " + str(e).strip().splitlines()[0][:300] + f" (see {log})")
+        failed += not ok
+        print(f"{family:8s} " + " | ".join(parts) + (" | OK" if ok else " | FAILED"), flush=True)
+    if not args.keep and not args.workdir and failed == 0:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+#include "tests/checkpoint/ckpt_test_util.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/log.h"
+#include "tests/train/train_fixture.h"
+
+namespace engine::testing {
+
+QuietLogs::QuietLogs() {
+  if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
+}
+QuietLogs::~QuietLogs() { log_set_level(std::getenv("TEST_VERBOSE") ? LogLevel::Info : LogLevel::Warn); }
+
+std::string scratch_dir(const std::string& name) {
+  const auto dir = std::filesystem::path(learnable_dataset()).parent_path() / "ckpt" / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+void truncate_file(const std::string& path, uint64_t size) { std::filesystem::resize_file(path, size); }
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void check_mentions(const std::string& message, const std::vector<std::string>& pieces) {
+  INFO("message: " << message);
+  CHECK(!message.empty());
+  for (const auto& p : pieces) {
+    INFO("expected to mention: " << p);
+    CHECK(message.find(p) != std::string::npos);
+  }
+}
+
+}  // namespace engine::testing

@@ -1,0 +1,30 @@
+// Helpers of the checkpoint tests: a scratch folder per test, file mutations (truncate, flip a
+// byte, replace), a check that an exception's message holds every expected piece.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace engine::testing {
+
+// Silences the expected warnings (fallbacks, config changes) while alive, unless TEST_VERBOSE.
+struct QuietLogs {
+  QuietLogs();
+  ~QuietLogs();
+};
+
+// A fresh, empty folder under the test temp folder (removed at exit with it).
+std::string scratch_dir(const std::string& name);
+void truncate_file(const std::string& path, uint64_t size);
+void flip_byte(const std::string& path, uint64_t offset);
+std::string read_text(const std::string& path);
+void write_text(const std::string& path, const std::string& text);
+// The message f throws ("" when it does not throw).
+std::string error_of(const std::function<void()>& f);
+// CHECKs that `message` contains every piece (reported with the message when one is missing).
+void check_mentions(const std::string& message, const std::vector<std::string>& pieces);
+
+}  // namespace engine::testing

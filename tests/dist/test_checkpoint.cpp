@@ -1,0 +1,230 @@
+// Checkpoints across layouts under mpirun (2, 3 and 4 ranks): a checkpoint saved by the data-
+// parallel run over every rank with ZeRO 1 resumes on one rank and on every rank with ZeRO 3,
+// a one-rank checkpoint resumes on every rank with ZeRO 3, and the same layout resumes bitwise.
+// Each continues like the uninterrupted single-rank run (to f32 rounding: the reduction order
+// differs between layouts). Also: one rank's corrupt file is reported identically on every
+// rank, and one rank's failed write fails the save everywhere without touching the previous one.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/tools.h"
+#include "comm/mpi_comm.h"
+#include "core/log.h"
+#include "tests/common/testing.h"
+#include "tests/train/train_fixture.h"
+#include "train/trainer.h"
+
+using namespace engine;
+using namespace engine::testing;
+namespace fs = std::filesystem;
+namespace ck = engine::checkpoint;
+
+namespace {
+
+// The expected warnings (fallbacks; config paths that differ per rank) stay quiet.
+struct QuietLogs {
+  QuietLogs() {
+    if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
+  }
+  ~QuietLogs() { log_set_level(std::getenv("TEST_VERBOSE") ? LogLevel::Info : LogLevel::Warn); }
+};
+
+// A folder every rank sees (rank 0's pid in its name), fresh per test.
+struct SharedDir {
+  std::string path;
+  explicit SharedDir(const std::string& name) {
+    const int64_t pid = world().all_reduce_sum(int64_t{world().rank() == 0 ? ::getpid() : 0});
+    path = (fs::temp_directory_path() / ("engine_dist_ckpt." + std::to_string(pid)) / name).string();
+    if (world().rank() == 0) {
+      fs::remove_all(path);
+      fs::create_directories(path);
+    }
+    world().barrier();
+  }
+  ~SharedDir() {
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(fs::path(path).parent_path());
+  }
+};
+
+// Global batch 24 splits over 1-4 ranks; micro-batches of 2.
+Config config(const SharedDir& d, const std::string& name, int zero, const std::string& resume = "none") {
+  return tiny_run_config("llama", {"batch.global_batch_size=24", "batch.micro_batch_size=2", "training.steps=6",
+                                   "data.sequence_length=16", "distributed.zero_stage=" + std::to_string(zero),
+                                   "run.output_dir=\"" + d.path + "\"", "run.name=" + name,
+                                   "training.resume=\"" + resume + "\"", "distributed.reduce_bucket_mb=0.01"});
+}
+
+std::vector<double> losses(Trainer& t, int steps) {
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) out.push_back(t.train_step().loss);
+  return out;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, size_t from, const char* what) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(what << " step " << from + i + 1 << ": " << got[i] << " vs " << want[from + i]);
+    CHECK(got[i] == doctest::Approx(want[from + i]).epsilon(1e-5));
+  }
+}
+
+void check_weights(Trainer& a, Trainer& b, double tol) {
+  const int64_t n = a.model().params().table().total_elements();
+  Owned wa = to_host(a.optimizer().gather_master(), DType::F64);
+  Owned wb = to_host(b.optimizer().gather_master(), DType::F64);
+  CHECK_CLOSE(wb->slice(0, n), wa->slice(0, n), tol);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint across layouts: dp=all ZeRO 1 -> 1 rank, -> all ranks ZeRO 3; 1 rank -> all ranks ZeRO 3") {
+  QuietLogs quiet;
+  SharedDir d("layouts");
+  SelfComm self;
+  Trainer ref(config(d, "ref", 0), false, &self);
+  const std::vector<double> want = losses(ref, 6);
+
+  Trainer a(config(d, "dp-z1", 1), false, &world());
+  std::vector<double> la = losses(a, 3);
+  const std::string saved = a.save_checkpoint();
+  const ck::Metadata m = ck::read_metadata(saved);
+  CHECK(m.layout.data_parallel == world().size());
+  CHECK(m.layout.zero_stage == 1);
+  CHECK(static_cast<int>(m.shards.size()) == world().size());
+  for (double l : losses(a, 3)) la.push_back(l);
+  check_close(la, want, 0, "dp ZeRO 1");
+
+  {  // the same layout: bitwise
+    Trainer b(config(d, "dp-z1-again", 1, saved), false, &world());
+    const std::vector<double> lb = losses(b, 3);
+    for (int i = 0; i < 3; ++i) CHECK(lb[static_cast<size_t>(i)] == la[static_cast<size_t>(i + 3)]);
+    check_weights(a, b, 0.0);
+  }
+  {  // one rank
+    Trainer s(config(d, "one", 0, saved), false, &self);
+    check_close(losses(s, 3), want, 3, "one rank from dp ZeRO 1");
+    check_weights(ref, s, 1e-5);
+  }
+  {  // all ranks, ZeRO 3
+    Trainer z(config(d, "dp-z3", 3, saved), false, &world());
+    CHECK(z.step() == 3);
+    check_close(losses(z, 3), want, 3, "dp ZeRO 3 from dp ZeRO 1");
+    check_weights(ref, z, 1e-5);
+  }
+  {  // the reverse: one rank's checkpoint on all ranks, ZeRO 3 and ZeRO 2
+    // Every rank runs its own one-rank trainer into its own folder; rank 0's is loaded.
+    Trainer s(config(d, "single-" + std::to_string(world().rank()), 0), false, &self);
+    losses(s, 3);
+    s.save_checkpoint();
+    world().barrier();
+    const std::string dir0 = ck::checkpoint_root(config(d, "single-0", 0)) + "/step_3";
+    for (int zero : {3, 2}) {
+      CAPTURE(zero);
+      Trainer z(config(d, "from-one-z" + std::to_string(zero), zero, dir0), false, &world());
+      check_close(losses(z, 3), want, 3, "dp from one rank");
+      check_weights(ref, z, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("checkpoint across world sizes: 2 ranks ZeRO 1 -> all ranks ZeRO 3, and all ranks ZeRO 3 -> 2 ranks ZeRO 1") {
+  QuietLogs quiet;
+  SharedDir d("sizes");
+  SelfComm self;
+  Trainer ref(config(d, "ref", 0), false, &self);
+  const std::vector<double> want = losses(ref, 6);
+  const int rank = world().rank();
+  // Ranks 0 and 1 form a data-parallel group of two (with 2 ranks in all it is the world).
+  std::unique_ptr<Comm> pair = world().split(rank < 2 ? 0 : 1, rank);
+  const std::string from_pair = ck::checkpoint_root(config(d, "pair", 1)) + "/step_3";
+  if (rank < 2) {
+    Trainer p(config(d, "pair", 1), false, pair.get());
+    check_close(losses(p, 3), want, 0, "2 ranks ZeRO 1");
+    p.save_checkpoint();
+  }
+  world().barrier();
+  {
+    Trainer all(config(d, "all-z3", 3, from_pair), false, &world());
+    CHECK(ck::read_metadata(from_pair).layout.data_parallel == 2);
+    check_close(losses(all, 3), want, 3, "all ranks ZeRO 3 from 2 ranks ZeRO 1");
+    check_weights(ref, all, 1e-5);
+  }
+  // The reverse: every rank saves with ZeRO 3 after 3 steps; the pair resumes with ZeRO 1.
+  Trainer all(config(d, "all", 3), false, &world());
+  losses(all, 3);
+  const std::string from_all = all.save_checkpoint();
+  CHECK(static_cast<int>(ck::read_metadata(from_all).shards.size()) == world().size());
+  if (rank < 2) {
+    Trainer p(config(d, "pair-again", 1, from_all), false, pair.get());
+    check_close(losses(p, 3), want, 3, "2 ranks ZeRO 1 from all ranks ZeRO 3");
+  }
+  world().barrier();
+}
+
+TEST_CASE("checkpoint under mpirun: a corrupt file found by the rank hashing it is reported on every rank") {
+  QuietLogs quiet;
+  SharedDir d("corrupt");
+  const int n = world().size();
+  Trainer t(config(d, "run", 2), false, &world());
+  losses(t, 1);
+  const std::string first = t.save_checkpoint();
+  losses(t, 1);
+  const std::string second = t.save_checkpoint();
+  const std::string victim = second + "/rank_" + std::to_string(n - 1) + ".safetensors";  // hashed by rank n-1
+  if (world().rank() == 0) {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  world().barrier();
+  const std::string error = ck::check(second, world());
+  INFO(error);
+  CHECK(error.find(victim) != std::string::npos);
+  CHECK(error.find("checksum mismatch") != std::string::npos);
+  CHECK(world().all_reduce_sum(int64_t{error.size() == ck::check(second, world()).size() ? 0 : 1}) == 0);
+  CHECK(ck::resolve_resume("auto", ck::checkpoint_root(config(d, "run", 2)), world()) == first);
+  Trainer u(config(d, "run", 1, "auto"), false, &world());
+  CHECK(u.step() == 1);
+}
+
+TEST_CASE("checkpoint under mpirun: a failed write on one rank fails the save on every rank, the previous one stays") {
+  QuietLogs quiet;
+  SharedDir d("enospc");
+  const int n = world().size();
+  Trainer t(config(d, "run", 1), false, &world());
+  losses(t, 1);
+  const std::string first = t.save_checkpoint();
+  losses(t, 1);
+  if (world().rank() == n - 1) ck::inject_write_failure(10);
+  std::string error;
+  try {
+    t.save_checkpoint();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ck::inject_write_failure(-1);
+  INFO(error);
+  CHECK(!error.empty());
+  if (world().rank() == n - 1)
+    CHECK(error.find("No space left on device") != std::string::npos);
+  else
+    CHECK(error.find("rank " + std::to_string(n - 1)) != std::string::npos);
+  world().barrier();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ck::checkpoint_root(config(d, "run", 1))))
+    names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{"step_1"});
+  CHECK(ck::check(first, world()).empty());
+  // The run continues and saves again.
+  losses(t, 1);
+  CHECK(t.save_checkpoint().find("step_3") != std::string::npos);
+}
