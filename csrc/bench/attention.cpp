@@ -27,21 +27,6 @@ namespace {
 
 #ifdef ENGINE_CUDA
 // Random N(0, 1) bf16 values: a 1M-element tile made on the host, copied over the tensor.
-void fill_random(const Tensor& t, const std::string& name) {
-  const int64_t n = t.numel(), tile = std::min<int64_t>(n, 1 << 20);
-  if (n == 0) return;
-  Owned host = empty({tile}, DType::BF16, Device::CPU);
-  const PhiloxKey key = philox_key(2024, name);
-  for (int64_t i = 0; i < tile; ++i)
-    host.ptr<bf16>()[i] = bf16(static_cast<float>(philox_normal(key, static_cast<uint64_t>(i))));
-  const Tensor flat = t.view({n});
-  copy_tensor(flat.slice(0, tile), host);
-  for (int64_t done = tile; done < n;) {
-    const int64_t len = std::min(done, n - done);
-    copy_tensor(flat.slice(done, done + len), flat.slice(0, len));
-    done += len;
-  }
-}
 
 struct AttnShape {
   std::string name;

@@ -16,6 +16,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "tests/checkpoint/ckpt_test_util.h"
+#include "tests/common/process.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 
@@ -25,27 +26,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
+using Result = ProcessResult;
 
-std::string train_bin() {
-  const char* bin = std::getenv("TRAIN_BIN");
-  return bin ? bin : "./train";
-}
+std::string train_bin() { return train_binary(); }
 
-Result run(const std::string& args) {
-  const std::string cmd = train_bin() + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+Result run(const std::string& args) { return run_command(train_bin() + " " + args); }
 
 bool has_train_binary() {
   if (fs::exists(train_bin())) return true;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/common/process.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 
@@ -19,23 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
+using Result = ProcessResult;
 
-Result run(const std::string& args) {
-  const char* bin = std::getenv("TRAIN_BIN");
-  const std::string cmd = std::string(bin ? bin : "./train") + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+Result run(const std::string& args) { return run_command(train_binary() + " " + args); }
 
 std::string write_config(const std::string& name, const std::string& text) {
   const fs::path dir = fs::path(learnable_dataset()).parent_path() / "cli";
@@ -197,15 +184,9 @@ TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the me
   // MPMD launch: rank 0 gets a valid config, rank 1 one whose dataset does not exist.
   const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                           "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 60 mpirun --oversubscribe "
-                          "--bind-to none -n 1 " + train + " " + good + " : -n 1 " + train + " " + bad + " 2>&1";
+                          "--bind-to none -n 1 " + train + " " + good + " : -n 1 " + train + " " + bad;
   const auto t0 = std::chrono::steady_clock::now();
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  Result r = run_command(cmd);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.output);
   CHECK(r.code != 0);

@@ -1,0 +1,17 @@
+// Runs a command line through the shell and captures its output (stdout and stderr together)
+// and exit code; the end-to-end tests of ./train and mpirun use it.
+#pragma once
+#include <string>
+
+namespace engine::testing {
+
+struct ProcessResult {
+  int code = -1;        // exit status, or 128 + signal
+  std::string output;   // stdout and stderr
+};
+
+ProcessResult run_command(const std::string& command);
+// The train program the tests run: $TRAIN_BIN, else ./train.
+std::string train_binary();
+
+}  // namespace engine::testing
