@@ -170,7 +170,7 @@ TEST_CASE("plot_metrics.py overlays runs into a PNG") {
   CHECK(std::string(magic + 1, 3) == "PNG");
 }
 
-TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the message printed once") {
+TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the message printed once" * doctest::test_suite("slow")) {
   if (!has_train_binary()) return;
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
     skip_test("no mpirun (make deps installs OpenMPI)");

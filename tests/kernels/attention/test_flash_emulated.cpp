@@ -200,7 +200,7 @@ const std::vector<EmuCase> kSlowCases = {
 
 }  // namespace
 
-TEST_CASE("flash kernels emulated on the CPU match the f64 reference") {
+TEST_CASE("flash kernels emulated on the CPU match the f64 reference" * doctest::test_suite("slow")) {
   for (const auto& [c, mode] : kFastCases) {
     SUBCASE((c.name() + mode_name(mode)).c_str()) { run(c, mode); }
   }
