@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/attention.h"
+#include "tests/common/attention_case.h"
 #include "tests/common/testing.h"
 #include "tests/ref/helpers.h"
 
@@ -19,21 +20,7 @@ using namespace engine::reftest;
 
 namespace {
 
-struct AttnCase {
-  std::vector<int> lens;  // sequence lengths packed into one batch
-  int heads, kv_heads, dim;
-  bool causal;
-  int window;
-  float scale = 0.f;  // 0: 1 / sqrt(dim)
-  std::string name() const {
-    std::string s = "lens";
-    for (int l : lens) s += " " + std::to_string(l);
-    return s + ", H" + std::to_string(heads) + " Hkv" + std::to_string(kv_heads) + " D" +
-           std::to_string(dim) + (causal ? " causal" : " full") + " window " +
-           std::to_string(window);
-  }
-  int64_t rows() const { return std::accumulate(lens.begin(), lens.end(), int64_t{0}); }
-};
+using AttnCase = testing::AttentionCase;
 
 // GQA ratios 1, 2, 3; 1-token and empty sequences; windows shorter than a sequence; causal and not.
 const std::vector<AttnCase> kAttnCases = {
