@@ -98,6 +98,8 @@ struct OptimizerConfig {
 
 struct TrainingConfig {
   int steps = 0;
+  int max_bad_steps = 3;  // consecutive steps with a non-finite loss or gradient norm (each one
+                          // skipped, no update) after which the run stops with an error
   int eval_every = 0;  // 0 = no periodic validation
   int eval_steps = 1;  // global batches per validation
   int checkpoint_every = 0;  // steps between checkpoints (also one at the end and on SIGINT/SIGTERM); 0 = none

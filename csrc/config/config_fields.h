@@ -125,6 +125,7 @@ void visit_fields(C& c, V& v) {
 
   v.section("training");
   v.field("steps", c.training.steps);
+  v.field("max_bad_steps", c.training.max_bad_steps);
   v.field("eval_every", c.training.eval_every);
   v.field("eval_steps", c.training.eval_steps);
   v.field("checkpoint_every", c.training.checkpoint_every);

@@ -279,6 +279,7 @@ struct Checker {
   void training() const {
     TrainingConfig& t = c.training;
     required_positive("training.steps", t.steps);
+    at_least("training.max_bad_steps", t.max_bad_steps, 0);
     at_least("training.eval_every", t.eval_every, 0);
     at_least("training.eval_steps", t.eval_steps, 1);
     at_least("training.checkpoint_every", t.checkpoint_every, 0);

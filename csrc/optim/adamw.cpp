@@ -74,7 +74,7 @@ void AdamW::write_and_gather_weights() {
   if (end_ - begin_ != store_.capacity()) dp_.all_gather(shard, store_.weights_flat());
 }
 
-StepStats AdamW::step(int step) {
+StepStats AdamW::step(int step, bool skip_update) {
   StepStats st;
   st.lr = learning_rate(config_, step);
   const bool sharded = end_ - begin_ != store_.capacity();
@@ -93,6 +93,11 @@ StepStats AdamW::step(int step) {
   double sq = ops::sum_squares(grads);
   if (sharded) sq = dp_.all_reduce_sum(sq);
   st.grad_norm = std::sqrt(sq);
+  if (skip_update || !std::isfinite(st.grad_norm)) {
+    st.skipped = true;
+    if (sharded && stage_ == 3) store_.release_weights();  // unchanged; gathered again next step
+    return st;
+  }
   if (config_.grad_clip > 0 && st.grad_norm > config_.grad_clip)
     st.clip_scale = config_.grad_clip / (st.grad_norm + 1e-6);
 

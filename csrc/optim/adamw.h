@@ -25,6 +25,7 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   double clip_scale = 1;
   double lr = 0;
+  bool skipped = false;  // no update: the gradient norm was not finite, or the caller asked
 };
 
 class AdamW {
@@ -39,7 +40,10 @@ class AdamW {
   // During the last micro-batch's backward: gradients at offsets >= offset are complete; reduces
   // whole buckets of them as they fill (no-op for stages 2/3 and a single rank).
   void grads_ready(int64_t offset);
-  StepStats step(int step);  // after the last backward: reduce, clip, update; step counts from 1
+  // After the last backward: reduce, clip, update; step counts from 1. The update is skipped
+  // (weights, master and moments unchanged) when the gradient norm, which every rank computes
+  // alike, is NaN or infinite, or when skip_update is set (a non-finite loss).
+  StepStats step(int step, bool skip_update = false);
 
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }

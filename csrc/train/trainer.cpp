@@ -306,10 +306,12 @@ StepResult Trainer::train_step() {
   consumed_ += gb;
   if (loss_tokens == 0) log_warn("step ", step_ + 1, ": the global batch has no loss tokens");
   ++step_;
-  StepStats st = optimizer_->step(step_);
+  const double loss = loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
+  StepStats st = optimizer_->step(step_, !std::isfinite(loss));
   StepResult r;
   r.step = step_;
-  r.loss = loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
+  r.loss = loss;
+  r.skipped = st.skipped;
   r.lr = st.lr;
   r.grad_norm = st.grad_norm;
   r.tokens = gb * config_.data.sequence_length;
@@ -342,6 +344,7 @@ int Trainer::run() {
            run_dir_.empty() ? "(none)" : run_dir_);
   const int every = config_.training.checkpoint_every;
   if (step_ >= total) log_info("nothing to train: the run is at step ", step_, " of ", total);
+  int bad_in_a_row = 0;
   while (step_ < total) {
     StepResult r = train_step();
     train_seconds_ += r.seconds;
@@ -353,11 +356,19 @@ int Trainer::run() {
                         {"tokens_per_s", tps},      {"tokens", tokens_seen_},
                         {"step_seconds", r.seconds}, {"elapsed_s", train_seconds_},
                         {"peak_memory_bytes", peak}};
+    if (r.skipped) j["skipped"] = true;
     write_metrics(j.dump());
-    if (!std::isfinite(r.loss)) {
-      log_error("step ", r.step, ": loss is ", r.loss, "; stopping");
-      g_stop.store(false);
-      return 1;
+    bad_in_a_row = r.skipped ? bad_in_a_row + 1 : 0;
+    if (r.skipped) {
+      log_warn("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, " (not finite): update skipped, ",
+               bad_in_a_row, " such step(s) in a row (training.max_bad_steps = ", config_.training.max_bad_steps, ")");
+      if (bad_in_a_row > config_.training.max_bad_steps) {
+        log_error("stopping at step ", r.step, ": ", bad_in_a_row,
+                  " consecutive steps with a non-finite loss or gradients (training.max_bad_steps = ",
+                  config_.training.max_bad_steps, "); the last checkpoint, if any, holds the last good state");
+        g_stop.store(false);
+        return 1;
+      }
     }
     if (r.step % config_.run.log_every == 0 || r.step == total || r.step == 1) {
       const double eta = train_seconds_ / r.step * (total - r.step);  // (includes pre-resume steps)

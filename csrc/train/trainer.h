@@ -27,6 +27,7 @@ struct StepResult {
   double lr = 0;
   double grad_norm = 0;
   int64_t tokens = 0;      // input tokens in the global batch
+  bool skipped = false;    // non-finite loss or gradients: no update was made
   double seconds = 0;
 };
 

@@ -100,3 +100,26 @@ TEST_CASE("a stop request ends the run cleanly after the current step") {
   CHECK(t.run() == 0);
   CHECK(t.step() == 1);
 }
+
+TEST_CASE("a non-finite loss skips the update; too many in a row stop the run with an error") {
+  Trainer t(tiny_run_config("llama", {"training.max_bad_steps=2"}), false);
+  t.train_step();
+  ParamStore& p = t.model().params();
+  Owned before = to_host(p.weights_flat(), DType::F64);
+  float* w = p.weight("layers.0.mlp.w_out").ptr<float>();
+  const float saved = w[3];
+  w[3] = NAN;  // the forward now produces a NaN loss and NaN gradients
+  StepResult bad = t.train_step();
+  CHECK(bad.skipped);
+  CHECK_FALSE(std::isfinite(bad.loss));
+  w[3] = saved;
+  CHECK_CLOSE(p.weights_flat(), before, 0.0);  // nothing was updated
+  StepResult good = t.train_step();
+  CHECK_FALSE(good.skipped);
+  CHECK(std::isfinite(good.loss));
+
+  // A weight that stays NaN: steps 4, 5, 6 are skipped; the third in a row (> 2) ends the run.
+  p.weight("layers.1.attn.wq").ptr<float>()[0] = NAN;
+  CHECK(t.run() == 1);
+  CHECK(t.step() == 6);
+}
