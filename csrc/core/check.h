@@ -1,5 +1,6 @@
 // Always-on checks. ENSURE(cond, msg...) throws engine::Error carrying file:line, the failing
-// expression as text, the message, and the process rank when one was set (multi-rank runs).
+// expression as text and the message (multi-rank runs prefix the rank where the error is
+// reported: comm/launch.h fatal_error).
 // Checks stay on in release builds: they guard user input and kernel launch preconditions.
 #pragma once
 #include <sstream>
@@ -21,10 +22,6 @@ std::string str_cat(Args&&... args) {
   (os << ... << std::forward<Args>(args));
   return os.str();
 }
-
-// Rank shown in error messages; -1 (the default) shows none.
-void set_error_rank(int rank);
-int error_rank();
 
 [[noreturn]] void fail_check(const char* file, int line, const char* expr, const std::string& msg);
 

@@ -52,8 +52,6 @@ void zero_bytes(void* dst, size_t bytes) {
   CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(compute_stream())));
 }
 
-void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
-
 }  // namespace engine::cuda
 
 namespace engine::cuda {
@@ -66,9 +64,5 @@ StreamHandle compute_stream() {
   if (!g_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   return g_stream;
 }
-
-void set_compute_stream(StreamHandle s) { g_stream = static_cast<cudaStream_t>(s); }
-
-void synchronize_compute_stream() { CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_stream()))); }
 
 }  // namespace engine::cuda

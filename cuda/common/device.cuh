@@ -14,7 +14,6 @@ void* device_alloc(size_t bytes);
 void device_free(void* p);
 void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes);
 void zero_bytes(void* dst, size_t bytes);
-void synchronize();  // the whole device
 
 }  // namespace engine::cuda
 
@@ -24,7 +23,5 @@ namespace engine::cuda {
 // will add its own and order them with events). Opaque here so g++-built files can hold it.
 using StreamHandle = void*;  // cudaStream_t
 StreamHandle compute_stream();
-void set_compute_stream(StreamHandle s);
-void synchronize_compute_stream();
 
 }  // namespace engine::cuda
