@@ -1,4 +1,5 @@
-// Embedding: out(t) = table(ids(t)) (or +=), and its backward dtable(ids(t)) += dout(t).
+// Embedding: out(t) = table(ids(t) - vocab_begin) (or +=), and its backward
+// dtable(ids(t) - vocab_begin) += dout(t), over the ids the table's shard holds.
 // The backward runs in parallel over column chunks; within a chunk tokens are added in order,
 // so rows hit by duplicate ids are summed in token order whatever the thread count.
 #include "ref/embedding.h"
@@ -12,7 +13,20 @@ namespace {
 
 constexpr int64_t kCols = 256;
 
-// ids (T) i32 in [0, V); other (T, C). Returns T.
+// The vocabulary size of a table of `rows` rows holding ids [begin, begin + rows); checks that
+// the shard lies inside it (total = 0: unsharded, begin must be 0).
+int64_t vocab_of(int64_t rows, int64_t begin, int64_t total, const char* op, const char* name) {
+  if (total == 0) {
+    ENSURE(begin == 0, op, ": vocab_begin = ", begin,
+           " but vocab_total = 0 (unsharded: the table is the whole vocabulary)");
+    return rows;
+  }
+  ENSURE(total > 0 && begin >= 0 && begin + rows <= total, op, ": ", name, " rows hold ids [",
+         begin, ", ", begin + rows, "), not a shard of a vocabulary of ", total, " ids");
+  return total;
+}
+
+// ids (T) i32 in [0, vocab); other (T, C). Returns T.
 int64_t check_ids(const Tensor& ids, int64_t vocab, const char* op) {
   expect_cpu(ids, op, "ids");
   expect_dtype(ids, DType::I32, op, "ids");
@@ -26,11 +40,13 @@ int64_t check_ids(const Tensor& ids, int64_t vocab, const char* op) {
 
 }  // namespace
 
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) {
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
+                       int64_t vocab_begin, int64_t vocab_total) {
   const char* op = "embedding_forward";
   expect_cpu(table, op, "table");
   expect_ndim(table, 2, op, "table");
-  const int64_t vocab = table.size(0), c = table.size(1);
+  const int64_t rows = table.size(0), c = table.size(1);
+  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "table");
   const int64_t t = check_ids(ids, vocab, op);
   expect(out, table.dtype, {t, c}, op, "out");
   float_switch(table.dtype, op, "table", [&](auto tag) {
@@ -40,18 +56,25 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
     T* po = out.ptr<T>();
 #pragma omp parallel for schedule(static) if (t * c > (1 << 15))
     for (int64_t r = 0; r < t; ++r) {
-      const T* src = tab + static_cast<int64_t>(id[r]) * c;
+      const int64_t local = id[r] - vocab_begin;
       T* dst = po + r * c;
+      if (local < 0 || local >= rows) {  // another shard's id
+        if (!accumulate) std::fill(dst, dst + c, T(0));
+        continue;
+      }
+      const T* src = tab + local * c;
       for (int64_t j = 0; j < c; ++j) dst[j] = accumulate ? dst[j] + src[j] : src[j];
     }
   });
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
+                        int64_t vocab_begin, int64_t vocab_total) {
   const char* op = "embedding_backward";
   expect_cpu(dtable, op, "dtable");
   expect_ndim(dtable, 2, op, "dtable");
-  const int64_t vocab = dtable.size(0), c = dtable.size(1);
+  const int64_t rows = dtable.size(0), c = dtable.size(1);
+  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "dtable");
   const int64_t t = check_ids(ids, vocab, op);
   expect(dout, dtable.dtype, {t, c}, op, "dout");
   float_switch(dtable.dtype, op, "dtable", [&](auto tag) {
@@ -63,7 +86,9 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     for (int64_t j0 = 0; j0 < c; j0 += kCols) {
       const int64_t n = std::min(kCols, c - j0);
       for (int64_t r = 0; r < t; ++r) {
-        T* dst = tab + static_cast<int64_t>(id[r]) * c + j0;
+        const int64_t local = id[r] - vocab_begin;
+        if (local < 0 || local >= rows) continue;  // another shard's id
+        T* dst = tab + local * c + j0;
         const T* src = pd + r * c + j0;
         for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
       }

@@ -1,11 +1,14 @@
-// Embedding lookups, ids (T) i32 in [0, V):
-//   forward:  out(t) = table(ids(t))    (accumulate: out(t) += table(ids(t)), f32 add, one
-//   rounding) backward: dtable(v) += sum_{t : ids(t) = v} dout(t), f32, the rows of one id in token
-//   order
+// Embedding lookups over a table of R rows holding ids [B, B + R) of a vocabulary of V ids
+// (unsharded: B = 0, R = V); ids (T) i32 in [0, V), local id l(t) = ids(t) - B:
+//   forward:  out(t) = table(l(t)) for l(t) in [0, R), else a zero row    (accumulate:
+//             out(t) += table(l(t)), f32 add, one rounding; rows of other shards untouched)
+//   backward: dtable(l) += sum_{t : l(t) = l} dout(t), f32, the rows of one id in token order;
+//             tokens of other shards add nothing
 // Forward: persistent grid, a row per block at a time, up to 4 16-byte packs per thread in flight.
 // Backward, deterministic without float atomics:
-//   1. keys: key(t) = ids(t) (V for an invalid id, which sorts last and is then ignored), value t.
-//   2. Stable LSD radix sort of (key, t) by key, 8 bits a pass over bit_width(V) bits. A pass:
+//   1. keys: key(t) = l(t) (R for an invalid id or another shard's, which sorts last and is
+//      then ignored), value t.
+//   2. Stable LSD radix sort of (key, t) by key, 8 bits a pass over bit_width(R) bits. A pass:
 //      per tile of kSortTile tokens a digit histogram, one exclusive scan over (digit, tile), a
 //      stable scatter (rank within a warp from __match_any_sync, across the warps of the tile
 //      from a per-warp digit table). Afterwards each id's tokens are contiguous, in token order.
@@ -53,8 +56,8 @@ constexpr int kNoError = 0x7f7f7f7f;  // the flag's bytes after cudaMemset(0x7f)
 
 template <typename T, int N, bool kAccumulate>
 static __global__ void __launch_bounds__(kFwdMaxThreads)
-    embedding_forward_kernel(const int32_t* ids, const T* table, T* out, int64_t n, int64_t vocab,
-                             int64_t cols, int* err) {
+    embedding_forward_kernel(const int32_t* ids, const T* table, T* out, int64_t n, int64_t begin,
+                             int64_t rows, int64_t vocab, int64_t cols, int* err) {
   const int64_t packs = cols / N;
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const int32_t id = ids[row];
@@ -62,8 +65,19 @@ static __global__ void __launch_bounds__(kFwdMaxThreads)
       if (threadIdx.x == 0) atomicMin(err, static_cast<int>(row));
       continue;
     }
-    const T* src = table + static_cast<int64_t>(id) * cols;
+    const int64_t local = id - begin;
     T* dst = out + row * cols;
+    if (local < 0 || local >= rows) {  // another shard's id: a zero row, or untouched (+=)
+      if constexpr (!kAccumulate) {
+        Pack<T, N> zero;
+#pragma unroll
+        for (int j = 0; j < N; ++j) zero.v[j] = from_float<T>(0.f);
+        for (int64_t q = threadIdx.x; q < packs; q += blockDim.x)
+          reinterpret_cast<Pack<T, N>*>(dst)[q] = zero;
+      }
+      continue;
+    }
+    const T* src = table + local * cols;
     for (int64_t q0 = threadIdx.x; q0 < packs; q0 += kFwdUnroll * blockDim.x) {
       if constexpr (kAccumulate) {
         float v[kFwdUnroll][N], o[kFwdUnroll][N];
@@ -104,13 +118,17 @@ static __global__ void __launch_bounds__(kFwdMaxThreads)
 // ---------------------------------------------------------------------------------------------
 // Backward, step 1 and 2: keys and the stable radix sort.
 
-static __global__ void embedding_keys_kernel(const int32_t* ids, int64_t n, int64_t vocab,
-                                             uint32_t* keys, int32_t* vals, int* err) {
+// key(t) = ids(t) - begin for ids of the shard, `rows` (sorted last, ignored) for the others.
+static __global__ void embedding_keys_kernel(const int32_t* ids, int64_t n, int64_t begin,
+                                             int64_t rows, int64_t vocab, uint32_t* keys,
+                                             int32_t* vals, int* err) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int32_t id = ids[i];
   const bool ok = id >= 0 && id < vocab;
-  keys[i] = ok ? static_cast<uint32_t>(id) : static_cast<uint32_t>(vocab);
+  const int64_t local = id - begin;
+  const bool mine = ok && local >= 0 && local < rows;
+  keys[i] = mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
   vals[i] = static_cast<int32_t>(i);
   if (!ok) atomicMin(err, static_cast<int>(i));
 }
@@ -212,8 +230,8 @@ static __global__ void __launch_bounds__(kSortTile)
 template <typename T>
 struct EmbBwdParams {
   const T* dout;          // (n, cols)
-  float* dtable;          // (vocab, cols)
-  const uint32_t* keys;   // (n) ids in sorted order (vocab for invalid ones, last)
+  float* dtable;          // (vocab, cols): here vocab = the shard's rows
+  const uint32_t* keys;   // (n) local ids in sorted order (vocab for ignored ones, last)
   const int32_t* tokens;  // (n) token positions in sorted order
   float* slot_own;        // (cells, cols): first piece of a run that continues past its cell
   float* slot_in;         // (cells, cols): the piece at the start of a cell, of an earlier run
@@ -342,6 +360,21 @@ static int64_t check_ids(const Tensor& ids, const char* op) {
   return ids.size(0);
 }
 
+// The vocabulary size of a table of `rows` rows holding ids [begin, begin + rows); checks that
+// the shard lies inside it (total = 0: unsharded, begin must be 0).
+static int64_t vocab_of(int64_t rows, int64_t begin, int64_t total, const char* op,
+                        const char* name) {
+  if (total == 0) {
+    ENSURE(begin == 0, op, ": vocab_begin = ", begin,
+           " but vocab_total = 0 (unsharded: the table is the whole vocabulary)");
+    total = rows;
+  }
+  ENSURE(total >= 0 && begin >= 0 && begin + rows <= total, op, ": ", name, " rows hold ids [",
+         begin, ", ", begin + rows, "), not a shard of a vocabulary of ", total, " ids");
+  ENSURE(total < kNoError, op, ": V = ", total, " is too large");
+  return total;
+}
+
 // A device int set to kNoError, for the first bad token position.
 static Buffer error_flag() {
   Buffer flag(sizeof(int), Device::CUDA);
@@ -360,13 +393,14 @@ static void raise_if_bad_id(const Buffer& flag, const Tensor& ids, int64_t vocab
         ")");
 }
 
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) {
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
+                       int64_t vocab_begin, int64_t vocab_total) {
   const char* op = "embedding_forward";
   const int64_t n = check_ids(ids, op);
   expect_cuda_float(table, op, "table");
   ENSURE(table.ndim() == 2, op, ": table must be 2-D (V, C), got shape ", table.shape.str());
-  ENSURE(table.size(0) < kNoError, op, ": V = ", table.size(0), " is too large");
-  const int64_t vocab = table.size(0), cols = table.size(1);
+  const int64_t rows = table.size(0), cols = table.size(1);
+  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "table");
   expect_cuda(out, table.dtype, {n, cols}, op, "out");
   if (n == 0) return;
   Buffer flag = error_flag();
@@ -384,7 +418,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
     T* po = static_cast<T*>(out.data);
     auto go = [&](auto kernel) {
       const int grid = persistent_grid(kernel, threads, 0, n);
-      kernel<<<grid, threads, 0, stream()>>>(pid, tab, po, n, vocab, cols, err);
+      kernel<<<grid, threads, 0, stream()>>>(pid, tab, po, n, vocab_begin, rows, vocab, cols, err);
       check_launch("embedding_forward_kernel");
     };
     if (vec) {
@@ -402,15 +436,16 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
   raise_if_bad_id(flag, ids, vocab, op);
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
+                        int64_t vocab_begin, int64_t vocab_total) {
   const char* op = "embedding_backward";
   const int64_t n = check_ids(ids, op);
   expect_cuda(dtable, op, "dtable");
   ENSURE(dtable.ndim() == 2, op, ": dtable must be 2-D (V, C), got shape ", dtable.shape.str());
   ENSURE(dtable.dtype == DType::F32, op, ": dtable is ", dtype_name(dtable.dtype),
          ", the kernel accumulates into f32");
-  ENSURE(dtable.size(0) < kNoError, op, ": V = ", dtable.size(0), " is too large");
-  const int64_t vocab = dtable.size(0), cols = dtable.size(1);
+  const int64_t rows = dtable.size(0), cols = dtable.size(1);
+  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "dtable");
   expect_cuda_float(dout, op, "dout");
   ENSURE(dout.shape == Shape({n, cols}), op, ": dout has shape ", dout.shape.str(), ", expected ",
          Shape({n, cols}).str());
@@ -426,10 +461,10 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
                       static_cast<int32_t*>(sort_buf.data()) + 3 * n};
   const int32_t* pid = static_cast<const int32_t*>(ids.data);
   embedding_keys_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream()>>>(
-      pid, n, vocab, keys[0], vals[0], err);
+      pid, n, vocab_begin, rows, vocab, keys[0], vals[0], err);
   check_launch("embedding_keys_kernel");
 
-  const int bits = std::bit_width(static_cast<uint64_t>(vocab));  // keys are <= vocab
+  const int bits = std::bit_width(static_cast<uint64_t>(rows));  // keys are <= rows
   const int64_t tiles = ceil_div(n, kSortTile);
   Buffer hist_buf(static_cast<size_t>(kDigits) * tiles * sizeof(int), Device::CUDA);
   int* hist = static_cast<int*>(hist_buf.data());
@@ -460,7 +495,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
       p.slot_in = p.slot_own + cells * cols;
       p.n = n;
       p.cols = cols;
-      p.vocab = vocab;
+      p.vocab = rows;
       p.cells = cells;
       auto go = [&](auto piece_kernel, auto fixup_kernel, int elems) {
         const int64_t chunks = ceil_div(cols, 32 * elems);
@@ -472,7 +507,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
         const dim3 fixup_grid(static_cast<unsigned>(ceil_div(cells, kWarpsPerBlock)),
                               static_cast<unsigned>(chunks));
         fixup_kernel<<<fixup_grid, 32 * kWarpsPerBlock, 0, stream()>>>(
-            p.keys, p.slot_own, p.slot_in, p.dtable, n, cols, vocab, cells);
+            p.keys, p.slot_own, p.slot_in, p.dtable, n, cols, rows, cells);
         check_launch("embedding_fixup_kernel");
       };
       if (cols % V == 0 && aligned16(dout.data) && aligned16(dtable.data))

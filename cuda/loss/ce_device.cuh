@@ -1,0 +1,175 @@
+// Device helpers shared by the cross-entropy kernels (cross_entropy.cu: fused;
+// cross_entropy_vocab_parallel.cu: vocabulary-parallel steps). Included by .cu files only.
+//   rows as 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element, with up to
+//   2 x 7 scalars before and after them (RowLayout); unpack / pack between vectors and floats;
+//   the (max, sum of exp) statistic Stat with an online accumulate, a bitwise-symmetric merge
+//   and warp / block reductions in a fixed order; exp through ex2.approx of (x - m) * log2(e);
+//   one vector's (or scalar's) softmax-minus-onehot gradient.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/launch.cuh"
+
+namespace engine::cuda::ce {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers: conversions, the (max, sum) statistic, one vector's gradient.
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void unpack(const uint4& u, float (&x)[8], bf16_t) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    x[2 * k] = __uint_as_float(w[k] << 16);  // the lower half is the earlier element
+    x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void unpack(const uint4& u, float (&x)[4], float) {
+  x[0] = __uint_as_float(u.x);
+  x[1] = __uint_as_float(u.y);
+  x[2] = __uint_as_float(u.z);
+  x[3] = __uint_as_float(u.w);
+}
+
+__device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi) {
+  uint32_t w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+}
+__device__ __forceinline__ uint4 pack(const float (&g)[8], bf16_t) {
+  return make_uint4(pack2_bf16(g[0], g[1]), pack2_bf16(g[2], g[3]), pack2_bf16(g[4], g[5]),
+                    pack2_bf16(g[6], g[7]));
+}
+__device__ __forceinline__ uint4 pack(const float (&g)[4], float) {
+  return make_uint4(__float_as_uint(g[0]), __float_as_uint(g[1]), __float_as_uint(g[2]),
+                    __float_as_uint(g[3]));
+}
+
+// A vector of -inf: padding that changes neither the max nor the sum.
+template <typename T>
+__device__ __forceinline__ uint4 neg_inf_vec() {
+  constexpr uint32_t w = sizeof(T) == 2 ? 0xff80ff80u : 0xff800000u;
+  return make_uint4(w, w, w, w);
+}
+
+struct Stat {
+  float m;  // running max
+  float s;  // sum of exp(x - m)
+};
+
+// Bitwise symmetric in its arguments (explicit roundings, no FMA contraction), so a butterfly
+// leaves the same value in every lane and every block of a cluster merges to the same result.
+__device__ __forceinline__ Stat merge(Stat a, Stat b) {
+  const float m = fmaxf(a.m, b.m);
+  const float fa = a.m == m ? 1.f : ex2(__fmul_rn(a.m - m, kLog2e));
+  const float fb = b.m == m ? 1.f : ex2(__fmul_rn(b.m - m, kLog2e));
+  return {m, __fadd_rn(__fmul_rn(a.s, fa), __fmul_rn(b.s, fb))};
+}
+
+__device__ __forceinline__ Stat warp_reduce(Stat st) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    st = merge(st, {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)});
+  return st;
+}
+
+// Block-wide (m, s), the same in every thread: warp butterflies, then every thread merges the
+// warps' results in warp order. red: kThreads / 32 entries of shared memory.
+template <int kThreads>
+__device__ __forceinline__ Stat block_reduce(Stat st, Stat* red) {
+  st = warp_reduce(st);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = st;
+  __syncthreads();
+  Stat r = red[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) r = merge(r, red[w]);
+  return r;
+}
+
+// Folds a batch of values into the running statistic: one rescale at most per batch.
+template <int N>
+__device__ __forceinline__ void accumulate(Stat& st, const float (&x)[N]) {
+  float bm = x[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) bm = fmaxf(bm, x[j]);
+  if (bm == -INFINITY) return;  // only -inf (or padding): adds nothing, and keeps m = -inf legal
+  if (bm > st.m) {
+    st.s *= ex2((st.m - bm) * kLog2e);  // 0 while m is still -inf
+    st.m = bm;
+  }
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // independent partial sums for ILP
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j % 4] += ex2((x[j] - st.m) * kLog2e);
+  st.s += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// kU 16-byte vectors as one flat batch of values.
+template <typename T, int kU>
+__device__ __forceinline__ void unpack_batch(const uint4 (&u)[kU], float (&x)[kU * kVec<T>]) {
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    float v[kVec<T>];
+    unpack(u[k], v, T{});
+#pragma unroll
+    for (int j = 0; j < kVec<T>; ++j) x[k * kVec<T> + j] = v[j];
+  }
+}
+
+// softmax(x) = exp2((x - m) * log2e - log2 s); `col` is the row index of the vector's first
+// element; the label's element gets (p - 1) * scale, exact in p - 1 for p near 1.
+template <typename T>
+__device__ __forceinline__ uint4 grad_vec(const uint4& u, int col, int label, float m, float l2s,
+                                          float scale) {
+  float x[kVec<T>], p[kVec<T>], g[kVec<T>];
+  unpack(u, x, T{});
+#pragma unroll
+  for (int j = 0; j < kVec<T>; ++j) {
+    p[j] = ex2(fmaf(x[j] - m, kLog2e, -l2s));
+    g[j] = p[j] * scale;
+  }
+  if (static_cast<unsigned>(label - col) < static_cast<unsigned>(kVec<T>)) {
+#pragma unroll
+    for (int j = 0; j < kVec<T>; ++j)
+      if (col + j == label) g[j] = (p[j] - 1.f) * scale;
+  }
+  return pack(g, T{});
+}
+
+__device__ __forceinline__ float grad_scalar(float x, bool is_label, float m, float l2s,
+                                             float scale) {
+  const float p = ex2(fmaf(x - m, kLog2e, -l2s));
+  return (is_label ? p - 1.f : p) * scale;
+}
+
+// A row as [head scalars][nvec 16-byte vectors][tail scalars].
+struct RowLayout {
+  int head, nvec, tail;
+};
+template <typename T>
+__device__ __forceinline__ RowLayout row_layout(const T* row, int vocab) {
+  const int mis = static_cast<int>((reinterpret_cast<uintptr_t>(row) & 15) / sizeof(T));
+  const int head = min(mis ? kVec<T> - mis : 0, vocab);
+  const int nvec = (vocab - head) / kVec<T>;
+  return {head, nvec, vocab - head - nvec * kVec<T>};
+}
+// Column of scalar e in [0, head + tail).
+template <typename T>
+__device__ __forceinline__ int extra_col(int e, const RowLayout& l) {
+  return e < l.head ? e : l.head + l.nvec * kVec<T> + (e - l.head);
+}
+
+}  // namespace engine::cuda::ce

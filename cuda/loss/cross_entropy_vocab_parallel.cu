@@ -1,0 +1,303 @@
+// Vocabulary-parallel cross-entropy (launcher contract in cross_entropy_vocab_parallel.cuh; CPU
+// reference csrc/ref/loss.cpp). A shard's logits x (T, Vl) are columns [B, B + Vl) of the
+// vocabulary; per masked-in row:
+//   partial  m = max_v x_v, s = sum_v exp(x_v - m): one streaming read of the row, online (a
+//            batch of values that raises the running max rescales s by exp(m_old - m_new) first;
+//            partial (m, s) merge as (max, s_a e^(m_a - m) + s_b e^(m_b - m)), as the fused
+//            kernel does: ce_device.cuh); z = x[label - B] if the label is in the shard, else 0
+//   combine  one thread per row over the P shards in order: M = max m_p,
+//            S = sum_p s_p e^(m_p - M), lse = M + log S, loss = (M - sum_p z_p) + log S
+//            (M - z formed first, so logits of magnitude ~1e3 keep the loss's f32 accuracy)
+//   grad     x_v <- grad_scale * (exp(x_v - lse) - [v + B == label]): one read, one write
+// Both row kernels treat a row as 16-byte vectors (8 bf16 or 4 f32) from its first 16-byte-aligned
+// element, with the up to 2 x 7 elements before and after them as scalars, one per thread; a warp
+// per row (8 rows per block) when the row is at most 4 KB, else a 256-thread block per row,
+// kUnroll vectors in flight per thread. exp is ex2.approx of (x - m) * log2(e); statistics are
+// f32; the logits never exist in f32 in memory. Results are deterministic (fixed reduction
+// orders, no float atomics).
+// Traffic per masked-in row of B = Vl * sizeof(logit) bytes: partial reads B, grad reads and
+// writes B; combine reads 12 P bytes and writes 8. Masked rows read only the mask (and grad
+// writes the zero row).
+// Limits: logits contiguous and element-aligned; Vl < 2^31, vocab_total < 2^31; T < 2^31 rows.
+// A bad label (outside [0, vocab_total), masked-in) makes the row's z NaN; the launcher reads the
+// flag back and raises.
+#include "cuda/loss/cross_entropy_vocab_parallel.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/loss/ce_device.cuh"
+
+namespace engine::cuda {
+namespace {
+
+using namespace ce;
+
+constexpr int kUnroll = 4;                   // 16-byte loads in flight per thread
+constexpr int kThreads = 256;                // both row paths and combine
+constexpr int64_t kWarpRowsMaxBytes = 4096;  // rows up to this: a warp per row
+
+struct VpParams {
+  void* logits;                   // (T, Vl) bf16 or f32; grad: written in place
+  const int32_t* labels;          // (T)
+  const uint8_t* mask;            // (T)
+  float* stats;                   // partial: (3, T)
+  const float* lse;               // grad: (T)
+  unsigned long long* bad_label;  // partial: min over bad rows of (row << 32 | label), else ~0
+  int64_t rows;                   // T
+  int64_t vocab_begin;            // B
+  int64_t vocab_total;
+  int32_t vocab;  // Vl
+  float grad_scale;
+};
+
+// ---------------------------------------------------------------------------------------------
+// partial: kGroup threads (a warp, or the whole block) per row.
+
+template <typename T, int kGroup>
+__global__ void __launch_bounds__(kThreads) ce_partial_kernel(const VpParams p) {
+  static_assert(kGroup == 32 || kGroup == kThreads);
+  constexpr int kN = kVec<T>;
+  const int lane = static_cast<int>(threadIdx.x) % kGroup;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup) + threadIdx.x / kGroup;
+  if (row >= p.rows) return;  // whole groups only: a block-wide group never leaves early here
+  if (!p.mask[row]) {
+    if (lane == 0) p.stats[row] = p.stats[p.rows + row] = p.stats[2 * p.rows + row] = 0.f;
+    return;
+  }
+  const T* x = static_cast<const T*>(p.logits) + row * p.vocab;
+  const RowLayout l = row_layout(x, p.vocab);
+  const uint4* body = reinterpret_cast<const uint4*>(x + l.head);
+  const int ecol = lane < l.head + l.tail ? extra_col<T>(lane, l) : -1;
+
+  float z = 0.f;
+  if (lane == 0) {
+    const int32_t label = p.labels[row];
+    if (label < 0 || label >= p.vocab_total) {
+      atomicMin(p.bad_label,
+                (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label));
+      z = __int_as_float(0x7fffffff);
+    } else {
+      const int64_t local = label - p.vocab_begin;
+      if (local >= 0 && local < p.vocab) z = to_float(x[local]);
+    }
+  }
+  const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+
+  Stat st{-INFINITY, 0.f};
+  for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
+    uint4 u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int j = i + k * kGroup;
+      u[k] = j < l.nvec ? body[j] : neg_inf_vec<T>();
+    }
+    float v[kUnroll * kN];
+    unpack_batch<T>(u, v);
+    accumulate(st, v);
+  }
+  {
+    const float e[1] = {xe};
+    accumulate(st, e);
+  }
+  if constexpr (kGroup == 32) {
+    st = warp_reduce(st);
+  } else {
+    __shared__ Stat red[kThreads / 32];
+    st = block_reduce<kThreads>(st, red);
+  }
+  if (lane == 0) {
+    p.stats[row] = st.m;
+    p.stats[p.rows + row] = st.s;
+    p.stats[2 * p.rows + row] = z;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// grad: kGroup threads per row; softmax = exp2((x - lse) * log2e), grad_vec with m = lse and
+// log2 s = 0 (ce_device.cuh), the label's element (p - 1) * scale.
+
+template <typename T, int kGroup>
+__global__ void __launch_bounds__(kThreads) ce_grad_kernel(const VpParams p) {
+  static_assert(kGroup == 32 || kGroup == kThreads);
+  constexpr int kN = kVec<T>;
+  const int lane = static_cast<int>(threadIdx.x) % kGroup;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup) + threadIdx.x / kGroup;
+  if (row >= p.rows) return;
+  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  const RowLayout l = row_layout(x, p.vocab);
+  uint4* body = reinterpret_cast<uint4*>(x + l.head);
+  const int ecol = lane < l.head + l.tail ? extra_col<T>(lane, l) : -1;
+
+  if (!p.mask[row]) {
+    for (int i = lane; i < l.nvec; i += kGroup) body[i] = make_uint4(0, 0, 0, 0);
+    if (ecol >= 0) x[ecol] = from_float<T>(0.f);
+    return;
+  }
+  const float lse = p.lse[row];
+  const int64_t local = static_cast<int64_t>(p.labels[row]) - p.vocab_begin;
+  const int label = local >= 0 && local < p.vocab ? static_cast<int>(local) : -1;  // -1: none
+  if (ecol >= 0)
+    x[ecol] = from_float<T>(grad_scalar(to_float(x[ecol]), ecol == label, lse, 0.f, p.grad_scale));
+  for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
+    uint4 u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int j = i + k * kGroup;
+      if (j < l.nvec) u[k] = body[j];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int j = i + k * kGroup;
+      if (j < l.nvec) body[j] = grad_vec<T>(u[k], l.head + j * kN, label, lse, 0.f, p.grad_scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// combine: one thread per row, the shards in order.
+
+__global__ void __launch_bounds__(kThreads)
+    ce_combine_kernel(const float* partials, const uint8_t* mask, float* lse, float* losses,
+                      int64_t shards, int64_t rows) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (r >= rows) return;
+  if (!mask[r]) {
+    lse[r] = 0.f;
+    losses[r] = 0.f;
+    return;
+  }
+  float m = -INFINITY;
+  for (int64_t q = 0; q < shards; ++q) m = fmaxf(m, partials[q * 3 * rows + r]);
+  float s = 0.f, z = 0.f;
+  for (int64_t q = 0; q < shards; ++q) {
+    const float mq = partials[q * 3 * rows + r];
+    if (mq != -INFINITY) s += partials[(q * 3 + 1) * rows + r] * expf(mq - m);  // empty: 0
+    z += partials[(q * 3 + 2) * rows + r];
+  }
+  const float ls = logf(s);
+  lse[r] = m + ls;
+  losses[r] = (m - z) + ls;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+// logits (T, Vl) bf16 or f32 on cuda, element-aligned; returns the row path's group size.
+int check_logits(const Tensor& logits, const char* op) {
+  expect_cuda_float(logits, op, "logits");
+  ENSURE(logits.ndim() == 2, op, ": logits must be 2-D (T, Vl), got shape ", logits.shape.str());
+  ENSURE(logits.size(1) <= INT32_MAX, op, ": a shard of ", logits.size(1), " columns is too wide");
+  ENSURE(logits.size(0) <= INT32_MAX, op, ": ", logits.size(0), " rows are too many");
+  ENSURE(reinterpret_cast<uintptr_t>(logits.data) % dtype_size(logits.dtype) == 0, op,
+         ": logits are not aligned to their element size");
+  return logits.size(1) * static_cast<int64_t>(dtype_size(logits.dtype)) <= kWarpRowsMaxBytes
+             ? 32
+             : kThreads;
+}
+
+// Launches kernel<T, group> over the rows: 8 rows per block (warps) or one per block.
+template <typename Launch>
+void launch_rows(DType dtype, int group, int64_t rows, Launch&& launch) {
+  const unsigned blocks =
+      static_cast<unsigned>(group == 32 ? ceil_div(rows, kThreads / 32) : rows);
+  float_switch(dtype, [&](auto tag) { launch(tag, blocks); });
+}
+
+}  // namespace
+
+void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                           int64_t vocab_begin, int64_t vocab_total, const Tensor& stats) {
+  const char* op = "cross_entropy_partial";
+  const int group = check_logits(logits, op);
+  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(vocab_total > 0 && vocab_total <= INT32_MAX && vocab_begin >= 0 &&
+             vocab_begin + v <= vocab_total,
+         op, ": logits hold columns [", vocab_begin, ", ", vocab_begin + v,
+         "), not a shard of a vocabulary of ", vocab_total);
+  expect_cuda(labels, DType::I32, {t}, op, "labels");
+  expect_cuda(mask, DType::U8, {t}, op, "mask");
+  expect_cuda(stats, DType::F32, {3, t}, op, "stats");
+  if (t == 0) return;
+
+  Owned flag = empty({1}, DType::I64, Device::CUDA);
+  CUDA_CHECK(cudaMemsetAsync(flag.t.data, 0xff, sizeof(unsigned long long), stream()));
+  VpParams p{};
+  p.logits = logits.data;
+  p.labels = labels.ptr<int32_t>();
+  p.mask = mask.ptr<uint8_t>();
+  p.stats = stats.ptr<float>();
+  p.bad_label = static_cast<unsigned long long*>(flag.t.data);
+  p.rows = t;
+  p.vocab_begin = vocab_begin;
+  p.vocab_total = vocab_total;
+  p.vocab = static_cast<int32_t>(v);
+  launch_rows(logits.dtype, group, t, [&](auto tag, unsigned blocks) {
+    using T = decltype(tag);
+    const auto kernel = group == 32 ? ce_partial_kernel<T, 32> : ce_partial_kernel<T, kThreads>;
+    kernel<<<blocks, kThreads, 0, stream()>>>(p);
+    check_launch("ce_partial_kernel");
+  });
+
+  unsigned long long bad = 0;
+  copy_bytes(&bad, false, flag.t.data, true, sizeof bad);  // synchronises the compute stream
+  if (bad != ~0ull) {
+    const int64_t pos = static_cast<int64_t>(bad >> 32);
+    const int32_t label = static_cast<int32_t>(static_cast<uint32_t>(bad & 0xffffffffu));
+    RAISE(op, ": labels[", pos, "] = ", label, " out of range [0, ", vocab_total,
+          ") at a masked-in token (position ", pos, ")");
+  }
+}
+
+void cross_entropy_combine(const Tensor& partials, const Tensor& mask, const Tensor& lse,
+                           const Tensor& losses) {
+  const char* op = "cross_entropy_combine";
+  expect_cuda(partials, op, "partials");
+  ENSURE(partials.dtype == DType::F32, op, ": partials is ", dtype_name(partials.dtype),
+         ", expected f32");
+  ENSURE(partials.ndim() == 3 && partials.size(1) == 3, op,
+         ": partials must be (P, 3, T), got shape ", partials.shape.str());
+  const int64_t np = partials.size(0), t = partials.size(2);
+  ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
+  expect_cuda(mask, DType::U8, {t}, op, "mask");
+  expect_cuda(lse, DType::F32, {t}, op, "lse");
+  expect_cuda(losses, DType::F32, {t}, op, "losses");
+  if (t == 0) return;
+  ce_combine_kernel<<<static_cast<unsigned>(ceil_div(t, kThreads)), kThreads, 0, stream()>>>(
+      partials.ptr<float>(), mask.ptr<uint8_t>(), lse.ptr<float>(), losses.ptr<float>(), np, t);
+  check_launch("ce_combine_kernel");
+}
+
+void cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                        int64_t vocab_begin, const Tensor& lse, float grad_scale) {
+  const char* op = "cross_entropy_grad";
+  const int group = check_logits(logits, op);
+  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
+  expect_cuda(labels, DType::I32, {t}, op, "labels");
+  expect_cuda(mask, DType::U8, {t}, op, "mask");
+  expect_cuda(lse, DType::F32, {t}, op, "lse");
+  if (t == 0) return;
+  VpParams p{};
+  p.logits = logits.data;
+  p.labels = labels.ptr<int32_t>();
+  p.mask = mask.ptr<uint8_t>();
+  p.lse = lse.ptr<float>();
+  p.rows = t;
+  p.vocab_begin = vocab_begin;
+  p.vocab = static_cast<int32_t>(v);
+  p.grad_scale = grad_scale;
+  launch_rows(logits.dtype, group, t, [&](auto tag, unsigned blocks) {
+    using T = decltype(tag);
+    const auto kernel = group == 32 ? ce_grad_kernel<T, 32> : ce_grad_kernel<T, kThreads>;
+    kernel<<<blocks, kThreads, 0, stream()>>>(p);
+    check_launch("ce_grad_kernel");
+  });
+}
+
+}  // namespace engine::cuda
