@@ -68,7 +68,7 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
     loss = r.loss;
   }
   const ModelConfig& m = c.model;
-  const double params = static_cast<double>(t.model().params().table().num_parameters());
+  const double params = static_cast<double>(t.model().params().table().num_full_parameters());
   const double embed = static_cast<double>(m.vocab_size) * m.hidden_size;  // a lookup, not a matmul
   const double attn = 6.0 * m.num_layers * c.data.sequence_length * m.num_heads * m.head_dim;  // causal
   const double flops_per_token = 6.0 * (params - embed) + attn;
@@ -76,9 +76,10 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
   const MemoryStats mem = memory_stats(dev);
   const int ranks = world().size();
   if (world().rank() == 0) {
-    std::printf("train %s: %s x %d, %.0f M parameters, %d x %d tokens per step, %d timed steps\n",
-                c.run.name.c_str(), device_name(dev), ranks, params / 1e6, c.batch.global_batch_size,
-                c.data.sequence_length, timed);
+    std::printf("train %s: %s x %d (%s%s), %.0f M parameters, %d x %d tokens per step, %d timed steps\n",
+                c.run.name.c_str(), device_name(dev), ranks, t.mesh().describe().c_str(),
+                c.distributed.sequence_parallel && t.mesh().tp_size() > 1 ? ", sequence parallel" : "",
+                params / 1e6, c.batch.global_batch_size, c.data.sequence_length, timed);
     std::printf("  %.1f k tokens/s, %.3f s/step, MFU %.3f per GPU (of %.0f TFLOP/s), peak memory %s in use, %s reserved, loss %.4f\n",
                 tps / 1e3, seconds / timed, tps / ranks * flops_per_token / (kPeakDenseBf16Tflops * 1e12),
                 kPeakDenseBf16Tflops, format_bytes(static_cast<double>(mem.peak_in_use)).c_str(),

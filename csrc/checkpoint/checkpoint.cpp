@@ -145,12 +145,15 @@ void agree(Comm& comm, const std::function<void()>& f, const std::function<void(
   if (first == 0) return;
   if (on_fail) on_fail();
   if (!error.empty()) throw Error(error);
-  RAISE("rank ", n - first, " of the data-parallel group failed (its error is reported by that rank)");
+  RAISE("rank ", n - first, " of the group failed (its error is reported by that rank)");
 }
 
-std::string save(const SaveOptions& o, AdamW& opt) {
-  Comm& comm = opt.comm();
+std::string save(const SaveOptions& o, AdamW& opt, Comm* group) {
+  Comm& comm = group ? *group : opt.comm();
   const int rank = comm.rank(), n = comm.size();
+  const int tp_rank = opt.tp() ? opt.tp()->rank() : 0, tp_size = opt.tp() ? opt.tp()->size() : 1;
+  ENSURE(n == opt.comm().size() * tp_size, "checkpoint: a group of ", n, " ranks for ", opt.comm().size(),
+         " data-parallel x ", tp_size, " tensor-parallel");
   const ParamStore& store = opt.store();
   const int64_t cap = store.capacity();
   const bool sharded = opt.shard_end() - opt.shard_begin() != cap;
@@ -174,7 +177,7 @@ std::string save(const SaveOptions& o, AdamW& opt) {
   tmp = final_dir + ".tmp-" + std::to_string(pid);
 
   FileDigest mine;
-  const bool writer = sharded || rank == 0;
+  const bool writer = sharded || opt.comm().rank() == 0;  // one file per dp shard of each tp rank
   agree(comm, [&] {
     if (writer) mine = write_shard(tmp, rank, opt, o.state.step);
   }, cleanup);
@@ -185,15 +188,22 @@ std::string save(const SaveOptions& o, AdamW& opt) {
   m.state = o.state;
   m.config_toml = o.config_toml;
   for (const ParamSpec& p : store.table().entries())
-    m.params.push_back({p.name, std::vector<int64_t>(p.shape.d.begin(), p.shape.d.begin() + p.shape.ndim), p.offset});
+    m.params.push_back({p.name, std::vector<int64_t>(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim),
+                        p.offset, p.split_dim});
   m.table_elements = store.table().total_elements();
-  m.layout = {world().size(), n, opt.zero_stage(), cap, dtype_name(store.compute_dtype()), device_name(store.device())};
-  for (int r = 0; r < (sharded ? n : 1); ++r) {
-    Metadata::Shard s{shard_file_name(r), r, share(comm, r, opt.shard_begin()), share(comm, r, opt.shard_end())};
+  m.layout = {world().size(), opt.comm().size(), tp_size, opt.zero_stage(), cap, dtype_name(store.compute_dtype()),
+              device_name(store.device())};
+  for (int r = 0; r < n; ++r) {
+    if (share(comm, r, writer ? 1 : 0) == 0) continue;
+    Metadata::Shard s{shard_file_name(r), r, static_cast<int>(share(comm, r, tp_rank)),
+                      share(comm, r, opt.shard_begin()), share(comm, r, opt.shard_end())};
     Metadata::File f{s.file, share_u64(comm, r, mine.bytes), share_u64(comm, r, mine.xxh64)};
     m.shards.push_back(s);
     m.files.push_back(f);
   }
+  std::sort(m.shards.begin(), m.shards.end(), [](const Metadata::Shard& a, const Metadata::Shard& b) {
+    return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.begin < b.begin;
+  });
   agree(comm, [&] {
     if (rank == 0) commit(tmp, final_dir, o.root, m, o.keep, pid);
   }, cleanup);
@@ -323,22 +333,57 @@ void Reader::read(int kind, const std::string& name, int64_t lo, int64_t hi, flo
   const Metadata::Param* p = meta_.find_param(name);
   if (!p) RAISE(join(dir_, kMetadataFile), ": no parameter ", name);
   ENSURE(0 <= lo && lo <= hi && hi <= p->numel(), "elements [", lo, ", ", hi, ") of ", name);
-  int64_t g = p->offset + lo;
-  const int64_t g_end = p->offset + hi;
-  // Shards are sorted and tile the buffers: start at the first one ending after g.
-  auto first = std::upper_bound(meta_.shards.begin(), meta_.shards.end(), g,
-                                [](int64_t v, const Metadata::Shard& s) { return v < s.end; });
-  for (auto i = static_cast<size_t>(first - meta_.shards.begin()); i < meta_.shards.size() && g < g_end; ++i) {
+  const int tp = meta_.layout.tensor_parallel;
+  if (p->split_dim < 0 || tp == 1) return read_flat(kind, 0, p->offset + lo, p->offset + hi, out, name);
+  // Full index g -> (the saved tp rank holding it, its index in that rank's block).
+  const int64_t rows = p->shape[0], cols = p->shape.size() == 2 ? p->shape[1] : 1;
+  for (int64_t g = lo; g < hi;) {
+    int t;
+    int64_t local, n;
+    if (p->split_dim == 0) {
+      const int64_t block = rows / tp * cols;
+      t = static_cast<int>(g / block);
+      local = g % block;
+      n = std::min(hi - g, block - local);
+    } else {
+      const int64_t bc = cols / tp, r = g / cols, c = g % cols;
+      t = static_cast<int>(c / bc);
+      local = r * bc + c % bc;
+      n = std::min(hi - g, bc - c % bc);
+    }
+    read_flat(kind, t, p->offset + local, p->offset + local + n, out + (g - lo), name);
+    g += n;
+  }
+}
+
+void Reader::read_flat(int kind, int tp_rank, int64_t g, int64_t g_end, float* out, const std::string& name) const {
+  const int64_t start = g;
+  // Shards are sorted by (tp_rank, begin) and tile each tp rank's buffers: start at the first one
+  // of tp_rank ending after g.
+  auto first = std::lower_bound(meta_.shards.begin(), meta_.shards.end(), std::make_pair(tp_rank, g),
+                                [](const Metadata::Shard& s, const std::pair<int, int64_t>& v) {
+                                  return s.tp_rank != v.first ? s.tp_rank < v.first : s.end <= v.second;
+                                });
+  for (auto i = static_cast<size_t>(first - meta_.shards.begin());
+       i < meta_.shards.size() && meta_.shards[i].tp_rank == tp_rank && g < g_end; ++i) {
     const Metadata::Shard& s = meta_.shards[i];
     if (s.end <= g || s.begin >= g_end) continue;
     const int64_t a = std::max(g, s.begin), b = std::min(g_end, s.end);
     ENSURE(a == g, "shards leave elements of ", name, " uncovered");
     const SafetensorsFile& f = shard_file(i);
-    f.read_f32(f.at(kTensorKinds[kind]), a - s.begin, b - s.begin, out + (a - p->offset - lo));
+    f.read_f32(f.at(kTensorKinds[kind]), a - s.begin, b - s.begin, out + (a - start));
     g = b;
   }
-  ENSURE(g == g_end, join(dir_, kMetadataFile), ": no shard holds elements [", g, ", ", g_end, ")");
+  ENSURE(g == g_end, join(dir_, kMetadataFile), ": no shard of tp_rank ", tp_rank, " holds elements [", g, ", ",
+         g_end, ") (", name, ")");
 }
+
+namespace {
+// fetch() (full-tensor indices) for local elements [lo, hi) of p's block, into out.
+void fetch_block(const Fetch& fetch, const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+  for_each_full_run(p, lo, hi, [&](int64_t full, int64_t n, int64_t local) { fetch(p, full, full + n, out + (local - lo)); });
+}
+}  // namespace
 
 void fill_shard(AdamW& opt, int kind, const Fetch& fetch) {
   const Tensor dst = shard_tensor(opt, kind);
@@ -350,11 +395,11 @@ void fill_shard(AdamW& opt, int kind, const Fetch& fetch) {
       const int64_t ce = std::min(e, c + kChunk);
       float* at = static_cast<float*>(dst.data) + (c - sb);
       if (dst.device == Device::CPU) {
-        fetch(p, c - p.offset, ce - p.offset, at);
+        fetch_block(fetch, p, c - p.offset, ce - p.offset, at);
         continue;
       }
       host.resize(static_cast<size_t>(ce - c));
-      fetch(p, c - p.offset, ce - p.offset, host.data());
+      fetch_block(fetch, p, c - p.offset, ce - p.offset, host.data());
       copy_bytes(at, dst.device, host.data(), Device::CPU, host.size() * 4);
     }
   }
@@ -364,7 +409,7 @@ void fill_weights(ParamStore& store, const Fetch& fetch) {
   for (const ParamSpec& p : store.table().entries()) {
     const int64_t n = p.shape.numel();
     Owned host = empty({n}, DType::F32, Device::CPU);
-    fetch(p, 0, n, host.ptr<float>());
+    fetch_block(fetch, p, 0, n, host.ptr<float>());
     const Tensor w = store.weight_at(p.offset, {n});
     if (store.compute_dtype() == DType::F32) {
       copy_tensor(w, host);
@@ -380,11 +425,11 @@ void check_compatible(const Metadata& m, const ParamTable& table, const std::str
   std::string problems;
   for (const ParamSpec& p : table.entries()) {
     const Metadata::Param* s = m.find_param(p.name);
-    const std::vector<int64_t> shape(p.shape.d.begin(), p.shape.d.begin() + p.shape.ndim);
+    const std::vector<int64_t> shape(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim);
     if (!s)
       problems += "\n  " + p.name + ": not in the checkpoint";
     else if (s->shape != shape)
-      problems += str_cat("\n  ", p.name, ": shape ", p.shape.str(), " in the model, ", shape_str(s->shape),
+      problems += str_cat("\n  ", p.name, ": shape ", p.full_shape.str(), " in the model, ", shape_str(s->shape),
                           " in the checkpoint");
   }
   for (const Metadata::Param& s : m.params)
@@ -394,8 +439,8 @@ void check_compatible(const Metadata& m, const ParamTable& table, const std::str
           problems);
 }
 
-TrainerState load(const std::string& dir, AdamW& opt) {
-  Comm& comm = opt.comm();
+TrainerState load(const std::string& dir, AdamW& opt, Comm* group) {
+  Comm& comm = group ? *group : opt.comm();
   const std::string error = check(dir, comm);
   if (!error.empty()) RAISE("corrupt checkpoint: ", error);
   std::unique_ptr<Reader> reader;

@@ -1,8 +1,10 @@
 // Distributed checkpoints: <run_dir>/checkpoints/step_<N>/ holds metadata.json (metadata.h) and
 // one safetensors file per writing rank, rank_<r>.safetensors, with that rank's optimizer shard
-// [begin, end) of the flat buffers as three 1-D f32 tensors: master, exp_avg, exp_avg_sq (one
-// file from rank 0 when the state is not sharded: ZeRO stage 0 or a single rank). The compute
-// weights are not saved: they are the master weights cast to the compute dtype.
+// [begin, end) of its flat buffers as three 1-D f32 tensors: master, exp_avg, exp_avg_sq (one
+// file per tensor-parallel rank, from its first data-parallel rank, when the state is not
+// sharded: ZeRO stage 0 or one dp rank). Under tensor parallelism each tp rank's buffers hold
+// its blocks of the split parameters (metadata.h). The compute weights are not saved: they are
+// the master weights cast to the compute dtype.
 //
 // Saving is collective over the optimizer's data-parallel group and atomic:
 //   1. rank 0 makes step_<N>.tmp-<pid>/ (a name "auto" never picks)
@@ -15,8 +17,8 @@
 // folder; earlier checkpoints are never touched until the new one is complete.
 // Loading checks integrity first (metadata checksum and fields; every file's size and XXH64,
 // each file hashed by one rank), then each rank reads, for each parameter in its new shard,
-// the saved elements by name and offset from whichever files hold them: any data-parallel
-// size, ZeRO stage and padding of the saved run loads into any of the new run.
+// the saved elements by name and full-tensor index from whichever files hold them: any data-
+// and tensor-parallel sizes, ZeRO stage and padding of the saved run load into any of the new run.
 #pragma once
 #include <functional>
 #include <memory>
@@ -37,8 +39,9 @@ struct SaveOptions {
   TrainerState state;
 };
 
-// Collective over opt.comm(). Returns the checkpoint's folder.
-std::string save(const SaveOptions& options, AdamW& opt);
+// Collective over `group`: every rank of the run (default opt.comm(), the data-parallel group,
+// which is every rank without tensor parallelism). Returns the checkpoint's folder.
+std::string save(const SaveOptions& options, AdamW& opt, Comm* group = nullptr);
 
 // "" when the checkpoint at `dir` is complete and intact, else what is wrong, naming the file.
 // Collective over `comm` (files are hashed in parallel); every rank gets the same answer.
@@ -54,8 +57,8 @@ std::string resolve_resume(const std::string& spec, const std::string& root, Com
 
 // Loads the checkpoint into the optimizer's shard (any saved layout), rewrites the compute
 // weights and returns the trainer state. The model's parameter table must match the saved one
-// by names and shapes. Collective over opt.comm().
-TrainerState load(const std::string& dir, AdamW& opt);
+// by names and (full) shapes. Collective over `group` (as for save).
+TrainerState load(const std::string& dir, AdamW& opt, Comm* group = nullptr);
 
 // Throws unless the saved parameter table has exactly the table's names and shapes (offsets and
 // padding may differ), listing every difference.
@@ -67,18 +70,22 @@ class Reader {
   explicit Reader(const std::string& dir);
   const Metadata& metadata() const { return meta_; }
   const std::string& dir() const { return dir_; }
-  // Elements [lo, hi) of parameter `name` (counted within the parameter) of tensor kind
-  // `kind` (0 master, 1 exp_avg, 2 exp_avg_sq) into `out`.
+  // Elements [lo, hi) of parameter `name` (counted within the full tensor, whichever saved
+  // tensor-parallel ranks hold them) of tensor kind `kind` (0 master, 1 exp_avg, 2 exp_avg_sq)
+  // into `out`.
   void read(int kind, const std::string& name, int64_t lo, int64_t hi, float* out) const;
 
  private:
+  // Flat elements [g, g_end) of tensor-parallel rank tp_rank's saved buffers.
+  void read_flat(int kind, int tp_rank, int64_t g, int64_t g_end, float* out, const std::string& name) const;
   const SafetensorsFile& shard_file(size_t i) const;  // opened and checked on first use
   std::string dir_;
   Metadata meta_;
   mutable std::vector<std::unique_ptr<SafetensorsFile>> files_;
 };
 
-// Values of elements [lo, hi) of parameter p (counted within the parameter), as f32.
+// Values of elements [lo, hi) of parameter p (counted within the full tensor, whatever block of
+// it p describes), as f32.
 using Fetch = std::function<void(const ParamSpec& p, int64_t lo, int64_t hi, float* out)>;
 // Overwrites the optimizer shard's tensor `kind` (0 master, 1 exp_avg, 2 exp_avg_sq) parameter
 // by parameter from `fetch` (gaps and padding are left alone: they are zero).

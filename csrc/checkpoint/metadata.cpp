@@ -79,16 +79,19 @@ std::string Metadata::serialize() const {
                   {"tokens_seen", state.tokens_seen},
                   {"train_seconds", state.train_seconds}};
   j["layout"] = {{"world_size", layout.world_size},   {"data_parallel", layout.data_parallel},
+                 {"tensor_parallel", layout.tensor_parallel},
                  {"zero_stage", layout.zero_stage},   {"capacity", layout.capacity},
                  {"compute_dtype", layout.compute_dtype}, {"device", layout.device}};
   j["tensors"] = json::array();
   for (const char* k : kTensorKinds) j["tensors"].push_back(k);
   j["table_elements"] = table_elements;
   j["params"] = json::array();
-  for (const Param& p : params) j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+  for (const Param& p : params)
+    j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"split_dim", p.split_dim}, {"offset", p.offset}});
   j["shards"] = json::array();
   for (const Shard& s : shards)
-    j["shards"].push_back({{"file", s.file}, {"rank", s.rank}, {"begin", s.begin}, {"end", s.end}});
+    j["shards"].push_back(
+        {{"file", s.file}, {"rank", s.rank}, {"tp_rank", s.tp_rank}, {"begin", s.begin}, {"end", s.end}});
   j["files"] = json::array();
   for (const File& f : files) j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
   j["config"] = config_toml;
@@ -124,8 +127,9 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   if (f.string(j, "format", "format") != kFormatName) f.fail("format", "expected \"" + std::string(kFormatName) + "\"");
   Metadata m;
   m.version = static_cast<int>(f.integer(j, "version", "version"));
-  if (m.version != kFormatVersion)
-    f.fail("version", str_cat("format version ", m.version, " is not supported (this build reads ", kFormatVersion, ")"));
+  if (m.version != kFormatVersion && m.version != 1)
+    f.fail("version", str_cat("format version ", m.version, " is not supported (this build reads 1 to ", kFormatVersion, ")"));
+  const bool v1 = m.version == 1;
   m.state.step = static_cast<int>(f.integer(j, "step", "step", 0, INT32_MAX));
   const json& tr = f.get(j, "trainer", "trainer");
   m.state.consumed_samples = f.integer(tr, "consumed_samples", "trainer.consumed_samples");
@@ -136,6 +140,8 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   const json& lay = f.get(j, "layout", "layout");
   m.layout.world_size = static_cast<int>(f.integer(lay, "world_size", "layout.world_size", 1, INT32_MAX));
   m.layout.data_parallel = static_cast<int>(f.integer(lay, "data_parallel", "layout.data_parallel", 1, INT32_MAX));
+  if (!v1)
+    m.layout.tensor_parallel = static_cast<int>(f.integer(lay, "tensor_parallel", "layout.tensor_parallel", 1, INT32_MAX));
   m.layout.zero_stage = static_cast<int>(f.integer(lay, "zero_stage", "layout.zero_stage", 0, 3));
   m.layout.capacity = f.integer(lay, "capacity", "layout.capacity");
   m.layout.compute_dtype = f.string(lay, "compute_dtype", "layout.compute_dtype");
@@ -157,8 +163,15 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
       if (!d.is_number_integer() || d.get<int64_t>() <= 0) f.fail(at_p + ".shape", "expected positive sizes");
       p.shape.push_back(d.get<int64_t>());
     }
-    if (p.offset + p.numel() > m.table_elements)
-      f.fail(at_p, str_cat(p.name, " at [", p.offset, ", ", p.offset + p.numel(), ") runs past table_elements ",
+    if (!v1) {
+      p.split_dim = static_cast<int>(f.integer(params[i], "split_dim", at_p + ".split_dim", -1, 1));
+      if (p.split_dim >= static_cast<int>(p.shape.size()) ||
+          (p.split_dim >= 0 && p.shape[static_cast<size_t>(p.split_dim)] % m.layout.tensor_parallel != 0))
+        f.fail(at_p + ".split_dim", str_cat(p.name, ": dimension ", p.split_dim, " of ", p.shape.size(),
+                                            " does not split over tensor_parallel = ", m.layout.tensor_parallel));
+    }
+    if (p.offset + m.block_numel(p) > m.table_elements)
+      f.fail(at_p, str_cat(p.name, " at [", p.offset, ", ", p.offset + m.block_numel(p), ") runs past table_elements ",
                            m.table_elements));
     if (m.find_param(p.name)) f.fail(at_p + ".name", p.name + " appears twice");
     m.params.push_back(std::move(p));
@@ -183,22 +196,30 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     Shard s;
     s.file = f.string(shards[i], "file", at_s + ".file");
     s.rank = static_cast<int>(f.integer(shards[i], "rank", at_s + ".rank", 0, INT32_MAX));
+    if (!v1)
+      s.tp_rank = static_cast<int>(f.integer(shards[i], "tp_rank", at_s + ".tp_rank", 0, m.layout.tensor_parallel - 1));
     s.begin = f.integer(shards[i], "begin", at_s + ".begin", 0, m.layout.capacity);
     s.end = f.integer(shards[i], "end", at_s + ".end", s.begin, m.layout.capacity);
     if (std::none_of(m.files.begin(), m.files.end(), [&](const File& x) { return x.name == s.file; }))
       f.fail(at_s + ".file", s.file + " is not listed in files");
     m.shards.push_back(std::move(s));
   }
-  std::sort(m.shards.begin(), m.shards.end(), [](const Shard& a, const Shard& b) { return a.begin < b.begin; });
-  // The shards must tile [0, capacity) exactly.
-  int64_t covered = 0;
-  for (const Shard& s : m.shards) {
-    if (s.begin != covered)
-      f.fail("shards", str_cat(s.file, " begins at ", s.begin, ", expected ", covered, " (gap or overlap)"));
-    covered = s.end;
+  std::sort(m.shards.begin(), m.shards.end(), [](const Shard& a, const Shard& b) {
+    return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.begin < b.begin;
+  });
+  // The shards of each tensor-parallel rank must tile [0, capacity) exactly.
+  size_t i = 0;
+  for (int t = 0; t < m.layout.tensor_parallel; ++t) {
+    int64_t covered = 0;
+    for (; i < m.shards.size() && m.shards[i].tp_rank == t; ++i) {
+      const Shard& s = m.shards[i];
+      if (s.begin != covered)
+        f.fail("shards", str_cat(s.file, " begins at ", s.begin, ", expected ", covered, " (gap or overlap) for tp_rank ", t));
+      covered = s.end;
+    }
+    if (covered != m.layout.capacity)
+      f.fail("shards", str_cat("cover [0, ", covered, ") for tp_rank ", t, ", the layout's capacity is ", m.layout.capacity));
   }
-  if (covered != m.layout.capacity)
-    f.fail("shards", str_cat("cover [0, ", covered, "), the layout's capacity is ", m.layout.capacity));
   return m;
 }
 

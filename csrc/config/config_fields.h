@@ -135,6 +135,9 @@ void visit_fields(C& c, V& v) {
   v.section("distributed");
   v.field("zero_stage", c.distributed.zero_stage);
   v.field("reduce_bucket_mb", c.distributed.reduce_bucket_mb);
+  v.field("tensor_parallel", c.distributed.tensor_parallel);
+  v.field("sequence_parallel", c.distributed.sequence_parallel);
+  v.field("cross_entropy_splits", c.distributed.cross_entropy_splits);
 }
 
 // The key schema, collected once by a visitor over a default Config.

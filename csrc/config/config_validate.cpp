@@ -274,6 +274,25 @@ struct Checker {
     if (z < 0 || z > 3) RAISE(c.where("distributed.zero_stage"), "must be 0, 1, 2 or 3, got ", z);
     if (!(c.distributed.reduce_bucket_mb > 0))
       RAISE(c.where("distributed.reduce_bucket_mb"), "must be > 0, got ", c.distributed.reduce_bucket_mb);
+    const DistributedConfig& d = c.distributed;
+    at_least("distributed.cross_entropy_splits", d.cross_entropy_splits, 1);
+    at_least("distributed.tensor_parallel", d.tensor_parallel, 1);
+    const int tp = d.tensor_parallel;
+    const ModelConfig& m = c.model;
+    // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
+    const std::pair<const char*, int64_t> split[] = {{"model.num_heads", m.num_heads},
+                                                     {"model.num_kv_heads", m.num_kv_heads},
+                                                     {"model.ffn_hidden_size", m.ffn_hidden_size},
+                                                     {"model.vocab_size", m.vocab_size}};
+    for (const auto& [key, n] : split)
+      if (n % tp != 0)
+        RAISE(c.where("distributed.tensor_parallel"), "must divide ", key, " (", n, "), got ", tp,
+              " (each tensor-parallel rank holds an equal part of it)");
+    const int64_t tokens = int64_t{c.batch.micro_batch_size} * c.data.sequence_length;
+    if (d.sequence_parallel && tp > 1 && tokens % tp != 0)
+      RAISE(c.where("distributed.sequence_parallel"), "needs the tokens of a micro-batch (micro_batch_size ",
+            c.batch.micro_batch_size, " x sequence_length ", c.data.sequence_length, " = ", tokens,
+            ") to split evenly over tensor_parallel = ", tp);
   }
 
   void training() const {

@@ -11,9 +11,23 @@ namespace {
 constexpr int64_t kAlign = 64;  // elements
 }
 
+ParamTable::ParamTable(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {
+  ENSURE(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tensor-parallel rank ", tp_rank, " of ", tp_size);
+}
+
 const ParamSpec& ParamTable::add(ParamSpec spec) {
   ENSURE(!index_.count(spec.name), "parameter ", spec.name, " declared twice");
   ENSURE(spec.shape.numel() > 0, "parameter ", spec.name, " has empty shape ", spec.shape.str());
+  spec.full_shape = spec.shape;
+  if (spec.split_dim >= 0) {
+    ENSURE(spec.split_dim < spec.shape.ndim && spec.split_dim <= 1, "parameter ", spec.name,
+           ": split dimension ", spec.split_dim, " of shape ", spec.shape.str());
+    const int64_t n = spec.shape[spec.split_dim];
+    ENSURE(n % tp_size_ == 0, "parameter ", spec.name, " ", spec.shape.str(), ": dimension ", spec.split_dim,
+           " does not split over ", tp_size_, " tensor-parallel ranks");
+    spec.shape.d[spec.split_dim] = n / tp_size_;
+    spec.split_begin = n / tp_size_ * tp_rank_;
+  }
   int64_t off = total_;
   if (!spec.adjacent) off = (off + kAlign - 1) / kAlign * kAlign;
   ENSURE(!spec.adjacent || !entries_.empty(), "first parameter cannot be adjacent");
@@ -30,10 +44,35 @@ const ParamSpec& ParamTable::get(const std::string& name) const {
   return entries_[it->second];
 }
 
+int64_t ParamTable::num_full_parameters() const {
+  int64_t n = 0;
+  for (auto& e : entries_) n += e.full_shape.numel();
+  return n;
+}
+
 int64_t ParamTable::num_parameters() const {
   int64_t n = 0;
   for (auto& e : entries_) n += e.shape.numel();
   return n;
+}
+
+int64_t full_index(const ParamSpec& s, int64_t i) {
+  if (s.split_dim < 0) return i;
+  if (s.split_dim == 0) return s.split_begin * (s.shape.ndim == 2 ? s.shape[1] : 1) + i;
+  const int64_t cols = s.shape[1];  // split along dim 1 of a matrix
+  return (i / cols) * s.full_shape[1] + s.split_begin + i % cols;
+}
+
+void for_each_full_run(const ParamSpec& s, int64_t lo, int64_t hi,
+                       const std::function<void(int64_t, int64_t, int64_t)>& f) {
+  if (lo >= hi) return;
+  if (s.split_dim != 1) return f(full_index(s, lo), hi - lo, lo);
+  const int64_t cols = s.shape[1];
+  for (int64_t i = lo; i < hi;) {
+    const int64_t n = std::min(hi, (i / cols + 1) * cols) - i;  // to the end of the local row
+    f(full_index(s, i), n, i);
+    i += n;
+  }
 }
 
 void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out) {
@@ -51,7 +90,7 @@ void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t 
     // Every element is a pure function of its index: any thread split gives the same values.
 #pragma omp parallel for schedule(static) if (hi - lo > (1 << 16))
     for (int64_t g = lo; g < hi; ++g) {
-      const int64_t i = g - s.offset;  // index within the full parameter
+      const int64_t i = full_index(s, g - s.offset);  // index within the full parameter
       const double v = s.init == InitKind::Ones ? 1.0
                        : s.init == InitKind::Zeros ? 0.0
                                                    : s.init_std * philox_normal(key, static_cast<uint64_t>(i));

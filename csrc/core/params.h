@@ -9,8 +9,14 @@
 // (`capacity`), so they split evenly into data-parallel shards; the tail is zero.
 // Init is layout independent: element i of parameter `name` (i counted in the full, unsharded
 // tensor) is drawn from Philox keyed by (seed, name) at counter i.
+// Tensor parallelism: a table built for tensor-parallel rank r of n holds, for each parameter
+// declared with split_dim = d, the r-th of n equal blocks along dimension d (shape: the local
+// block; full_shape: the declared tensor). Parameters with split_dim = -1 are replicated. Every
+// rank's table has the same names in the same order with the same local shapes, so the flat
+// layouts (and ZeRO shards) of all tensor-parallel ranks line up.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,7 +29,10 @@ enum class InitKind { Normal, Ones, Zeros };
 
 struct ParamSpec {
   std::string name;         // e.g. "layers.3.attn.wq"; also the init RNG key
-  Shape shape;              // full (unsharded) shape
+  Shape shape;              // declared: the full shape; after ParamTable::add, this rank's block
+  int split_dim = -1;       // tensor-parallel split dimension (0 or 1); -1: replicated
+  Shape full_shape = {};    // set by add: the full (unsharded) shape
+  int64_t split_begin = 0;  // set by add: this rank's first index along split_dim
   InitKind init = InitKind::Normal;
   double init_std = 0.02;   // for InitKind::Normal
   bool weight_decay = true; // false for norms and biases
@@ -33,18 +42,31 @@ struct ParamSpec {
 
 class ParamTable {
  public:
+  // The table of tensor-parallel rank `tp_rank` of `tp_size` (1: the whole model).
+  explicit ParamTable(int tp_rank = 0, int tp_size = 1);
   const ParamSpec& add(ParamSpec spec);
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
   const ParamSpec& get(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const std::vector<ParamSpec>& entries() const { return entries_; }
   int64_t total_elements() const { return total_; }   // including alignment gaps
-  int64_t num_parameters() const;                     // sum of numel over entries
+  int64_t num_parameters() const;                     // sum of numel over entries (this rank's blocks)
+  int64_t num_full_parameters() const;                // the same over the full (unsharded) tensors
 
  private:
   std::vector<ParamSpec> entries_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;
+  int tp_rank_ = 0, tp_size_ = 1;
 };
+
+// Index in the full tensor of element `i` (row-major, local) of a parameter's block.
+int64_t full_index(const ParamSpec& s, int64_t i);
+// Local elements [lo, hi) of a parameter's block as runs contiguous in the full tensor:
+// f(full_begin, count, local_begin) in increasing order (one run unless split along dim 1).
+void for_each_full_run(const ParamSpec& s, int64_t lo, int64_t hi,
+                       const std::function<void(int64_t, int64_t, int64_t)>& f);
 
 // Init values of flat elements [begin, end) into `out` (a host f32 or f64 tensor of end - begin
 // elements); alignment gaps and the tail past the table are 0. Any range of any layout gets

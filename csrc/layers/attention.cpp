@@ -3,32 +3,37 @@
 #include <cmath>
 
 #include "layers/linear.h"
+#include "layers/parallel.h"
+#include "ops/gemm.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
 
 namespace engine::layers {
 
 Attention::Attention(const ParamStore& store, const std::string& prefix, const ModelConfig& c)
-    : heads_(c.num_heads), kv_heads_(c.num_kv_heads), head_dim_(c.head_dim),
+    : heads_(c.num_heads / store.table().tp_size()), kv_heads_(c.num_kv_heads / store.table().tp_size()),
+      head_dim_(c.head_dim),
       window_(c.sliding_window), rope_(c.positions == PositionKind::Rope),
       theta_(static_cast<float>(c.rope_theta)) {
   wqkv_ = adjacent_rows(store, {prefix + ".wq", prefix + ".wk", prefix + ".wv"});
   wo_ = Param(store, prefix + ".wo");
   if (c.bias || c.qkv_bias) bqkv_ = adjacent_rows(store, {prefix + ".bq", prefix + ".bk", prefix + ".bv"});
   if (c.bias) bo_ = Param(store, prefix + ".bo");
+  first_rank_ = store.table().tp_rank() == 0;
 }
 
 void Attention::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c) {
   const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_heads, Hkv = c.num_kv_heads;
   const double out_std = c.init_std / std::sqrt(2.0 * c.num_layers);
-  t.add({.name = prefix + ".wq", .shape = {H * D, C}, .init_std = c.init_std});
-  t.add({.name = prefix + ".wk", .shape = {Hkv * D, C}, .init_std = c.init_std, .adjacent = true});
-  t.add({.name = prefix + ".wv", .shape = {Hkv * D, C}, .init_std = c.init_std, .adjacent = true});
-  t.add({.name = prefix + ".wo", .shape = {C, H * D}, .init_std = out_std});
+  // Column-parallel q, k, v (whole heads per tensor-parallel rank), row-parallel output.
+  t.add({.name = prefix + ".wq", .shape = {H * D, C}, .split_dim = 0, .init_std = c.init_std});
+  t.add({.name = prefix + ".wk", .shape = {Hkv * D, C}, .split_dim = 0, .init_std = c.init_std, .adjacent = true});
+  t.add({.name = prefix + ".wv", .shape = {Hkv * D, C}, .split_dim = 0, .init_std = c.init_std, .adjacent = true});
+  t.add({.name = prefix + ".wo", .shape = {C, H * D}, .split_dim = 1, .init_std = out_std});
   if (c.bias || c.qkv_bias) {  // qkv_bias alone: Qwen2's biases on q, k, v but not o
-    t.add({.name = prefix + ".bq", .shape = {H * D}, .init = InitKind::Zeros, .weight_decay = false});
-    t.add({.name = prefix + ".bk", .shape = {Hkv * D}, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
-    t.add({.name = prefix + ".bv", .shape = {Hkv * D}, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
+    t.add({.name = prefix + ".bq", .shape = {H * D}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false});
+    t.add({.name = prefix + ".bk", .shape = {Hkv * D}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
+    t.add({.name = prefix + ".bv", .shape = {Hkv * D}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
   }
   if (c.bias) t.add({.name = prefix + ".bo", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
 }
@@ -51,32 +56,57 @@ ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const Attentio
 
 void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg, const Tensor& y,
                         AttentionSaved& s) const {
-  const int64_t T = xn.size(0);
+  const int64_t T = full_rows(env, xn.size(0));
   const int NH = heads_ + 2 * kv_heads_;
   s.qkv = env.act_tensor({T, NH, head_dim_});
   s.out = env.act_tensor({T, heads_, head_dim_});
   s.lse = env.stat_tensor({T, heads_});
-  linear_forward(xn, wqkv_.w(), bqkv_.w(), s.qkv->view({T, int64_t{NH} * head_dim_}));
+  Owned gathered;
+  const Tensor x = column_input_forward(env, xn, gathered);
+  linear_forward(x, wqkv_.w(), bqkv_.w(), s.qkv->view({T, int64_t{NH} * head_dim_}));
+  gathered = Owned{};
   if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, theta_);
   ops::attention_forward(op_params(seg, s));
-  linear_forward(s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(), bo_.w(), y);
+  // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
+  const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
+  if (env.sp()) {
+    Owned partial = env.act_tensor({T, y.size(1)});
+    linear_forward(o, wo_.w(), first_rank_ ? bo_.w() : Tensor{}, partial);
+    row_output_forward(env, partial, y);
+  } else {
+    linear_forward(o, wo_.w(), first_rank_ ? bo_.w() : Tensor{}, y);
+    row_output_forward(env, y, y);
+  }
 }
 
 void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
                          const AttentionSaved& s, const Tensor& dxn) const {
-  const int64_t T = xn.size(0);
+  const int64_t T = full_rows(env, xn.size(0));
   const int NH = heads_ + 2 * kv_heads_;
+  // The bias gradient from this rank's rows: complete without sequence parallelism (dy is
+  // replicated), a partial sum over the token shards with it (reduced with the other
+  // replicated parameters' gradients, optim/adamw.h).
+  if (bo_) ops::sum_rows(dy.rows(), bo_.g(), 1.f);
+  Owned dy_storage;
+  const Tensor dy_full = row_output_backward(env, dy, dy_storage);
   Owned dout = env.act_tensor({T, heads_, head_dim_});
-  linear_backward(dy, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(),
-                  dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), bo_.g());
+  linear_backward(dy_full, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(),
+                  dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
+  dy_storage = Owned{};
   Owned dqkv = env.act_tensor({T, NH, head_dim_});
   ops::AttentionBackwardParams b;
   b.fwd = op_params(seg, s);
   b.dout = dout;
   b.dqkv = dqkv;
   ops::attention_backward(b);
+  dout = Owned{};
   if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, theta_);
-  linear_backward(dqkv->view({T, int64_t{NH} * head_dim_}), xn, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g());
+  Owned gathered;  // sequence parallel: gathered again rather than kept since the forward
+  const Tensor x = column_input_forward(env, xn, gathered);
+  Owned dx_storage;
+  const Tensor dx_full = env.sp() ? (dx_storage = env.act_tensor({T, xn.size(1)})).t : dxn;
+  linear_backward(dqkv->view({T, int64_t{NH} * head_dim_}), x, wqkv_.w(), dx_full, wqkv_.g(), bqkv_.g());
+  column_input_backward(env, dx_full, dxn);
 }
 
 }  // namespace engine::layers

@@ -5,6 +5,10 @@
 //   o = attention(q, k, v)           ops/attention.h
 //   y = o Wo^T (+ bo)                bo only with bias
 // Saved: qkv after RoPE, o, the log-sum-exp. xn (the normalised input) is kept by the caller.
+// Tensor parallelism (layers/parallel.h): each rank holds num_heads / tp query heads and
+// num_kv_heads / tp key/value heads (column-parallel qkv), and its columns of Wo (row-parallel);
+// with sequence parallelism xn, y, dy and dxn are this rank's token shard and the qkv input is
+// gathered (again in backward, instead of being kept).
 // Gradients: dxn written (=); parameter gradients accumulated (+=).
 #pragma once
 #include "config/config.h"
@@ -42,6 +46,7 @@ class Attention {
   bool rope_ = false;
   float theta_ = 10000.f;
   Param wqkv_, bqkv_, wo_, bo_;
+  bool first_rank_ = true;  // tensor-parallel rank 0: adds the row-parallel bias
 };
 
 }  // namespace engine::layers

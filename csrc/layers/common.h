@@ -1,6 +1,7 @@
 // What every layer needs besides its parameters: where activations live and in which dtype,
 // and the float type of statistics saved for backward (f64 in an f64 model, else f32).
 #pragma once
+#include "comm/comm.h"
 #include "core/buffer.h"
 #include "core/params.h"
 
@@ -9,9 +10,14 @@ namespace engine::layers {
 struct Env {
   Device device = Device::CPU;
   DType act = DType::F32;  // activations: f32 / f64 on CPU, bf16 on GPU
+  Comm* tp = nullptr;      // the tensor-parallel group (nullptr: none)
+  bool sequence_parallel = false;  // with tp: the residual stream holds this rank's rows only
   DType stat() const { return act == DType::F64 ? DType::F64 : DType::F32; }
   Owned act_tensor(Shape s) const { return empty(s, act, device); }
   Owned stat_tensor(Shape s) const { return empty(s, stat(), device); }
+  int tp_size() const { return tp ? tp->size() : 1; }
+  int tp_rank() const { return tp ? tp->rank() : 0; }
+  bool sp() const { return sequence_parallel && tp_size() > 1; }
 };
 
 // A parameter (or adjacent parameters seen as one matrix) of a store: its weight and gradient

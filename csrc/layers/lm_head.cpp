@@ -1,38 +1,76 @@
 #include "layers/lm_head.h"
 
+#include <algorithm>
+
 #include "layers/embedding.h"
 #include "layers/linear.h"
+#include "layers/parallel.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
 
 namespace engine::layers {
 
-LmHead::LmHead(const ParamStore& store, const ModelConfig& c)
+namespace {
+const char* weight_name(const ModelConfig& c) { return c.tie_embeddings ? Embedding::kTokens : "head.weight"; }
+}  // namespace
+
+LmHead::LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_splits)
     : norm_(store, "final_norm", c.norm, static_cast<float>(c.norm_eps), c.bias),
-      weight_(store, c.tie_embeddings ? Embedding::kTokens : "head.weight") {}
+      weight_(store, weight_name(c)),
+      vocab_begin_(store.table().get(weight_name(c)).split_begin),
+      vocab_size_(c.vocab_size),
+      splits_(std::max(1, cross_entropy_splits)) {}
 
 void LmHead::declare(ParamTable& t, const ModelConfig& c) {
   Norm::declare(t, "final_norm", c.hidden_size, c.norm, c.bias);
   if (!c.tie_embeddings)
-    t.add({.name = "head.weight", .shape = {c.vocab_size, c.hidden_size}, .init_std = c.init_std});
+    t.add({.name = "head.weight", .shape = {c.vocab_size, c.hidden_size}, .split_dim = 0,
+           .init_std = c.init_std});
+}
+
+void LmHead::loss(const Env& env, const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                  const Tensor& losses, bool with_grad, float grad_scale) const {
+  if (env.tp_size() == 1)
+    return ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale);
+  // Vocab-parallel: per-row (max, sum of exponentials, label logit) of this rank's columns,
+  // gathered from every rank and merged alike on each, so all ranks hold the same losses.
+  const int64_t n = logits.size(0);
+  Owned stats = env.stat_tensor({3, n});
+  ops::cross_entropy_partial(logits, labels, mask, vocab_begin_, vocab_size_, stats);
+  Owned all = env.stat_tensor({env.tp_size(), 3, n});
+  env.tp->all_gather(stats->view({3 * n}), all->view({env.tp_size() * 3 * n}));
+  Owned lse = env.stat_tensor({n});
+  ops::cross_entropy_combine(all, mask, lse, losses);
+  if (with_grad) ops::cross_entropy_grad(logits, labels, mask, vocab_begin_, lse, grad_scale);
 }
 
 double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, const Tensor& mask,
-                         bool with_grad, float grad_scale, HeadSaved& s) const {
-  const int64_t T = x.size(0), C = x.size(1), V = weight_.w().size(0);
-  Owned xn = env.act_tensor({T, C});
+                       bool with_grad, float grad_scale, HeadSaved& s) const {
+  const int64_t C = x.size(1), V = weight_.w().size(0);
+  Owned xn = env.act_tensor(x.shape);
   NormSaved ns;
   norm_.forward(env, x, xn, ns);
-  Owned logits = env.act_tensor({T, V});
-  linear_forward(xn, weight_.w(), {}, logits);
+  Owned gathered;
+  const Tensor xin = column_input_forward(env, xn, gathered);
+  const int64_t T = xin.size(0);
+  Owned dxin = with_grad ? env.act_tensor({T, C}) : Owned{};
   Owned losses = env.stat_tensor({T});
-  ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale);
+  const int64_t chunk = std::max<int64_t>(1, (T + splits_ - 1) / splits_);
+  for (int64_t a = 0; a < T; a += chunk) {
+    const int64_t b = std::min(T, a + chunk);
+    Owned logits = env.act_tensor({b - a, V});
+    linear_forward(xin.slice(a, b), weight_.w(), {}, logits);
+    loss(env, logits, labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad, grad_scale);
+    if (with_grad) linear_backward(logits, xin.slice(a, b), weight_.w(), dxin->slice(a, b), weight_.g(), {});
+  }
   const double loss_sum = ops::sum(losses);
   if (with_grad) {
-    Owned dxn = env.act_tensor({T, C});
-    linear_backward(logits, xn, weight_.w(), dxn, weight_.g(), {});
-    s.dx = env.act_tensor({T, C});
-    norm_.backward(dxn, x, ns, s.dx);
+    gathered = Owned{};
+    Owned dxn = env.sp() ? env.act_tensor(x.shape) : Owned{};
+    const Tensor d = env.sp() ? dxn.t : dxin.t;
+    column_input_backward(env, dxin, d);
+    s.dx = env.act_tensor(x.shape);
+    norm_.backward(d, x, ns, s.dx);
   }
   return loss_sum;
 }

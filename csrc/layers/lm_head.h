@@ -1,8 +1,15 @@
 // Final norm, output projection to the vocabulary and cross-entropy, run forward and backward
-// in one call: the logits (T, V) exist only inside forward(), where the loss gradient is
-// written over them in place and immediately projected back, so what is kept for the backward pass is
-// the (T, C) input gradient, never the logits.
+// in one call: the logits exist only inside forward(), where the loss gradient is written over
+// them in place and immediately projected back, so what is kept for the backward pass is the
+// (T, C) input gradient, never the logits.
 //   xn = norm(x);  logits = xn W^T  (W = the token embedding when tied);  losses = CE(logits)
+// The tokens run in distributed.cross_entropy_splits consecutive chunks (GEMM, loss, gradient,
+// backward GEMM per chunk), so at most T / splits rows of logits exist at a time.
+// Tensor parallelism: W is vocab-parallel (rank r holds rows [r V/tp, (r+1) V/tp), like the
+// embedding); each rank computes its columns of the logits and the vocab-parallel loss combines
+// the per-row statistics of all ranks (ops::cross_entropy_partial / _combine / _grad): every
+// rank gets the same losses, and the gradient of its logits stays local. The input of W is a
+// column-parallel input (layers/parallel.h): all-gathered under sequence parallelism.
 // Gradients: W's accumulate (+=) during forward (with_grad); HeadSaved::dx is the gradient
 // w.r.t. x that the blocks' backward starts from.
 #pragma once
@@ -13,24 +20,30 @@
 namespace engine::layers {
 
 struct HeadSaved {
-  Owned dx;  // (T, C), the gradient of the loss w.r.t. the head's input
+  Owned dx;  // x's shape: the gradient of the loss w.r.t. the head's input
 };
-
 
 class LmHead {
  public:
   LmHead() = default;
-  LmHead(const ParamStore& store, const ModelConfig& c);
+  LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_splits = 1);
   static void declare(ParamTable& t, const ModelConfig& c);
 
+  // x: (T, C), or this rank's token shard under sequence parallelism; labels, mask: (T).
   // grad_scale multiplies the loss gradient (1 / loss tokens of the global batch).
   // Returns the sum of the per-token losses over the loss mask.
   double forward(const Env& env, const Tensor& x, const Tensor& labels, const Tensor& mask,
-                   bool with_grad, float grad_scale, HeadSaved& s) const;
+                 bool with_grad, float grad_scale, HeadSaved& s) const;
 
  private:
+  // Losses of one chunk of logits (rows, V / tp), and with_grad their gradient in place.
+  void loss(const Env& env, const Tensor& logits, const Tensor& labels, const Tensor& mask,
+            const Tensor& losses, bool with_grad, float grad_scale) const;
+
   Norm norm_;
   Param weight_;
+  int64_t vocab_begin_ = 0, vocab_size_ = 0;
+  int splits_ = 1;
 };
 
 }  // namespace engine::layers

@@ -3,12 +3,15 @@
 #include <cmath>
 
 #include "layers/linear.h"
+#include "layers/parallel.h"
+#include "ops/gemm.h"
 #include "ops/activation.h"
 
 namespace engine::layers {
 
 Mlp::Mlp(const ParamStore& store, const std::string& prefix, const ModelConfig& c)
-    : act_(c.activation), ffn_(c.ffn_hidden_size) {
+    : act_(c.activation), ffn_(c.ffn_hidden_size / store.table().tp_size()),
+      first_rank_(store.table().tp_rank() == 0) {
   if (act_ == ActivationKind::SwiGLU)
     w_in_ = adjacent_rows(store, {prefix + ".w_gate", prefix + ".w_up"});
   else
@@ -26,46 +29,67 @@ void Mlp::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c
   const double out_std = c.init_std / std::sqrt(2.0 * c.num_layers);
   const bool glu = c.activation == ActivationKind::SwiGLU;
   if (glu) {
-    t.add({.name = prefix + ".w_gate", .shape = {F, C}, .init_std = c.init_std});
-    t.add({.name = prefix + ".w_up", .shape = {F, C}, .init_std = c.init_std, .adjacent = true});
+    t.add({.name = prefix + ".w_gate", .shape = {F, C}, .split_dim = 0, .init_std = c.init_std});
+    t.add({.name = prefix + ".w_up", .shape = {F, C}, .split_dim = 0, .init_std = c.init_std, .adjacent = true});
   } else {
-    t.add({.name = prefix + ".w_in", .shape = {F, C}, .init_std = c.init_std});
+    t.add({.name = prefix + ".w_in", .shape = {F, C}, .split_dim = 0, .init_std = c.init_std});
   }
-  t.add({.name = prefix + ".w_out", .shape = {C, F}, .init_std = out_std});
+  t.add({.name = prefix + ".w_out", .shape = {C, F}, .split_dim = 1, .init_std = out_std});
   if (c.bias) {
     if (glu) {
-      t.add({.name = prefix + ".b_gate", .shape = {F}, .init = InitKind::Zeros, .weight_decay = false});
-      t.add({.name = prefix + ".b_up", .shape = {F}, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
+      t.add({.name = prefix + ".b_gate", .shape = {F}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false});
+      t.add({.name = prefix + ".b_up", .shape = {F}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
     } else {
-      t.add({.name = prefix + ".b_in", .shape = {F}, .init = InitKind::Zeros, .weight_decay = false});
+      t.add({.name = prefix + ".b_in", .shape = {F}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false});
     }
     t.add({.name = prefix + ".b_out", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
   }
 }
 
 void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s) const {
-  const int64_t T = xn.size(0);
+  const int64_t T = full_rows(env, xn.size(0));
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
   s.a = env.act_tensor({T, ffn_});
-  linear_forward(xn, w_in_.w(), b_in_.w(), s.h);
+  Owned gathered;
+  linear_forward(column_input_forward(env, xn, gathered), w_in_.w(), b_in_.w(), s.h);
+  gathered = Owned{};
   if (glu)
     ops::swiglu_forward(s.h, s.a);
   else
     ops::gelu_forward(s.h, s.a);
-  linear_forward(s.a, w_out_.w(), b_out_.w(), y);
+  // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
+  const Tensor bias = first_rank_ ? b_out_.w() : Tensor{};
+  if (env.sp()) {
+    Owned partial = env.act_tensor({T, y.size(1)});
+    linear_forward(s.a, w_out_.w(), bias, partial);
+    row_output_forward(env, partial, y);
+  } else {
+    linear_forward(s.a, w_out_.w(), bias, y);
+    row_output_forward(env, y, y);
+  }
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
                    const Tensor& dxn) const {
+  const int64_t T = full_rows(env, xn.size(0));
+  if (b_out_) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);  // this rank's rows (see Attention)
+  Owned dy_storage;
+  const Tensor dy_full = row_output_backward(env, dy, dy_storage);
   Owned da = env.act_tensor(s.a->shape);
-  linear_backward(dy, s.a, w_out_.w(), da, w_out_.g(), b_out_.g());
+  linear_backward(dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
+  dy_storage = Owned{};
   Owned dh = env.act_tensor(s.h->shape);
   if (act_ == ActivationKind::SwiGLU)
     ops::swiglu_backward(da, s.h, dh);
   else
     ops::gelu_backward(da, s.h, dh);
-  linear_backward(dh, xn, w_in_.w(), dxn, w_in_.g(), b_in_.g());
+  da = Owned{};
+  Owned gathered, dx_storage;
+  const Tensor x = column_input_forward(env, xn, gathered);
+  const Tensor dx_full = env.sp() ? (dx_storage = env.act_tensor({T, xn.size(1)})).t : dxn;
+  linear_backward(dh, x, w_in_.w(), dx_full, w_in_.g(), b_in_.g());
+  column_input_backward(env, dx_full, dxn);
 }
 
 }  // namespace engine::layers

@@ -3,6 +3,8 @@
 //   swiglu: h = xn [W_gate; W_up]^T (one GEMM over the adjacent weights, h = [gate | up]);
 //           a = silu(gate) * up;             y = a W_out^T
 // Saved: h and a. xn is kept by the caller. dxn written (=); parameter gradients (+=).
+// Tensor parallelism: W_in (gate and up each) column-parallel, W_out row-parallel, so each rank
+// holds ffn_hidden_size / tp features (layers/parallel.h; sequence parallel as in Attention).
 #pragma once
 #include "config/config.h"
 #include "layers/common.h"
@@ -26,7 +28,8 @@ class Mlp {
 
  private:
   ActivationKind act_ = ActivationKind::SwiGLU;
-  int64_t ffn_ = 0;
+  int64_t ffn_ = 0;  // this tensor-parallel rank's part of ffn_hidden_size
+  bool first_rank_ = true;
   Param w_in_, b_in_, w_out_, b_out_;
 };
 

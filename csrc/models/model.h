@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/params.h"
 #include "models/micro_batch.h"
@@ -35,11 +36,19 @@ class Model {
   virtual void logits(const MicroBatch& mb, const Tensor& out) = 0;
 };
 
-// The parameter table of a model family (no memory).
-ParamTable model_param_table(const ModelConfig& c);
+// How a model's layers are split and run (distributed.*): the tensor-parallel group (nullptr or
+// one rank: none), sequence parallelism, and the token chunks of the LM head's loss.
+struct ModelLayout {
+  Comm* tp = nullptr;
+  bool sequence_parallel = false;
+  int cross_entropy_splits = 1;
+};
+
+// The parameter table of a model family (no memory), for tensor-parallel rank tp_rank of tp_size.
+ParamTable model_param_table(const ModelConfig& c, int tp_rank = 0, int tp_size = 1);
 // Builds the model of config.model.family with parameters on `device` in `compute_dtype`
 // (zero: call params().init(seed)); `capacity` pads the flat buffers (even ZeRO shards).
 std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,
-                                  int64_t capacity = 0);
+                                  int64_t capacity = 0, const ModelLayout& layout = {});
 
 }  // namespace engine

@@ -17,19 +17,31 @@ void Transformer::declare(ParamTable& t, const ModelConfig& c) {
   layers::LmHead::declare(t, c);
 }
 
-static ParamTable table_of(const ModelConfig& c) {
-  ParamTable t;
+static ParamTable table_of(const ModelConfig& c, int tp_rank, int tp_size) {
+  ParamTable t(tp_rank, tp_size);
   Transformer::declare(t, c);
   return t;
 }
 
-Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity)
-    : config_(c), store_(table_of(c), device, compute_dtype, capacity), env_{device, compute_dtype},
-      embedding_(store_, c), head_(store_, c) {
+static int tp_rank(const ModelLayout& l) { return l.tp ? l.tp->rank() : 0; }
+static int tp_size(const ModelLayout& l) { return l.tp ? l.tp->size() : 1; }
+
+Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity,
+                         const ModelLayout& layout)
+    : config_(c), store_(table_of(c, tp_rank(layout), tp_size(layout)), device, compute_dtype, capacity),
+      env_{device, compute_dtype, layout.tp, layout.sequence_parallel},
+      embedding_(store_, c), head_(store_, c, layout.cross_entropy_splits) {
   for (int i = 0; i < c.num_layers; ++i) {
     blocks_.emplace_back(store_, i, c);
     block_offsets_.push_back(store_.table().get("layers." + std::to_string(i) + ".norm1.weight").offset);
   }
+}
+
+int64_t Transformer::local_tokens(const MicroBatch& mb) const {
+  if (!env_.sp()) return mb.num_tokens;
+  ENSURE(mb.num_tokens % env_.tp_size() == 0, "sequence parallelism: a micro-batch of ", mb.num_tokens,
+         " tokens does not split over ", env_.tp_size(), " tensor-parallel ranks");
+  return mb.num_tokens / env_.tp_size();
 }
 
 std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_unique<TSaved>(); }
@@ -37,8 +49,8 @@ std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_
 double Transformer::forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) {
   auto& s = static_cast<TSaved&>(saved);
   const layers::SegmentInfo seg = mb.segments();
-  s.x0 = env_.act_tensor({mb.num_tokens, config_.hidden_size});
-  embedding_.forward(mb.tokens, mb.positions, s.x0);
+  s.x0 = env_.act_tensor({local_tokens(mb), config_.hidden_size});
+  embedding_.forward(env_, mb.tokens, mb.positions, s.x0);
   s.blocks.clear();
   s.blocks.resize(blocks_.size());
   const Tensor* x = &s.x0.t;
@@ -67,7 +79,7 @@ void Transformer::backward(const MicroBatch& mb, Saved& saved, const GradsReady&
     // Block i and everything after it (later blocks, final norm, untied head) are complete.
     if (grads_ready) grads_ready(block_offsets_[i]);
   }
-  embedding_.backward(mb.tokens, mb.positions, dy);
+  embedding_.backward(env_, mb.tokens, mb.positions, dy);
   if (grads_ready) grads_ready(0);
   s = TSaved{};
 }
@@ -76,9 +88,10 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   const int64_t T = mb.num_tokens, V = config_.vocab_size;
   expect_shape(out, {T, V}, "logits");
   ENSURE(out.dtype == DType::F32 && out.device == env_.device, "logits: an f32 tensor on the model's device");
+  ENSURE(env_.tp_size() == 1, "logits of a tensor-parallel model: run it on one rank");
   const layers::SegmentInfo seg = mb.segments();
   Owned x = env_.act_tensor({T, config_.hidden_size});
-  embedding_.forward(mb.tokens, mb.positions, x);
+  embedding_.forward(env_, mb.tokens, mb.positions, x);
   for (const layers::Block& b : blocks_) {
     layers::BlockSaved s;
     b.forward(env_, x, seg, s);
@@ -99,16 +112,18 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   }
 }
 
-ParamTable model_param_table(const ModelConfig& c) { return table_of(c); }
+ParamTable model_param_table(const ModelConfig& c, int tp_rank, int tp_size) {
+  return table_of(c, tp_rank, tp_size);
+}
 
 std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,
-                                  int64_t capacity) {
+                                  int64_t capacity, const ModelLayout& layout) {
   switch (c.family) {
     case ModelFamily::GPT2:
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
     case ModelFamily::Qwen2:
-      return std::make_unique<Transformer>(c, device, compute_dtype, capacity);
+      return std::make_unique<Transformer>(c, device, compute_dtype, capacity, layout);
   }
   RAISE("unknown model family");
 }

@@ -2,6 +2,9 @@
 // (config.cpp): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
 // LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.
+// Under tensor parallelism (ModelLayout::tp) each rank holds its blocks of every split parameter
+// (params.h) and the layers exchange activations over the group (layers/parallel.h); with
+// sequence parallelism the residual stream between them is this rank's token shard.
 #pragma once
 #include <vector>
 
@@ -14,7 +17,8 @@ namespace engine {
 
 class Transformer final : public Model {
  public:
-  Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity = 0);
+  Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity = 0,
+              const ModelLayout& layout = {});
   static void declare(ParamTable& t, const ModelConfig& c);
 
   ParamStore& params() override { return store_; }
@@ -25,6 +29,7 @@ class Transformer final : public Model {
 
  private:
   struct TSaved;
+  int64_t local_tokens(const MicroBatch& mb) const;  // rows of the residual stream on this rank
   ModelConfig config_;
   ParamStore store_;
   layers::Env env_;

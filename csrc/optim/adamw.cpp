@@ -10,8 +10,12 @@
 namespace engine {
 
 AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
-             int64_t bucket_elements)
-    : store_(store), config_(config), dp_(dp), stage_(zero_stage), bucket_(std::max<int64_t>(1, bucket_elements)) {
+             int64_t bucket_elements, Comm* tp, bool sequence_parallel)
+    : store_(store), config_(config), dp_(dp), tp_(tp && tp->size() > 1 ? tp : nullptr),
+      reduce_replicated_(tp_ && sequence_parallel), stage_(zero_stage),
+      bucket_(std::max<int64_t>(1, bucket_elements)) {
+  ENSURE(store.table().tp_size() == (tp_ ? tp_->size() : 1), "a parameter table for ", store.table().tp_size(),
+         " tensor-parallel ranks with a group of ", tp_ ? tp_->size() : 1);
   ENSURE(stage_ >= 0 && stage_ <= 3, "ZeRO stage ", stage_);
   const int64_t n = store.capacity();
   const bool sharded = stage_ >= 1 && dp.size() > 1;
@@ -38,6 +42,12 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
   for (const ParamSpec& s : store.table().entries()) {
     const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.shape.numel(), end_);
     if (b >= e) continue;
+    if (tp_ && s.split_dim < 0) {  // runs of replicated parameters (across zero alignment gaps)
+      if (!replicated_.empty() && b - begin_ - replicated_.back().second < 64)
+        replicated_.back().second = e - begin_;
+      else
+        replicated_.emplace_back(b - begin_, e - begin_);
+    }
     if (!runs_.empty() && runs_.back().decay == s.weight_decay)
       runs_.back().end = e - begin_;
     else
@@ -90,7 +100,15 @@ StepStats AdamW::step(int step, bool skip_update) {
     dp_.wait_async();
     grads = store_.grads_flat().slice(begin_, end_);
   }
+  if (reduce_replicated_)
+    for (const auto& [b, e] : replicated_) tp_->all_reduce(grads.slice(b, e));
   double sq = ops::sum_squares(grads);
+  if (tp_) {
+    // Split parameters contribute from every tp rank, replicated ones from the first only.
+    if (tp_->rank() != 0)
+      for (const auto& [b, e] : replicated_) sq -= ops::sum_squares(grads.slice(b, e));
+    sq = tp_->all_reduce_sum(std::max(sq, 0.0));
+  }
   if (sharded) sq = dp_.all_reduce_sum(sq);
   st.grad_norm = std::sqrt(sq);
   if (skip_update || !std::isfinite(st.grad_norm)) {

@@ -5,6 +5,9 @@
 //   gradients: stage 0/1 all-reduce the full gradient buffer in buckets, started from the
 //              backward as suffixes of the buffer complete (grads_ready) so they overlap the rest
 //              of backward on GPUs; stage 2/3 reduce-scatter it after the last micro-batch
+//   tp:        (tensor parallelism) replicated parameters' gradients summed over the tp group
+//              under sequence parallelism; the norm counts them once and the split ones on
+//              every tp rank
 //   norm:      sum of squares of the shard's gradient, summed over the shards; clip scale
 //   update:    AdamW (ops/adamw.h) on the shard, run by run of equal weight decay (none for
 //              norms and biases); the compute-dtype weights of the shard are written in the same pass
@@ -33,8 +36,12 @@ class AdamW {
   // dp: the data-parallel group the gradients are summed over. seed: the init seed (master
   // weights of a shard are generated directly in f32, never rounded through the compute dtype).
   // bucket_elements: gradient elements per all-reduce bucket (stage 0/1).
+  // tp: the tensor-parallel group of a tensor-parallel model (its store holds this rank's
+  // blocks). The gradient norm then sums the split parameters over tp and counts the replicated
+  // ones once; with sequence_parallel the replicated parameters' gradients (norms, row-parallel
+  // biases, positions: computed from token shards) are summed over tp before the update.
   AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
-        int64_t bucket_elements = int64_t{16} << 20);
+        int64_t bucket_elements = int64_t{16} << 20, Comm* tp = nullptr, bool sequence_parallel = false);
 
   void begin_step();         // before the first forward of a step (stage 3: gather the weights)
   // During the last micro-batch's backward: gradients at offsets >= offset are complete; reduces
@@ -66,6 +73,7 @@ class AdamW {
   void weights_from_master();
   int zero_stage() const { return stage_; }
   Comm& comm() const { return dp_; }
+  Comm* tp() const { return tp_; }  // nullptr without tensor parallelism
   const ParamStore& store() const { return store_; }
   // Bytes this rank keeps between steps for the optimizer (master, moments, gradient shard).
   size_t state_bytes() const;
@@ -81,6 +89,9 @@ class AdamW {
   ParamStore& store_;
   OptimizerConfig config_;
   Comm& dp_;
+  Comm* tp_ = nullptr;         // size > 1 only
+  bool reduce_replicated_ = false;
+  std::vector<std::pair<int64_t, int64_t>> replicated_;  // shard-relative ranges of replicated parameters
   int stage_;
   int64_t begin_ = 0, end_ = 0;
   int64_t bucket_ = 0;

@@ -114,9 +114,10 @@ std::unique_ptr<Comm> device_comm_for(Comm* given, Device device) {
 }
 }  // namespace
 
-Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
-    : config_(config), device_comm_(device_comm_for(dp, pick_device(config.run.device))),
-      dp_(dp ? *dp : device_comm_ ? *device_comm_ : world()), write_outputs_(write_outputs && world().rank() == 0),
+Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
+    : config_(config), device_comm_(device_comm_for(group, pick_device(config.run.device))),
+      mesh_(std::make_unique<Mesh>(group ? *group : device_comm_ ? *device_comm_ : world(), config_)),
+      dp_(mesh_->dp()), write_outputs_(write_outputs && world().rank() == 0),
       device_(resolve_device(config.run.device)) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
 #ifdef ENGINE_CUDA
@@ -134,12 +135,15 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
   const DType compute = device_ == Device::CPU ? DType::F32 : DType::BF16;
   // Pad the flat buffers so they split into equal, aligned shards over the dp ranks.
   const int64_t unit = 64 * int64_t{dp_size};
-  const int64_t capacity = (model_param_table(config_.model).total_elements() + unit - 1) / unit * unit;
-  model_ = make_model(config_.model, device_, compute, capacity);
+  const DistributedConfig& dist = config_.distributed;
+  const int64_t table_size = model_param_table(config_.model, mesh_->tp_rank(), mesh_->tp_size()).total_elements();
+  const int64_t capacity = (table_size + unit - 1) / unit * unit;
+  model_ = make_model(config_.model, device_, compute, capacity,
+                      {mesh_->tp(), dist.sequence_parallel, dist.cross_entropy_splits});
   model_->params().init(config_.run.seed);
-  const auto bucket = static_cast<int64_t>(config_.distributed.reduce_bucket_mb * (1 << 20) / 4);
-  optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, config_.distributed.zero_stage,
-                                       config_.run.seed, bucket);
+  const auto bucket = static_cast<int64_t>(dist.reduce_bucket_mb * (1 << 20) / 4);
+  optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, dist.zero_stage,
+                                       config_.run.seed, bucket, mesh_->tp(), dist.sequence_parallel);
   resume_or_init();
   const int64_t gb = config_.batch.global_batch_size;
   // Enough samples for the remaining steps from the data position (which a resumed run takes
@@ -159,15 +163,16 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* dp)
     open_metrics();
   }
   const ParamTable& t = model_->params().table();
-  log_info("model ", family_name(config_.model.family), ": ", t.num_parameters(), " parameters (",
-           format_bytes(static_cast<double>(t.num_parameters()) * 4), " in f32), ",
+  log_info("model ", family_name(config_.model.family), ": ", t.num_full_parameters(), " parameters (",
+           format_bytes(static_cast<double>(t.num_full_parameters()) * 4), " in f32",
+           mesh_->tp_size() > 1 ? str_cat("; ", t.num_parameters(), " on each tensor-parallel rank") : "", "), ",
            config_.model.num_layers, " layers, hidden ", config_.model.hidden_size, ", device ",
            device_name(device_));
   log_info("train data: ", train_data_->describe());
   if (valid_data_) log_info("valid data: ", valid_data_->describe());
-  log_info("batch: ", gb, " sequences x ", config_.data.sequence_length, " tokens, ", dp_size,
-           " data-parallel rank(s) x ", config_.batch.accumulation_steps, " micro-batches of ",
-           config_.batch.micro_batch_size);
+  log_info("batch: ", gb, " sequences x ", config_.data.sequence_length, " tokens, ", mesh_->describe(),
+           config_.distributed.sequence_parallel && mesh_->tp_size() > 1 ? " (sequence parallel)" : "", ", ",
+           config_.batch.accumulation_steps, " micro-batches of ", config_.batch.micro_batch_size);
   log_info("optimizer state per rank: ", format_bytes(static_cast<double>(optimizer_->state_bytes())),
            " (ZeRO stage ", config_.distributed.zero_stage, " over ", dp_size, " rank(s))");
 }
@@ -178,9 +183,9 @@ Trainer::~Trainer() {
 
 void Trainer::resume_or_init() {
   checkpoint_root_ = checkpoint::checkpoint_root(config_);
-  resumed_from_ = checkpoint::resolve_resume(config_.training.resume, checkpoint_root_, optimizer_->comm());
+  resumed_from_ = checkpoint::resolve_resume(config_.training.resume, checkpoint_root_, mesh_->all());
   if (!resumed_from_.empty()) {
-    const checkpoint::TrainerState st = checkpoint::load(resumed_from_, *optimizer_);
+    const checkpoint::TrainerState st = checkpoint::load(resumed_from_, *optimizer_, &mesh_->all());
     step_ = st.step;
     consumed_ = st.consumed_samples;
     tokens_seen_ = st.tokens_seen;
@@ -202,7 +207,7 @@ void Trainer::resume_or_init() {
       (benign ? notes : changes) += "\n  " + k + ": " + (it == before.end() ? std::string("(unset)") : it->second) +
                                     " -> " + v;
     }
-    if (dp_.rank() == 0) {
+    if (mesh_->all().rank() == 0) {
       if (!notes.empty()) log_info("layout and run settings changed since the checkpoint:", notes);
       if (!changes.empty()) log_warn("the config differs from the one the checkpoint was saved with:", changes);
     }
@@ -211,7 +216,7 @@ void Trainer::resume_or_init() {
   if (config_.training.resume == "auto") log_info("no checkpoint under ", checkpoint_root_, ": starting from step 0");
   if (!config_.model.init_from.empty()) {
     std::unique_ptr<hf::HfWeights> weights;
-    checkpoint::agree(optimizer_->comm(), [&] {
+    checkpoint::agree(mesh_->all(), [&] {
       weights = std::make_unique<hf::HfWeights>(config_.model.init_from, config_.model);
       checkpoint::fill_shard(*optimizer_, 0, weights->fetcher());
     });
@@ -247,7 +252,7 @@ std::string Trainer::save_checkpoint() {
   o.config_toml = config_to_toml(config_);
   o.state = {step_, consumed_, tokens_seen_, train_seconds_};
   const double t0 = now_seconds();
-  const std::string dir = checkpoint::save(o, *optimizer_);
+  const std::string dir = checkpoint::save(o, *optimizer_, &mesh_->all());
   last_checkpoint_step_ = step_;
   log_info("checkpoint ", dir, " written in ", format_duration(now_seconds() - t0));
   return dir;
@@ -255,7 +260,8 @@ std::string Trainer::save_checkpoint() {
 
 bool Trainer::stop_requested() {
   const bool mine = g_stop.load();
-  return dp_.size() > 1 ? dp_.all_reduce_max(mine ? 1.0 : 0.0) > 0 : mine;
+  Comm& all = mesh_->all();
+  return all.size() > 1 ? all.all_reduce_max(mine ? 1.0 : 0.0) > 0 : mine;
 }
 
 double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t count, bool with_grad,

@@ -18,6 +18,7 @@
 #include "data/sampler.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "parallel/mesh.h"
 
 namespace engine {
 
@@ -37,9 +38,11 @@ Device resolve_device(DeviceChoice choice);
 class Trainer {
  public:
   // write_outputs = false keeps everything in memory (tests): no run directory, no metrics file.
-  // dp: the data-parallel group (world() by default); each rank takes its part of every global
-  // batch and gradients are summed over the group (optimizer sharding per distributed.zero_stage).
-  explicit Trainer(const Config& config, bool write_outputs = true, Comm* dp = nullptr);
+  // group: every rank of the run (world() by default, NCCL over it on GPUs), split into the
+  // data- and tensor-parallel groups of parallel/mesh.h. Each data-parallel rank takes its part
+  // of every global batch and gradients are summed over the dp group (optimizer sharding per
+  // distributed.zero_stage); the ranks of a tensor-parallel group share one part.
+  explicit Trainer(const Config& config, bool write_outputs = true, Comm* group = nullptr);
   ~Trainer();
 
   StepResult train_step();        // the next step
@@ -54,6 +57,7 @@ class Trainer {
   const std::string& resumed_from() const { return resumed_from_; }  // "" when not resumed
   Model& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
+  const Mesh& mesh() const { return *mesh_; }
   const std::string& run_dir() const { return run_dir_; }
 
   // Set by SIGINT/SIGTERM once install_signal_handlers() ran (the train program does so at
@@ -73,6 +77,7 @@ class Trainer {
 
   Config config_;
   std::unique_ptr<Comm> device_comm_;  // NCCL over the world when training on GPUs with several ranks
+  std::unique_ptr<Mesh> mesh_;
   Comm& dp_;
   bool write_outputs_;
   Device device_;

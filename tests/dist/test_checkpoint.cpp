@@ -228,3 +228,67 @@ TEST_CASE("checkpoint under mpirun: a failed write on one rank fails the save on
   losses(t, 1);
   CHECK(t.save_checkpoint().find("step_3") != std::string::npos);
 }
+
+namespace {
+// The tensor-parallel model of test_tensor_parallel.cpp (12 heads of 8, 4 kv heads, ffn 48,
+// vocabulary 48: tp 1, 2 and 4 divide it), global batch 8 of 24 tokens.
+Config tp_config(const SharedDir& d, const std::string& name, int tp, int zero, const std::string& resume = "none",
+                 bool sp = false) {
+  return tiny_run_config("llama", {"model.num_heads=12", "model.head_dim=8", "model.num_kv_heads=4",
+                                   "model.ffn_hidden_size=48", "model.vocab_size=48", "data.sequence_length=24",
+                                   "batch.global_batch_size=8", "batch.micro_batch_size=2", "training.steps=6",
+                                   "distributed.tensor_parallel=" + std::to_string(tp),
+                                   "distributed.sequence_parallel=" + std::string(sp ? "true" : "false"),
+                                   "distributed.zero_stage=" + std::to_string(zero),
+                                   "run.output_dir=\"" + d.path + "\"", "run.name=" + name,
+                                   "training.resume=\"" + resume + "\""});
+}
+}  // namespace
+
+TEST_CASE("checkpoint re-sharding across tensor-parallel sizes: tp2 -> tp2, 1 rank, tp4; 1 rank -> tp2") {
+  const int n = world().size();
+  if (n % 2 != 0) {
+    skip_test("needs an even number of ranks");
+    return;
+  }
+  QuietLogs quiet;
+  SharedDir d("tp");
+  SelfComm self;
+  Trainer ref(tp_config(d, "ref", 1, 0), false, &self);
+  const std::vector<double> want = losses(ref, 6);
+
+  Trainer a(tp_config(d, "tp2", 2, 1, "none", true), false, &world());  // dp n/2 x tp2, ZeRO 1, sp
+  std::vector<double> la = losses(a, 3);
+  const std::string saved = a.save_checkpoint();
+  const ck::Metadata m = ck::read_metadata(saved);
+  CHECK(m.layout.tensor_parallel == 2);
+  CHECK(m.layout.data_parallel == n / 2);
+  CHECK(m.find_param("layers.0.attn.wq")->split_dim == 0);
+  CHECK(m.find_param("layers.0.attn.wq")->shape == std::vector<int64_t>{96, 24});  // the full tensor
+  CHECK(m.find_param("layers.0.mlp.w_out")->split_dim == 1);
+  for (double l : losses(a, 3)) la.push_back(l);
+  check_close(la, want, 0, "tp2");
+  {  // the same layout: bitwise
+    Trainer b(tp_config(d, "tp2-again", 2, 1, saved, true), false, &world());
+    const std::vector<double> lb = losses(b, 3);
+    for (int i = 0; i < 3; ++i) CHECK(lb[static_cast<size_t>(i)] == la[static_cast<size_t>(i + 3)]);
+  }
+  {  // one rank: every parameter assembled from the tp blocks
+    Trainer s(tp_config(d, "one", 1, 0, saved), false, &self);
+    check_close(losses(s, 3), want, 3, "one rank from tp2");
+    check_weights(ref, s, 1e-5);
+  }
+  if (n >= 4) {  // tp4 (dp n/4), ZeRO 3: blocks of other boundaries
+    Trainer t4(tp_config(d, "tp4", 4, 3, saved), false, &world());
+    check_close(losses(t4, 3), want, 3, "tp4 from tp2");
+  }
+  {  // the reverse: a one-rank checkpoint (rank 0's) into tp2
+    Trainer s(tp_config(d, "single-" + std::to_string(world().rank()), 1, 0), false, &self);
+    losses(s, 3);
+    s.save_checkpoint();
+    world().barrier();
+    const std::string dir0 = ck::checkpoint_root(tp_config(d, "single-0", 1, 0)) + "/step_3";
+    Trainer t(tp_config(d, "from-one", 2, 0, dir0), false, &world());
+    check_close(losses(t, 3), want, 3, "tp2 from one rank");
+  }
+}

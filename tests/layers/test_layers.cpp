@@ -149,15 +149,16 @@ TEST_CASE("layer gradients: embedding tables (tokens and learned positions)") {
   ModelConfig c = tiny_model(ModelFamily::GPT2);
   ParamStore store = make_store([&](ParamTable& t) { layers::Embedding::declare(t, c); }, "emb");
   layers::Embedding emb(store, c);
+  const layers::Env env{Device::CPU, DType::F64};
   MicroBatch mb = packed_batch(c, false);
   Owned y = empty({mb.num_tokens, c.hidden_size}, DType::F64, Device::CPU);
   Owned r = randn(y->shape, DType::F64, "emb:r");
   auto loss = [&] {
-    emb.forward(mb.tokens, mb.positions, y);
+    emb.forward(env, mb.tokens, mb.positions, y);
     return dot(y, r);
   };
   store.zero_grads();
-  emb.backward(mb.tokens, mb.positions, r);
+  emb.backward(env, mb.tokens, mb.positions, r);
   auto cw = finite_difference_check(loss, store.weights_flat(), store.grads_flat(), "embedding");
   INFO(cw.report);
   CHECK(cw.rel_rms < kTol);

@@ -1,0 +1,182 @@
+// Tensor parallelism against one rank: on every rank a single-process reference run (its own
+// group of one) and a run over the world with distributed.tensor_parallel = t (data parallel
+// over the rest) must give the same losses and gradient norms step by step, and the same
+// gradients and weights: each rank's block of every split parameter equals the matching block
+// of the reference's full parameter (init is layout independent, so they start equal).
+// Layouts by world size: 2 ranks tp2 (plain, sequence parallel, cross-entropy splits); 3 ranks
+// tp3 with sequence parallelism; 4 ranks dp2 x tp2 (ZeRO 1, sequence parallel) and tp4.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "comm/mpi_comm.h"
+#include "comm/nccl_comm.h"
+#include "tests/common/testing.h"
+#include "tests/train/train_fixture.h"
+#include "train/trainer.h"
+
+#ifdef ENGINE_CUDA
+#include "cuda/common/device.cuh"
+#endif
+
+using namespace engine;
+using namespace engine::testing;
+
+namespace {
+
+// A tiny model that tp in {2, 3, 4} divides: 12 query heads of dim 8 and 4 kv heads (3 for
+// tp 3: grouped-query attention either way), ffn 48, vocabulary 48 (the data uses 37 ids), 24
+// tokens per sequence. `model_tp` picks the model, `tp` the layout (1: the reference).
+std::vector<std::string> tp_layout(int model_tp, int tp, const std::string& device, std::vector<std::string> extra) {
+  std::vector<std::string> o = {"model.num_heads=12", "model.head_dim=8", "model.ffn_hidden_size=48",
+                                "model.num_kv_heads=" + std::to_string(model_tp == 3 ? 3 : 4),
+                                "model.vocab_size=48", "data.sequence_length=24", "batch.global_batch_size=8",
+                                "batch.micro_batch_size=2", "training.steps=3",
+                                "distributed.tensor_parallel=" + std::to_string(tp),
+                                "run.device=\"" + device + "\""};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+
+// For each parameter of the parallel table: this rank's block (from `parallel`, a flat buffer of
+// that table) against the same elements of the reference's full parameter (`single`, a flat
+// buffer of the one-rank table): rms(error) <= tol * rms(reference block), or for a block whose
+// rms is below floor = 1e-3 rms(all), rms(error) <= floor. The floor covers parameters whose
+// exact gradient is 0 (the key bias: softmax ignores a shift of all scores), where both runs
+// hold rounding noise that AdamW then scales to ~lr * 1e-4.
+void compare_blocks(const ParamTable& st, const Tensor& single, const ParamTable& pt, const Tensor& parallel,
+                    double tol, const std::string& what) {
+  Owned a = to_host(single, DType::F64), b = to_host(parallel, DType::F64);
+  double all = 0;
+  for (int64_t i = 0; i < st.total_elements(); ++i) all += get(a, i) * get(a, i);
+  const double floor = 1e-3 * std::sqrt(all / static_cast<double>(st.num_parameters()));
+  for (const ParamSpec& p : pt.entries()) {
+    const ParamSpec& s = st.get(p.name);
+    REQUIRE(s.shape == p.full_shape);
+    double err = 0, ref = 0;
+    const int64_t n = p.shape.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = get(a, s.offset + full_index(p, i)), got = get(b, p.offset + i);
+      err += (got - want) * (got - want);
+      ref += want * want;
+    }
+    err = std::sqrt(err / static_cast<double>(n));
+    ref = std::sqrt(ref / static_cast<double>(n));
+    INFO(what << " of " << p.name << " (block at " << p.split_begin << " of dim " << p.split_dim << "): rms error "
+              << err << ", rms " << ref << ", floor " << floor);
+    CHECK(err <= (ref < floor ? floor : tol * ref));
+  }
+}
+
+struct Case {
+  std::string family;
+  int tp;
+  std::vector<std::string> extra;  // sequence parallel, splits, ZeRO
+};
+
+void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu", double tol = 1e-5) {
+  SelfComm self;
+  CAPTURE(c.family);
+  CAPTURE(c.tp);
+  std::string layout;
+  for (const auto& e : c.extra) layout += e + " ";
+  CAPTURE(layout);
+  std::vector<std::string> model_keys;  // e.g. a sliding window: both runs
+  for (const auto& e : c.extra)
+    if (e.rfind("model.", 0) == 0) model_keys.push_back(e);
+  Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
+  Trainer parallel(tiny_run_config(c.family, tp_layout(c.tp, c.tp, device, c.extra)), false, &group);
+  REQUIRE(parallel.mesh().tp_size() == c.tp);
+  const ParamTable& st = single.model().params().table();
+  const ParamTable& pt = parallel.model().params().table();
+  const bool full_grads = parallel.optimizer().zero_stage() == 0;  // else only the shard is reduced
+  for (int s = 0; s < 3; ++s) {
+    StepResult a = single.train_step(), b = parallel.train_step();
+    INFO("step " << s + 1 << ": single " << a.loss << " / " << a.grad_norm << ", parallel " << b.loss << " / "
+                 << b.grad_norm);
+    CHECK(b.loss == doctest::Approx(a.loss).epsilon(tol));
+    CHECK(b.grad_norm == doctest::Approx(a.grad_norm).epsilon(10 * tol));
+    if (full_grads)
+      compare_blocks(st, single.model().params().grads_flat(), pt, parallel.model().params().grads_flat(),
+                     100 * tol, "gradient");
+  }
+  Owned wa = single.optimizer().gather_master(), wb = parallel.optimizer().gather_master();
+  compare_blocks(st, wa, pt, wb, 10 * tol, "weight");
+  CHECK(parallel.evaluate() == doctest::Approx(single.evaluate()).epsilon(tol));
+}
+
+std::vector<Case> cases_for(int n) {
+  const std::vector<std::string> sp = {"distributed.sequence_parallel=true"};
+  switch (n) {
+    case 2:
+      return {{"gpt2", 2, {}},
+              {"llama", 2, {}},
+              {"mistral", 2, {"model.sliding_window=7"}},
+              {"gpt2", 2, sp},
+              {"llama", 2, sp},
+              {"qwen2", 2, sp},
+              {"llama", 2, {"distributed.cross_entropy_splits=3"}},
+              {"gpt2", 2, {"distributed.sequence_parallel=true", "distributed.cross_entropy_splits=5"}}};
+    case 3:
+      return {{"llama", 3, sp}, {"gpt2", 3, {}}};
+    case 4:
+      return {{"llama", 2, {"distributed.sequence_parallel=true", "distributed.zero_stage=1"}},
+              {"gpt2", 2, {"distributed.zero_stage=0"}},
+              {"mistral", 4, {"distributed.sequence_parallel=true", "model.sliding_window=5"}}};
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel (and dp x tp) reproduces one rank: losses, gradients, weights") {
+  const std::vector<Case> cases = cases_for(world().size());
+  if (cases.empty()) {
+    skip_test("tensor-parallel layouts are defined for 2, 3 and 4 ranks");
+    return;
+  }
+  for (const Case& c : cases) compare_runs(c, world());
+}
+
+TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") {
+  if (!gpu_available_or_skip()) return;
+#ifdef ENGINE_CUDA
+  if (world().size() > cuda::device_count()) {
+    skip_test("needs one GPU per rank");
+    return;
+  }
+#endif
+  if (world().size() != 2) {
+    skip_test("runs on 2 ranks");
+    return;
+  }
+  auto nccl = make_nccl_comm(world());
+  for (const Case& c : std::vector<Case>{{"llama", 2, {}},
+                                         {"llama", 2, {"distributed.sequence_parallel=true"}},
+                                         {"gpt2", 2, {"distributed.sequence_parallel=true",
+                                                      "distributed.cross_entropy_splits=3"}}})
+    compare_runs(c, *nccl, "cuda", 2e-2);
+}
+
+TEST_CASE("tensor_parallel must divide the ranks, heads, kv heads, ffn and vocabulary") {
+  auto message = [](const std::vector<std::string>& o) {
+    try {
+      SelfComm self;
+      Trainer t(tiny_run_config("llama", o), false, &self);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message({"distributed.tensor_parallel=2"}).find("model.num_heads (3)") != std::string::npos);
+  CHECK(message(tp_layout(2, 3, "cpu", {})).find("model.num_kv_heads (4)") != std::string::npos);
+  const std::string v = message({"model.num_heads=4", "model.head_dim=6", "model.ffn_hidden_size=48",
+                                 "distributed.tensor_parallel=2"});
+  CHECK(v.find("model.vocab_size (37)") != std::string::npos);
+  CHECK(v.find("distributed.tensor_parallel") != std::string::npos);
+  CHECK(message(tp_layout(2, 2, "cpu", {})).find("must divide the number of ranks (1)") != std::string::npos);
+  CHECK(message(tp_layout(2, 2, "cpu", {"distributed.sequence_parallel=true", "data.sequence_length=15",
+                                     "batch.micro_batch_size=1"}))
+            .find("split evenly") != std::string::npos);
+}
