@@ -11,13 +11,14 @@
 // they equalled the reference's f32-rounded std::cos / std::sin in all of 3.9M angles sampled on
 // the host with the same arithmetic (D 10..2048, theta up to 1e6, |pos| < 2^31). The rotation
 // runs in f32.
-// Work item: (row, group of kHeadGroup heads, pack p of N dims): a thread computes the N (cos,
-// sin) pairs of its dims i in [pN, pN + N) in registers and rotates the packs x[i..] and
-// x[i + D/2..] of the group's heads, which it asked for (2 kHeadGroup vectors in flight) at the
-// end of its previous item, so that their latency overlaps the angles. A pack is a
-// 16-byte vector (8 bf16 / 4 f32) when D/2 is a multiple of it and x is 16-byte aligned, else one
-// element. Consecutive threads take consecutive packs of one half-head: a warp's accesses are
-// runs of whole 32-byte sectors. Grid-stride loop over the items, one wave of blocks.
+// Work item: (row, group of kHeadGroup heads, pack p of N dims): a thread asks for the packs
+// x[i..] and x[i + D/2..] of the group's heads (2 kHeadGroup vectors in flight), computes the N
+// (cos, sin) pairs of its dims i in [pN, pN + N) while they are on the way, rotates and stores. A
+// pack is a 16-byte vector (8 bf16 / 4 f32) when D/2 is a multiple of it and x is 16-byte
+// aligned, else one element. Consecutive threads take consecutive packs of one half-head: a
+// warp's accesses are runs of whole 32-byte sectors. One item per thread, a plain grid: blocks
+// start as others finish (76% of copy at T 16384, C 2048, D 128, against 67-72% for the previous
+// persistent grid whose threads looped over items with the next item's loads in flight).
 // Memory: x bf16 or f32 (T, NH, D); positions i32 (T). Heads past rotated_heads are not touched;
 // each element is read and written by one thread.
 // Limits: D even and D <= 2048 (shared memory), T < 2^31.
@@ -33,6 +34,9 @@ namespace engine::cuda {
 
 constexpr int kThreads = 256;
 constexpr int kHeadGroup = 4;  // heads per work item: their loads are in flight together
+// Register cap (kThreads x kMinBlocks resident): 80 registers, no spills; uncapped (118 registers,
+// 2 blocks) and 64 registers (spills) measured 2-5 and 20-30 points of copy slower.
+constexpr int kMinBlocks = 3;
 constexpr int kMaxHeadDim = 2048;
 
 template <typename T>
@@ -77,86 +81,55 @@ static __device__ __forceinline__ void angle_cos_sin(double a, float& c_out, flo
   c_out = (q == 1 || q == 2) ? -co : co;
 }
 
-// Dynamic shared memory: inv_freq (half doubles). Index: uint32_t when the items fit in 31 bits
-// (cheap divisions), else int64_t.
+// One work item per thread, a plain grid (blocks scheduled as others finish): the thread asks
+// for its 2 kHeadGroup packs first, computes the N (cos, sin) pairs while they are on the way,
+// then rotates and stores. Dynamic shared memory: inv_freq (half doubles). Index: uint32_t when
+// the items fit in 31 bits (cheap divisions), else int64_t.
 template <typename T, int N, typename Index>
-static __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams<T> p) {
+static __global__ void __launch_bounds__(kThreads, kMinBlocks) rope_kernel(const RopeParams<T> p) {
   extern __shared__ double inv_freq[];
   for (int i = threadIdx.x; i < p.half; i += blockDim.x)
     inv_freq[i] = pow(static_cast<double>(p.theta),
                       -2.0 * static_cast<double>(i) / static_cast<double>(p.head_dim));
   __syncthreads();
-  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
-  const Index items = static_cast<Index>(p.items);
-  // item -> (row, first head h0 of its group, first dim i0 of its pack)
-  auto row_of = [&](Index item, int& h0, int& i0) {
-    const Index rest = item / static_cast<Index>(p.packs);
-    i0 = static_cast<int>(item - rest * static_cast<Index>(p.packs)) * N;
-    const Index row = rest / static_cast<Index>(p.groups);
-    h0 = static_cast<int>(rest - row * static_cast<Index>(p.groups)) * kHeadGroup;
-    return row;
-  };
-  // Software-pipelined: the packs of the next item are asked for right after this item's stores,
-  // so their latency overlaps the next item's angles (the compiler sinks loads placed in the same
-  // iteration below the angle code), and positions come a loop ahead.
+  const Index item = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= static_cast<Index>(p.items)) return;
+  const Index rest = item / static_cast<Index>(p.packs);
+  const int i0 = static_cast<int>(item - rest * static_cast<Index>(p.packs)) * N;
+  const Index row = rest / static_cast<Index>(p.groups);
+  const int h0 = static_cast<int>(rest - row * static_cast<Index>(p.groups)) * kHeadGroup;
+  const int hn = min(kHeadGroup, p.rotated - h0);
+  T* const a_ptr =
+      p.x + static_cast<int64_t>(row) * p.row_elems + static_cast<int64_t>(h0) * p.head_dim + i0;
   Pack<T, N> ra[kHeadGroup], rb[kHeadGroup];
-  auto load_packs = [&](const T* a_ptr, int hn) {
-    // Unconditional loads (a head past the group reads head h0 again and is not stored).
 #pragma unroll
-    for (int u = 0; u < kHeadGroup; ++u) {
-      const T* src = a_ptr + (u < hn ? u : 0) * p.head_dim;
-      ra[u] = *reinterpret_cast<const Pack<T, N>*>(src);
-      rb[u] = *reinterpret_cast<const Pack<T, N>*>(src + p.half);
+  for (int u = 0; u < kHeadGroup; ++u) {
+    if (u < hn) {
+      ra[u] = *reinterpret_cast<const Pack<T, N>*>(a_ptr + u * p.head_dim);
+      rb[u] = *reinterpret_cast<const Pack<T, N>*>(a_ptr + u * p.head_dim + p.half);
     }
-  };
-  auto item_ptr = [&](Index row, int h0, int i0) {
-    return p.x + static_cast<int64_t>(row) * p.row_elems + static_cast<int64_t>(h0) * p.head_dim +
-           i0;
-  };
-  Index item = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int h0 = 0, i0 = 0;
-  int32_t pos = 0;
-  T* a_ptr = nullptr;  // this item's first pack
-  if (item < items) {
-    const Index row = row_of(item, h0, i0);
-    pos = p.positions[row];
-    a_ptr = item_ptr(row, h0, i0);
-    load_packs(a_ptr, min(kHeadGroup, p.rotated - h0));
   }
-  for (; item < items; item += stride) {
-    const Index next = item + stride;
-    int nh0 = 0, ni0 = 0;
-    const Index nrow = next < items ? row_of(next, nh0, ni0) : 0;
-    const int32_t npos = next < items ? p.positions[nrow] : 0;
-    const int hn = min(kHeadGroup, p.rotated - h0);
-    float c[N], s[N];
+  const int32_t pos = p.positions[row];
+  float c[N], s[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      angle_cos_sin(static_cast<double>(pos) * inv_freq[i0 + j], c[j], s[j]);
-      s[j] *= p.sign;
-    }
+  for (int j = 0; j < N; ++j) {
+    angle_cos_sin(static_cast<double>(pos) * inv_freq[i0 + j], c[j], s[j]);
+    s[j] *= p.sign;
+  }
 #pragma unroll
-    for (int u = 0; u < kHeadGroup; ++u) {
-      if (u < hn) {
-        float a[N], b[N], oa[N], ob[N];
-        unpack<T, N>(ra[u], a);
-        unpack<T, N>(rb[u], b);
+  for (int u = 0; u < kHeadGroup; ++u) {
+    if (u < hn) {
+      float a[N], b[N], oa[N], ob[N];
+      unpack<T, N>(ra[u], a);
+      unpack<T, N>(rb[u], b);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          oa[j] = a[j] * c[j] - b[j] * s[j];
-          ob[j] = b[j] * c[j] + a[j] * s[j];
-        }
-        store_pack<T, N>(a_ptr + u * p.head_dim, oa);
-        store_pack<T, N>(a_ptr + u * p.head_dim + p.half, ob);
+      for (int j = 0; j < N; ++j) {
+        oa[j] = a[j] * c[j] - b[j] * s[j];
+        ob[j] = b[j] * c[j] + a[j] * s[j];
       }
+      store_pack<T, N>(a_ptr + u * p.head_dim, oa);
+      store_pack<T, N>(a_ptr + u * p.head_dim + p.half, ob);
     }
-    if (next < items) {
-      a_ptr = item_ptr(nrow, nh0, ni0);
-      load_packs(a_ptr, min(kHeadGroup, p.rotated - nh0));
-    }
-    h0 = nh0;
-    i0 = ni0;
-    pos = npos;
   }
 }
 
@@ -166,16 +139,11 @@ static __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams<
 template <typename T, int N>
 static void launch(const RopeParams<T>& p, const char* op) {
   const size_t smem = static_cast<size_t>(p.half) * sizeof(double);
-  const int64_t want = ceil_div(p.items, kThreads);
-  if (p.items <= (int64_t{1} << 31)) {
-    auto kernel = rope_kernel<T, N, uint32_t>;
-    const int grid = persistent_grid(kernel, kThreads, smem, want);
-    kernel<<<grid, kThreads, smem, stream()>>>(p);
-  } else {
-    auto kernel = rope_kernel<T, N, int64_t>;
-    const int grid = persistent_grid(kernel, kThreads, smem, want);
-    kernel<<<grid, kThreads, smem, stream()>>>(p);
-  }
+  const auto grid = static_cast<unsigned>(ceil_div(p.items, kThreads));
+  if (p.items <= (int64_t{1} << 31))
+    rope_kernel<T, N, uint32_t><<<grid, kThreads, smem, stream()>>>(p);
+  else
+    rope_kernel<T, N, int64_t><<<grid, kThreads, smem, stream()>>>(p);
   check_launch(op);
 }
 
