@@ -9,8 +9,9 @@
 // bf16 tensors use the fast exp / divide (error ~1e-6, far below bf16's 4e-3); f32 the accurate.
 // Layout: gelu sees the tensor as a flat array (packs of 8 bf16 / 4 f32 when every pointer is
 // 16-byte aligned, the n % N tail element-wise; else all element-wise), two packs per thread in
-// flight, one pass of a plain grid (no thread loops more than once). swiglu walks (row, pack) of y with the row and column advanced incrementally (no
-// division in the loop); packs when F is a multiple of the vector width and pointers aligned.
+// flight, one pass of a plain grid (no thread loops more than once). swiglu walks (row, pack)
+// of y with the row and column advanced incrementally (no division in the loop); packs when F is
+// a multiple of the vector width and pointers aligned.
 // Every output element depends only on the inputs at its own index, read by the same thread
 // before the write: y may alias x, dx may alias dy, dgate_up may alias gate_up.
 #include "cuda/activation/activation.cuh"

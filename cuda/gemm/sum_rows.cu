@@ -8,7 +8,8 @@
 //      f32 in row order, kRowsInFlight rows asked for (raw vectors, one 64-bit pointer stepped
 //      per group) before any is added; the 8 warp sums are added in warp order into
 //      partial(chunk, column). (8 rows in flight, and a single kernel whose last block per tile
-//      adds the partials, both measured slower at 32768 x 768: 57% and 50% of copy, against 61%.)
+//      adds the partials, both measured slower at 32768 x 768: 56-59% and 49-50% of copy,
+//      against 60-62%.)
 //      The number of chunks depends on (M, N) and the device only: about one wave of resident
 //      blocks in all (so the same device gives the same bits every run).
 //   2. kFinishLanes threads per column each add every kFinishLanes-th chunk partial in chunk

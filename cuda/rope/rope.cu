@@ -35,7 +35,7 @@ namespace engine::cuda {
 constexpr int kThreads = 256;
 constexpr int kHeadGroup = 4;  // heads per work item: their loads are in flight together
 // Register cap (kThreads x kMinBlocks resident): 80 registers, no spills; uncapped (118 registers,
-// 2 blocks) and 64 registers (spills) measured 2-5 and 20-30 points of copy slower.
+// 2 blocks) measured up to 5 points of copy slower, 64 registers (spills) 20-28 points slower.
 constexpr int kMinBlocks = 3;
 constexpr int kMaxHeadDim = 2048;
 
