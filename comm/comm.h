@@ -4,7 +4,7 @@
 //   all_gather      out (size*n) = concatenation of every rank's in (n), in rank order; `in` may
 //                   be this rank's own slice of `out` (in place)
 //   broadcast       t = root's t
-//   send / recv     point to point, matched in program order
+//   send / recv     point to point, matched in program order (per tag); send_async + wait_sends
 // Two backends behind one interface: MPI (host tensors; CPU runs and CI) and NCCL (device
 // tensors, its own stream ordered after the compute stream). Groups for the dp, tp and pp
 // dimensions of the mesh come from Comm::split. A group of one rank is valid and does nothing.
@@ -34,8 +34,14 @@ class Comm {
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;
-  virtual void send(const Tensor& t, int peer) = 0;
-  virtual void recv(const Tensor& t, int peer) = 0;
+  // `tag` tells messages between the same two ranks apart (MPI matches on it; NCCL ignores it:
+  // its messages match in order).
+  virtual void send(const Tensor& t, int peer, int tag = 0) = 0;
+  virtual void recv(const Tensor& t, int peer, int tag = 0) = 0;
+  // A send that returns at once; `t` must stay unchanged and alive until wait_sends(), and later
+  // compute is not ordered after it (pipelines: a rank never waits for a peer to take its data).
+  virtual void send_async(const Tensor& t, int peer, int tag = 0) { send(t, peer, tag); }
+  virtual void wait_sends() {}
   virtual void barrier() = 0;
 
   // Ranks with equal `color` form a new group, ordered by `key` (MPI_Comm_split semantics).

@@ -113,21 +113,51 @@ void MpiComm::broadcast(const Tensor& t, int root) {
   }
 }
 
-void MpiComm::send(const Tensor& t, int peer) {
+namespace {
+int checked_tag(int tag) {
+  static const int upper = [] {
+    int* v = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &v, &flag);
+    return flag && v ? *v : 32767;
+  }();
+  ENSURE(tag >= 0 && tag <= upper, "MPI tag ", tag, " outside [0, ", upper, "]");
+  return tag;
+}
+}  // namespace
+
+void MpiComm::send(const Tensor& t, int peer, int tag) {
   check_host(t, "send");
   const MPI_Datatype type = mpi_type(t.dtype, "send");
   for (int64_t off = 0; off < t.numel(); off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, t.numel() - off));
-    check_mpi(MPI_Send(bytes(t, off), n, type, peer, 0, comm_), "MPI_Send");
+    check_mpi(MPI_Send(bytes(t, off), n, type, peer, checked_tag(tag), comm_), "MPI_Send");
   }
 }
 
-void MpiComm::recv(const Tensor& t, int peer) {
+void MpiComm::send_async(const Tensor& t, int peer, int tag) {
+  check_host(t, "send_async");
+  const MPI_Datatype type = mpi_type(t.dtype, "send_async");
+  for (int64_t off = 0; off < t.numel(); off += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, t.numel() - off));
+    MPI_Request r;
+    check_mpi(MPI_Isend(bytes(t, off), n, type, peer, checked_tag(tag), comm_, &r), "MPI_Isend");
+    pending_.push_back(r);
+  }
+}
+
+void MpiComm::wait_sends() {
+  if (pending_.empty()) return;
+  check_mpi(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  pending_.clear();
+}
+
+void MpiComm::recv(const Tensor& t, int peer, int tag) {
   check_host(t, "recv");
   const MPI_Datatype type = mpi_type(t.dtype, "recv");
   for (int64_t off = 0; off < t.numel(); off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, t.numel() - off));
-    check_mpi(MPI_Recv(bytes(t, off), n, type, peer, 0, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    check_mpi(MPI_Recv(bytes(t, off), n, type, peer, checked_tag(tag), comm_, MPI_STATUS_IGNORE), "MPI_Recv");
   }
 }
 
@@ -146,8 +176,8 @@ void SelfComm::all_gather(const Tensor& in, const Tensor& out) {
   if (in.data != out.data) copy_tensor(out, in);
 }
 void SelfComm::broadcast(const Tensor&, int root) { ENSURE(root == 0, "broadcast from rank ", root, " in a group of one"); }
-void SelfComm::send(const Tensor&, int peer) { RAISE("send to rank ", peer, " in a group of one"); }
-void SelfComm::recv(const Tensor&, int peer) { RAISE("recv from rank ", peer, " in a group of one"); }
+void SelfComm::send(const Tensor&, int peer, int) { RAISE("send to rank ", peer, " in a group of one"); }
+void SelfComm::recv(const Tensor&, int peer, int) { RAISE("recv from rank ", peer, " in a group of one"); }
 
 double Comm::all_reduce_sum(double v) {
   Tensor t(&v, DType::F64, Device::CPU, {1});

@@ -3,6 +3,8 @@
 #pragma once
 #include <mpi.h>
 
+#include <vector>
+
 #include "comm/comm.h"
 
 namespace engine {
@@ -18,13 +20,16 @@ class MpiComm final : public Comm {
   void reduce_scatter(const Tensor& in, const Tensor& out) override;
   void all_gather(const Tensor& in, const Tensor& out) override;
   void broadcast(const Tensor& t, int root) override;
-  void send(const Tensor& t, int peer) override;
-  void recv(const Tensor& t, int peer) override;
+  void send(const Tensor& t, int peer, int tag = 0) override;
+  void recv(const Tensor& t, int peer, int tag = 0) override;
+  void send_async(const Tensor& t, int peer, int tag = 0) override;
+  void wait_sends() override;
   void barrier() override;
   std::unique_ptr<Comm> split(int color, int key) const override;
 
  private:
   MPI_Comm comm_;
+  std::vector<MPI_Request> pending_;
   bool owned_;
   int rank_ = 0, size_ = 1;
 };
@@ -39,8 +44,8 @@ class SelfComm final : public Comm {
   void reduce_scatter(const Tensor& in, const Tensor& out) override;
   void all_gather(const Tensor& in, const Tensor& out) override;
   void broadcast(const Tensor&, int root) override;
-  void send(const Tensor&, int peer) override;
-  void recv(const Tensor&, int peer) override;
+  void send(const Tensor&, int peer, int tag = 0) override;
+  void recv(const Tensor&, int peer, int tag = 0) override;
   void barrier() override {}
   std::unique_ptr<Comm> split(int, int) const override { return std::make_unique<SelfComm>(); }
 };

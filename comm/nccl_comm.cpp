@@ -101,13 +101,20 @@ class NcclComm final : public Comm {
                                comm_, stream_));
     });
   }
-  void send(const Tensor& t, int peer) override {
+  void send(const Tensor& t, int peer, int) override {
     check_device(t, "send");
     run([&] {
       NCCL_CHECK(ncclSend(t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "send"), peer, comm_, stream_));
     });
   }
-  void recv(const Tensor& t, int peer) override {
+  void send_async(const Tensor& t, int peer, int) override {
+    check_device(t, "send_async");
+    run([&] {
+      NCCL_CHECK(ncclSend(t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "send"), peer, comm_, stream_));
+    }, /*wait=*/false);
+  }
+  void wait_sends() override { wait_async(); }
+  void recv(const Tensor& t, int peer, int) override {
     check_device(t, "recv");
     run([&] {
       NCCL_CHECK(ncclRecv(t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "recv"), peer, comm_, stream_));

@@ -49,6 +49,8 @@ if [[ $tier == full ]]; then
     run_suite "2 ranks" "${mpi[@]}" -n 2 build/dist_tests "${args[@]}" "$@"
     run_suite "3 ranks (collectives, dp3)" "${mpi[@]}" -n 3 build/dist_tests "${args[@]}" "$@"
     run_suite "4 ranks" "${mpi[@]}" -n 4 build/dist_tests "${args[@]}" "$@"
+    # dp2 x tp2 x pp2: the 3-D layouts only (eight processes on a small machine).
+    run_suite "8 ranks (dp2 x tp2 x pp2)" "${mpi[@]}" -n 8 build/dist_tests -tc="*pipeline parallel*" "${args[@]}" "$@"
   else
     echo "== multi-rank suites: skipped (no mpirun; make deps installs OpenMPI)"
     skipped=$((skipped + 1))

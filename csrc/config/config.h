@@ -17,6 +17,7 @@ enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
 enum class DeviceChoice { Auto, CPU, CUDA };
 enum class DecayKind { Cosine, Linear, Constant };
+enum class ScheduleKind { BreadthFirst, DepthFirst };
 
 struct RunConfig {
   std::string name = "run";
@@ -118,6 +119,9 @@ struct DistributedConfig {
   bool sequence_parallel = false;  // with tensor_parallel > 1: activations outside attention and MLP
                                    // sharded along tokens over the tensor-parallel group
   int cross_entropy_splits = 1;    // token chunks the LM head and loss run in (logits memory / N)
+  int pipeline_parallel = 1;       // ranks the layers are split over (stages in sequence)
+  int stages_per_rank = 1;         // pipeline stages per rank (interleaved: stage s on rank s % pp)
+  ScheduleKind pipeline_schedule = ScheduleKind::BreadthFirst;  // micro-batch order (parallel/schedule.h)
   bool operator==(const DistributedConfig&) const = default;
 };
 

@@ -40,6 +40,9 @@ inline constexpr EnumName<DecayKind> kDecayNames[] = {{"cosine", DecayKind::Cosi
                                                       {"linear", DecayKind::Linear},
                                                       {"constant", DecayKind::Constant}};
 
+inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{"breadth_first", ScheduleKind::BreadthFirst},
+                                                            {"depth_first", ScheduleKind::DepthFirst}};
+
 template <typename E, size_t N>
 constexpr std::span<const EnumName<E>> names_of(const EnumName<E> (&names)[N]) {
   return names;
@@ -138,6 +141,9 @@ void visit_fields(C& c, V& v) {
   v.field("tensor_parallel", c.distributed.tensor_parallel);
   v.field("sequence_parallel", c.distributed.sequence_parallel);
   v.field("cross_entropy_splits", c.distributed.cross_entropy_splits);
+  v.field("pipeline_parallel", c.distributed.pipeline_parallel);
+  v.field("stages_per_rank", c.distributed.stages_per_rank);
+  v.choice("pipeline_schedule", c.distributed.pipeline_schedule, names_of(kScheduleNames));
 }
 
 // The key schema, collected once by a visitor over a default Config.

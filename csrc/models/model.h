@@ -34,18 +34,47 @@ class Model {
   // The logits (T, V) of the micro-batch's tokens into `out` (f32, on the model's device): the
   // forward pass without the loss, for tools that compare against other implementations.
   virtual void logits(const MicroBatch& mb, const Tensor& out) = 0;
+
+  // Pipeline stages (forward()/backward() above run every stage, all of which must be local).
+  // A stage's Saved object lives from its forward to its backward (one per stage and
+  // micro-batch in flight). forward_stage: `input` is the previous stage's output (undefined for
+  // stage 0; the caller keeps it alive until the backward); returns the loss sum on the last
+  // stage, else 0, and leaves the output in stage_output(). backward_stage: `grad_output` is the
+  // gradient of that output (undefined for the last stage); the input's gradient is left in
+  // stage_input_grad() (not for stage 0); grads_ready as in backward().
+  virtual int num_stages() const = 0;
+  virtual bool has_stage(int stage) const = 0;
+  virtual double forward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& input, bool with_grad,
+                               float grad_scale) = 0;
+  virtual void backward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& grad_output,
+                              const GradsReady& grads_ready = {}) = 0;
+  virtual Tensor stage_output(const Saved& saved) const = 0;
+  virtual Tensor stage_input_grad(const Saved& saved) const = 0;
+  // The activation passed between stages: (tokens on this rank, hidden) in the compute dtype.
+  virtual Shape stage_activation_shape(const MicroBatch& mb) const = 0;
+  virtual DType activation_dtype() const = 0;
 };
 
 // How a model's layers are split and run (distributed.*): the tensor-parallel group (nullptr or
 // one rank: none), sequence parallelism, and the token chunks of the LM head's loss.
+// Pipeline: the layers split into pipeline_size x stages_per_rank stages (parallel/schedule.h),
+// of which this rank holds stages pipeline_rank, pipeline_rank + pipeline_size, ...
 struct ModelLayout {
   Comm* tp = nullptr;
   bool sequence_parallel = false;
   int cross_entropy_splits = 1;
+  int pipeline_rank = 0, pipeline_size = 1, stages_per_rank = 1;
+  int tp_rank() const { return tp ? tp->rank() : 0; }
+  int tp_size() const { return tp ? tp->size() : 1; }
+  int stages() const { return pipeline_size * stages_per_rank; }
+  bool has_stage(int s) const { return s % pipeline_size == pipeline_rank; }
 };
 
 // The parameter table of a model family (no memory), for tensor-parallel rank tp_rank of tp_size.
 ParamTable model_param_table(const ModelConfig& c, int tp_rank = 0, int tp_size = 1);
+// The table of the rank `layout` describes (its stages, its tensor-parallel blocks); tp_rank and
+// tp_size are given apart from layout.tp so that tables can be built without a group.
+ParamTable model_param_table(const ModelConfig& c, const ModelLayout& layout, int tp_rank, int tp_size);
 // Builds the model of config.model.family with parameters on `device` in `compute_dtype`
 // (zero: call params().init(seed)); `capacity` pads the flat buffers (even ZeRO shards).
 std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,

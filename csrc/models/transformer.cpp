@@ -5,35 +5,73 @@
 
 namespace engine {
 
+// One stage's activations for one micro-batch (the whole-model forward keeps one per stage).
 struct Transformer::TSaved : Model::Saved {
-  Owned x0;                               // embedding output (T, C)
+  Tensor input;                           // the stage's input (stage > 0), owned by the caller
+  Owned x0;                               // embedding output (stage 0)
   std::vector<layers::BlockSaved> blocks;
   layers::HeadSaved head;
+  Owned input_grad;                       // the gradient of `input` after backward (stage > 0)
+  std::vector<std::unique_ptr<TSaved>> stages;  // forward()/backward(): every stage's
 };
 
-void Transformer::declare(ParamTable& t, const ModelConfig& c) {
-  layers::Embedding::declare(t, c);
-  for (int i = 0; i < c.num_layers; ++i) layers::Block::declare(t, i, c);
-  layers::LmHead::declare(t, c);
+std::vector<Transformer::StagePlan> Transformer::stage_plan(int num_layers, int stages) {
+  ENSURE(stages >= 1 && stages <= num_layers, stages, " pipeline stages for ", num_layers,
+         " blocks: every stage needs one");
+  std::vector<StagePlan> plan(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    StagePlan& p = plan[static_cast<size_t>(s)];
+    p.first_block = static_cast<int>(int64_t{s} * num_layers / stages);
+    p.end_block = static_cast<int>(int64_t{s + 1} * num_layers / stages);
+    p.embedding = s == 0;
+    p.head = s == stages - 1;
+  }
+  return plan;
 }
 
-static ParamTable table_of(const ModelConfig& c, int tp_rank, int tp_size) {
+void Transformer::declare(ParamTable& t, const ModelConfig& c, const ModelLayout& layout) {
+  const std::vector<StagePlan> plan = stage_plan(c.num_layers, layout.stages());
+  for (int s = 0; s < layout.stages(); ++s) {
+    if (!layout.has_stage(s)) continue;
+    const StagePlan& p = plan[static_cast<size_t>(s)];
+    if (p.embedding) layers::Embedding::declare(t, c);
+    for (int i = p.first_block; i < p.end_block; ++i) layers::Block::declare(t, i, c);
+    if (p.head) {
+      if (c.tie_embeddings && !layout.has_stage(0))  // the head's copy of the tied table
+        t.add({.name = layers::Embedding::kTokens, .shape = {c.vocab_size, c.hidden_size}, .split_dim = 0,
+               .init_std = c.init_std});
+      layers::LmHead::declare(t, c);
+    }
+  }
+}
+
+ParamTable model_param_table(const ModelConfig& c, const ModelLayout& layout, int tp_rank, int tp_size) {
   ParamTable t(tp_rank, tp_size);
-  Transformer::declare(t, c);
+  Transformer::declare(t, c, layout);
   return t;
 }
 
-static int tp_rank(const ModelLayout& l) { return l.tp ? l.tp->rank() : 0; }
-static int tp_size(const ModelLayout& l) { return l.tp ? l.tp->size() : 1; }
+ParamTable model_param_table(const ModelConfig& c, int tp_rank, int tp_size) {
+  return model_param_table(c, ModelLayout{}, tp_rank, tp_size);
+}
 
 Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity,
                          const ModelLayout& layout)
-    : config_(c), store_(table_of(c, tp_rank(layout), tp_size(layout)), device, compute_dtype, capacity),
-      env_{device, compute_dtype, layout.tp, layout.sequence_parallel},
-      embedding_(store_, c), head_(store_, c, layout.cross_entropy_splits) {
-  for (int i = 0; i < c.num_layers; ++i) {
-    blocks_.emplace_back(store_, i, c);
-    block_offsets_.push_back(store_.table().get("layers." + std::to_string(i) + ".norm1.weight").offset);
+    : config_(c), layout_(layout), plan_(stage_plan(c.num_layers, layout.stages())),
+      store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity),
+      env_{device, compute_dtype, layout.tp, layout.sequence_parallel} {
+  blocks_.resize(static_cast<size_t>(c.num_layers));
+  block_offsets_.assign(static_cast<size_t>(c.num_layers), -1);
+  for (int s = 0; s < num_stages(); ++s) {
+    if (!has_stage(s)) continue;
+    const StagePlan& p = plan_[static_cast<size_t>(s)];
+    if (p.embedding) embedding_ = layers::Embedding(store_, c);
+    for (int i = p.first_block; i < p.end_block; ++i) {
+      blocks_[static_cast<size_t>(i)] = layers::Block(store_, i, c);
+      block_offsets_[static_cast<size_t>(i)] =
+          store_.table().get("layers." + std::to_string(i) + ".norm1.weight").offset;
+    }
+    if (p.head) head_ = std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits);
   }
 }
 
@@ -44,51 +82,123 @@ int64_t Transformer::local_tokens(const MicroBatch& mb) const {
   return mb.num_tokens / env_.tp_size();
 }
 
+Shape Transformer::stage_activation_shape(const MicroBatch& mb) const {
+  return {local_tokens(mb), config_.hidden_size};
+}
+
 std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_unique<TSaved>(); }
+
+double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& input,
+                                  bool with_grad, float grad_scale) {
+  ENSURE(stage >= 0 && stage < num_stages() && has_stage(stage), "stage ", stage, " is not on this rank");
+  auto& s = static_cast<TSaved&>(saved);
+  const StagePlan& p = plan_[static_cast<size_t>(stage)];
+  const layers::SegmentInfo seg = mb.segments();
+  const Tensor* x;
+  if (p.embedding) {
+    s.x0 = env_.act_tensor(stage_activation_shape(mb));
+    embedding_.forward(env_, mb.tokens, mb.positions, s.x0);
+    x = &s.x0.t;
+  } else {
+    expect_shape(input, stage_activation_shape(mb), "stage input");
+    s.input = input;
+    x = &s.input;
+  }
+  s.blocks.clear();
+  s.blocks.resize(static_cast<size_t>(p.end_block - p.first_block));
+  for (int i = p.first_block; i < p.end_block; ++i) {
+    const size_t k = static_cast<size_t>(i - p.first_block);
+    blocks_[static_cast<size_t>(i)].forward(env_, *x, seg, s.blocks[k]);
+    // Without gradients only the current block's output is needed: drop the rest at once.
+    if (!with_grad && k > 0) s.blocks[k - 1] = layers::BlockSaved{};
+    if (!with_grad && k == 0) s.x0 = Owned{};
+    x = &s.blocks[k].y.t;
+  }
+  if (!p.head) return 0;
+  const double loss = head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head);
+  if (!with_grad) s.blocks.clear();
+  return loss;
+}
+
+Tensor Transformer::stage_output(const Saved& saved) const {
+  const auto& s = static_cast<const TSaved&>(saved);
+  ENSURE(!s.blocks.empty() && s.blocks.back().y.t.data, "stage output before its forward");
+  return s.blocks.back().y;
+}
+
+Tensor Transformer::stage_input_grad(const Saved& saved) const {
+  const auto& s = static_cast<const TSaved&>(saved);
+  ENSURE(s.input_grad.t.data, "stage input gradient before its backward");
+  return s.input_grad;
+}
+
+void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& grad_output,
+                                 const GradsReady& grads_ready) {
+  ENSURE(stage >= 0 && stage < num_stages() && has_stage(stage), "stage ", stage, " is not on this rank");
+  auto& s = static_cast<TSaved&>(saved);
+  const StagePlan& p = plan_[static_cast<size_t>(stage)];
+  ENSURE(s.blocks.size() == static_cast<size_t>(p.end_block - p.first_block) && (!p.head || s.head.dx.t.data ||
+                                                                                 mb.num_tokens == 0),
+         "backward of stage ", stage, " without a forward with gradients");
+  const layers::SegmentInfo seg = mb.segments();
+  Owned dy_owned = p.head ? std::move(s.head.dx) : Owned{};
+  Tensor dy = p.head ? dy_owned.t : grad_output;
+  if (!p.head) expect_shape(dy, stage_activation_shape(mb), "stage output gradient");
+  for (int i = p.end_block; i-- > p.first_block;) {
+    const size_t k = static_cast<size_t>(i - p.first_block);
+    const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
+    Owned dx = env_.act_tensor(x.shape);
+    blocks_[static_cast<size_t>(i)].backward(env_, dy, x, seg, s.blocks[k], dx);
+    s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
+    dy_owned = std::move(dx);
+    dy = dy_owned.t;
+    // Block i and every parameter after it on this rank are complete.
+    if (grads_ready) grads_ready(block_offsets_[static_cast<size_t>(i)]);
+  }
+  if (p.embedding) {
+    embedding_.backward(env_, mb.tokens, mb.positions, dy);
+    if (grads_ready) grads_ready(0);
+  } else {
+    s.input_grad = std::move(dy_owned);
+  }
+  s.blocks.clear();
+  s.x0 = Owned{};
+  s.input = Tensor{};
+}
 
 double Transformer::forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) {
   auto& s = static_cast<TSaved&>(saved);
-  const layers::SegmentInfo seg = mb.segments();
-  s.x0 = env_.act_tensor({local_tokens(mb), config_.hidden_size});
-  embedding_.forward(env_, mb.tokens, mb.positions, s.x0);
-  s.blocks.clear();
-  s.blocks.resize(blocks_.size());
-  const Tensor* x = &s.x0.t;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    blocks_[i].forward(env_, *x, seg, s.blocks[i]);
-    // Without gradients only the current block's output is needed: drop the rest at once.
-    if (!with_grad && i > 0) s.blocks[i - 1] = layers::BlockSaved{};
-    x = &s.blocks[i].y.t;
+  ENSURE(layout_.pipeline_size == 1, "Model::forward runs every stage: use the pipeline for pipeline_parallel > 1");
+  s.stages.clear();
+  double loss = 0;
+  Tensor x;
+  for (int st = 0; st < num_stages(); ++st) {
+    s.stages.push_back(std::make_unique<TSaved>());
+    loss += forward_stage(st, mb, *s.stages.back(), x, with_grad, grad_scale);
+    if (st + 1 < num_stages()) x = stage_output(*s.stages.back());
+    if (!with_grad && st > 0) s.stages[static_cast<size_t>(st - 1)].reset();
   }
-  const double loss = head_.forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head);
-  if (!with_grad) s = TSaved{};
+  if (!with_grad) s.stages.clear();
   return loss;
 }
 
 void Transformer::backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready) {
   auto& s = static_cast<TSaved&>(saved);
-  ENSURE(s.head.dx.t.data || mb.num_tokens == 0, "backward without a forward with gradients");
-  const layers::SegmentInfo seg = mb.segments();
-  Owned dy = std::move(s.head.dx);
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    const Tensor& x = i == 0 ? s.x0.t : s.blocks[i - 1].y.t;
-    Owned dx = env_.act_tensor(x.shape);
-    blocks_[i].backward(env_, dy, x, seg, s.blocks[i], dx);
-    s.blocks[i] = layers::BlockSaved{};  // free this block's activations as soon as possible
-    dy = std::move(dx);
-    // Block i and everything after it (later blocks, final norm, untied head) are complete.
-    if (grads_ready) grads_ready(block_offsets_[i]);
+  ENSURE(s.stages.size() == static_cast<size_t>(num_stages()), "backward without a forward with gradients");
+  Tensor dy;
+  for (int st = num_stages(); st-- > 0;) {
+    backward_stage(st, mb, *s.stages[static_cast<size_t>(st)], dy, grads_ready);
+    if (st + 1 < num_stages()) s.stages[static_cast<size_t>(st + 1)].reset();
+    if (st > 0) dy = stage_input_grad(*s.stages[static_cast<size_t>(st)]);
   }
-  embedding_.backward(env_, mb.tokens, mb.positions, dy);
-  if (grads_ready) grads_ready(0);
-  s = TSaved{};
+  s.stages.clear();
 }
 
 void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   const int64_t T = mb.num_tokens, V = config_.vocab_size;
   expect_shape(out, {T, V}, "logits");
   ENSURE(out.dtype == DType::F32 && out.device == env_.device, "logits: an f32 tensor on the model's device");
-  ENSURE(env_.tp_size() == 1, "logits of a tensor-parallel model: run it on one rank");
+  ENSURE(env_.tp_size() == 1 && layout_.pipeline_size == 1, "logits of a parallel model: run it on one rank");
   const layers::SegmentInfo seg = mb.segments();
   Owned x = env_.act_tensor({T, config_.hidden_size});
   embedding_.forward(env_, mb.tokens, mb.positions, x);
@@ -110,10 +220,6 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
     layers::linear_forward(xn, w, {}, y);
     ops::cast(y, out);
   }
-}
-
-ParamTable model_param_table(const ModelConfig& c, int tp_rank, int tp_size) {
-  return table_of(c, tp_rank, tp_size);
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType compute_dtype,

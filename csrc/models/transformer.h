@@ -4,7 +4,8 @@
 // separate layer object, so a pipeline stage is a contiguous range of them.
 // Under tensor parallelism (ModelLayout::tp) each rank holds its blocks of every split parameter
 // (params.h) and the layers exchange activations over the group (layers/parallel.h); with
-// sequence parallelism the residual stream between them is this rank's token shard.
+// sequence parallelism the residual stream between them is this rank's token shard. Under
+// pipeline parallelism each rank builds only the layers of its stages (StagePlan).
 #pragma once
 #include <vector>
 
@@ -19,7 +20,20 @@ class Transformer final : public Model {
  public:
   Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity = 0,
               const ModelLayout& layout = {});
-  static void declare(ParamTable& t, const ModelConfig& c);
+
+  // Declares the parameters of the stages `layout` gives this rank, in model order (embedding,
+  // blocks, final norm and head). A rank holding the head but not the embedding of a model with
+  // tied embeddings declares its own copy of embed.tokens (kept equal: its gradient is summed
+  // with the embedding stage's, see optim/adamw.h).
+  static void declare(ParamTable& t, const ModelConfig& c, const ModelLayout& layout = {});
+
+  // Stage s holds blocks [first_block, end_block), plus the embedding (s = 0) and the head
+  // (s = S - 1): the blocks split as evenly as possible.
+  struct StagePlan {
+    int first_block = 0, end_block = 0;
+    bool embedding = false, head = false;
+  };
+  static std::vector<StagePlan> stage_plan(int num_layers, int stages);
 
   ParamStore& params() override { return store_; }
   std::unique_ptr<Saved> new_saved() const override;
@@ -27,16 +41,29 @@ class Transformer final : public Model {
   void backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready = {}) override;
   void logits(const MicroBatch& mb, const Tensor& out) override;
 
+  int num_stages() const override { return static_cast<int>(plan_.size()); }
+  bool has_stage(int stage) const override { return layout_.has_stage(stage); }
+  double forward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& input, bool with_grad,
+                       float grad_scale) override;
+  void backward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& grad_output,
+                      const GradsReady& grads_ready = {}) override;
+  Tensor stage_output(const Saved& saved) const override;
+  Tensor stage_input_grad(const Saved& saved) const override;
+  Shape stage_activation_shape(const MicroBatch& mb) const override;
+  DType activation_dtype() const override { return env_.act; }
+
  private:
   struct TSaved;
   int64_t local_tokens(const MicroBatch& mb) const;  // rows of the residual stream on this rank
   ModelConfig config_;
+  ModelLayout layout_;
+  std::vector<StagePlan> plan_;
   ParamStore store_;
   layers::Env env_;
-  layers::Embedding embedding_;
-  std::vector<layers::Block> blocks_;
-  layers::LmHead head_;
-  std::vector<int64_t> block_offsets_;  // flat offset of each block's first parameter
+  layers::Embedding embedding_;           // when this rank holds stage 0
+  std::vector<layers::Block> blocks_;     // all num_layers; only this rank's are built
+  std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
+  std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter
 };
 
 }  // namespace engine

@@ -10,12 +10,14 @@
 namespace engine {
 
 AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
-             int64_t bucket_elements, Comm* tp, bool sequence_parallel)
-    : store_(store), config_(config), dp_(dp), tp_(tp && tp->size() > 1 ? tp : nullptr),
-      reduce_replicated_(tp_ && sequence_parallel), stage_(zero_stage),
+             int64_t bucket_elements, const ModelParallelGroups& g)
+    : store_(store), config_(config), dp_(dp), tp_(g.tp && g.tp->size() > 1 ? g.tp : nullptr),
+      reduce_replicated_(tp_ && g.sequence_parallel), pp_(g.pp && g.pp->size() > 1 ? g.pp : nullptr),
+      tied_(g.tied && g.tied->size() > 1 ? g.tied : nullptr), count_tied_(g.count_tied), stage_(zero_stage),
       bucket_(std::max<int64_t>(1, bucket_elements)) {
   ENSURE(store.table().tp_size() == (tp_ ? tp_->size() : 1), "a parameter table for ", store.table().tp_size(),
          " tensor-parallel ranks with a group of ", tp_ ? tp_->size() : 1);
+  ENSURE(!tied_ || !g.tied_params.empty(), "a tied group without tied parameters");
   ENSURE(stage_ >= 0 && stage_ <= 3, "ZeRO stage ", stage_);
   const int64_t n = store.capacity();
   const bool sharded = stage_ >= 1 && dp.size() > 1;
@@ -39,9 +41,14 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
 
   // Maximal runs of equal weight decay within the shard (alignment gaps and the tail are zero
   // in every buffer, so updating them with either setting is harmless).
+  for (const ParamSpec& s : store.table().entries())
+    if (tied_ && std::find(g.tied_params.begin(), g.tied_params.end(), s.name) != g.tied_params.end())
+      tied_full_.emplace_back(s.offset, s.offset + s.shape.numel());
   for (const ParamSpec& s : store.table().entries()) {
     const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.shape.numel(), end_);
     if (b >= e) continue;
+    if (tied_ && std::find(g.tied_params.begin(), g.tied_params.end(), s.name) != g.tied_params.end())
+      tied_ranges_.emplace_back(b - begin_, e - begin_);
     if (tp_ && s.split_dim < 0) {  // runs of replicated parameters (across zero alignment gaps)
       if (!replicated_.empty() && b - begin_ - replicated_.back().second < 64)
         replicated_.back().second = e - begin_;
@@ -53,6 +60,10 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
     else
       runs_.push_back({b - begin_, e - begin_, s.weight_decay});
   }
+}
+
+void AdamW::reduce_tied() {
+  for (const auto& [b, e] : tied_full_) tied_->all_reduce(store_.grads_flat().slice(b, e));
 }
 
 Tensor AdamW::master() const {
@@ -89,26 +100,36 @@ StepStats AdamW::step(int step, bool skip_update) {
   st.lr = learning_rate(config_, step);
   const bool sharded = end_ - begin_ != store_.capacity();
   Tensor grads;
+  // Tied copies are summed on the full buffers, where every holder has all of them (the dp
+  // shards of two pipeline ranks' buffers need not line up): before a reduce-scatter, or after
+  // the all-reduce (a sum over dp and one over the tied group commute).
   if (dp_.size() == 1) {
+    reduce_tied();
     grads = store_.grads_flat();
   } else if (stage_ >= 2) {
+    reduce_tied();
     dp_.reduce_scatter(store_.grads_flat(), grad_shard_);
     grads = grad_shard_.t;
   } else {
     // Buckets the backward did not start (all of them when no grads_ready came) go now.
     if (reduced_from_ != 0) reduce_range(0, reduced_from_ < 0 ? store_.capacity() : reduced_from_);
     dp_.wait_async();
+    reduce_tied();
     grads = store_.grads_flat().slice(begin_, end_);
   }
+  // Model-parallel gradient sums (after the dp reduction: sums over different groups commute).
   if (reduce_replicated_)
     for (const auto& [b, e] : replicated_) tp_->all_reduce(grads.slice(b, e));
   double sq = ops::sum_squares(grads);
-  if (tp_) {
-    // Split parameters contribute from every tp rank, replicated ones from the first only.
-    if (tp_->rank() != 0)
-      for (const auto& [b, e] : replicated_) sq -= ops::sum_squares(grads.slice(b, e));
-    sq = tp_->all_reduce_sum(std::max(sq, 0.0));
-  }
+  // Split parameters count on every tp rank, replicated ones on the first only; tied copies on
+  // one pipeline rank.
+  if (tp_ && tp_->rank() != 0)
+    for (const auto& [b, e] : replicated_) sq -= ops::sum_squares(grads.slice(b, e));
+  if (!count_tied_)
+    for (const auto& [b, e] : tied_ranges_) sq -= ops::sum_squares(grads.slice(b, e));
+  sq = std::max(sq, 0.0);  // (rounding of the subtractions; NaN stays NaN)
+  if (tp_) sq = tp_->all_reduce_sum(sq);
+  if (pp_) sq = pp_->all_reduce_sum(sq);
   if (sharded) sq = dp_.all_reduce_sum(sq);
   st.grad_norm = std::sqrt(sq);
   if (skip_update || !std::isfinite(st.grad_norm)) {

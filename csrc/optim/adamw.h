@@ -16,6 +16,8 @@
 // Master weights alias the shard of the compute weights when those are f32 (CPU) and resident.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.h"
@@ -31,17 +33,32 @@ struct StepStats {
   bool skipped = false;  // no update: the gradient norm was not finite, or the caller asked
 };
 
+// The model-parallel groups of a rank, for the parts of the update that cross them:
+//   tp    tensor-parallel group (the store holds this rank's blocks): the gradient norm sums the
+//         split parameters over tp and counts the replicated ones once; with sequence_parallel
+//         the replicated parameters' gradients (norms, row-parallel biases, positions: computed
+//         from token shards) are summed over tp before the update
+//   pp    pipeline group (the store holds this rank's stages): the gradient norm sums over it
+//   tied  the pipeline ranks holding a copy of tied parameters (the first and last stage's for
+//         tied embeddings): their gradients are summed over it, so the copies stay equal, and
+//         the norm counts them on the rank with count_tied only
+struct ModelParallelGroups {
+  Comm* tp = nullptr;
+  bool sequence_parallel = false;
+  Comm* pp = nullptr;
+  Comm* tied = nullptr;
+  std::vector<std::string> tied_params;
+  bool count_tied = true;
+};
+
 class AdamW {
  public:
   // dp: the data-parallel group the gradients are summed over. seed: the init seed (master
   // weights of a shard are generated directly in f32, never rounded through the compute dtype).
   // bucket_elements: gradient elements per all-reduce bucket (stage 0/1).
-  // tp: the tensor-parallel group of a tensor-parallel model (its store holds this rank's
-  // blocks). The gradient norm then sums the split parameters over tp and counts the replicated
-  // ones once; with sequence_parallel the replicated parameters' gradients (norms, row-parallel
-  // biases, positions: computed from token shards) are summed over tp before the update.
+  // groups: how the model is split besides dp (ModelParallelGroups).
   AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
-        int64_t bucket_elements = int64_t{16} << 20, Comm* tp = nullptr, bool sequence_parallel = false);
+        int64_t bucket_elements = int64_t{16} << 20, const ModelParallelGroups& groups = {});
 
   void begin_step();         // before the first forward of a step (stage 3: gather the weights)
   // During the last micro-batch's backward: gradients at offsets >= offset are complete; reduces
@@ -74,6 +91,7 @@ class AdamW {
   int zero_stage() const { return stage_; }
   Comm& comm() const { return dp_; }
   Comm* tp() const { return tp_; }  // nullptr without tensor parallelism
+  Comm* pp() const { return pp_; }  // nullptr without pipeline parallelism
   const ParamStore& store() const { return store_; }
   // Bytes this rank keeps between steps for the optimizer (master, moments, gradient shard).
   size_t state_bytes() const;
@@ -92,6 +110,12 @@ class AdamW {
   Comm* tp_ = nullptr;         // size > 1 only
   bool reduce_replicated_ = false;
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // shard-relative ranges of replicated parameters
+  Comm* pp_ = nullptr;         // size > 1 only
+  Comm* tied_ = nullptr;       // size > 1 only
+  bool count_tied_ = true;
+  std::vector<std::pair<int64_t, int64_t>> tied_ranges_;  // shard-relative ranges of tied copies
+  std::vector<std::pair<int64_t, int64_t>> tied_full_;    // their ranges in the full buffers
+  void reduce_tied();
   int stage_;
   int64_t begin_ = 0, end_ = 0;
   int64_t bucket_ = 0;

@@ -3,17 +3,24 @@
 namespace engine {
 
 Mesh::Mesh(Comm& group, const Config& config) : all_(&group), dp_(&group) {
-  const int tp = config.distributed.tensor_parallel, n = group.size(), r = group.rank();
-  if (n % tp != 0)
-    RAISE(config.where("distributed.tensor_parallel"), "must divide the number of ranks (", n, "), got ", tp);
-  if (tp == 1) return;
-  tp_ = group.split(r / tp, r % tp);
-  dp_owned_ = group.split(r % tp, r / tp);
+  const int tp = config.distributed.tensor_parallel, pp = config.distributed.pipeline_parallel;
+  const int n = group.size(), r = group.rank();
+  if (n % (tp * pp) != 0)
+    RAISE(config.where(pp > 1 ? "distributed.pipeline_parallel" : "distributed.tensor_parallel"),
+          "tensor_parallel x pipeline_parallel = ", tp, " x ", pp, " must divide the number of ranks (", n, ")");
+  if (tp == 1 && pp == 1) return;
+  const int dp = n / (tp * pp);
+  const int tp_rank = r % tp, dp_rank = r / tp % dp, pp_rank = r / (tp * dp);
+  if (tp > 1) tp_ = group.split(pp_rank * dp + dp_rank, tp_rank);
+  if (pp > 1) pp_ = group.split(dp_rank * tp + tp_rank, pp_rank);
+  dp_owned_ = group.split(pp_rank * tp + tp_rank, dp_rank);
   dp_ = dp_owned_.get();
 }
 
 std::string Mesh::describe() const {
-  return str_cat(dp_->size(), " data-parallel x ", tp_size(), " tensor-parallel rank(s)");
+  std::string s = str_cat(dp_->size(), " data-parallel x ", tp_size(), " tensor-parallel");
+  if (pp_size() > 1) s += str_cat(" x ", pp_size(), " pipeline");
+  return s + " rank(s)";
 }
 
 }  // namespace engine

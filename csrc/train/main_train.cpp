@@ -2,6 +2,7 @@
 // Trains the model the config describes; see README.md for the config reference.
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "comm/launch.h"
 #include "config/config.h"
 #include "core/log.h"
+#include "parallel/schedule.h"
 #include "train/trainer.h"
 
 static void usage() {
@@ -19,6 +21,8 @@ static void usage() {
       "  Trains the model described by CONFIG.toml; every key can be overridden on the command\n"
       "  line, e.g. train configs/tiny-llama.toml training.steps=50 optimizer.lr=1e-3\n"
       "  --print-config            print the effective config (defaults and overrides applied) and exit\n"
+      "  --print-schedule          print each pipeline rank's steps of one batch (F/B stage.micro-batch)\n"
+      "                            for the config's layout over the ranks of this launch, and exit\n"
       "  --export-hf DIR           write the model as a Hugging Face folder (config.json + safetensors)\n"
       "                            and exit; the weights of training.resume when it is a path, else of\n"
       "                            the run's newest checkpoint, else of model.init_from or the init\n"
@@ -34,7 +38,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   std::string path, export_dir, tokens_path, logits_path;
   engine::hf::ExportOptions export_options;
-  bool print_config = false;
+  bool print_config = false, print_schedule = false;
   auto value = [&](int& i) -> std::string {
     if (i + 1 >= argc) {
       std::fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]);
@@ -49,6 +53,8 @@ int main(int argc, char** argv) {
     }
     if (!std::strcmp(argv[i], "--print-config")) {
       print_config = true;
+    } else if (!std::strcmp(argv[i], "--print-schedule")) {
+      print_schedule = true;
     } else if (!std::strcmp(argv[i], "--export-hf")) {
       export_dir = value(i);
     } else if (!std::strcmp(argv[i], "--export-dtype")) {
@@ -88,6 +94,20 @@ int main(int argc, char** argv) {
     engine::Config config = engine::load_config(path, overrides);
     if (print_config) {
       std::fputs(engine::config_to_toml(config).c_str(), stdout);
+      return 0;
+    }
+    if (print_schedule) {
+      const engine::DistributedConfig& d = config.distributed;
+      const int model_ranks = d.tensor_parallel * d.pipeline_parallel;
+      const int dp = std::max(1, engine::world().size() / model_ranks);
+      const int micro = config.batch.global_batch_size / (config.batch.micro_batch_size * dp);
+      const engine::PipelineLayout layout{d.pipeline_parallel * d.stages_per_rank, d.pipeline_parallel};
+      if (engine::world().rank() == 0)
+        std::printf("%d stages over %d pipeline rank(s), %d micro-batches per data-parallel rank (%d):\n%s",
+                    layout.stages, layout.ranks, micro, dp,
+                    engine::describe_schedule(engine::build_schedule(layout, micro, d.pipeline_schedule, true), layout)
+                        .c_str());
+      engine::launch_finalize();
       return 0;
     }
     if (!export_dir.empty() || !tokens_path.empty()) {

@@ -17,6 +17,7 @@
 #include "comm/launch.h"
 #include "comm/nccl_comm.h"
 #include "core/log.h"
+#include "layers/embedding.h"
 #include "models/model.h"
 
 #ifdef ENGINE_CUDA
@@ -136,14 +137,33 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   // Pad the flat buffers so they split into equal, aligned shards over the dp ranks.
   const int64_t unit = 64 * int64_t{dp_size};
   const DistributedConfig& dist = config_.distributed;
-  const int64_t table_size = model_param_table(config_.model, mesh_->tp_rank(), mesh_->tp_size()).total_elements();
+  ModelLayout layout{mesh_->tp(), dist.sequence_parallel, dist.cross_entropy_splits, mesh_->pp_rank(),
+                     mesh_->pp_size(), dist.stages_per_rank};
+  const int64_t table_size =
+      model_param_table(config_.model, layout, mesh_->tp_rank(), mesh_->tp_size()).total_elements();
   const int64_t capacity = (table_size + unit - 1) / unit * unit;
-  model_ = make_model(config_.model, device_, compute, capacity,
-                      {mesh_->tp(), dist.sequence_parallel, dist.cross_entropy_splits});
+  model_ = make_model(config_.model, device_, compute, capacity, layout);
   model_->params().init(config_.run.seed);
+  pipeline_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), dist.pipeline_schedule);
   const auto bucket = static_cast<int64_t>(dist.reduce_bucket_mb * (1 << 20) / 4);
+  ModelParallelGroups groups;
+  groups.tp = mesh_->tp();
+  groups.sequence_parallel = dist.sequence_parallel;
+  groups.pp = mesh_->pp();
+  const int last_rank = (layout.stages() - 1) % layout.pipeline_size;
+  if (config_.model.tie_embeddings && last_rank != 0) {
+    // The first and the last stage's ranks each hold embed.tokens: their gradients are summed.
+    Comm& pp = *mesh_->pp();
+    const bool holder = pp.rank() == 0 || pp.rank() == last_rank;
+    tied_ = pp.split(holder ? 0 : 1 + pp.rank(), pp.rank());
+    if (holder) {
+      groups.tied = tied_.get();
+      groups.tied_params = {layers::Embedding::kTokens};
+      groups.count_tied = pp.rank() == 0;
+    }
+  }
   optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, dist.zero_stage,
-                                       config_.run.seed, bucket, mesh_->tp(), dist.sequence_parallel);
+                                       config_.run.seed, bucket, groups);
   resume_or_init();
   const int64_t gb = config_.batch.global_batch_size;
   // Enough samples for the remaining steps from the data position (which a resumed run takes
@@ -280,24 +300,20 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
   tokens = dp_.all_reduce_sum(tokens);  // the global batch's loss tokens normalise every rank
   *loss_tokens += tokens;
   const float grad_scale = tokens > 0 ? 1.f / static_cast<float>(tokens) : 0.f;
-  double loss_sum = 0;
-  auto saved = model_->new_saved();
+  std::vector<MicroBatch> batches;
   for (int64_t b = 0; b < count; b += mbs) {
     std::vector<const Sample*> seqs;
     for (int64_t i = b; i < std::min(count, b + mbs); ++i) seqs.push_back(&samples[static_cast<size_t>(i)]);
-    MicroBatch mb = make_micro_batch(seqs, config_.data.sequence_length,
-                                     config_.data.cross_document_attention, device_);
-    const double mb_loss = model_->forward(mb, *saved, with_grad, grad_scale);
-    const bool last = b + mbs >= count;
-    // The last micro-batch's backward starts the gradient reduction bucket by bucket.
-    if (with_grad)
-      model_->backward(mb, *saved, last ? Model::GradsReady([this](int64_t at) { optimizer_->grads_ready(at); })
-                                        : Model::GradsReady{});
-    loss_sum += mb_loss;
+    batches.push_back(make_micro_batch(seqs, config_.data.sequence_length, config_.data.cross_document_attention,
+                                       device_));
+    const MicroBatch& mb = batches.back();
     log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), "): ", mb.loss_tokens,
-              " loss tokens, ", mb.cu_seqlens->numel() - 1, " segments (longest ", mb.max_seqlen,
-              "), loss sum ", mb_loss);
+              " loss tokens, ", mb.cu_seqlens->numel() - 1, " segments (longest ", mb.max_seqlen, ")");
   }
+  // The last micro-batch's backward starts the gradient reduction bucket by bucket.
+  double loss_sum = pipeline_->run(batches, with_grad, grad_scale,
+                                   [this](int64_t at) { optimizer_->grads_ready(at); });
+  if (mesh_->pp()) loss_sum = mesh_->pp()->all_reduce_sum(loss_sum);  // from the last stage's rank
   return dp_.all_reduce_sum(loss_sum);
 }
 

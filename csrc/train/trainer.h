@@ -19,6 +19,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline.h"
 
 namespace engine {
 
@@ -83,6 +84,8 @@ class Trainer {
   Device device_;
   std::string run_dir_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<Comm> tied_;  // pipeline ranks holding a copy of the tied embedding
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   FILE* metrics_ = nullptr;

@@ -58,6 +58,10 @@ TEST_CASE("./train: a short run succeeds and writes its run directory") {
   CHECK(fs::exists(fs::path(c.run.output_dir) / "cli-ok" / "metrics.jsonl"));
   CHECK(fs::exists(fs::path(c.run.output_dir) / "cli-ok" / "config.toml"));
   CHECK(run("--help").code == 0);
+  Result sched = run(good_config("cli-sched") + " distributed.pipeline_parallel=2 --print-schedule");
+  INFO(sched.output);
+  CHECK(sched.code == 0);
+  CHECK(sched.output.find("rank 1: F1.0<r0 F1.1<r0 B1.0 B1.1") != std::string::npos);
 }
 
 TEST_CASE("./train: bad input fails with a message that names the problem") {
@@ -86,6 +90,11 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
       {"missing data", good_config("cli-missing", (dir / "absent").string()), {"absent"}},
       {"truncated index", good_config("cli-cut", (dir / "cut").string()), {"cut.idx", "offset"}},
       {"unknown option", good + " --frobnicate", {"--frobnicate"}},
+      {"pipeline with checkpoints", good + " distributed.pipeline_parallel=2 training.checkpoint_every=1",
+       {"training.checkpoint_every", "pipeline_parallel"}},
+      {"too many stages", good + " distributed.pipeline_parallel=2 distributed.stages_per_rank=2",
+       {"distributed.stages_per_rank", "model.num_layers (2)"}},
+      {"bad schedule", good + " distributed.pipeline_schedule=\"zigzag\"", {"distributed.pipeline_schedule"}},
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);

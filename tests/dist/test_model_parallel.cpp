@@ -1,10 +1,14 @@
-// Tensor parallelism against one rank: on every rank a single-process reference run (its own
-// group of one) and a run over the world with distributed.tensor_parallel = t (data parallel
-// over the rest) must give the same losses and gradient norms step by step, and the same
-// gradients and weights: each rank's block of every split parameter equals the matching block
-// of the reference's full parameter (init is layout independent, so they start equal).
-// Layouts by world size: 2 ranks tp2 (plain, sequence parallel, cross-entropy splits); 3 ranks
-// tp3 with sequence parallelism; 4 ranks dp2 x tp2 (ZeRO 1, sequence parallel) and tp4.
+// Tensor and pipeline parallelism against one rank: on every rank a single-process reference
+// run (its own group of one) and a run over the world with distributed.tensor_parallel = t and/or
+// pipeline_parallel = p (data parallel over the rest) must give the same losses and gradient
+// norms step by step, and the same gradients and weights: each rank's block of every parameter
+// it holds equals the matching block of the reference's full parameter (init is layout
+// independent, so they start equal).
+// Tensor-parallel layouts by world size: 2 ranks tp2 (plain, sequence parallel, cross-entropy
+// splits); 3 ranks tp3 with sequence parallelism; 4 ranks dp2 x tp2 (ZeRO 1, sequence parallel)
+// and tp4. Pipeline layouts: 2 ranks pp2 with 1 and 2 stages per rank, breadth- and depth-first,
+// 4 micro-batches, tied embeddings across stages; 3 ranks pp3; 4 ranks dp2 x pp2 and tp2 x pp2;
+// 8 ranks dp2 x tp2 x pp2 with 2 stages per rank.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -87,6 +91,8 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
   Trainer parallel(tiny_run_config(c.family, tp_layout(c.tp, c.tp, device, c.extra)), false, &group);
   REQUIRE(parallel.mesh().tp_size() == c.tp);
+  REQUIRE(parallel.mesh().pp_size() == parallel.model().num_stages() / tiny_run_config(c.family, tp_layout(c.tp, c.tp, device, c.extra)).distributed.stages_per_rank);
+  CAPTURE(parallel.mesh().describe());
   const ParamTable& st = single.model().params().table();
   const ParamTable& pt = parallel.model().params().table();
   const bool full_grads = parallel.optimizer().zero_stage() == 0;  // else only the shard is reduced
@@ -103,6 +109,37 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   Owned wa = single.optimizer().gather_master(), wb = parallel.optimizer().gather_master();
   compare_blocks(st, wa, pt, wb, 10 * tol, "weight");
   CHECK(parallel.evaluate() == doctest::Approx(single.evaluate()).epsilon(tol));
+}
+
+// Pipeline layouts: 4 blocks, global batch 8 in micro-batches of 2 (4 per dp rank at dp 1).
+const std::vector<std::string> kFourLayers = {"model.num_layers=4"};
+std::vector<std::string> pp(int p, int per_rank, const char* schedule, std::vector<std::string> more = {}) {
+  std::vector<std::string> o = {"model.num_layers=4", "distributed.pipeline_parallel=" + std::to_string(p),
+                                "distributed.stages_per_rank=" + std::to_string(per_rank),
+                                std::string("distributed.pipeline_schedule=\"") + schedule + "\""};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+
+std::vector<Case> pipeline_cases_for(int n) {
+  switch (n) {
+    case 2:
+      return {{"llama", 1, pp(2, 1, "breadth_first")},
+              {"gpt2", 1, pp(2, 2, "breadth_first")},  // tied embeddings: stage 0 on rank 0, stage 3 on rank 1
+              {"llama", 1, pp(2, 2, "depth_first")},
+              {"gpt2", 1, pp(2, 1, "depth_first", {"distributed.zero_stage=0"})}};
+    case 3:
+      return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
+    case 4:
+      return {{"llama", 1, pp(2, 2, "breadth_first", {"distributed.zero_stage=1"})},       // dp2 x pp2
+              {"gpt2", 2, pp(2, 1, "breadth_first", {"distributed.sequence_parallel=true"})},  // tp2 x pp2
+              {"mistral", 1, pp(4, 1, "depth_first", {"model.sliding_window=7"})}};
+    case 8:
+      return {{"gpt2", 2, pp(2, 2, "breadth_first", {"distributed.zero_stage=1"})},  // dp2 x tp2 x pp2
+              {"llama", 2, pp(2, 2, "breadth_first", {"distributed.sequence_parallel=true"})}};
+    default:
+      return {};
+  }
 }
 
 std::vector<Case> cases_for(int n) {
@@ -139,6 +176,15 @@ TEST_CASE("tensor parallel (and dp x tp) reproduces one rank: losses, gradients,
   for (const Case& c : cases) compare_runs(c, world());
 }
 
+TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradients, weights") {
+  const std::vector<Case> cases = pipeline_cases_for(world().size());
+  if (cases.empty()) {
+    skip_test("pipeline layouts are defined for 2, 3, 4 and 8 ranks");
+    return;
+  }
+  for (const Case& c : cases) compare_runs(c, world());
+}
+
 TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") {
   if (!gpu_available_or_skip()) return;
 #ifdef ENGINE_CUDA
@@ -156,6 +202,25 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") 
                                          {"llama", 2, {"distributed.sequence_parallel=true"}},
                                          {"gpt2", 2, {"distributed.sequence_parallel=true",
                                                       "distributed.cross_entropy_splits=3"}}})
+    compare_runs(c, *nccl, "cuda", 2e-2);
+}
+
+TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance") {
+  if (!gpu_available_or_skip()) return;
+#ifdef ENGINE_CUDA
+  if (world().size() > cuda::device_count()) {
+    skip_test("needs one GPU per rank");
+    return;
+  }
+#endif
+  if (world().size() != 2) {
+    skip_test("runs on 2 ranks");
+    return;
+  }
+  auto nccl = make_nccl_comm(world());
+  for (const Case& c : std::vector<Case>{{"llama", 1, pp(2, 1, "breadth_first")},
+                                         {"gpt2", 1, pp(2, 2, "breadth_first")},
+                                         {"llama", 1, pp(2, 2, "depth_first")}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 

@@ -1,0 +1,51 @@
+// Pipeline schedules: the order in which a batch's micro-batches run through the stages.
+// The model's layers are split into S = pipeline_parallel x stages_per_rank consecutive stages
+// (stage 0 holds the embedding, stage S - 1 the head); stage s runs on pipeline rank s % pp, so
+// with several stages per rank they interleave around the ring of ranks.
+// A schedule is one global list of steps, each a forward or backward of one (stage, micro-batch),
+// in an order that respects their dependencies; every rank runs the steps of its stages in that
+// order. Activations (forward) and their gradients (backward) go from rank to rank as
+// non-blocking sends and blocking receives, so by induction on the global order no rank can wait
+// forever: the producer of anything a rank waits for is earlier in the order and never blocks on
+// a send.
+//   depth_first    micro-batch after micro-batch: F(0..S-1, m) then B(S-1..0, m), then m + 1
+//                  (gradient accumulation; one micro-batch's activations alive at a time, the
+//                  other ranks idle while one works)
+//   breadth_first  stage after stage: F(s, 0..M-1) for s = 0..S-1, then B(s, 0..M-1) for
+//                  s = S-1..0, so rank r works on micro-batch m + 1 of its stage while rank r + 1
+//                  takes micro-batch m: the pipeline fills (bubble (pp - 1) / (M + pp - 1) of the
+//                  time with one stage per rank) at the cost of keeping every micro-batch's
+//                  activations until its backward
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace engine {
+
+struct PipelineStep {
+  bool backward = false;
+  int stage = 0;
+  int micro_batch = 0;
+};
+
+struct PipelineLayout {
+  int stages = 1;        // S
+  int ranks = 1;         // pipeline_parallel
+  int rank_of(int stage) const { return stage % ranks; }
+};
+
+// The global order of the steps of one batch of `micro_batches` (forwards only without gradients).
+std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int micro_batches, ScheduleKind kind,
+                                         bool with_grad);
+// The steps of one pipeline rank, in order.
+std::vector<PipelineStep> steps_of_rank(const std::vector<PipelineStep>& schedule, const PipelineLayout& layout,
+                                        int rank);
+// A message tag unique within a batch: (direction, stage that receives, micro-batch).
+int pipeline_tag(const PipelineLayout& layout, int micro_batches, bool backward, int stage, int micro_batch);
+// One line per rank: "rank 0: F0.0 F0.1 ... B0.1 B0.0" (F/B, stage.micro_batch), with where each
+// step's input comes from when another rank sends it ("<r1").
+std::string describe_schedule(const std::vector<PipelineStep>& schedule, const PipelineLayout& layout);
+
+}  // namespace engine

@@ -1,0 +1,65 @@
+// Pipeline schedules (parallel/schedule.h): the documented orders, every step's inputs produced
+// earlier in the global order (what makes the non-blocking-send execution deadlock free), each
+// step on exactly one rank, unique message tags, and the printed form.
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "parallel/schedule.h"
+
+using namespace engine;
+
+namespace {
+std::string names(const std::vector<PipelineStep>& steps) {
+  std::string s;
+  for (const PipelineStep& st : steps)
+    s += (s.empty() ? "" : " ") + std::string(st.backward ? "B" : "F") + std::to_string(st.stage) + "." +
+         std::to_string(st.micro_batch);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("pipeline schedules: depth-first and breadth-first orders") {
+  const PipelineLayout l{2, 1};
+  CHECK(names(build_schedule(l, 2, ScheduleKind::DepthFirst, true)) == "F0.0 F1.0 B1.0 B0.0 F0.1 F1.1 B1.1 B0.1");
+  CHECK(names(build_schedule(l, 2, ScheduleKind::BreadthFirst, true)) == "F0.0 F0.1 F1.0 F1.1 B1.0 B1.1 B0.0 B0.1");
+  CHECK(names(build_schedule(l, 2, ScheduleKind::BreadthFirst, false)) == "F0.0 F0.1 F1.0 F1.1");
+  const PipelineLayout il{4, 2};  // 2 stages per rank, interleaved
+  const auto s = build_schedule(il, 2, ScheduleKind::BreadthFirst, true);
+  CHECK(names(steps_of_rank(s, il, 0)) == "F0.0 F0.1 F2.0 F2.1 B2.0 B2.1 B0.0 B0.1");
+  CHECK(names(steps_of_rank(s, il, 1)) == "F1.0 F1.1 F3.0 F3.1 B3.0 B3.1 B1.0 B1.1");
+  CHECK(describe_schedule(s, il) ==
+        "rank 0: F0.0 F0.1 F2.0<r1 F2.1<r1 B2.0<r1 B2.1<r1 B0.0<r1 B0.1<r1\n"
+        "rank 1: F1.0<r0 F1.1<r0 F3.0<r0 F3.1<r0 B3.0 B3.1 B1.0<r0 B1.1<r0\n");
+}
+
+TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags") {
+  for (ScheduleKind kind : {ScheduleKind::BreadthFirst, ScheduleKind::DepthFirst})
+    for (int ranks : {1, 2, 3})
+      for (int per_rank : {1, 2, 3})
+        for (int M : {1, 4, 5}) {
+          const PipelineLayout l{ranks * per_rank, ranks};
+          const auto s = build_schedule(l, M, kind, true);
+          CAPTURE(names(s));
+          REQUIRE(s.size() == static_cast<size_t>(2 * l.stages * M));
+          std::set<std::tuple<bool, int, int>> done;
+          std::set<int> tags;
+          for (const PipelineStep& st : s) {
+            // Forward (s, m) needs forward (s - 1, m); backward (s, m) needs forward (s, m) and
+            // backward (s + 1, m).
+            if (!st.backward && st.stage > 0) CHECK(done.count({false, st.stage - 1, st.micro_batch}));
+            if (st.backward) {
+              CHECK(done.count({false, st.stage, st.micro_batch}));
+              if (st.stage + 1 < l.stages) CHECK(done.count({true, st.stage + 1, st.micro_batch}));
+            }
+            CHECK(done.insert({st.backward, st.stage, st.micro_batch}).second);
+            CHECK(tags.insert(pipeline_tag(l, M, st.backward, st.stage, st.micro_batch)).second);
+          }
+          size_t total = 0;
+          for (int r = 0; r < ranks; ++r) {
+            for (const PipelineStep& st : steps_of_rank(s, l, r)) CHECK(l.rank_of(st.stage) == r);
+            total += steps_of_rank(s, l, r).size();
+          }
+          CHECK(total == s.size());
+        }
+}
