@@ -2,8 +2,8 @@
 # What runs on the GPU machine: build, the full test suite (GPU cases run there), kernel and
 # end-to-end training benchmarks, and the PyTorch reference for the same shapes. Every step
 # writes its log under $OUT (the device tool's output folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [tp] [torch]   (default: build test bench train)
-#   dp and tp need two GPUs (nvidia-h200-x2)
+# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [tp] [pp] [torch]   (default: build test bench train)
+#   dp, tp and pp need two GPUs (nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -50,7 +50,16 @@ for step in "${steps[@]}"; do
       for layout in "batch.global_batch_size=8" \
                     "batch.global_batch_size=4 distributed.tensor_parallel=2" \
                     "batch.global_batch_size=4 distributed.tensor_parallel=2 distributed.sequence_parallel=true"; do
-        "${mpi[@]}" ./bench train configs/bench-llama-0.9b.toml $layout 2>&1 | grep -v "^\[" | tee -a "$out/tp.log"
+        "${mpi[@]}" ./bench train configs/bench-llama-0.9b.toml training.steps=6 $layout 2>&1 | grep -v "^\[" | tee -a "$out/tp.log"
+      done
+      ;;
+    pp)  # needs 2 GPUs: pipeline parallelism (4 micro-batches) beside one GPU and dp2
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+      mpi=(timeout 300 mpirun -n 2 --bind-to none -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS=4)
+      timeout 300 ./bench train configs/bench-llama-0.9b.toml training.steps=6 2>&1 | grep -v "^\[" | tee -a "$out/pp.log"
+      for layout in "batch.global_batch_size=16 distributed.pipeline_parallel=2" \
+                    "batch.global_batch_size=16 distributed.pipeline_parallel=2 distributed.stages_per_rank=2"; do
+        "${mpi[@]}" ./bench train configs/bench-llama-0.9b.toml training.steps=6 $layout 2>&1 | grep -v "^\[" | tee -a "$out/pp.log"
       done
       ;;
     torch)
