@@ -11,6 +11,7 @@
 #include "core/buffer.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "models/model.h"
 #include "data/dataset_writer.h"
 #include "train/trainer.h"
 
@@ -68,7 +69,7 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
     loss = r.loss;
   }
   const ModelConfig& m = c.model;
-  const double params = static_cast<double>(t.model().params().table().num_full_parameters());
+  const double params = static_cast<double>(model_param_table(c.model).num_parameters());  // the whole model
   const double embed = static_cast<double>(m.vocab_size) * m.hidden_size;  // a lookup, not a matmul
   const double attn = 6.0 * m.num_layers * c.data.sequence_length * m.num_heads * m.head_dim;  // causal
   const double flops_per_token = 6.0 * (params - embed) + attn;
