@@ -1,5 +1,6 @@
-// Benchmarks of the fused cross-entropy (cuda/loss/cross_entropy.cu): losses + gradient in
-// place over bf16 logits (T, V), every token masked in, grad_scale = 1 / T.
+// Benchmarks of the fused cross-entropy (cuda/loss/cross_entropy.cu, also with z-loss and label
+// smoothing) and of the fused distillation losses (cuda/loss/distillation.cu): losses + gradient
+// in place over bf16 logits (T, V), every token masked in, grad_scale = 1 / T.
 // Bytes counted: the floor of an in-place fused kernel that holds the row on chip, one read and
 // one write of the logits (+ labels, mask, losses), with_grad; one read without. The BlockRows
 // variant reads the row twice, so its GB/s against this floor is what it achieves with 2/3 of
@@ -8,18 +9,28 @@
 // rescale of a running max). Each call includes the bad-label flag's read-back (one stream
 // synchronisation). Peers (one H200, ../shared/DEVICE.md): 16384 x 128256 fwd+bwd, PyTorch
 // eager 29.8 ms (+27.4 GiB), torch.compile 8.3 ms.
+// Distillation: bytes counted are the cluster path's floor, one read of the logits and of the
+// teacher's logits (bf16, N(0, 2^2) and N(0, 3^2)) and one write of the gradient; BlockRows
+// (Auto at 128256: two such rows need an 8-block cluster, which measured slower) reads both
+// twice. First H200 figures, 16384 x 128256 bf16, fwd+grad: forward/reverse KL 5.0 ms
+// BlockRows, 5.4-5.5 ms Cluster 8; with the label term and z-loss 6.4-6.7 ms (Cluster 8).
+// Every case also reports the device memory the calls took beyond their inputs (the allocator's
+// peak over the timed calls less what was in use before): the bad-label flag, or nothing.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "bench/bench.h"
 #include "core/buffer.h"
 #include "core/rng.h"
+#include "ops/loss.h"
 
 #ifdef ENGINE_CUDA
 #include "cuda/common/device.cuh"
 #include "cuda/loss/cross_entropy.cuh"
+#include "cuda/loss/distillation.cuh"
 #endif
 
 namespace engine::bench {
@@ -56,11 +67,39 @@ std::string variant_name(const cuda::CrossEntropyPlan& plan) {
   return "auto";
 }
 
+std::string distill_variant_name(const cuda::DistillPlan& plan) {
+  switch (plan.path) {
+    case cuda::DistillPath::WarpRows:
+      return "warp-rows";
+    case cuda::DistillPath::BlockRows:
+      return "block-rows";
+    case cuda::DistillPath::Cluster:
+      return "cluster" + std::to_string(plan.cluster);
+    case cuda::DistillPath::Auto:
+      break;
+  }
+  return "auto";
+}
+
 struct Shape2 {
   int64_t t, v;
   bool variants;  // also time every forced path (the tuning table)
   const char* note;
 };
+
+// Times fn and notes the device memory it took beyond what was in use before.
+Result timed(const std::string& name, double bytes, const std::function<void()>& fn,
+             std::string note = "") {
+  const size_t before = memory_stats(Device::CUDA).in_use;
+  reset_peak_memory(Device::CUDA);
+  Result res;
+  res.name = name;
+  res.ms = time_ms(fn);
+  res.bytes = bytes;
+  const size_t extra = memory_stats(Device::CUDA).peak_in_use - before;
+  res.note = (note.empty() ? "" : note + "; ") + "extra memory " + std::to_string(extra) + " B";
+  return res;
+}
 #endif
 
 }  // namespace
@@ -121,6 +160,52 @@ BENCH_CASES("loss") {
       res.bytes = static_cast<double>(s.t) * row_bytes * (r.with_grad ? 2 : 1) + side;
       if (r.path == CrossEntropyPath::Auto && r.with_grad) res.note = s.note;
       out.push_back(res);
+    }
+    if (s.v != 128256) continue;
+
+    // Cross-entropy with z-loss (and label smoothing): the same kernels, a few more flops.
+    const double ce_bytes = static_cast<double>(s.t) * row_bytes * 2 + side;
+    out.push_back(timed(
+        "cross_entropy+z fwd+grad " + shape + " z 1e-4", ce_bytes,
+        [&] { ops::cross_entropy(logits, labels, mask, losses, true, scale, 1e-4f); },
+        "goal <= 2.5 ms"));
+    out.push_back(timed("cross_entropy+z+ls fwd+grad " + shape + " z 1e-4 eps 0.1", ce_bytes, [&] {
+      ops::cross_entropy(logits, labels, mask, losses, true, scale, 1e-4f, 0.1f);
+    }));
+
+    // Distillation against a teacher's logits of the same shape.
+    Owned teacher = empty({s.t, s.v}, DType::BF16, Device::CUDA);
+    fill_random(teacher, "bench.loss.teacher", 3.0);
+    Owned distill = empty({s.t}, DType::F32, Device::CUDA);
+    const double d_bytes = static_cast<double>(s.t) * row_bytes * 3 + side + s.t * 4.0;
+    struct DRun {
+      ops::DistillParams p;
+      cuda::DistillPath path;
+    };
+    using ops::DistillKind;
+    const std::vector<DRun> druns = {
+        {{DistillKind::ForwardKL, 2.f, 0.f, 1.f, 0.f}, cuda::DistillPath::Auto},
+        {{DistillKind::ReverseKL, 2.f, 0.f, 1.f, 0.f}, cuda::DistillPath::Auto},
+        {{DistillKind::SoftCE, 2.f, 0.f, 1.f, 0.f}, cuda::DistillPath::Auto},
+        {{DistillKind::ForwardKL, 1.f, 0.f, 1.f, 0.f}, cuda::DistillPath::Auto},
+        {{DistillKind::ForwardKL, 2.f, 0.5f, 0.5f, 1e-4f}, cuda::DistillPath::Auto},
+        {{DistillKind::ReverseKL, 2.f, 0.5f, 0.5f, 1e-4f}, cuda::DistillPath::Auto},
+        {{DistillKind::ForwardKL, 2.f, 0.f, 1.f, 0.f}, cuda::DistillPath::Cluster},
+        {{DistillKind::ReverseKL, 2.f, 0.f, 1.f, 0.f}, cuda::DistillPath::Cluster},
+    };
+    for (const DRun& d : druns) {
+      const auto plan = cuda::distillation_plan(s.v, DType::BF16, true, d.path);
+      if (!plan) continue;
+      const std::string name =
+          std::string("distill ") + ops::distill_kind_name(d.p.kind) + " tau " +
+          std::to_string(static_cast<int>(d.p.temperature * 10) / 10) + "." +
+          std::to_string(static_cast<int>(d.p.temperature * 10) % 10) +
+          (d.p.label_weight != 0 ? " +label+z" : "") + " fwd+grad " + shape + " " +
+          (d.path == cuda::DistillPath::Auto ? "auto=" : "") + distill_variant_name(*plan);
+      out.push_back(timed(name, d_bytes, [&] {
+        cuda::distillation_loss(logits, teacher, d.p.label_weight != 0 ? labels.t : Tensor{}, mask,
+                                d.p, losses, distill, true, scale, d.path);
+      }));
     }
   }
   release_cached_memory(Device::CUDA);

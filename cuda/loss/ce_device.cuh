@@ -3,8 +3,9 @@
 //   rows as 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element, with up to
 //   2 x 7 scalars before and after them (RowLayout); unpack / pack between vectors and floats;
 //   the (max, sum of exp) statistic Stat with an online accumulate, a bitwise-symmetric merge
-//   and warp / block reductions in a fixed order; exp through ex2.approx of (x - m) * log2(e);
-//   one vector's (or scalar's) softmax-minus-onehot gradient.
+//   and warp / block reductions in a fixed order; a block-wide float sum in a fixed order; exp
+//   through ex2.approx of (x - m) * log2(e); one vector's (or scalar's) gradient
+//   a p - b - (c if label), which covers the plain, z-loss and label-smoothed cross-entropy.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -129,30 +130,77 @@ __device__ __forceinline__ void unpack_batch(const uint4 (&u)[kU], float (&x)[kU
   }
 }
 
+// The gradient of one row is grad_scale * ((1 + 2 z lse) p_v - (1 - eps) [v == label] - eps / V)
+// = a p_v - b - (label ? c : 0): GradCoef holds a, b and b + c (the label's subtrahend). With
+// z = eps = 0: a = grad_scale, b = 0, b + c = grad_scale, so p a - b rounds as p * grad_scale.
+struct GradCoef {
+  float a;   // grad_scale (1 + 2 z lse)
+  float b;   // grad_scale eps / V
+  float bc;  // grad_scale (eps / V + 1 - eps)
+};
+// lse is read only when z_loss != 0.
+__device__ __forceinline__ GradCoef grad_coef(float scale, float z_loss, float lse, float eps,
+                                              float inv_vocab) {
+  const float a = z_loss != 0.f ? scale * fmaf(2.f * z_loss, lse, 1.f) : scale;
+  if (eps == 0.f) return {a, 0.f, scale};
+  const float b = eps * inv_vocab;
+  return {a, scale * b, scale * (b + (1.f - eps))};
+}
+
 // softmax(x) = exp2((x - m) * log2e - log2 s); `col` is the row index of the vector's first
-// element; the label's element gets (p - 1) * scale, exact in p - 1 for p near 1.
+// element; the label's element gets p a - (b + c), one rounding (fma), exact in p - 1 for p near
+// 1 when a = c.
 template <typename T>
 __device__ __forceinline__ uint4 grad_vec(const uint4& u, int col, int label, float m, float l2s,
-                                          float scale) {
+                                          const GradCoef& k) {
   float x[kVec<T>], p[kVec<T>], g[kVec<T>];
   unpack(u, x, T{});
 #pragma unroll
   for (int j = 0; j < kVec<T>; ++j) {
     p[j] = ex2(fmaf(x[j] - m, kLog2e, -l2s));
-    g[j] = p[j] * scale;
+    g[j] = fmaf(p[j], k.a, -k.b);
   }
   if (static_cast<unsigned>(label - col) < static_cast<unsigned>(kVec<T>)) {
 #pragma unroll
     for (int j = 0; j < kVec<T>; ++j)
-      if (col + j == label) g[j] = (p[j] - 1.f) * scale;
+      if (col + j == label) g[j] = fmaf(p[j], k.a, -k.bc);
   }
   return pack(g, T{});
 }
 
 __device__ __forceinline__ float grad_scalar(float x, bool is_label, float m, float l2s,
-                                             float scale) {
+                                             const GradCoef& k) {
   const float p = ex2(fmaf(x - m, kLog2e, -l2s));
-  return (is_label ? p - 1.f : p) * scale;
+  return fmaf(p, k.a, is_label ? -k.bc : -k.b);
+}
+
+// Block-wide sum, the same in every thread: warp butterflies, then the warps' sums in warp
+// order. red: kThreads / 32 floats of shared memory, not shared with another reduction in
+// flight.
+template <int kThreads>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) r += red[w];
+  return r;
+}
+
+// Adds x - x0 of every valid value of a batch of kU vectors (vector k valid when bit k of
+// `valid` is set): the sum of a row's logits relative to a reference x0 (label smoothing's
+// mean), exact to f32 rounding whatever the logits' magnitude.
+template <typename T, int kU>
+__device__ __forceinline__ void add_relative(float& acc, const float (&x)[kU * kVec<T>],
+                                             unsigned valid, float x0) {
+#pragma unroll
+  for (int k = 0; k < kU; ++k)
+    if (valid >> k & 1u) {
+#pragma unroll
+      for (int j = 0; j < kVec<T>; ++j) acc += x[k * kVec<T> + j] - x0;
+    }
 }
 
 // A row as [head scalars][nvec 16-byte vectors][tail scalars].

@@ -4,7 +4,11 @@
 //            values raises the running max, s is rescaled by exp(m_old - m_new) first;
 //            partial (m, s) pairs merge as (max, s_a e^(m_a - m) + s_b e^(m_b - m))
 //   loss     (m - x_label) + log s                      (= lse - x_label, f32)
-//   pass 2   x_v <- grad_scale * (exp((x_v - m) - log s) - [v == label])   in the logits' dtype
+//            with label smoothing eps: (1 - eps)(m - x_label) + eps (m - mean_v x_v) + log s,
+//            the mean from a sum of x_v - x_0 (x_0 the row's first logit) taken in pass 1;
+//            with z-loss z: + z lse^2, lse = m + log s
+//   pass 2   x_v <- grad_scale * ((1 + 2 z lse) exp((x_v - m) - log s) - (1 - eps)[v == label]
+//            - eps / V)   in the logits' dtype (z = eps = 0: softmax - onehot)
 // exp is ex2.approx on (x - m) * log2(e): x - m is formed first so that logits of any magnitude
 // (|x| ~ 1e3) keep f32 accuracy in the exponent. All statistics are f32; rows never exist in
 // f32 in memory; scratch is one 8-byte flag (bad labels), so memory is O(1) beyond the tensors.
@@ -49,14 +53,16 @@
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/loss/bulk_copy.cuh"
 #include "cuda/loss/ce_device.cuh"
+#include "ops/loss.h"
 
 namespace cg = cooperative_groups;
 
 namespace engine::cuda {
 namespace {
 
-using namespace ce;  // the shared device helpers (ce_device.cuh)
+using namespace ce;  // the shared device helpers (ce_device.cuh, bulk_copy.cuh)
 
 constexpr int kUnroll = 4;                   // streaming paths: 16-byte loads in flight per thread
 constexpr int kWarpRowsThreads = 256;        // WarpRows: 8 rows of one warp each per block
@@ -80,6 +86,9 @@ struct CeParams {
   int32_t cluster;                // Cluster: blocks per row (C), else 1
   int32_t slice_vecs;             // Cluster: 16-byte vectors per block, >= ceil(nvec / C)
   float grad_scale;
+  float z_loss;     // z: + z lse^2 per row
+  float eps;        // label smoothing
+  float inv_vocab;  // 1 / V
   bool with_grad;
 };
 
@@ -96,8 +105,23 @@ __device__ __forceinline__ int checked_label(const CeParams& p, int64_t row, boo
   return -1;
 }
 
-__device__ __forceinline__ float row_loss(Stat st, float x_label, int label) {
-  return label >= 0 ? (st.m - x_label) + log2f(st.s) * kLn2 : __int_as_float(0x7fffffff);
+// The row's loss from (m, s), the label's logit and (label smoothing only) m - mean_v x_v.
+__device__ __forceinline__ float row_loss(const CeParams& p, Stat st, float x_label, int label,
+                                          float m_minus_mean) {
+  if (label < 0) return __int_as_float(0x7fffffff);
+  const float ls = log2f(st.s) * kLn2;
+  float l = p.eps != 0.f ? fmaf(1.f - p.eps, st.m - x_label, p.eps * m_minus_mean) + ls
+                         : (st.m - x_label) + ls;
+  if (p.z_loss != 0.f) {
+    const float lse = st.m + ls;
+    l = fmaf(p.z_loss * lse, lse, l);
+  }
+  return l;
+}
+
+// The row's gradient coefficients (ce_device.cuh) from its (m, s).
+__device__ __forceinline__ GradCoef row_coef(const CeParams& p, Stat st) {
+  return grad_coef(p.grad_scale, p.z_loss, st.m + log2f(st.s) * kLn2, p.eps, p.inv_vocab);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -126,18 +150,24 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
   const int label = checked_label(p, row, lane == 0);
   const float x_label = lane == 0 && label >= 0 ? to_float(x[label]) : 0.f;
   const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+  const bool smooth = p.eps != 0.f;
+  const float x0 = smooth ? to_float(x[0]) : 0.f;  // label smoothing's reference logit
+  float xsum = smooth && ecol >= 0 ? xe - x0 : 0.f;
 
   Stat st{-INFINITY, 0.f};
   for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
     uint4 u[kUnroll];
+    unsigned valid = 0;
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int j = i + k * kGroup;
       u[k] = j < l.nvec ? body[j] : neg_inf_vec<T>();
+      valid |= static_cast<unsigned>(j < l.nvec) << k;
     }
     float v[kUnroll * kN];
     unpack_batch<T>(u, v);
     accumulate(st, v);
+    if (smooth) add_relative<T, kUnroll>(xsum, v, valid, x0);
   }
   {
     const float e[1] = {xe};
@@ -145,17 +175,22 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
   }
   if constexpr (kGroup == 32) {
     st = warp_reduce(st);
+    if (smooth)
+      for (int o = 16; o > 0; o >>= 1) xsum += __shfl_xor_sync(0xffffffffu, xsum, o);
   } else {
     __shared__ Stat red[kThreads / 32];
+    __shared__ float red_sum[kThreads / 32];
     st = block_reduce<kThreads>(st, red);
+    if (smooth) xsum = block_sum<kThreads>(xsum, red_sum);
   }
-  if (lane == 0) p.losses[row] = row_loss(st, x_label, label);
+  if (lane == 0) p.losses[row] = row_loss(p, st, x_label, label, (st.m - x0) - xsum * p.inv_vocab);
   if (!p.with_grad) return;
   // Lane 0's read of x[label] is ordered before the writes below: by __syncthreads in
   // block_reduce, and here for the warp.
   if constexpr (kGroup == 32) __syncwarp();
 
   const float l2s = log2f(st.s);
+  const GradCoef coef = row_coef(p, st);
   for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
     uint4 u[kUnroll];
 #pragma unroll
@@ -166,51 +201,15 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int j = i + k * kGroup;
-      if (j < l.nvec) body[j] = grad_vec<T>(u[k], l.head + j * kN, label, st.m, l2s, p.grad_scale);
+      if (j < l.nvec) body[j] = grad_vec<T>(u[k], l.head + j * kN, label, st.m, l2s, coef);
     }
   }
-  if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, p.grad_scale));
+  if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, coef));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Cluster: C blocks per row, each holding slice [v0, v0 + n) of the row's vectors in shared
 // memory (dynamic, p.slice_vecs * 16 bytes), filled by bulk copies completing on mbarriers.
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
-               : "memory");
-}
-// Makes the initialised barriers visible to the async proxy (the bulk copies) and the cluster.
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CeParams p) {
@@ -219,7 +218,9 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   extern __shared__ __align__(128) uint4 slice[];
   __shared__ uint64_t bars[kMaxChunks];
   __shared__ Stat red[kClusterThreads / 32];
-  __shared__ Stat block_stat;  // this block's (m, s), read by the whole cluster
+  __shared__ float red_sum[kClusterThreads / 32];
+  __shared__ Stat block_stat;   // this block's (m, s), read by the whole cluster
+  __shared__ float block_xsum;  // this block's sum of x - x0 (label smoothing), likewise
 
   const int C = p.cluster;
   const int rank = C > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -259,43 +260,58 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   const int label = checked_label(p, row, reporter);
   const float x_label = reporter && label >= 0 ? to_float(x[label]) : 0.f;
   const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+  const bool smooth = p.eps != 0.f;
+  const float x0 = smooth ? to_float(x[0]) : 0.f;  // label smoothing's reference logit
+  float xsum = smooth && ecol >= 0 ? xe - x0 : 0.f;
 
   Stat st{-INFINITY, 0.f};
   for (int c = 0; c < nchunks; ++c) {
     mbar_wait(&bars[c], 0);
     uint4 u[kPerThread];
+    unsigned valid = 0;
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int i = c * kChunkVecs + k * kClusterThreads + tid;
       u[k] = i < n ? slice[i] : neg_inf_vec<T>();
+      valid |= static_cast<unsigned>(i < n) << k;
     }
     float v[kPerThread * kN];
     unpack_batch<T>(u, v);
     accumulate(st, v);
+    if (smooth) add_relative<T, kPerThread>(xsum, v, valid, x0);
   }
   {
     const float e[1] = {xe};
     accumulate(st, e);
   }
   st = block_reduce<kClusterThreads>(st, red);
+  if (smooth) xsum = block_sum<kClusterThreads>(xsum, red_sum);
   if (C > 1) {
     cg::cluster_group cluster = cg::this_cluster();
-    if (tid == 0) block_stat = st;
+    if (tid == 0) {
+      block_stat = st;
+      block_xsum = xsum;
+    }
     cluster.sync();  // release/acquire: every block's block_stat is visible
     st = *cluster.map_shared_rank(&block_stat, 0);
     for (int r = 1; r < C; ++r) st = merge(st, *cluster.map_shared_rank(&block_stat, r));
+    if (smooth) {
+      xsum = *cluster.map_shared_rank(&block_xsum, 0);
+      for (int r = 1; r < C; ++r) xsum += *cluster.map_shared_rank(&block_xsum, r);
+    }
     // Done reading the other blocks' shared memory; the matching wait (before exit) keeps
     // every block alive until all have read.
     cluster.barrier_arrive();
   }
-  if (reporter) p.losses[row] = row_loss(st, x_label, label);
+  if (reporter) p.losses[row] = row_loss(p, st, x_label, label, (st.m - x0) - xsum * p.inv_vocab);
 
   if (p.with_grad) {
     const float l2s = log2f(st.s);
+    const GradCoef coef = row_coef(p, st);
 #pragma unroll 4
     for (int i = tid; i < n; i += kClusterThreads)
-      body[v0 + i] = grad_vec<T>(slice[i], l.head + (v0 + i) * kN, label, st.m, l2s, p.grad_scale);
-    if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, p.grad_scale));
+      body[v0 + i] = grad_vec<T>(slice[i], l.head + (v0 + i) * kN, label, st.m, l2s, coef);
+    if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, coef));
   }
   if (C > 1) cg::this_cluster().barrier_wait();
 }
@@ -428,7 +444,7 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale, CrossEntropyPath path,
-                   int cluster) {
+                   int cluster, float z_loss, float label_smoothing) {
   ENSURE(logits.device == Device::CUDA, "cross_entropy: logits are on ", device_name(logits.device),
          ", expected cuda");
   ENSURE(logits.ndim() == 2, "cross_entropy: logits must be 2-D (T, V), got shape ",
@@ -438,6 +454,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
   const int64_t t = logits.size(0), v = logits.size(1);
   ENSURE(v > 0, "cross_entropy: logits has shape ", logits.shape.str(),
          ", the vocabulary is empty");
+  ops::check_loss_coefficients(z_loss, label_smoothing, "cross_entropy");
   expect_cuda(labels, DType::I32, {t}, "cross_entropy", "labels");
   expect_cuda(mask, DType::U8, {t}, "cross_entropy", "mask");
   expect_cuda(losses, DType::F32, {t}, "cross_entropy", "losses");
@@ -462,6 +479,9 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
                    plan->cluster,
                    static_cast<int32_t>(plan->slice_bytes / 16),
                    grad_scale,
+                   z_loss,
+                   label_smoothing,
+                   static_cast<float>(1.0 / static_cast<double>(v)),
                    with_grad};
   const bool bf = logits.dtype == DType::BF16;
   switch (plan->path) {

@@ -1,8 +1,10 @@
 // Fused cross-entropy over CUDA logits (T, V), the CUDA backend of ops::cross_entropy
 // (csrc/ops/loss.h; CPU reference csrc/ref/loss.cpp). For every row t with mask(t) != 0:
 //   m = max_v x_v,  s = sum_v exp(x_v - m),  lse = m + log s
-//   losses(t) = lse - x_label
-//   with_grad: x_v <- grad_scale * (exp(x_v - lse) - [v == label])   in place, logits' dtype
+//   losses(t) = lse - (1 - eps) x_label - eps mean_v x_v + z lse^2
+//   with_grad: x_v <- grad_scale * ((1 + 2 z lse) exp(x_v - lse) - (1 - eps)[v == label] - eps / V)
+//              in place, logits' dtype
+// (z = z_loss, eps = label_smoothing; both 0: the plain cross-entropy and softmax - onehot).
 // Masked rows: losses(t) = 0 and (with_grad) a zero gradient row; their labels are never read.
 // logits bf16 or f32 (T, V); labels i32 (T); mask u8 (T); losses f32 (T). A label outside
 // [0, V) at a masked-in token raises engine::Error naming the position and the label, after
@@ -42,6 +44,7 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
 // ops::cross_entropy for CUDA tensors (see the top of this file), on stream().
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale,
-                   CrossEntropyPath path = CrossEntropyPath::Auto, int cluster = 0);
+                   CrossEntropyPath path = CrossEntropyPath::Auto, int cluster = 0,
+                   float z_loss = 0.f, float label_smoothing = 0.f);
 
 }  // namespace engine::cuda

@@ -4,11 +4,15 @@
 //   partial  m = max_v x_v, s = sum_v exp(x_v - m): one streaming read of the row, online (a
 //            batch of values that raises the running max rescales s by exp(m_old - m_new) first;
 //            partial (m, s) merge as (max, s_a e^(m_a - m) + s_b e^(m_b - m)), as the fused
-//            kernel does: ce_device.cuh); z = x[label - B] if the label is in the shard, else 0
+//            kernel does: ce_device.cuh); z = x[label - B] if the label is in the shard, else 0;
+//            with K = 4 stats rows also sum_v x_v / V as x_0 Vl / V + sum_v (x_v - x_0) / V
+//            (x_0 the shard row's first logit, so the sum keeps f32 accuracy at any magnitude)
 //   combine  one thread per row over the P shards in order: M = max m_p,
 //            S = sum_p s_p e^(m_p - M), lse = M + log S, loss = (M - sum_p z_p) + log S
-//            (M - z formed first, so logits of magnitude ~1e3 keep the loss's f32 accuracy)
-//   grad     x_v <- grad_scale * (exp(x_v - lse) - [v + B == label]): one read, one write
+//            (M - z formed first, so logits of magnitude ~1e3 keep the loss's f32 accuracy);
+//            label smoothing: (1 - eps)(M - z) + eps (M - mean) + log S; z-loss: + z lse^2
+//   grad     x_v <- grad_scale * ((1 + 2 z lse) exp(x_v - lse) - (1 - eps)[v + B == label]
+//            - eps / V): one read, one write
 // Both row kernels treat a row as 16-byte vectors (8 bf16 or 4 f32) from its first 16-byte-aligned
 // element, with the up to 2 x 7 elements before and after them as scalars, one per thread; a warp
 // per row (8 rows per block) when the row is at most 4 KB, else a 256-thread block per row,
@@ -32,6 +36,7 @@
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/loss/ce_device.cuh"
+#include "ops/loss.h"
 
 namespace engine::cuda {
 namespace {
@@ -46,14 +51,18 @@ struct VpParams {
   void* logits;                   // (T, Vl) bf16 or f32; grad: written in place
   const int32_t* labels;          // (T)
   const uint8_t* mask;            // (T)
-  float* stats;                   // partial: (3, T)
+  float* stats;                   // partial: (K, T), K = 3 or 4
   const float* lse;               // grad: (T)
   unsigned long long* bad_label;  // partial: min over bad rows of (row << 32 | label), else ~0
   int64_t rows;                   // T
   int64_t vocab_begin;            // B
   int64_t vocab_total;
-  int32_t vocab;  // Vl
+  int32_t vocab;      // Vl
+  int32_t stat_rows;  // partial: K (4: also the shard's share of the mean logit)
   float grad_scale;
+  float z_loss;     // grad
+  float eps;        // grad: label smoothing
+  float inv_vocab;  // grad: 1 / vocab_total (label smoothing only)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -67,7 +76,8 @@ __global__ void __launch_bounds__(kThreads) ce_partial_kernel(const VpParams p) 
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup) + threadIdx.x / kGroup;
   if (row >= p.rows) return;  // whole groups only: a block-wide group never leaves early here
   if (!p.mask[row]) {
-    if (lane == 0) p.stats[row] = p.stats[p.rows + row] = p.stats[2 * p.rows + row] = 0.f;
+    if (lane == 0)
+      for (int k = 0; k < p.stat_rows; ++k) p.stats[k * p.rows + row] = 0.f;
     return;
   }
   const T* x = static_cast<const T*>(p.logits) + row * p.vocab;
@@ -88,18 +98,24 @@ __global__ void __launch_bounds__(kThreads) ce_partial_kernel(const VpParams p) 
     }
   }
   const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+  const bool with_sum = p.stat_rows == 4;
+  const float x0 = with_sum && p.vocab > 0 ? to_float(x[0]) : 0.f;  // the sum's reference
+  float xsum = with_sum && ecol >= 0 ? xe - x0 : 0.f;
 
   Stat st{-INFINITY, 0.f};
   for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
     uint4 u[kUnroll];
+    unsigned valid = 0;
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int j = i + k * kGroup;
       u[k] = j < l.nvec ? body[j] : neg_inf_vec<T>();
+      valid |= static_cast<unsigned>(j < l.nvec) << k;
     }
     float v[kUnroll * kN];
     unpack_batch<T>(u, v);
     accumulate(st, v);
+    if (with_sum) add_relative<T, kUnroll>(xsum, v, valid, x0);
   }
   {
     const float e[1] = {xe};
@@ -107,14 +123,23 @@ __global__ void __launch_bounds__(kThreads) ce_partial_kernel(const VpParams p) 
   }
   if constexpr (kGroup == 32) {
     st = warp_reduce(st);
+    if (with_sum)
+      for (int o = 16; o > 0; o >>= 1) xsum += __shfl_xor_sync(0xffffffffu, xsum, o);
   } else {
     __shared__ Stat red[kThreads / 32];
+    __shared__ float red_sum[kThreads / 32];
     st = block_reduce<kThreads>(st, red);
+    if (with_sum) xsum = block_sum<kThreads>(xsum, red_sum);
   }
   if (lane == 0) {
     p.stats[row] = st.m;
     p.stats[p.rows + row] = st.s;
     p.stats[2 * p.rows + row] = z;
+    if (with_sum) {
+      const double inv_total = 1.0 / static_cast<double>(p.vocab_total);
+      p.stats[3 * p.rows + row] =
+          fmaf(x0, static_cast<float>(p.vocab * inv_total), xsum * static_cast<float>(inv_total));
+    }
   }
 }
 
@@ -140,10 +165,11 @@ __global__ void __launch_bounds__(kThreads) ce_grad_kernel(const VpParams p) {
     return;
   }
   const float lse = p.lse[row];
+  const GradCoef coef = grad_coef(p.grad_scale, p.z_loss, lse, p.eps, p.inv_vocab);
   const int64_t local = static_cast<int64_t>(p.labels[row]) - p.vocab_begin;
   const int label = local >= 0 && local < p.vocab ? static_cast<int>(local) : -1;  // -1: none
   if (ecol >= 0)
-    x[ecol] = from_float<T>(grad_scalar(to_float(x[ecol]), ecol == label, lse, 0.f, p.grad_scale));
+    x[ecol] = from_float<T>(grad_scalar(to_float(x[ecol]), ecol == label, lse, 0.f, coef));
   for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
     uint4 u[kUnroll];
 #pragma unroll
@@ -154,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) ce_grad_kernel(const VpParams p) {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int j = i + k * kGroup;
-      if (j < l.nvec) body[j] = grad_vec<T>(u[k], l.head + j * kN, label, lse, 0.f, p.grad_scale);
+      if (j < l.nvec) body[j] = grad_vec<T>(u[k], l.head + j * kN, label, lse, 0.f, coef);
     }
   }
 }
@@ -164,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) ce_grad_kernel(const VpParams p) {
 
 __global__ void __launch_bounds__(kThreads)
     ce_combine_kernel(const float* partials, const uint8_t* mask, float* lse, float* losses,
-                      int64_t shards, int64_t rows) {
+                      int64_t shards, int64_t k, int64_t rows, float z_loss, float eps) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (r >= rows) return;
   if (!mask[r]) {
@@ -173,16 +199,20 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   float m = -INFINITY;
-  for (int64_t q = 0; q < shards; ++q) m = fmaxf(m, partials[q * 3 * rows + r]);
-  float s = 0.f, z = 0.f;
+  for (int64_t q = 0; q < shards; ++q) m = fmaxf(m, partials[q * k * rows + r]);
+  float s = 0.f, z = 0.f, mean = 0.f;
   for (int64_t q = 0; q < shards; ++q) {
-    const float mq = partials[q * 3 * rows + r];
-    if (mq != -INFINITY) s += partials[(q * 3 + 1) * rows + r] * expf(mq - m);  // empty: 0
-    z += partials[(q * 3 + 2) * rows + r];
+    const float mq = partials[q * k * rows + r];
+    if (mq != -INFINITY) s += partials[(q * k + 1) * rows + r] * expf(mq - m);  // empty: 0
+    z += partials[(q * k + 2) * rows + r];
+    if (k == 4) mean += partials[(q * k + 3) * rows + r];
   }
   const float ls = logf(s);
-  lse[r] = m + ls;
-  losses[r] = (m - z) + ls;
+  const float l = m + ls;
+  lse[r] = l;
+  float loss = eps != 0.f ? fmaf(1.f - eps, m - z, eps * (m - mean)) + ls : (m - z) + ls;
+  if (z_loss != 0.f) loss = fmaf(z_loss * l, l, loss);
+  losses[r] = loss;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +252,8 @@ void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Ten
          "), not a shard of a vocabulary of ", vocab_total);
   expect_cuda(labels, DType::I32, {t}, op, "labels");
   expect_cuda(mask, DType::U8, {t}, op, "mask");
-  expect_cuda(stats, DType::F32, {3, t}, op, "stats");
+  const int64_t k = stats.ndim() == 2 && stats.size(0) == 4 ? 4 : 3;
+  expect_cuda(stats, DType::F32, {k, t}, op, "stats");
   if (t == 0) return;
 
   Owned flag = empty({1}, DType::I64, Device::CUDA);
@@ -237,6 +268,7 @@ void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Ten
   p.vocab_begin = vocab_begin;
   p.vocab_total = vocab_total;
   p.vocab = static_cast<int32_t>(v);
+  p.stat_rows = static_cast<int32_t>(k);
   launch_rows(logits.dtype, group, t, [&](auto tag, unsigned blocks) {
     using T = decltype(tag);
     const auto kernel = group == 32 ? ce_partial_kernel<T, 32> : ce_partial_kernel<T, kThreads>;
@@ -255,30 +287,39 @@ void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Ten
 }
 
 void cross_entropy_combine(const Tensor& partials, const Tensor& mask, const Tensor& lse,
-                           const Tensor& losses) {
+                           const Tensor& losses, float z_loss, float label_smoothing) {
   const char* op = "cross_entropy_combine";
   expect_cuda(partials, op, "partials");
+  ops::check_loss_coefficients(z_loss, label_smoothing, op);
   ENSURE(partials.dtype == DType::F32, op, ": partials is ", dtype_name(partials.dtype),
          ", expected f32");
-  ENSURE(partials.ndim() == 3 && partials.size(1) == 3, op,
-         ": partials must be (P, 3, T), got shape ", partials.shape.str());
-  const int64_t np = partials.size(0), t = partials.size(2);
+  ENSURE(partials.ndim() == 3 && (partials.size(1) == 3 || partials.size(1) == 4), op,
+         ": partials must be (P, 3, T) or (P, 4, T), got shape ", partials.shape.str());
+  const int64_t np = partials.size(0), k = partials.size(1), t = partials.size(2);
   ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
+  ENSURE(label_smoothing == 0 || k == 4, op, ": label smoothing needs (P, 4, T) partials (the ",
+         "mean logit), got shape ", partials.shape.str());
   expect_cuda(mask, DType::U8, {t}, op, "mask");
   expect_cuda(lse, DType::F32, {t}, op, "lse");
   expect_cuda(losses, DType::F32, {t}, op, "losses");
   if (t == 0) return;
   ce_combine_kernel<<<static_cast<unsigned>(ceil_div(t, kThreads)), kThreads, 0, stream()>>>(
-      partials.ptr<float>(), mask.ptr<uint8_t>(), lse.ptr<float>(), losses.ptr<float>(), np, t);
+      partials.ptr<float>(), mask.ptr<uint8_t>(), lse.ptr<float>(), losses.ptr<float>(), np, k, t,
+      z_loss, label_smoothing);
   check_launch("ce_combine_kernel");
 }
 
 void cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                        int64_t vocab_begin, const Tensor& lse, float grad_scale) {
+                        int64_t vocab_begin, const Tensor& lse, float grad_scale, float z_loss,
+                        float label_smoothing, int64_t vocab_total) {
   const char* op = "cross_entropy_grad";
   const int group = check_logits(logits, op);
+  ops::check_loss_coefficients(z_loss, label_smoothing, op);
   const int64_t t = logits.size(0), v = logits.size(1);
   ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
+  ENSURE(label_smoothing == 0 || vocab_total >= vocab_begin + v, op,
+         ": label smoothing needs the vocabulary size, got vocab_total = ", vocab_total,
+         " for columns [", vocab_begin, ", ", vocab_begin + v, ")");
   expect_cuda(labels, DType::I32, {t}, op, "labels");
   expect_cuda(mask, DType::U8, {t}, op, "mask");
   expect_cuda(lse, DType::F32, {t}, op, "lse");
@@ -292,6 +333,10 @@ void cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor
   p.vocab_begin = vocab_begin;
   p.vocab = static_cast<int32_t>(v);
   p.grad_scale = grad_scale;
+  p.z_loss = z_loss;
+  p.eps = label_smoothing;
+  p.inv_vocab =
+      label_smoothing != 0 ? static_cast<float>(1.0 / static_cast<double>(vocab_total)) : 0.f;
   launch_rows(logits.dtype, group, t, [&](auto tag, unsigned blocks) {
     using T = decltype(tag);
     const auto kernel = group == 32 ? ce_grad_kernel<T, 32> : ce_grad_kernel<T, kThreads>;

@@ -124,3 +124,92 @@ TEST_CASE("cross_entropy rejects an out-of-range label where the mask is set, an
   CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, mask_i32, losses, false, 1.f),
                        doctest::Contains("mask is i32"), Error);
 }
+
+// ---- z-loss and label smoothing: the loss written out from its definition (cross-entropy
+// against (1 - eps) onehot + eps / V, plus z lse^2), the gradient against fp64 finite
+// differences, and the plain op as the z = eps = 0 case.
+
+namespace {
+
+struct Reg {
+  float z, eps;
+  std::string name() const { return "z " + std::to_string(z) + " eps " + std::to_string(eps); }
+};
+const std::vector<Reg> kRegs = {{0.f, 0.f}, {1e-2f, 0.f}, {0.f, 0.1f}, {0.3f, 0.25f}};
+
+Owned reg_losses(const Batch& b, const Tensor& logits, bool with_grad, float scale, Reg reg) {
+  Owned losses = empty({logits.size(0)}, logits.dtype, Device::CPU);
+  poison(losses);
+  ops::cross_entropy(logits, b.labels, b.mask, losses, with_grad, scale, reg.z, reg.eps);
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("cross_entropy with z-loss and label smoothing: losses from the definition") {
+  for (const LossCase& c : kLossCases) {
+    SUBCASE(c.name().c_str()) {
+      for (const Reg& reg : kRegs) {
+        INFO(reg.name());
+        Batch b = make_batch(c, DType::F64, 4.0);
+        Owned ref = empty({c.t}, DType::F64, Device::CPU);
+        for (int64_t t = 0; t < c.t; ++t) {
+          if (!b.mask.ptr<uint8_t>()[t]) {
+            ref.ptr<double>()[t] = 0;
+            continue;
+          }
+          double m = -INFINITY, z = 0;
+          for (int64_t v = 0; v < c.vocab; ++v) m = std::max(m, get(b.logits, t * c.vocab + v));
+          for (int64_t v = 0; v < c.vocab; ++v) z += std::exp(get(b.logits, t * c.vocab + v) - m);
+          const double lse = m + std::log(z);
+          const int32_t label = b.labels.ptr<int32_t>()[t];
+          double loss = 0;  // -sum_v target_v log softmax_v
+          for (int64_t v = 0; v < c.vocab; ++v) {
+            const double eps = reg.eps;
+            const double target =
+                (v == label ? 1.0 - eps : 0.0) + eps / static_cast<double>(c.vocab);
+            loss -= target * (get(b.logits, t * c.vocab + v) - lse);
+          }
+          ref.ptr<double>()[t] = loss + reg.z * lse * lse;
+        }
+        CHECK_CLOSE(reg_losses(b, b.logits, false, 1.f, reg).t, ref.t, 1e-12);
+      }
+    }
+  }
+}
+
+TEST_CASE("cross_entropy with z-loss and label smoothing: gradient vs fp64 finite differences") {
+  for (const LossCase& c : kLossCases) {
+    SUBCASE(c.name().c_str()) {
+      for (const Reg& reg : kRegs) {
+        for (double std : {0.1, 6.0}) {
+          INFO(reg.name(), " logit std ", std);
+          const float scale = 0.37f;
+          Batch b = make_batch(c, DType::F64, std);
+          Owned grad = clone(b.logits);
+          Owned with_grad = reg_losses(b, grad, true, scale, reg);
+          CHECK(bitwise_equal(with_grad, reg_losses(b, b.logits, false, scale, reg)));
+          auto loss = [&] { return scale * sum_all(reg_losses(b, b.logits, false, scale, reg)); };
+          // Relative to the gradient's scale, with a floor: at V = 1 and z = 0 the gradient is
+          // exactly 0 and the differences are rounding noise of ~1e-12.
+          const Comparison cmp = compare(grad, numeric_grad(b.logits, loss), "gradient");
+          INFO(cmp.report);
+          CHECK(cmp.nonfinite == 0);
+          CHECK(cmp.rel_rms * cmp.scale <= kGradTol * std::max(cmp.scale, 1e-4));
+          for (int64_t t = 1; t < c.t; t += 3)
+            for (int64_t v = 0; v < c.vocab; ++v) CHECK(get(grad, t * c.vocab + v) == 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cross_entropy rejects a non-finite z_loss and label smoothing outside [0, 1]") {
+  Batch b = make_batch({5, 7}, DType::F32);
+  Owned losses = empty({5}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(
+      ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, 0.f, 1.5f),
+      doctest::Contains("label_smoothing = 1.5 outside [0, 1]"), Error);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, NAN, 0.f),
+                       doctest::Contains("z_loss = nan is not finite"), Error);
+}

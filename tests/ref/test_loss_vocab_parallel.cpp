@@ -257,3 +257,91 @@ TEST_CASE("vocab-parallel cross_entropy: bad labels where the mask is set, and a
   CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(shard, b.labels, b.mask, -3, lse, 1.f),
                        doctest::Contains("vocab_begin = -3 is negative"), Error);
 }
+
+// ---- z-loss and label smoothing through the three steps: (K = 4, T) stats carry each shard's
+// share of the mean logit; combine adds the z-loss and the smoothing term, grad their gradients.
+
+namespace {
+
+VpResult run_vocab_parallel_reg(const Batch& b, const std::vector<int64_t>& cuts, float scale,
+                                float z, float eps) {
+  const int64_t t = b.logits->size(0), vocab = b.logits->size(1);
+  const int64_t np = static_cast<int64_t>(cuts.size()) - 1;
+  const DType dt = b.logits->dtype;
+  VpResult r{empty({np, 4, t}, dt, Device::CPU), empty({t}, dt, Device::CPU),
+             empty({t}, dt, Device::CPU), empty({t, vocab}, dt, Device::CPU)};
+  poison(r.partials);
+  poison(r.lse);
+  poison(r.losses);
+  poison(r.grad);
+  std::vector<Owned> shards;
+  for (int64_t p = 0; p < np; ++p) {
+    shards.push_back(columns(b.logits, cuts[p], cuts[p + 1]));
+    ops::cross_entropy_partial(shards.back(), b.labels, b.mask, cuts[p], vocab,
+                               r.partials->slice(p, p + 1).view({4, t}));
+  }
+  ops::cross_entropy_combine(r.partials, b.mask, r.lse, r.losses, z, eps);
+  for (int64_t p = 0; p < np; ++p) {
+    ops::cross_entropy_grad(shards[p], b.labels, b.mask, cuts[p], r.lse, scale, z, eps, vocab);
+    const int64_t w = cuts[p + 1] - cuts[p];
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        set(r.grad, i * vocab + cuts[p] + j, get(shards[p], i * w + j));
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("vocab-parallel cross_entropy with z-loss and label smoothing equals the fused op") {
+  const std::vector<std::pair<float, float>> regs = {{1e-2f, 0.f}, {0.f, 0.1f}, {0.3f, 0.25f}};
+  for (const VpCase& c : kCases) {
+    SUBCASE(c.name().c_str()) {
+      for (auto [z, eps] : regs) {
+        INFO("z ", z, " eps ", eps);
+        const float scale = 0.37f;
+        const Batch b = make_batch(c.t, c.vocab, DType::F64, c.shift);
+        Fused f{empty({c.t}, DType::F64, Device::CPU), clone(b.logits)};
+        ops::cross_entropy(f.grad, b.labels, b.mask, f.losses, true, scale, z, eps);
+        const VpResult r = run_vocab_parallel_reg(b, c.cuts, scale, z, eps);
+        CHECK(rel_err(r.losses, f.losses) <= 1e-12);
+        CHECK(rel_err(r.grad, f.grad, 1e-3) <= 1e-12);
+        if (c.cuts.size() == 2) {  // P = 1: the very same double operations
+          CHECK(bitwise_equal(r.losses, f.losses));
+          CHECK(bitwise_equal(r.grad, f.grad));
+        }
+        for (int64_t row = 0; row < c.t; ++row) {
+          if (b.mask.ptr<uint8_t>()[row]) continue;
+          for (int64_t p = 0; p + 1 < static_cast<int64_t>(c.cuts.size()); ++p)
+            CHECK(get(r.partials, (p * 4 + 3) * c.t + row) == 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("vocab-parallel cross_entropy: the (4, T) stats leave the plain loss unchanged") {
+  const Batch b = make_batch(7, 31, DType::F64, 0.0);
+  const VpResult plain = run_vocab_parallel(b, {0, 10, 31}, 0.5f);
+  const VpResult four = run_vocab_parallel_reg(b, {0, 10, 31}, 0.5f, 0.f, 0.f);
+  CHECK(bitwise_equal(plain.losses, four.losses));
+  CHECK(bitwise_equal(plain.grad, four.grad));
+}
+
+TEST_CASE("vocab-parallel cross_entropy: label smoothing needs the mean row and the vocabulary") {
+  const int64_t t = 5, vocab = 7;
+  Batch b = make_batch(t, vocab, DType::F32, 0.0);
+  Owned three = empty({1, 3, t}, DType::F32, Device::CPU);
+  Owned lse = empty({t}, DType::F32, Device::CPU), losses = empty({t}, DType::F32, Device::CPU);
+  ops::cross_entropy_partial(b.logits, b.labels, b.mask, 0, vocab, three->view({3, t}));
+  CHECK_NOTHROW(ops::cross_entropy_combine(three, b.mask, lse, losses, 0.1f, 0.f));
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(three, b.mask, lse, losses, 0.f, 0.1f),
+                       doctest::Contains("label smoothing needs (P, 4, T) partials"), Error);
+  Owned five = empty({5, t}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_partial(b.logits, b.labels, b.mask, 0, vocab, five),
+                       doctest::Contains("stats has shape (5, 5), expected (3, 5)"), Error);
+  Owned logits = clone(b.logits);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, b.labels, b.mask, 0, lse, 1.f, 0.f, 0.1f),
+                       doctest::Contains("label smoothing needs the vocabulary size"), Error);
+  CHECK_NOTHROW(ops::cross_entropy_grad(logits, b.labels, b.mask, 0, lse, 1.f, 0.f, 0.1f, vocab));
+}

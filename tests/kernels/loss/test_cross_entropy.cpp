@@ -282,3 +282,60 @@ TEST_CASE("cross_entropy cuda rejects bad dtypes, shapes and forced paths that c
 #endif
   CHECK_NOTHROW(ops::cross_entropy(logits, labels, mask, losses, true, 1.f));
 }
+
+// ---- z-loss and label smoothing: the same kernels with the extra terms (the loss adds
+// z lse^2 and eps (m - mean x), the gradient is a p - b - (label ? c : 0)), every path, against
+// the f64 reference with the same coefficients. Tolerances as above; the bf16 bound allows 1e-5
+// beyond 2x the rounding error, for the f32 error of elements where a p and eps / V nearly cancel.
+TEST_CASE("cross_entropy cuda with z-loss and label smoothing matches the f64 reference") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  const std::vector<Case> cases = {
+      {7, 29, 0, 1, 0.37f},     {33, 1000, 0, 1, 0.5f, 3}, {16, 50257, 0, 1, 0.37f},
+      {4, 128256, 0, 1, 0.25f}, {9, 1000, 1000, 1, 1.f},   {9, 3001, -1000, 3, 0.37f},
+  };
+  const std::vector<std::pair<float, float>> regs = {{1e-3f, 0.f}, {0.f, 0.1f}, {1e-4f, 0.25f}};
+  for (const Case& c : cases) {
+    SUBCASE(c.name().c_str()) {
+      for (DType dtype : {DType::BF16, DType::F32}) {
+        INFO("logits ", dtype_name(dtype));
+        const Inputs in = make_inputs(c, dtype);
+        for (auto [z, eps] : regs) {
+          INFO("z ", z, " eps ", eps);
+          Owned ref_grad = to_host(in.logits.t, DType::F64);
+          Owned ref_losses = empty({c.t}, DType::F64, Device::CPU);
+          ref::cross_entropy(ref_grad, in.labels_host, in.mask_host, ref_losses, true, c.grad_scale,
+                             z, eps);
+          double naive = 0;
+          if (dtype == DType::BF16) {
+            Owned rounded = empty(ref_grad.t.shape, DType::BF16, Device::CPU);
+            ops::cast(ref_grad, rounded);
+            naive = compare(rounded, ref_grad).rel_rms;
+          }
+          for (const Variant& var : variants_for(c.v, dtype)) {
+            INFO(var.name());
+            const DeviceTensor logits = gpu_empty(in.logits.t.shape, dtype, in.offset);
+            copy_tensor(logits.t, in.logits.t);
+            Owned losses = empty({c.t}, DType::F32, Device::CUDA);
+            poison(losses);
+            if (var.path == CrossEntropyPath::Auto) {
+              ops::cross_entropy(logits.t, in.labels, in.mask, losses, true, c.grad_scale, z, eps);
+            } else {
+#ifdef ENGINE_CUDA
+              cuda::cross_entropy(logits.t, in.labels, in.mask, losses, true, c.grad_scale,
+                                  var.path, var.cluster, z, eps);
+#endif
+            }
+            CHECK_CLOSE(losses.t, ref_losses.t, dtype == DType::BF16 ? 1e-4 : 1e-5);
+            const Comparison g = compare(logits.t, ref_grad, "gradient");
+            INFO(g.report);
+            CHECK(g.nonfinite == 0);
+            if (dtype == DType::BF16)
+              CHECK(g.rel_rms <= 2 * naive + 1e-5);
+            else
+              CHECK(g.rel_rms <= 1e-5);
+          }
+        }
+      }
+    }
+  }
+}

@@ -354,3 +354,85 @@ TEST_CASE("cross_entropy vocab-parallel cuda rejects bad dtypes, shapes and shar
   CHECK_NOTHROW(ops::cross_entropy_combine(none_s.t.view({1, 3, 0}), none_m.t, none_l.t, none_z.t));
   CHECK_NOTHROW(ops::cross_entropy_grad(none.t, none_i.t, none_m.t, 0, none_l.t, 1.f));
 }
+
+// ---- z-loss and label smoothing: (4, T) stats (the shards' shares of the mean logit), combine
+// and grad with the coefficients, against the fused f64 reference; the mean row against the
+// reference partial; (3, T) stats still work with z-loss alone.
+TEST_CASE(
+    "cross_entropy vocab-parallel cuda with z-loss and label smoothing matches the reference") {
+  if (!gpu_available_or_skip()) return;
+  const std::vector<VpCase> cases = {
+      {7, 29, {0, 13, 29}, 0, 1, 0.37f},
+      {33, 1000, {0, 1, 999, 1000}, 0, 1, 1.f, 1},
+      {9, 20, {0, 20, 20}},
+      {16, 50257, {0, 25129, 50257}, 0, 1, 0.37f},
+      {9, 1000, {0, 500, 1000}, 1000},
+      {6, 3001, {0, 2000, 3001}, -1000, 3, 2.f},
+  };
+  const std::vector<std::pair<float, float>> regs = {{1e-3f, 0.f}, {0.f, 0.1f}, {1e-4f, 0.25f}};
+  for (const VpCase& c : cases) {
+    SUBCASE(c.name().c_str()) {
+      for (DType dtype : {DType::BF16, DType::F32}) {
+        INFO("logits ", dtype_name(dtype));
+        const Inputs in = make_inputs(c, dtype);
+        const int64_t np = static_cast<int64_t>(c.cuts.size()) - 1;
+        for (auto [z, eps] : regs) {
+          INFO("z ", z, " eps ", eps);
+          const int64_t k = eps != 0 ? 4 : 3;
+          DeviceTensor partials = gpu_poisoned({np, k, c.t}, DType::F32);
+          DeviceTensor lse = gpu_poisoned({c.t}, DType::F32),
+                       losses = gpu_poisoned({c.t}, DType::F32);
+          std::vector<Owned> shards64;
+          std::vector<DeviceTensor> shards;
+          for (int64_t p = 0; p < np; ++p) {
+            shards64.push_back(columns(in.x64, c.cuts[p], c.cuts[p + 1]));
+            shards.push_back(gpu_poisoned(shards64.back()->shape, dtype, c.offset));
+            copy_tensor(shards.back().t, to_host(shards64.back(), dtype));
+            ops::cross_entropy_partial(shards.back().t, in.labels, in.mask, c.cuts[p], c.v,
+                                       partials.t.slice(p, p + 1).view({k, c.t}));
+          }
+          ops::cross_entropy_combine(partials.t, in.mask, lse.t, losses.t, z, eps);
+          Owned grad = empty({c.t, c.v}, DType::F64, Device::CPU);
+          for (int64_t p = 0; p < np; ++p) {
+            ops::cross_entropy_grad(shards[p].t, in.labels, in.mask, c.cuts[p], lse.t, c.grad_scale,
+                                    z, eps, c.v);
+            const Owned g = to_host(shards[p].t, DType::F64);
+            const int64_t w = c.cuts[p + 1] - c.cuts[p];
+            for (int64_t r = 0; r < c.t; ++r)
+              for (int64_t j = 0; j < w; ++j)
+                grad.ptr<double>()[r * c.v + c.cuts[p] + j] = g.ptr<double>()[r * w + j];
+          }
+          if (k == 4)
+            for (int64_t p = 0; p < np; ++p) {
+              Owned ref = empty({4, c.t}, DType::F64, Device::CPU);
+              ref::cross_entropy_partial(shards64[p], in.labels_host, in.mask_host, c.cuts[p], c.v,
+                                         ref);
+              const Owned got = to_host(partials.t.slice(p, p + 1).view({4, c.t}), DType::F64);
+              // A share of the mean of zero-mean logits is a small difference of O(|x|) terms:
+              // judge its error against the logits' scale (2 mul + |shift|), not its own.
+              const Comparison m = compare(got->slice(3, 4), ref->slice(3, 4), "mean share");
+              INFO(m.report);
+              CHECK(m.nonfinite == 0);
+              CHECK(m.rel_rms * m.scale <= 1e-6 * (2 * c.mul + std::abs(c.shift)));
+            }
+          Owned fused_grad = to_host(in.x64, DType::F64);
+          Owned fused_losses = empty({c.t}, DType::F64, Device::CPU);
+          ref::cross_entropy(fused_grad, in.labels_host, in.mask_host, fused_losses, true,
+                             c.grad_scale, z, eps);
+          CHECK_CLOSE(losses.t, fused_losses.t, dtype == DType::BF16 ? 1e-4 : 1e-5);
+          double max_lse = 0;
+          const Owned lse_host = to_host(lse.t, DType::F64);
+          for (int64_t r = 0; r < c.t; ++r) max_lse = std::max(max_lse, std::abs(get(lse_host, r)));
+          const double lse_term = 2 * max_lse * std::ldexp(1.0, -24);
+          const Comparison g = compare(grad, fused_grad, "gradient vs fused reference");
+          INFO(g.report);
+          CHECK(g.nonfinite == 0);
+          if (dtype == DType::BF16)
+            CHECK(g.rel_rms <= 2 * bf16_rounding_error(fused_grad) + lse_term + 1e-5);
+          else
+            CHECK(g.rel_rms <= 1e-5 + lse_term);
+        }
+      }
+    }
+  }
+}
