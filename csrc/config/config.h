@@ -54,6 +54,8 @@ struct ModelConfig {
   bool qkv_bias = false;      // biases on the q, k, v projections only (Qwen2); implied by bias
   bool tie_embeddings = false;
   double init_std = 0.02;     // output projections get init_std / sqrt(2 * num_layers)
+  double z_loss = 0.0;          // coefficient of lse^2 added to each token's loss (0: off)
+  double label_smoothing = 0.0; // target (1 - eps) one-hot + eps / vocab_size (0: off)
   std::string init_from;      // Hugging Face folder to start from ("" = random init)
   bool operator==(const ModelConfig&) const = default;
 };

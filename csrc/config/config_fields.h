@@ -98,6 +98,8 @@ void visit_fields(C& c, V& v) {
   v.field("qkv_bias", c.model.qkv_bias);
   v.field("tie_embeddings", c.model.tie_embeddings);
   v.field("init_std", c.model.init_std);
+  v.field("z_loss", c.model.z_loss);
+  v.field("label_smoothing", c.model.label_smoothing);
   v.field("init_from", c.model.init_from);
 
   v.section("data");

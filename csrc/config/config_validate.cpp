@@ -194,6 +194,8 @@ struct Checker {
       resolve_path("model.init_from", m.init_from);
       hf::apply_hf_config(c);  // fills the unset [model] keys from config.json, checks the set ones
     }
+    non_negative("model.z_loss", m.z_loss);
+    unit_interval("model.label_smoothing", m.label_smoothing);
     required_positive("model.vocab_size", m.vocab_size);
     required_positive("model.hidden_size", m.hidden_size);
     required_positive("model.num_layers", m.num_layers);

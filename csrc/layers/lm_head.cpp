@@ -19,7 +19,8 @@ LmHead::LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_
       weight_(store, weight_name(c)),
       vocab_begin_(store.table().get(weight_name(c)).split_begin),
       vocab_size_(c.vocab_size),
-      splits_(std::max(1, cross_entropy_splits)) {}
+      splits_(std::max(1, cross_entropy_splits)), z_loss_(static_cast<float>(c.z_loss)),
+      label_smoothing_(static_cast<float>(c.label_smoothing)) {}
 
 void LmHead::declare(ParamTable& t, const ModelConfig& c) {
   Norm::declare(t, "final_norm", c.hidden_size, c.norm, c.bias);
@@ -31,17 +32,20 @@ void LmHead::declare(ParamTable& t, const ModelConfig& c) {
 void LmHead::loss(const Env& env, const Tensor& logits, const Tensor& labels, const Tensor& mask,
                   const Tensor& losses, bool with_grad, float grad_scale) const {
   if (env.tp_size() == 1)
-    return ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale);
-  // Vocab-parallel: per-row (max, sum of exponentials, label logit) of this rank's columns,
-  // gathered from every rank and merged alike on each, so all ranks hold the same losses.
-  const int64_t n = logits.size(0);
-  Owned stats = env.stat_tensor({3, n});
+    return ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss_, label_smoothing_);
+  // Vocab-parallel: per-row (max, sum of exponentials, label logit, and with label smoothing
+  // the mean logit's share) of this rank's columns, gathered from every rank and merged alike
+  // on each, so all ranks hold the same losses.
+  const int64_t n = logits.size(0), rows = label_smoothing_ > 0 ? 4 : 3;
+  Owned stats = env.stat_tensor({rows, n});
   ops::cross_entropy_partial(logits, labels, mask, vocab_begin_, vocab_size_, stats);
-  Owned all = env.stat_tensor({env.tp_size(), 3, n});
-  env.tp->all_gather(stats->view({3 * n}), all->view({env.tp_size() * 3 * n}));
+  Owned all = env.stat_tensor({env.tp_size(), rows, n});
+  env.tp->all_gather(stats->view({rows * n}), all->view({env.tp_size() * rows * n}));
   Owned lse = env.stat_tensor({n});
-  ops::cross_entropy_combine(all, mask, lse, losses);
-  if (with_grad) ops::cross_entropy_grad(logits, labels, mask, vocab_begin_, lse, grad_scale);
+  ops::cross_entropy_combine(all, mask, lse, losses, z_loss_, label_smoothing_);
+  if (with_grad)
+    ops::cross_entropy_grad(logits, labels, mask, vocab_begin_, lse, grad_scale, z_loss_, label_smoothing_,
+                            vocab_size_);
 }
 
 double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, const Tensor& mask,

@@ -3,6 +3,7 @@
 // them in place and immediately projected back, so what is kept for the backward pass is the
 // (T, C) input gradient, never the logits.
 //   xn = norm(x);  logits = xn W^T  (W = the token embedding when tied);  losses = CE(logits)
+// with model.z_loss (+ z lse^2 per token) and model.label_smoothing (ops/loss.h has the formulas).
 // The tokens run in distributed.cross_entropy_splits consecutive chunks (GEMM, loss, gradient,
 // backward GEMM per chunk), so at most T / splits rows of logits exist at a time.
 // Tensor parallelism: W is vocab-parallel (rank r holds rows [r V/tp, (r+1) V/tp), like the
@@ -44,6 +45,7 @@ class LmHead {
   Param weight_;
   int64_t vocab_begin_ = 0, vocab_size_ = 0;
   int splits_ = 1;
+  float z_loss_ = 0, label_smoothing_ = 0;
 };
 
 }  // namespace engine::layers

@@ -157,6 +157,8 @@ std::vector<Case> cases_for(int n) {
               {"llama", 2, sp},
               {"qwen2", 2, sp},
               {"llama", 2, {"distributed.cross_entropy_splits=3"}},
+              {"llama", 2, {"model.z_loss=0.01", "model.label_smoothing=0.1"}},  // vocab-parallel vs fused
+              {"gpt2", 2, {"model.z_loss=0.001", "distributed.sequence_parallel=true"}},
               {"gpt2", 2, {"distributed.sequence_parallel=true", "distributed.cross_entropy_splits=5"}}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};

@@ -47,6 +47,20 @@ TEST_CASE("same seed, same config: bitwise identical losses; another seed differ
   CHECK(losses(c, 1)[0] != la[0]);
 }
 
+TEST_CASE("model.z_loss and model.label_smoothing reach the loss") {
+  auto first_loss = [](const std::vector<std::string>& o) {
+    Trainer t(tiny_run_config("llama", o), false);
+    return t.train_step().loss;
+  };
+  const double plain = first_loss({}), z = first_loss({"model.z_loss=0.1"}),
+               smooth = first_loss({"model.label_smoothing=0.5"});
+  // At init lse ~ ln(37) ~ 3.6: z-loss adds ~0.1 * 13; smoothing towards the mean logit adds a
+  // little (the label logit is no larger than the mean at init, on average).
+  CHECK(z > plain + 0.5);
+  CHECK(z < plain + 2.5);
+  CHECK(smooth != doctest::Approx(plain).epsilon(1e-6));
+}
+
 TEST_CASE("gradient accumulation: any micro-batch size gives the global batch's loss and update") {
   Trainer big(tiny_run_config("gpt2", {"batch.micro_batch_size=8"}), false);
   Trainer small(tiny_run_config("gpt2", {"batch.micro_batch_size=1"}), false);
