@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch reference benchmarks for the shapes `./bench` measures, run side by side on the GPU.
 
-usage: bench_torch.py [train-llama] [train-gpt2] [attention] [loss] [gemm]   (default: all)
+usage: bench_torch.py [train-llama] [train-gpt2] [attention] [loss] [distill] [gemm]   (default: all)
   train-*    training step of the same model in PyTorch: fp32 master weights, bf16 autocast,
              fused AdamW, SDPA attention; eager and torch.compile; tokens/s and peak memory
   attention  F.scaled_dot_product_attention, causal, bf16: flash and cuDNN backends, TFLOP/s
   loss       cross-entropy fwd+bwd on bf16 logits, eager and compiled: ms and extra memory
+  distill    forward / reverse KL (temperature 2) and cross-entropy + z-loss, the same way
   gemm       bf16 matmul 8192^3 TFLOP/s (the ceiling the kernels are judged against)
 Prints one line per measurement, in the same units as ./bench.
 """
@@ -157,6 +158,42 @@ def loss():
             logits.grad = None
 
 
+def distill():
+    # The distillation losses and the z-loss beside our fused kernels (./bench loss): student
+    # logits with gradient, teacher logits without, both bf16, temperature 2.
+    t, v, tau = 16384, 128256, 2.0
+    x = torch.randn(t, v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = torch.randn(t, v, device="cuda", dtype=torch.bfloat16)
+    labels = torch.randint(0, v, (t,), device="cuda")
+
+    def forward_kl(a, b):
+        return F.kl_div(F.log_softmax(a.float() / tau, -1), F.log_softmax(b.float() / tau, -1),
+                        log_target=True, reduction="batchmean")
+
+    def reverse_kl(a, b):
+        ls = F.log_softmax(a.float() / tau, -1)
+        return (ls.exp() * (ls - F.log_softmax(b.float() / tau, -1))).sum(-1).mean()
+
+    def z_loss_ce(a, b):
+        a = a.float()
+        return F.cross_entropy(a, labels) + 1e-4 * torch.logsumexp(a, -1).pow(2).mean()
+
+    for name, f in (("forward KL", forward_kl), ("reverse KL", reverse_kl), ("cross-entropy + z-loss", z_loss_ce)):
+        for compiled in (False, True):
+            g = torch.compile(f) if compiled else f
+            def run():
+                g(x, y).backward()
+            run()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            ms = timed(run)
+            extra = (torch.cuda.max_memory_allocated() - base) / 2**30
+            print(f"torch {name} {t}x{v} {'compiled' if compiled else 'eager'}: {ms:.2f} ms, +{extra:.2f} GiB",
+                  flush=True)
+            x.grad = None
+
+
 def gemm():
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -165,7 +202,7 @@ def gemm():
 
 
 def main():
-    what = sys.argv[1:] or ["gemm", "attention", "loss", "train-gpt2", "train-llama"]
+    what = sys.argv[1:] or ["gemm", "attention", "loss", "distill", "train-gpt2", "train-llama"]
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
     for w in what:
         if w == "train-llama":
@@ -176,6 +213,8 @@ def main():
             attention()
         elif w == "loss":
             loss()
+        elif w == "distill":
+            distill()
         elif w == "gemm":
             gemm()
         else:

@@ -18,6 +18,7 @@ enum class PositionKind { Learned, Rope };
 enum class DeviceChoice { Auto, CPU, CUDA };
 enum class DecayKind { Cosine, Linear, Constant };
 enum class ScheduleKind { BreadthFirst, DepthFirst };
+enum class DistillationKind { ForwardKL, ReverseKL, SoftCE };
 
 struct RunConfig {
   std::string name = "run";
@@ -127,6 +128,17 @@ struct DistributedConfig {
   bool operator==(const DistributedConfig&) const = default;
 };
 
+// Knowledge distillation: a teacher model, run forward only, whose logits (at a temperature) are
+// the student's targets (ops/loss.h has the formulas). teacher = "" is off.
+struct DistillationConfig {
+  std::string teacher;  // a Hugging Face folder (config.json) or a checkpoint folder (metadata.json)
+  DistillationKind kind = DistillationKind::ForwardKL;
+  double temperature = 1.0;   // divides the student's and the teacher's logits
+  double weight = 1.0;        // of the distillation term
+  double label_weight = 0.0;  // of the usual next-token cross-entropy (with model.z_loss)
+  bool operator==(const DistillationConfig&) const = default;
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -135,6 +147,7 @@ struct Config {
   OptimizerConfig optimizer;
   TrainingConfig training;
   DistributedConfig distributed;
+  DistillationConfig distillation;
 
   std::string source;                       // file name the config came from
   std::map<std::string, std::string> origin;  // key path -> "file:line" or "<command line>"

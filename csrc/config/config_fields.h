@@ -40,6 +40,9 @@ inline constexpr EnumName<DecayKind> kDecayNames[] = {{"cosine", DecayKind::Cosi
                                                       {"linear", DecayKind::Linear},
                                                       {"constant", DecayKind::Constant}};
 
+inline constexpr EnumName<DistillationKind> kDistillationNames[] = {{"forward_kl", DistillationKind::ForwardKL},
+                                                                    {"reverse_kl", DistillationKind::ReverseKL},
+                                                                    {"soft_ce", DistillationKind::SoftCE}};
 inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{"breadth_first", ScheduleKind::BreadthFirst},
                                                             {"depth_first", ScheduleKind::DepthFirst}};
 
@@ -146,6 +149,13 @@ void visit_fields(C& c, V& v) {
   v.field("pipeline_parallel", c.distributed.pipeline_parallel);
   v.field("stages_per_rank", c.distributed.stages_per_rank);
   v.choice("pipeline_schedule", c.distributed.pipeline_schedule, names_of(kScheduleNames));
+
+  v.section("distillation");
+  v.field("teacher", c.distillation.teacher);
+  v.choice("kind", c.distillation.kind, names_of(kDistillationNames));
+  v.field("temperature", c.distillation.temperature);
+  v.field("weight", c.distillation.weight);
+  v.field("label_weight", c.distillation.label_weight);
 }
 
 // The key schema, collected once by a visitor over a default Config.

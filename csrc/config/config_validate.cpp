@@ -25,7 +25,8 @@ std::string Config::where(const std::string& key) const {
 
 bool Config::operator==(const Config& o) const {
   return run == o.run && model == o.model && data == o.data && batch == o.batch &&
-         optimizer == o.optimizer && training == o.training && distributed == o.distributed;
+         optimizer == o.optimizer && training == o.training && distributed == o.distributed &&
+         distillation == o.distillation;
 }
 
 const char* family_name(ModelFamily f) {
@@ -313,6 +314,25 @@ struct Checker {
             ") to split evenly over tensor_parallel = ", tp);
   }
 
+  void distillation() const {
+    DistillationConfig& d = c.distillation;
+    if (d.teacher.empty()) return;
+    resolve_path("distillation.teacher", d.teacher);
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(fs::path(d.teacher) / "config.json", ec) && !fs::exists(fs::path(d.teacher) / "metadata.json", ec))
+      RAISE(c.where("distillation.teacher"), d.teacher,
+            ": neither a Hugging Face folder (config.json) nor a checkpoint folder (metadata.json)");
+    positive("distillation.temperature", d.temperature);
+    non_negative("distillation.weight", d.weight);
+    non_negative("distillation.label_weight", d.label_weight);
+    if (d.weight == 0 && d.label_weight == 0)
+      RAISE(c.where("distillation.weight"), "and distillation.label_weight are both 0: nothing to train on");
+    if (c.model.label_smoothing > 0)
+      RAISE(c.where("model.label_smoothing"), "is not combined with distillation (the teacher's distribution is "
+            "the soft target); set it to 0");
+  }
+
   void training() const {
     TrainingConfig& t = c.training;
     required_positive("training.steps", t.steps);
@@ -361,6 +381,7 @@ void finish_config(Config& c) {
   k.batch();
   k.training();
   k.distributed();
+  k.distillation();
   k.optimizer();
 }
 

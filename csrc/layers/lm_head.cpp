@@ -48,8 +48,45 @@ void LmHead::loss(const Env& env, const Tensor& logits, const Tensor& labels, co
                             vocab_size_);
 }
 
+void LmHead::set_distillation(const DistillationConfig* d) {
+  distill_ = d != nullptr;
+  if (!d) return;
+  distill_params_.kind = d->kind == DistillationKind::ForwardKL   ? ops::DistillKind::ForwardKL
+                         : d->kind == DistillationKind::ReverseKL ? ops::DistillKind::ReverseKL
+                                                                  : ops::DistillKind::SoftCE;
+  distill_params_.temperature = static_cast<float>(d->temperature);
+  distill_params_.distill_weight = static_cast<float>(d->weight);
+  distill_params_.label_weight = static_cast<float>(d->label_weight);
+  distill_params_.z_loss = z_loss_;
+}
+
+void LmHead::distill(const Env& env, const Tensor& logits, const Tensor& teacher, const Tensor& labels,
+                     const Tensor& mask, const Tensor& losses, bool with_grad, float grad_scale) const {
+  if (env.tp_size() == 1)
+    return ops::distillation_loss(logits, teacher, labels, mask, distill_params_, losses, {}, with_grad, grad_scale);
+  // Vocab-parallel: every per-row statistic the loss and its gradient need, from every rank's
+  // columns, merged alike on each rank; the gradient of the local logits stays local.
+  const int64_t n = logits.size(0), k = ops::kDistillStats;
+  Owned stats = env.stat_tensor({k, n});
+  ops::distillation_partial(logits, teacher, labels, mask, vocab_begin_, vocab_size_, distill_params_, stats);
+  Owned all = env.stat_tensor({env.tp_size(), k, n});
+  env.tp->all_gather(stats->view({k * n}), all->view({env.tp_size() * k * n}));
+  Owned row = env.stat_tensor({ops::kDistillRowStats, n});
+  ops::distillation_combine(all, mask, distill_params_, row, losses, {});
+  if (with_grad) ops::distillation_grad(logits, teacher, labels, mask, vocab_begin_, distill_params_, row, grad_scale);
+}
+
+void LmHead::logits(const Env& env, const Tensor& x, const Tensor& out) const {
+  Owned xn = env.act_tensor(x.shape);
+  NormSaved ns;
+  norm_.forward(env, x, xn, ns);
+  Owned gathered;
+  linear_forward(column_input_forward(env, xn, gathered), weight_.w(), {}, out);
+}
+
 double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, const Tensor& mask,
-                       bool with_grad, float grad_scale, HeadSaved& s) const {
+                       bool with_grad, float grad_scale, HeadSaved& s, const Tensor& teacher) const {
+  ENSURE(!distill_ || teacher.data, "distillation without the teacher's logits");
   const int64_t C = x.size(1), V = weight_.w().size(0);
   Owned xn = env.act_tensor(x.shape);
   NormSaved ns;
@@ -64,7 +101,11 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
     const int64_t b = std::min(T, a + chunk);
     Owned logits = env.act_tensor({b - a, V});
     linear_forward(xin.slice(a, b), weight_.w(), {}, logits);
-    loss(env, logits, labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad, grad_scale);
+    if (distill_)
+      distill(env, logits, teacher.slice(a, b), labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad,
+              grad_scale);
+    else
+      loss(env, logits, labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad, grad_scale);
     if (with_grad) linear_backward(logits, xin.slice(a, b), weight_.w(), dxin->slice(a, b), weight_.g(), {});
   }
   const double loss_sum = ops::sum(losses);

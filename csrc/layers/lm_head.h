@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "layers/common.h"
 #include "layers/norm.h"
+#include "ops/loss.h"
 
 namespace engine::layers {
 
@@ -33,10 +34,21 @@ class LmHead {
   // x: (T, C), or this rank's token shard under sequence parallelism; labels, mask: (T).
   // grad_scale multiplies the loss gradient (1 / loss tokens of the global batch).
   // Returns the sum of the per-token losses over the loss mask.
+  // teacher (distillation, set_distillation): the teacher's logits (T, V / tp) in the compute
+  // dtype; the loss is then distillation.label_weight x the cross-entropy (with z-loss) +
+  // distillation.weight x the distillation term (ops::distillation_loss).
   double forward(const Env& env, const Tensor& x, const Tensor& labels, const Tensor& mask,
-                 bool with_grad, float grad_scale, HeadSaved& s) const;
+                 bool with_grad, float grad_scale, HeadSaved& s, const Tensor& teacher = {}) const;
+  // logits (T, V / tp) of x in the compute dtype, no loss (a teacher's forward).
+  void logits(const Env& env, const Tensor& x, const Tensor& out) const;
+  int64_t local_vocab() const { return weight_.shape[0]; }
+  void set_distillation(const DistillationConfig* d);
 
  private:
+  // The distillation loss of one chunk (rows, V / tp) against the teacher's, gradient in place.
+  void distill(const Env& env, const Tensor& logits, const Tensor& teacher, const Tensor& labels,
+               const Tensor& mask, const Tensor& losses, bool with_grad, float grad_scale) const;
+
   // Losses of one chunk of logits (rows, V / tp), and with_grad their gradient in place.
   void loss(const Env& env, const Tensor& logits, const Tensor& labels, const Tensor& mask,
             const Tensor& losses, bool with_grad, float grad_scale) const;
@@ -46,6 +58,8 @@ class LmHead {
   int64_t vocab_begin_ = 0, vocab_size_ = 0;
   int splits_ = 1;
   float z_loss_ = 0, label_smoothing_ = 0;
+  bool distill_ = false;
+  ops::DistillParams distill_params_;
 };
 
 }  // namespace engine::layers

@@ -53,6 +53,14 @@ class Model {
   // The activation passed between stages: (tokens on this rank, hidden) in the compute dtype.
   virtual Shape stage_activation_shape(const MicroBatch& mb) const = 0;
   virtual DType activation_dtype() const = 0;
+
+  // Knowledge distillation. vocab_logits: this rank's vocabulary columns of the logits,
+  // (T, V / tp) in the compute dtype, forward only (every stage local: a teacher). With a
+  // teacher set, the last stage fills such a tensor for each micro-batch right before its loss
+  // and trains against it as distillation says.
+  using Teacher = std::function<void(const MicroBatch& mb, const Tensor& logits)>;
+  virtual void vocab_logits(const MicroBatch& mb, const Tensor& out) = 0;
+  virtual void set_teacher(Teacher teacher, const DistillationConfig& distillation) = 0;
 };
 
 // How a model's layers are split and run (distributed.*): the tensor-parallel group (nullptr or

@@ -115,7 +115,12 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
     x = &s.blocks[k].y.t;
   }
   if (!p.head) return 0;
-  const double loss = head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head);
+  Owned teacher;
+  if (teacher_) {  // the teacher's logits of this micro-batch, just in time (one alive at a time)
+    teacher = env_.act_tensor({mb.num_tokens, head_->local_vocab()});
+    teacher_(mb, teacher);
+  }
+  const double loss = head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head, teacher);
   if (!with_grad) s.blocks.clear();
   return loss;
 }
@@ -192,6 +197,25 @@ void Transformer::backward(const MicroBatch& mb, Saved& saved, const GradsReady&
     if (st > 0) dy = stage_input_grad(*s.stages[static_cast<size_t>(st)]);
   }
   s.stages.clear();
+}
+
+void Transformer::vocab_logits(const MicroBatch& mb, const Tensor& out) {
+  ENSURE(layout_.pipeline_size == 1, "vocab_logits runs every stage on one pipeline rank");
+  expect_shape(out, {mb.num_tokens, head_->local_vocab()}, "vocab logits");
+  const layers::SegmentInfo seg = mb.segments();
+  Owned x = env_.act_tensor(stage_activation_shape(mb));
+  embedding_.forward(env_, mb.tokens, mb.positions, x);
+  for (const layers::Block& b : blocks_) {
+    layers::BlockSaved s;
+    b.forward(env_, x, seg, s);
+    x = std::move(s.y);
+  }
+  head_->logits(env_, x, out);
+}
+
+void Transformer::set_teacher(Teacher teacher, const DistillationConfig& distillation) {
+  teacher_ = std::move(teacher);
+  if (head_) head_->set_distillation(teacher_ ? &distillation : nullptr);
 }
 
 void Transformer::logits(const MicroBatch& mb, const Tensor& out) {

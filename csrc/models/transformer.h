@@ -51,6 +51,8 @@ class Transformer final : public Model {
   Tensor stage_input_grad(const Saved& saved) const override;
   Shape stage_activation_shape(const MicroBatch& mb) const override;
   DType activation_dtype() const override { return env_.act; }
+  void vocab_logits(const MicroBatch& mb, const Tensor& out) override;
+  void set_teacher(Teacher teacher, const DistillationConfig& distillation) override;
 
  private:
   struct TSaved;
@@ -64,6 +66,7 @@ class Transformer final : public Model {
   std::vector<layers::Block> blocks_;     // all num_layers; only this rank's are built
   std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
   std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter
+  Teacher teacher_;
 };
 
 }  // namespace engine

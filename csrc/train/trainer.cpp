@@ -164,6 +164,7 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   }
   optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, dist.zero_stage,
                                        config_.run.seed, bucket, groups);
+  init_teacher(layout, compute);
   resume_or_init();
   const int64_t gb = config_.batch.global_batch_size;
   // Enough samples for the remaining steps from the data position (which a resumed run takes
@@ -199,6 +200,50 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
 
 Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
+}
+
+void Trainer::init_teacher(const ModelLayout& student, DType compute) {
+  const DistillationConfig& d = config_.distillation;
+  if (d.teacher.empty()) return;
+  // Only the ranks of the student's last stage compute losses: they hold the teacher, split over
+  // the same tensor-parallel group (its logits line up with the student's vocabulary columns).
+  const bool needed = model_->has_stage(model_->num_stages() - 1);
+  std::string description;
+  checkpoint::agree(mesh_->all(), [&] {
+    if (!needed) return;
+    namespace fs = std::filesystem;
+    const bool hf_folder = fs::exists(fs::path(d.teacher) / "config.json");
+    std::unique_ptr<checkpoint::Reader> reader;
+    ModelConfig tc;
+    if (hf_folder) {
+      tc = hf::model_from_hf_config((fs::path(d.teacher) / "config.json").string());
+    } else {
+      reader = std::make_unique<checkpoint::Reader>(d.teacher);
+      tc = parse_config(reader->metadata().config_toml, d.teacher + "/metadata.json").model;
+    }
+    if (tc.vocab_size != config_.model.vocab_size)
+      RAISE(config_.where("distillation.teacher"), d.teacher, ": the teacher's vocabulary (", tc.vocab_size,
+            ") differs from model.vocab_size (", config_.model.vocab_size, ")");
+    ModelLayout layout;
+    layout.tp = student.tp;
+    layout.sequence_parallel = student.sequence_parallel;
+    teacher_ = make_model(tc, device_, compute, 0, layout);
+    std::unique_ptr<hf::HfWeights> weights;
+    checkpoint::Fetch fetch;
+    if (hf_folder) {
+      weights = std::make_unique<hf::HfWeights>(d.teacher, tc);
+      fetch = weights->fetcher();
+    } else {
+      fetch = [r = reader.get()](const ParamSpec& p, int64_t lo, int64_t hi, float* out) { r->read(0, p.name, lo, hi, out); };
+    }
+    checkpoint::fill_weights(teacher_->params(), fetch);
+    description = str_cat(family_name(tc.family), " teacher (", tc.num_layers, " layers, hidden ", tc.hidden_size,
+                          ") from ", d.teacher);
+  });
+  if (!needed) return;
+  Model* teacher = teacher_.get();
+  model_->set_teacher([teacher](const MicroBatch& mb, const Tensor& out) { teacher->vocab_logits(mb, out); }, d);
+  if (mesh_->tp_rank() == 0) log_info("distillation: ", description);
 }
 
 void Trainer::resume_or_init() {

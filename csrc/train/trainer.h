@@ -73,6 +73,7 @@ class Trainer {
                    int64_t* loss_tokens);
   void write_metrics(const std::string& json_line);
   void resume_or_init();
+  void init_teacher(const ModelLayout& student, DType compute);
   void open_metrics();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
 
@@ -84,6 +85,7 @@ class Trainer {
   Device device_;
   std::string run_dir_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> teacher_;  // distillation: forward only, on the last stage's ranks
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<Comm> tied_;  // pipeline ranks holding a copy of the tied embedding
   std::unique_ptr<AdamW> optimizer_;

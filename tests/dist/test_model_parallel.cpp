@@ -13,6 +13,11 @@
 
 #include <cmath>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "checkpoint/tools.h"
 #include "comm/mpi_comm.h"
 #include "comm/nccl_comm.h"
 #include "tests/common/testing.h"
@@ -89,9 +94,9 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   std::string layout;
   for (const auto& e : c.extra) layout += e + " ";
   CAPTURE(layout);
-  std::vector<std::string> model_keys;  // e.g. a sliding window: both runs
+  std::vector<std::string> model_keys;  // e.g. a sliding window, a teacher: both runs
   for (const auto& e : c.extra)
-    if (e.rfind("model.", 0) == 0) model_keys.push_back(e);
+    if (e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0) model_keys.push_back(e);
   Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
   Trainer parallel(tiny_run_config(c.family, tp_layout(c.tp, c.tp, device, c.extra)), false, &group);
   REQUIRE(parallel.mesh().tp_size() == c.tp);
@@ -180,6 +185,32 @@ TEST_CASE("tensor parallel (and dp x tp) reproduces one rank: losses, gradients,
     return;
   }
   for (const Case& c : cases) compare_runs(c, world());
+}
+
+TEST_CASE("tensor parallel with distillation (vocab-parallel KL) reproduces one rank") {
+  if (world().size() != 2 && world().size() != 4) {
+    skip_test("runs on 2 and 4 ranks");
+    return;
+  }
+  // The teacher: another init (seed 11, peaked outputs) of the same shapes, written by rank 0.
+  const int64_t pid = world().all_reduce_sum(int64_t{world().rank() == 0 ? ::getpid() : 0});
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("engine_tp_teacher." + std::to_string(pid))).string();
+  if (world().rank() == 0)
+    checkpoint::export_hf_from_config(
+        tiny_run_config("llama", tp_layout(2, 1, "cpu", {"run.seed=11", "model.init_std=0.3", "run.name=tp-teacher"})),
+        dir, {});
+  world().barrier();
+  const std::string teacher = "distillation.teacher=\"" + dir + "\"";
+  for (const Case& c : std::vector<Case>{
+           {"llama", 2, {teacher, "distillation.kind=\"reverse_kl\"", "distillation.temperature=2",
+                         "distillation.label_weight=0.5", "model.z_loss=0.01"}},
+           {"llama", 2, {teacher, "distillation.kind=\"soft_ce\"", "distributed.sequence_parallel=true",
+                         "distributed.cross_entropy_splits=3"}},
+           {"llama", 2, {teacher, "distillation.kind=\"forward_kl\"", "distillation.temperature=0.7"}}})
+    compare_runs(c, world());
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradients, weights") {
