@@ -169,4 +169,19 @@ bool gpu_available_or_skip() {
   return false;
 }
 
+bool gpus_for_ranks_or_skip(int ranks, int required) {
+  if (!gpu_available_or_skip()) return false;
+#ifdef ENGINE_CUDA
+  if (ranks > cuda::device_count()) {
+    skip_test("needs one GPU per rank");
+    return false;
+  }
+#endif
+  if (required > 0 && ranks != required) {
+    skip_test("runs on " + std::to_string(required) + " ranks");
+    return false;
+  }
+  return true;
+}
+
 }  // namespace engine::testing

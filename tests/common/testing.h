@@ -55,6 +55,9 @@ Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what
 
 // True when a CUDA device is usable; otherwise records a skip with the reason and returns false.
 bool gpu_available_or_skip();
+// For multi-rank GPU cases: a GPU per rank (ranks = the world's size) and, with required > 0,
+// exactly that many ranks; otherwise records the skip and returns false.
+bool gpus_for_ranks_or_skip(int ranks, int required = 0);
 // Records that the current test case was skipped, with a reason (counted in the summary).
 void skip_test(const std::string& reason);
 

@@ -9,9 +9,6 @@
 #include "comm/nccl_comm.h"
 #include "tests/common/testing.h"
 
-#ifdef ENGINE_CUDA
-#include "cuda/common/device.cuh"
-#endif
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
 
@@ -62,13 +59,7 @@ TEST_CASE("data parallel over all ranks reproduces one rank (ZeRO 0, 1, 2, 3)") 
 }
 
 TEST_CASE("GPUs with NCCL: data parallel reproduces one GPU (ZeRO 0 and 3), bf16 tolerance") {
-  if (!gpu_available_or_skip()) return;
-#ifdef ENGINE_CUDA
-  if (world().size() > cuda::device_count()) {
-    skip_test("needs one GPU per rank");
-    return;
-  }
-#endif
+  if (!gpus_for_ranks_or_skip(world().size())) return;
   auto nccl = make_nccl_comm(world());
   for (int stage : {0, 3}) {
     CAPTURE(stage);

@@ -24,9 +24,6 @@
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
 
-#ifdef ENGINE_CUDA
-#include "cuda/common/device.cuh"
-#endif
 
 using namespace engine;
 using namespace engine::testing;
@@ -223,17 +220,7 @@ TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradi
 }
 
 TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") {
-  if (!gpu_available_or_skip()) return;
-#ifdef ENGINE_CUDA
-  if (world().size() > cuda::device_count()) {
-    skip_test("needs one GPU per rank");
-    return;
-  }
-#endif
-  if (world().size() != 2) {
-    skip_test("runs on 2 ranks");
-    return;
-  }
+  if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   auto nccl = make_nccl_comm(world());
   for (const Case& c : std::vector<Case>{{"llama", 2, {}},
                                          {"llama", 2, {"distributed.sequence_parallel=true"}},
@@ -243,17 +230,7 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") 
 }
 
 TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance") {
-  if (!gpu_available_or_skip()) return;
-#ifdef ENGINE_CUDA
-  if (world().size() > cuda::device_count()) {
-    skip_test("needs one GPU per rank");
-    return;
-  }
-#endif
-  if (world().size() != 2) {
-    skip_test("runs on 2 ranks");
-    return;
-  }
+  if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   auto nccl = make_nccl_comm(world());
   for (const Case& c : std::vector<Case>{{"llama", 1, pp(2, 1, "breadth_first")},
                                          {"gpt2", 1, pp(2, 2, "breadth_first")},
