@@ -6,6 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <tuple>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/mpi_comm.h"
 #include "core/log.h"
@@ -36,6 +40,87 @@ uint64_t share_u64(Comm& comm, int from, uint64_t v) {
   s = share(comm, from, s);
   std::memcpy(&v, &s, 8);
   return v;
+}
+
+// Every rank's bytes, in rank order. The group's backend decides where the staging tensors live
+// (NCCL: device memory; MPI and self: host).
+std::vector<std::string> all_gather_bytes(Comm& comm, const std::string& mine) {
+  const int n = comm.size();
+  const auto longest = static_cast<int64_t>(comm.all_reduce_max(static_cast<double>(mine.size())));
+  const int64_t slot = 8 + longest;  // length, then the bytes
+  std::vector<unsigned char> host(static_cast<size_t>(slot * n), 0);
+  const auto len = static_cast<int64_t>(mine.size());
+  std::memcpy(host.data(), &len, 8);
+  std::memcpy(host.data() + 8, mine.data(), mine.size());
+  const Device dev = std::string(comm.backend()) == "nccl" ? Device::CUDA : Device::CPU;
+  Owned in = empty({slot}, DType::U8, dev), out = empty({slot * n}, DType::U8, dev);
+  copy_bytes(in.t.data, dev, host.data(), Device::CPU, static_cast<size_t>(slot));
+  comm.all_gather(in.t, out.t);
+  copy_bytes(host.data(), Device::CPU, out.t.data, dev, host.size());
+  std::vector<std::string> all(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const unsigned char* at = host.data() + r * slot;
+    int64_t m = 0;
+    std::memcpy(&m, at, 8);
+    ENSURE(m >= 0 && m <= longest, "all_gather_bytes: rank ", r, " sent ", m, " bytes");
+    all[static_cast<size_t>(r)].assign(reinterpret_cast<const char*>(at + 8), static_cast<size_t>(m));
+  }
+  return all;
+}
+
+// One pipeline rank's parameter table as the metadata records it (offsets in its buffers).
+struct StageTable {
+  std::vector<Metadata::Param> params;
+  int64_t elements = 0, capacity = 0;
+  bool found = false;
+};
+
+int pp_rank_of(const AdamW& opt) { return opt.pp() ? opt.pp()->rank() : 0; }
+int pp_size_of(const AdamW& opt) { return opt.pp() ? opt.pp()->size() : 1; }
+
+std::vector<Metadata::Param> table_params(const ParamTable& t, int pp_rank) {
+  std::vector<Metadata::Param> out;
+  for (const ParamSpec& p : t.entries())
+    out.push_back({p.name, std::vector<int64_t>(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim),
+                   p.offset, p.split_dim, pp_rank});
+  return out;
+}
+
+// Every pipeline rank's table, learned over `comm` (every rank of the run): the first data-
+// parallel rank of each (pipeline, tensor-parallel) rank sends its table, and the first one
+// received for a pipeline rank is kept (its tensor-parallel ranks' tables differ only in their
+// blocks, which the full shapes do not show). Indexed by pp rank; pipeline ranks outside `comm`
+// stay !found.
+std::vector<StageTable> gather_tables(Comm& comm, const AdamW& opt) {
+  using json = nlohmann::json;
+  const int pp_rank = pp_rank_of(opt);
+  std::string mine;
+  if (opt.comm().rank() == 0) {
+    json ps = json::array();
+    for (const Metadata::Param& p : table_params(opt.store().table(), pp_rank))
+      ps.push_back(json::array({p.name, p.shape, p.split_dim, p.offset}));
+    mine = json{{"pp_rank", pp_rank},
+                {"elements", opt.store().table().total_elements()},
+                {"capacity", opt.store().capacity()},
+                {"params", ps}}
+               .dump();
+  }
+  std::vector<StageTable> tables(static_cast<size_t>(pp_size_of(opt)));
+  for (const std::string& bytes : all_gather_bytes(comm, mine)) {
+    if (bytes.empty()) continue;
+    const json j = json::parse(bytes);
+    const int q = j.at("pp_rank").get<int>();
+    ENSURE(q >= 0 && q < static_cast<int>(tables.size()), "checkpoint: a table from pipeline rank ", q);
+    StageTable& t = tables[static_cast<size_t>(q)];
+    if (t.found) continue;
+    t.found = true;
+    t.elements = j.at("elements").get<int64_t>();
+    t.capacity = j.at("capacity").get<int64_t>();
+    for (const json& p : j.at("params"))
+      t.params.push_back({p.at(0).get<std::string>(), p.at(1).get<std::vector<int64_t>>(), p.at(3).get<int64_t>(),
+                          p.at(2).get<int>(), q});
+  }
+  return tables;
 }
 
 // The shard's state tensor of one kind.
@@ -152,8 +237,10 @@ std::string save(const SaveOptions& o, AdamW& opt, Comm* group) {
   Comm& comm = group ? *group : opt.comm();
   const int rank = comm.rank(), n = comm.size();
   const int tp_rank = opt.tp() ? opt.tp()->rank() : 0, tp_size = opt.tp() ? opt.tp()->size() : 1;
-  ENSURE(n == opt.comm().size() * tp_size, "checkpoint: a group of ", n, " ranks for ", opt.comm().size(),
-         " data-parallel x ", tp_size, " tensor-parallel");
+  const int pp_rank = pp_rank_of(opt), pp_size = pp_size_of(opt);
+  ENSURE(n == opt.comm().size() * tp_size * pp_size, "checkpoint: a group of ", n, " ranks for ", opt.comm().size(),
+         " data-parallel x ", tp_size, " tensor-parallel x ", pp_size, " pipeline-parallel");
+  const std::vector<StageTable> tables = gather_tables(comm, opt);
   const ParamStore& store = opt.store();
   const int64_t cap = store.capacity();
   const bool sharded = opt.shard_end() - opt.shard_begin() != cap;
@@ -187,22 +274,46 @@ std::string save(const SaveOptions& o, AdamW& opt, Comm* group) {
   Metadata m;
   m.state = o.state;
   m.config_toml = o.config_toml;
-  for (const ParamSpec& p : store.table().entries())
-    m.params.push_back({p.name, std::vector<int64_t>(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim),
-                        p.offset, p.split_dim});
-  m.table_elements = store.table().total_elements();
-  m.layout = {world().size(), opt.comm().size(), tp_size, opt.zero_stage(), cap, dtype_name(store.compute_dtype()),
-              device_name(store.device())};
+  // The union of the pipeline ranks' tables, in pipeline-rank order: a parameter held by two
+  // (a tied embedding) is recorded once, from the lowest pipeline rank.
+  std::unordered_set<std::string> seen;
+  for (const StageTable& t : tables) {
+    ENSURE(t.found, "checkpoint: no parameter table from a pipeline rank");
+    for (const Metadata::Param& p : t.params) {
+      if (seen.insert(p.name).second) {
+        m.params.push_back(p);
+        continue;
+      }
+      const Metadata::Param* first = m.find_param(p.name);
+      ENSURE(first->shape == p.shape && first->split_dim == p.split_dim, "checkpoint: ", p.name,
+             " is held by pipeline ranks ", first->pp_rank, " and ", p.pp_rank, " with different shapes");
+    }
+    m.table_elements.push_back(t.elements);
+    m.layout.capacity.push_back(t.capacity);
+  }
+  m.layout.world_size = world().size();
+  m.layout.data_parallel = opt.comm().size();
+  m.layout.tensor_parallel = tp_size;
+  m.layout.pipeline_parallel = pp_size;
+  m.layout.zero_stage = opt.zero_stage();
+  m.layout.compute_dtype = dtype_name(store.compute_dtype());
+  m.layout.device = device_name(store.device());
   for (int r = 0; r < n; ++r) {
     if (share(comm, r, writer ? 1 : 0) == 0) continue;
-    Metadata::Shard s{shard_file_name(r), r, static_cast<int>(share(comm, r, tp_rank)),
-                      share(comm, r, opt.shard_begin()), share(comm, r, opt.shard_end())};
+    Metadata::Shard s;
+    s.file = shard_file_name(r);
+    s.rank = r;
+    s.pp_rank = static_cast<int>(share(comm, r, pp_rank));
+    s.tp_rank = static_cast<int>(share(comm, r, tp_rank));
+    s.begin = share(comm, r, opt.shard_begin());
+    s.end = share(comm, r, opt.shard_end());
     Metadata::File f{s.file, share_u64(comm, r, mine.bytes), share_u64(comm, r, mine.xxh64)};
     m.shards.push_back(s);
     m.files.push_back(f);
   }
   std::sort(m.shards.begin(), m.shards.end(), [](const Metadata::Shard& a, const Metadata::Shard& b) {
-    return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.begin < b.begin;
+    return a.pp_rank != b.pp_rank ? a.pp_rank < b.pp_rank : a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank
+                                                                                   : a.begin < b.begin;
   });
   agree(comm, [&] {
     if (rank == 0) commit(tmp, final_dir, o.root, m, o.keep, pid);
@@ -333,8 +444,8 @@ void Reader::read(int kind, const std::string& name, int64_t lo, int64_t hi, flo
   const Metadata::Param* p = meta_.find_param(name);
   if (!p) RAISE(join(dir_, kMetadataFile), ": no parameter ", name);
   ENSURE(0 <= lo && lo <= hi && hi <= p->numel(), "elements [", lo, ", ", hi, ") of ", name);
-  const int tp = meta_.layout.tensor_parallel;
-  if (p->split_dim < 0 || tp == 1) return read_flat(kind, 0, p->offset + lo, p->offset + hi, out, name);
+  const int tp = meta_.layout.tensor_parallel, pp = p->pp_rank;
+  if (p->split_dim < 0 || tp == 1) return read_flat(kind, pp, 0, p->offset + lo, p->offset + hi, out, name);
   // Full index g -> (the saved tp rank holding it, its index in that rank's block).
   const int64_t rows = p->shape[0], cols = p->shape.size() == 2 ? p->shape[1] : 1;
   for (int64_t g = lo; g < hi;) {
@@ -351,21 +462,26 @@ void Reader::read(int kind, const std::string& name, int64_t lo, int64_t hi, flo
       local = r * bc + c % bc;
       n = std::min(hi - g, bc - c % bc);
     }
-    read_flat(kind, t, p->offset + local, p->offset + local + n, out + (g - lo), name);
+    read_flat(kind, pp, t, p->offset + local, p->offset + local + n, out + (g - lo), name);
     g += n;
   }
 }
 
-void Reader::read_flat(int kind, int tp_rank, int64_t g, int64_t g_end, float* out, const std::string& name) const {
+void Reader::read_flat(int kind, int pp_rank, int tp_rank, int64_t g, int64_t g_end, float* out,
+                       const std::string& name) const {
   const int64_t start = g;
-  // Shards are sorted by (tp_rank, begin) and tile each tp rank's buffers: start at the first one
-  // of tp_rank ending after g.
-  auto first = std::lower_bound(meta_.shards.begin(), meta_.shards.end(), std::make_pair(tp_rank, g),
-                                [](const Metadata::Shard& s, const std::pair<int, int64_t>& v) {
-                                  return s.tp_rank != v.first ? s.tp_rank < v.first : s.end <= v.second;
+  // Shards are sorted by (pp_rank, tp_rank, begin) and tile each (pp, tp) rank's buffers: start
+  // at the first one of (pp_rank, tp_rank) ending after g.
+  auto first = std::lower_bound(meta_.shards.begin(), meta_.shards.end(), std::make_tuple(pp_rank, tp_rank, g),
+                                [](const Metadata::Shard& s, const std::tuple<int, int, int64_t>& v) {
+                                  if (s.pp_rank != std::get<0>(v)) return s.pp_rank < std::get<0>(v);
+                                  if (s.tp_rank != std::get<1>(v)) return s.tp_rank < std::get<1>(v);
+                                  return s.end <= std::get<2>(v);
                                 });
-  for (auto i = static_cast<size_t>(first - meta_.shards.begin());
-       i < meta_.shards.size() && meta_.shards[i].tp_rank == tp_rank && g < g_end; ++i) {
+  for (auto i = static_cast<size_t>(first - meta_.shards.begin()); i < meta_.shards.size() &&
+                                                                   meta_.shards[i].pp_rank == pp_rank &&
+                                                                   meta_.shards[i].tp_rank == tp_rank && g < g_end;
+       ++i) {
     const Metadata::Shard& s = meta_.shards[i];
     if (s.end <= g || s.begin >= g_end) continue;
     const int64_t a = std::max(g, s.begin), b = std::min(g_end, s.end);
@@ -374,8 +490,8 @@ void Reader::read_flat(int kind, int tp_rank, int64_t g, int64_t g_end, float* o
     f.read_f32(f.at(kTensorKinds[kind]), a - s.begin, b - s.begin, out + (a - start));
     g = b;
   }
-  ENSURE(g == g_end, join(dir_, kMetadataFile), ": no shard of tp_rank ", tp_rank, " holds elements [", g, ", ",
-         g_end, ") (", name, ")");
+  ENSURE(g == g_end, join(dir_, kMetadataFile), ": no shard of pp_rank ", pp_rank, ", tp_rank ", tp_rank,
+         " holds elements [", g, ", ", g_end, ") (", name, ")");
 }
 
 namespace {
@@ -422,18 +538,23 @@ void fill_weights(ParamStore& store, const Fetch& fetch) {
 }
 
 void check_compatible(const Metadata& m, const ParamTable& table, const std::string& dir) {
+  check_compatible(m, table_params(table, 0), dir);
+}
+
+void check_compatible(const Metadata& m, const std::vector<Metadata::Param>& model, const std::string& dir) {
   std::string problems;
-  for (const ParamSpec& p : table.entries()) {
+  std::unordered_set<std::string> names;
+  for (const Metadata::Param& p : model) {
+    if (!names.insert(p.name).second) continue;  // a tied copy on another pipeline rank
     const Metadata::Param* s = m.find_param(p.name);
-    const std::vector<int64_t> shape(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim);
     if (!s)
       problems += "\n  " + p.name + ": not in the checkpoint";
-    else if (s->shape != shape)
-      problems += str_cat("\n  ", p.name, ": shape ", p.full_shape.str(), " in the model, ", shape_str(s->shape),
+    else if (s->shape != p.shape)
+      problems += str_cat("\n  ", p.name, ": shape ", shape_str(p.shape), " in the model, ", shape_str(s->shape),
                           " in the checkpoint");
   }
   for (const Metadata::Param& s : m.params)
-    if (!table.contains(s.name)) problems += "\n  " + s.name + ": in the checkpoint, not in the model";
+    if (!names.count(s.name)) problems += "\n  " + s.name + ": in the checkpoint, not in the model";
   if (!problems.empty())
     RAISE(dir, ": the checkpoint's parameters do not match the model (the [model] config must be the same):",
           problems);
@@ -443,10 +564,19 @@ TrainerState load(const std::string& dir, AdamW& opt, Comm* group) {
   Comm& comm = group ? *group : opt.comm();
   const std::string error = check(dir, comm);
   if (!error.empty()) RAISE("corrupt checkpoint: ", error);
+  // The model's parameters are the union of the pipeline ranks' tables: learn the others'.
+  const std::vector<StageTable> tables = gather_tables(comm, opt);
   std::unique_ptr<Reader> reader;
   agree(comm, [&] {
+    std::vector<Metadata::Param> model;
+    for (const StageTable& t : tables) {
+      if (!t.found)
+        RAISE("checkpoint::load of a pipeline-parallel model is collective over every rank of the run (a group "
+              "holding every pipeline rank)");
+      model.insert(model.end(), t.params.begin(), t.params.end());
+    }
     reader = std::make_unique<Reader>(dir);
-    check_compatible(reader->metadata(), opt.store().table(), dir);
+    check_compatible(reader->metadata(), model, dir);
     for (int k = 0; k < 3; ++k)
       fill_shard(opt, k, [&](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
         reader->read(k, p.name, lo, hi, out);

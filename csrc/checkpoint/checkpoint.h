@@ -1,12 +1,14 @@
 // Distributed checkpoints: <run_dir>/checkpoints/step_<N>/ holds metadata.json (metadata.h) and
 // one safetensors file per writing rank, rank_<r>.safetensors, with that rank's optimizer shard
 // [begin, end) of its flat buffers as three 1-D f32 tensors: master, exp_avg, exp_avg_sq (one
-// file per tensor-parallel rank, from its first data-parallel rank, when the state is not
-// sharded: ZeRO stage 0 or one dp rank). Under tensor parallelism each tp rank's buffers hold
-// its blocks of the split parameters (metadata.h). The compute weights are not saved: they are
-// the master weights cast to the compute dtype.
+// file per (pipeline, tensor-parallel) rank, from its first data-parallel rank, when the state
+// is not sharded: ZeRO stage 0 or one dp rank). Under tensor parallelism each tp rank's buffers
+// hold its blocks of the split parameters, under pipeline parallelism each pipeline rank's
+// buffers its stages' parameters (metadata.h: the metadata lists the union of the pipeline
+// ranks' tables, which rank 0 learns over the group). The compute weights are not saved: they
+// are the master weights cast to the compute dtype.
 //
-// Saving is collective over the optimizer's data-parallel group and atomic:
+// Saving is collective over every rank of the run and atomic:
 //   1. rank 0 makes step_<N>.tmp-<pid>/ (a name "auto" never picks)
 //   2. every writer writes and fsyncs its file, hashing it as it goes
 //   3. sizes and checksums reach rank 0 (a collective: every file is complete past it), which
@@ -17,8 +19,10 @@
 // folder; earlier checkpoints are never touched until the new one is complete.
 // Loading checks integrity first (metadata checksum and fields; every file's size and XXH64,
 // each file hashed by one rank), then each rank reads, for each parameter in its new shard,
-// the saved elements by name and full-tensor index from whichever files hold them: any data-
-// and tensor-parallel sizes, ZeRO stage and padding of the saved run load into any of the new run.
+// the saved elements by name and full-tensor index from whichever files hold them: any data-,
+// tensor- and pipeline-parallel sizes, ZeRO stage and padding of the saved run load into any of
+// the new run (a pipeline rank holding a copy of a tied embedding reads it where the checkpoint
+// holds it).
 #pragma once
 #include <functional>
 #include <memory>
@@ -40,7 +44,7 @@ struct SaveOptions {
 };
 
 // Collective over `group`: every rank of the run (default opt.comm(), the data-parallel group,
-// which is every rank without tensor parallelism). Returns the checkpoint's folder.
+// which is every rank without tensor or pipeline parallelism). Returns the checkpoint's folder.
 std::string save(const SaveOptions& options, AdamW& opt, Comm* group = nullptr);
 
 // "" when the checkpoint at `dir` is complete and intact, else what is wrong, naming the file.
@@ -56,13 +60,17 @@ void verify(const std::string& dir);
 std::string resolve_resume(const std::string& spec, const std::string& root, Comm& comm);
 
 // Loads the checkpoint into the optimizer's shard (any saved layout), rewrites the compute
-// weights and returns the trainer state. The model's parameter table must match the saved one
-// by names and (full) shapes. Collective over `group` (as for save).
+// weights and returns the trainer state. The model's parameters (the union of its pipeline
+// ranks' tables, learned over the group) must match the saved ones by names and (full) shapes.
+// Collective over `group` (as for save; under pipeline parallelism it must hold every rank).
 TrainerState load(const std::string& dir, AdamW& opt, Comm* group = nullptr);
 
 // Throws unless the saved parameter table has exactly the table's names and shapes (offsets and
 // padding may differ), listing every difference.
 void check_compatible(const Metadata& m, const ParamTable& table, const std::string& dir);
+// The same for a model described by name and full shape (a name listed twice, e.g. a tied copy
+// on another pipeline rank, counts once).
+void check_compatible(const Metadata& m, const std::vector<Metadata::Param>& model, const std::string& dir);
 
 // Random access to a checkpoint's saved tensors by parameter name (tools and loaders).
 class Reader {
@@ -71,13 +79,14 @@ class Reader {
   const Metadata& metadata() const { return meta_; }
   const std::string& dir() const { return dir_; }
   // Elements [lo, hi) of parameter `name` (counted within the full tensor, whichever saved
-  // tensor-parallel ranks hold them) of tensor kind `kind` (0 master, 1 exp_avg, 2 exp_avg_sq)
-  // into `out`.
+  // pipeline and tensor-parallel ranks hold them) of tensor kind `kind` (0 master, 1 exp_avg,
+  // 2 exp_avg_sq) into `out`.
   void read(int kind, const std::string& name, int64_t lo, int64_t hi, float* out) const;
 
  private:
-  // Flat elements [g, g_end) of tensor-parallel rank tp_rank's saved buffers.
-  void read_flat(int kind, int tp_rank, int64_t g, int64_t g_end, float* out, const std::string& name) const;
+  // Flat elements [g, g_end) of rank (pp_rank, tp_rank)'s saved buffers.
+  void read_flat(int kind, int pp_rank, int tp_rank, int64_t g, int64_t g_end, float* out,
+                 const std::string& name) const;
   const SafetensorsFile& shard_file(size_t i) const;  // opened and checked on first use
   std::string dir_;
   Metadata meta_;

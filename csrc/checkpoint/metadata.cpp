@@ -78,20 +78,29 @@ std::string Metadata::serialize() const {
   j["trainer"] = {{"consumed_samples", state.consumed_samples},
                   {"tokens_seen", state.tokens_seen},
                   {"train_seconds", state.train_seconds}};
-  j["layout"] = {{"world_size", layout.world_size},   {"data_parallel", layout.data_parallel},
+  j["layout"] = {{"world_size", layout.world_size},
+                 {"data_parallel", layout.data_parallel},
                  {"tensor_parallel", layout.tensor_parallel},
-                 {"zero_stage", layout.zero_stage},   {"capacity", layout.capacity},
-                 {"compute_dtype", layout.compute_dtype}, {"device", layout.device}};
+                 {"pipeline_parallel", layout.pipeline_parallel},
+                 {"zero_stage", layout.zero_stage},
+                 {"capacity", layout.capacity},
+                 {"compute_dtype", layout.compute_dtype},
+                 {"device", layout.device}};
   j["tensors"] = json::array();
   for (const char* k : kTensorKinds) j["tensors"].push_back(k);
   j["table_elements"] = table_elements;
   j["params"] = json::array();
   for (const Param& p : params)
-    j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"split_dim", p.split_dim}, {"offset", p.offset}});
+    j["params"].push_back({{"name", p.name},
+                           {"shape", p.shape},
+                           {"split_dim", p.split_dim},
+                           {"pp_rank", p.pp_rank},
+                           {"offset", p.offset}});
   j["shards"] = json::array();
   for (const Shard& s : shards)
     j["shards"].push_back(
-        {{"file", s.file}, {"rank", s.rank}, {"tp_rank", s.tp_rank}, {"begin", s.begin}, {"end", s.end}});
+        {{"file", s.file}, {"rank", s.rank}, {"pp_rank", s.pp_rank}, {"tp_rank", s.tp_rank}, {"begin", s.begin},
+         {"end", s.end}});
   j["files"] = json::array();
   for (const File& f : files) j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
   j["config"] = config_toml;
@@ -127,9 +136,9 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   if (f.string(j, "format", "format") != kFormatName) f.fail("format", "expected \"" + std::string(kFormatName) + "\"");
   Metadata m;
   m.version = static_cast<int>(f.integer(j, "version", "version"));
-  if (m.version != kFormatVersion && m.version != 1)
+  if (m.version < 1 || m.version > kFormatVersion)
     f.fail("version", str_cat("format version ", m.version, " is not supported (this build reads 1 to ", kFormatVersion, ")"));
-  const bool v1 = m.version == 1;
+  const bool v1 = m.version == 1, before_pp = m.version < 3;
   m.state.step = static_cast<int>(f.integer(j, "step", "step", 0, INT32_MAX));
   const json& tr = f.get(j, "trainer", "trainer");
   m.state.consumed_samples = f.integer(tr, "consumed_samples", "trainer.consumed_samples");
@@ -142,8 +151,29 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   m.layout.data_parallel = static_cast<int>(f.integer(lay, "data_parallel", "layout.data_parallel", 1, INT32_MAX));
   if (!v1)
     m.layout.tensor_parallel = static_cast<int>(f.integer(lay, "tensor_parallel", "layout.tensor_parallel", 1, INT32_MAX));
+  if (!before_pp)
+    m.layout.pipeline_parallel =
+        static_cast<int>(f.integer(lay, "pipeline_parallel", "layout.pipeline_parallel", 1, INT32_MAX));
+  const int pp = m.layout.pipeline_parallel;
   m.layout.zero_stage = static_cast<int>(f.integer(lay, "zero_stage", "layout.zero_stage", 0, 3));
-  m.layout.capacity = f.integer(lay, "capacity", "layout.capacity");
+  // Versions 1 and 2: one number; version 3: one per pipeline rank.
+  auto per_pp_rank = [&](const json& obj, const std::string& key, const std::string& field, const auto& hi) {
+    std::vector<int64_t> out;
+    if (before_pp) {
+      out.push_back(f.integer(obj, key, field, 0, hi(0)));
+      return out;
+    }
+    const json& a = f.array(obj, key, field);
+    if (static_cast<int64_t>(a.size()) != pp) f.fail(field, str_cat("expected ", pp, " values (pipeline_parallel)"));
+    for (size_t r = 0; r < a.size(); ++r) {
+      if (!a[r].is_number_integer()) f.fail(field, "expected integers, got " + a[r].dump());
+      const int64_t x = a[r].get<int64_t>();
+      if (x < 0 || x > hi(r)) f.fail(field, str_cat("out of range: ", x));
+      out.push_back(x);
+    }
+    return out;
+  };
+  m.layout.capacity = per_pp_rank(lay, "capacity", "layout.capacity", [](size_t) { return INT64_MAX; });
   m.layout.compute_dtype = f.string(lay, "compute_dtype", "layout.compute_dtype");
   m.layout.device = f.string(lay, "device", "layout.device");
 
@@ -151,7 +181,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   std::vector<std::string> expect(std::begin(kTensorKinds), std::end(kTensorKinds));
   if (kinds != json(expect)) f.fail("tensors", "expected " + json(expect).dump() + ", got " + kinds.dump());
 
-  m.table_elements = f.integer(j, "table_elements", "table_elements", 0, m.layout.capacity);
+  m.table_elements = per_pp_rank(j, "table_elements", "table_elements", [&](size_t r) { return m.layout.capacity[r]; });
   const json& params = f.array(j, "params", "params");
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string at_p = str_cat("params[", i, "]");
@@ -170,9 +200,11 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
         f.fail(at_p + ".split_dim", str_cat(p.name, ": dimension ", p.split_dim, " of ", p.shape.size(),
                                             " does not split over tensor_parallel = ", m.layout.tensor_parallel));
     }
-    if (p.offset + m.block_numel(p) > m.table_elements)
+    if (!before_pp) p.pp_rank = static_cast<int>(f.integer(params[i], "pp_rank", at_p + ".pp_rank", 0, pp - 1));
+    const int64_t extent = m.table_elements[static_cast<size_t>(p.pp_rank)];
+    if (p.offset + m.block_numel(p) > extent)
       f.fail(at_p, str_cat(p.name, " at [", p.offset, ", ", p.offset + m.block_numel(p), ") runs past table_elements ",
-                           m.table_elements));
+                           extent, before_pp ? "" : str_cat(" of pp_rank ", p.pp_rank)));
     if (m.find_param(p.name)) f.fail(at_p + ".name", p.name + " appears twice");
     m.params.push_back(std::move(p));
   }
@@ -196,29 +228,38 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     Shard s;
     s.file = f.string(shards[i], "file", at_s + ".file");
     s.rank = static_cast<int>(f.integer(shards[i], "rank", at_s + ".rank", 0, INT32_MAX));
+    if (!before_pp) s.pp_rank = static_cast<int>(f.integer(shards[i], "pp_rank", at_s + ".pp_rank", 0, pp - 1));
     if (!v1)
       s.tp_rank = static_cast<int>(f.integer(shards[i], "tp_rank", at_s + ".tp_rank", 0, m.layout.tensor_parallel - 1));
-    s.begin = f.integer(shards[i], "begin", at_s + ".begin", 0, m.layout.capacity);
-    s.end = f.integer(shards[i], "end", at_s + ".end", s.begin, m.layout.capacity);
+    const int64_t capacity = m.layout.capacity[static_cast<size_t>(s.pp_rank)];
+    s.begin = f.integer(shards[i], "begin", at_s + ".begin", 0, capacity);
+    s.end = f.integer(shards[i], "end", at_s + ".end", s.begin, capacity);
     if (std::none_of(m.files.begin(), m.files.end(), [&](const File& x) { return x.name == s.file; }))
       f.fail(at_s + ".file", s.file + " is not listed in files");
     m.shards.push_back(std::move(s));
   }
   std::sort(m.shards.begin(), m.shards.end(), [](const Shard& a, const Shard& b) {
-    return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.begin < b.begin;
+    return a.pp_rank != b.pp_rank ? a.pp_rank < b.pp_rank : a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank
+                                                                                   : a.begin < b.begin;
   });
-  // The shards of each tensor-parallel rank must tile [0, capacity) exactly.
+  // The shards of each (pipeline, tensor-parallel) rank must tile [0, its capacity) exactly.
   size_t i = 0;
-  for (int t = 0; t < m.layout.tensor_parallel; ++t) {
-    int64_t covered = 0;
-    for (; i < m.shards.size() && m.shards[i].tp_rank == t; ++i) {
-      const Shard& s = m.shards[i];
-      if (s.begin != covered)
-        f.fail("shards", str_cat(s.file, " begins at ", s.begin, ", expected ", covered, " (gap or overlap) for tp_rank ", t));
-      covered = s.end;
+  for (int q = 0; q < pp; ++q) {
+    const int64_t capacity = m.layout.capacity[static_cast<size_t>(q)];
+    const std::string which = before_pp ? "" : str_cat("pp_rank ", q, ", ");
+    for (int t = 0; t < m.layout.tensor_parallel; ++t) {
+      int64_t covered = 0;
+      for (; i < m.shards.size() && m.shards[i].pp_rank == q && m.shards[i].tp_rank == t; ++i) {
+        const Shard& s = m.shards[i];
+        if (s.begin != covered)
+          f.fail("shards", str_cat(s.file, " begins at ", s.begin, ", expected ", covered, " (gap or overlap) for ",
+                                   which, "tp_rank ", t));
+        covered = s.end;
+      }
+      if (covered != capacity)
+        f.fail("shards", str_cat("cover [0, ", covered, ") for ", which, "tp_rank ", t, ", the layout's capacity is ",
+                                 capacity));
     }
-    if (covered != m.layout.capacity)
-      f.fail("shards", str_cat("cover [0, ", covered, ") for tp_rank ", t, ", the layout's capacity is ", m.layout.capacity));
   }
   return m;
 }

@@ -298,15 +298,6 @@ struct Checker {
       RAISE(c.where(set("distributed.stages_per_rank") ? "distributed.stages_per_rank" : "distributed.pipeline_parallel"),
             "pipeline_parallel x stages_per_rank = ", stages, " stages, more than model.num_layers (", m.num_layers,
             "): every stage needs at least one block");
-    if (d.pipeline_parallel > 1) {
-      const char* unsupported = c.training.checkpoint_every > 0 ? "training.checkpoint_every"
-                                : c.training.resume != "none"   ? "training.resume"
-                                : !m.init_from.empty()          ? "model.init_from"
-                                                                : nullptr;
-      if (unsupported)
-        RAISE(c.where(unsupported), "not supported with distributed.pipeline_parallel > 1 yet (checkpoints of a "
-              "pipeline-parallel run do not exist yet); train without it or with pipeline_parallel = 1");
-    }
     const int64_t tokens = int64_t{c.batch.micro_batch_size} * c.data.sequence_length;
     if (d.sequence_parallel && tp > 1 && tokens % tp != 0)
       RAISE(c.where("distributed.sequence_parallel"), "needs the tokens of a micro-batch (micro_batch_size ",

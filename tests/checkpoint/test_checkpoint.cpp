@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/tools.h"
@@ -102,8 +104,9 @@ TEST_CASE("checkpoint: metadata and shard hold the optimizer's state; loading re
   CHECK(m.state.step == 3);
   CHECK(m.state.consumed_samples == 3 * c.batch.global_batch_size);
   CHECK(m.layout.data_parallel == 1);
-  CHECK(m.layout.capacity == t.model().params().capacity());
-  CHECK(m.table_elements == t.model().params().table().total_elements());
+  CHECK(m.layout.pipeline_parallel == 1);
+  CHECK(m.layout.capacity == std::vector<int64_t>{t.model().params().capacity()});
+  CHECK(m.table_elements == std::vector<int64_t>{t.model().params().table().total_elements()});
   CHECK(m.params.size() == t.model().params().table().entries().size());
   REQUIRE(m.files.size() == 1);
   CHECK(m.files[0].bytes == fs::file_size(dir + "/rank_0.safetensors"));
@@ -128,6 +131,48 @@ TEST_CASE("checkpoint: metadata and shard hold the optimizer's state; loading re
   CHECK(same_bits(su.exp_avg, st.exp_avg));
   CHECK(same_bits(su.exp_avg_sq, st.exp_avg_sq));
   CHECK(same_bits(u.model().params().weights_flat(), t.model().params().weights_flat()));
+}
+
+TEST_CASE("checkpoint: metadata versions 1 and 2 (before pipeline parallelism) still load") {
+  Config c = run_config("old-versions", {}, "llama", true);
+  Trainer t(c, false);
+  losses(t, 2);
+  const std::string dir = t.save_checkpoint(), meta = dir + "/metadata.json";
+  const std::string v3 = read_text(meta);
+  for (int version : {2, 1}) {
+    CAPTURE(version);
+    // The same checkpoint as the older versions wrote it.
+    auto j = nlohmann::ordered_json::parse(v3);
+    j.erase("metadata_xxh64");
+    j["version"] = version;
+    j["layout"].erase("pipeline_parallel");
+    if (version == 1) j["layout"].erase("tensor_parallel");
+    j["layout"]["capacity"] = j["layout"]["capacity"][0];
+    j["table_elements"] = j["table_elements"][0];
+    for (auto& p : j["params"]) {
+      p.erase("pp_rank");
+      if (version == 1) p.erase("split_dim");
+    }
+    for (auto& s : j["shards"]) {
+      s.erase("pp_rank");
+      if (version == 1) s.erase("tp_rank");
+    }
+    std::string body = j.dump(1);
+    body.resize(body.size() - 2);  // "\n}"
+    body += ",\n";
+    write_text(meta, body + " \"metadata_xxh64\": \"" + ck::hex64(ck::xxh64(body.data(), body.size())) + "\"\n}\n");
+    const ck::Metadata m = ck::read_metadata(dir);
+    CHECK(m.version == version);
+    CHECK(m.layout.pipeline_parallel == 1);
+    CHECK(m.layout.capacity == std::vector<int64_t>{t.model().params().capacity()});
+    CHECK(m.params.front().pp_rank == 0);
+    Config again = c;
+    again.training.resume = dir;
+    Trainer u(again, false);
+    CHECK(u.step() == 2);
+    CHECK(same_bits(u.optimizer().shard_state().master, t.optimizer().shard_state().master));
+    CHECK(same_bits(u.optimizer().shard_state().exp_avg_sq, t.optimizer().shard_state().exp_avg_sq));
+  }
 }
 
 TEST_CASE("checkpoint: a different buffer capacity (padding) loads by parameter name and offset") {

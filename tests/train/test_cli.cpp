@@ -90,8 +90,6 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
       {"missing data", good_config("cli-missing", (dir / "absent").string()), {"absent"}},
       {"truncated index", good_config("cli-cut", (dir / "cut").string()), {"cut.idx", "offset"}},
       {"unknown option", good + " --frobnicate", {"--frobnicate"}},
-      {"pipeline with checkpoints", good + " distributed.pipeline_parallel=2 training.checkpoint_every=1",
-       {"training.checkpoint_every", "pipeline_parallel"}},
       {"too many stages", good + " distributed.pipeline_parallel=2 distributed.stages_per_rank=2",
        {"distributed.stages_per_rank", "model.num_layers (2)"}},
       {"bad schedule", good + " distributed.pipeline_schedule=\"zigzag\"", {"distributed.pipeline_schedule"}},
