@@ -22,6 +22,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tools.h"
 #include "comm/mpi_comm.h"
+#include "comm/nccl_comm.h"
 #include "core/log.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
@@ -496,5 +497,32 @@ TEST_CASE("checkpoint: --export-hf from a pipeline-parallel checkpoint equals th
     Trainer ip(cfg("init-pp", layout, "none", init), false, &world());
     check_weights_by_name(io, ip, 0.0);
     check_close(losses(ip, 2), losses(io, 2), 0, "pipeline layout from model.init_from");
+  }
+}
+
+TEST_CASE("GPUs with NCCL: pp2 and tp2 checkpoints save, and resume on the same layout and on one GPU") {
+  if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
+  QuietLogs quiet;
+  SharedDir d("gpu");
+  auto nccl = make_nccl_comm(world());
+  SelfComm self;
+  for (const Pp& l : {Pp{2, 2, 1, 1}, Pp{1, 1, 2, 0}}) {
+    CAPTURE(l.pp);
+    CAPTURE(l.tp);
+    const std::string tag = "p" + std::to_string(l.pp) + "t" + std::to_string(l.tp);
+    const std::vector<std::string> cuda = {"run.device=\"cuda\""};
+    Trainer a(pp_config(d, "gpt2", "gpu-" + tag, l, "none", cuda), false, nccl.get());
+    std::vector<double> la = losses(a, 3);
+    const std::string saved = a.save_checkpoint();  // the table exchange runs on NCCL tensors
+    const ck::Metadata m = ck::read_metadata(saved);
+    CHECK(m.layout.tensor_parallel == l.tp);
+    for (double x : losses(a, 3)) la.push_back(x);
+    Trainer b(pp_config(d, "gpt2", "gpu-" + tag + "-again", l, saved, cuda), false, nccl.get());
+    const std::vector<double> lb = losses(b, 3);
+    for (int i = 0; i < 3; ++i) CHECK(lb[static_cast<size_t>(i)] == doctest::Approx(la[static_cast<size_t>(i + 3)]).epsilon(1e-3));
+    // One GPU per rank, each resuming alone from the same checkpoint.
+    Trainer s(pp_config(d, "gpt2", "gpu-" + tag + "-one-" + std::to_string(world().rank()), Pp{}, saved, cuda), false, &self);
+    const std::vector<double> ls = losses(s, 3);
+    for (int i = 0; i < 3; ++i) CHECK(ls[static_cast<size_t>(i)] == doctest::Approx(la[static_cast<size_t>(i + 3)]).epsilon(2e-2));
   }
 }
