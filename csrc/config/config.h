@@ -125,6 +125,7 @@ struct DistributedConfig {
   int pipeline_parallel = 1;       // ranks the layers are split over (stages in sequence)
   int stages_per_rank = 1;         // pipeline stages per rank (interleaved: stage s on rank s % pp)
   ScheduleKind pipeline_schedule = ScheduleKind::BreadthFirst;  // micro-batch order (parallel/schedule.h)
+  double timeout_s = 600;          // a step, validation or checkpoint save running longer ends the job (0: off)
   bool operator==(const DistributedConfig&) const = default;
 };
 

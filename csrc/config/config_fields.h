@@ -149,6 +149,7 @@ void visit_fields(C& c, V& v) {
   v.field("pipeline_parallel", c.distributed.pipeline_parallel);
   v.field("stages_per_rank", c.distributed.stages_per_rank);
   v.choice("pipeline_schedule", c.distributed.pipeline_schedule, names_of(kScheduleNames));
+  v.field("timeout_s", c.distributed.timeout_s);
 
   v.section("distillation");
   v.field("teacher", c.distillation.teacher);

@@ -291,6 +291,7 @@ struct Checker {
       if (n % tp != 0)
         RAISE(c.where("distributed.tensor_parallel"), "must divide ", key, " (", n, "), got ", tp,
               " (each tensor-parallel rank holds an equal part of it)");
+    non_negative("distributed.timeout_s", d.timeout_s);
     at_least("distributed.pipeline_parallel", d.pipeline_parallel, 1);
     at_least("distributed.stages_per_rank", d.stages_per_rank, 1);
     const int stages = d.pipeline_parallel * d.stages_per_rank;

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +19,7 @@
 #include "checkpoint/tools.h"
 #include "comm/launch.h"
 #include "comm/nccl_comm.h"
+#include "comm/watchdog.h"
 #include "core/log.h"
 #include "layers/embedding.h"
 #include "models/model.h"
@@ -198,6 +202,18 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
            " (ZeRO stage ", config_.distributed.zero_stage, " over ", dp_size, " rank(s))");
 }
 
+// Fault injection for the hang tests: ENGINE_TEST_STALL="<rank>:<step>" makes that rank stop
+// responding (sleep forever) at the start of that step, as a stuck or half-dead rank would.
+void Trainer::stall_if_asked() const {
+  const char* spec = std::getenv("ENGINE_TEST_STALL");
+  if (!spec) return;
+  int rank = -1, step = -1;
+  if (std::sscanf(spec, "%d:%d", &rank, &step) != 2) return;
+  if (rank != world().rank() || step != step_ + 1) return;
+  log_warn("ENGINE_TEST_STALL: rank ", rank, " stalls at step ", step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
 }
@@ -317,6 +333,7 @@ std::string Trainer::save_checkpoint() {
   o.config_toml = config_to_toml(config_);
   o.state = {step_, consumed_, tokens_seen_, train_seconds_};
   const double t0 = now_seconds();
+  WatchdogScope watchdog(str_cat("the checkpoint of step ", step_), config_.distributed.timeout_s);
   const std::string dir = checkpoint::save(o, *optimizer_, &mesh_->all());
   last_checkpoint_step_ = step_;
   log_info("checkpoint ", dir, " written in ", format_duration(now_seconds() - t0));
@@ -364,6 +381,7 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
 
 StepResult Trainer::train_step() {
   ENSURE(step_ < config_.training.steps, "training already finished at step ", step_);
+  stall_if_asked();
   const double t0 = now_seconds();
   const int64_t gb = config_.batch.global_batch_size;
   optimizer_->begin_step();
@@ -413,7 +431,11 @@ int Trainer::run() {
   if (step_ >= total) log_info("nothing to train: the run is at step ", step_, " of ", total);
   int bad_in_a_row = 0;
   while (step_ < total) {
-    StepResult r = train_step();
+    StepResult r;
+    {
+      WatchdogScope watchdog(str_cat("step ", step_ + 1), config_.distributed.timeout_s);
+      r = train_step();
+    }
     train_seconds_ += r.seconds;
     tokens_seen_ += r.tokens;
     const double tps = r.seconds > 0 ? r.tokens / r.seconds : 0;
@@ -445,7 +467,11 @@ int Trainer::run() {
                r.step == 1 ? " | peak memory " + format_bytes(static_cast<double>(peak)) : "");
     }
     if (config_.training.eval_every > 0 && (r.step % config_.training.eval_every == 0 || r.step == total)) {
-      const double vl = evaluate();
+      double vl;
+      {
+        WatchdogScope watchdog(str_cat("validation after step ", r.step), config_.distributed.timeout_s);
+        vl = evaluate();
+      }
       log_info("step ", r.step, " | valid loss ", fmt("%.4f", vl));
       write_metrics(nlohmann::json{{"step", r.step}, {"valid_loss", vl}}.dump());
     }

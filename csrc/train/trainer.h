@@ -76,6 +76,7 @@ class Trainer {
   void init_teacher(const ModelLayout& student, DType compute);
   void open_metrics();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
+  void stall_if_asked() const;  // ENGINE_TEST_STALL fault injection (trainer.cpp)
 
   Config config_;
   std::unique_ptr<Comm> device_comm_;  // NCCL over the world when training on GPUs with several ranks

@@ -204,3 +204,34 @@ TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the me
   CHECK(count == 1);
   CHECK(r.output.find("missing-on-rank-1") != std::string::npos);
 }
+
+TEST_CASE("./train: a stuck rank ends the run with a message within distributed.timeout_s, never a hang" *
+          doctest::test_suite("slow")) {
+  if (!has_train_binary()) return;
+  const std::string cfg = good_config("cli-stall") + " training.steps=4 distributed.timeout_s=2";
+  {  // one process stalls at step 2: the watchdog ends it
+    const auto t0 = std::chrono::steady_clock::now();
+    Result s = run_command("ENGINE_TEST_STALL=0:2 timeout 60 " + train_binary() + " " + cfg);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(s.output);
+    CHECK(s.code == 3);
+    CHECK(s.output.find("step 2 did not finish within 2 s (distributed.timeout_s)") != std::string::npos);
+    CHECK(seconds < 30);
+  }
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    skip_test("no mpirun for the two-rank case");
+    return;
+  }
+  // Two ranks, rank 1 stalls: rank 0 waits in a collective; both are ended with the message.
+  const auto t0 = std::chrono::steady_clock::now();
+  Result m = run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "ENGINE_TEST_STALL=1:2 timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
+      "-x ENGINE_TEST_STALL " + train_binary() + " " + cfg);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(m.output);
+  CHECK(m.code != 0);
+  CHECK(m.code != 124);  // not the test's own timeout
+  CHECK(m.output.find("did not finish within 2 s (distributed.timeout_s)") != std::string::npos);
+  CHECK(seconds < 60);
+}
