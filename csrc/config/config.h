@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,8 @@ struct RunConfig {
   uint64_t seed = 1234;
   DeviceChoice device = DeviceChoice::Auto;
   int log_every = 1;                 // steps between log lines (metrics.jsonl gets every step)
-  int debug_level = 0;
+  int debug_level = 0;               // 1: debug log lines; 2: also per-layer tensor statistics
+  std::string debug_steps = "1";     // steps with statistics (debug_level 2): "1,5,10-12"
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -167,6 +169,8 @@ struct Config {
 // absolute, so the effective config reloads from anywhere; parse_config leaves them as given
 // when source_name has no directory); paths given as overrides stay relative to the cwd.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// "1,5,10-12" -> {1, 5, 10, 11, 12}; throws on anything else (run.debug_steps).
+std::set<int> parse_step_list(const std::string& text);
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 // The effective config (defaults and derived values filled in), as TOML that loads back to the

@@ -80,6 +80,7 @@ void visit_fields(C& c, V& v) {
   v.choice("device", c.run.device, names_of(kDeviceNames));
   v.field("log_every", c.run.log_every);
   v.field("debug_level", c.run.debug_level);
+  v.field("debug_steps", c.run.debug_steps);
 
   v.section("model");
   v.choice("family", c.model.family, names_of(kFamilyNames));

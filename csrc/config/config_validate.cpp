@@ -6,7 +6,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "checkpoint/hf.h"
 #include "config/config.h"
@@ -21,6 +23,25 @@ std::string Config::where(const std::string& key) const {
   if (it == origin.end()) it = origin.find(key.substr(0, key.find('.')));
   std::string loc = it != origin.end() ? it->second : (source.empty() ? "<config>" : source);
   return loc + ": " + key + ": ";
+}
+
+std::set<int> parse_step_list(const std::string& text) {
+  std::set<int> steps;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    int a = 0, b = 0;
+    char extra = 0;
+    const int n = std::sscanf(item.c_str(), "%d-%d%c", &a, &b, &extra);
+    if (n == 1 && item.find('-') == std::string::npos) b = a;
+    if (!(n == 1 || n == 2) || a < 1 || b < a || b - a > 1000000)
+      RAISE("expected step numbers >= 1 or ranges a-b separated by commas (e.g. \"1,5,10-12\"), got \"", text,
+            "\" (at \"", item, "\")");
+    for (int s = a; s <= b; ++s) steps.insert(s);
+    at = comma + 1;
+  }
+  return steps;
 }
 
 bool Config::operator==(const Config& o) const {
@@ -161,6 +182,11 @@ struct Checker {
     non_empty("run.output_dir", c.run.output_dir);
     at_least("run.log_every", c.run.log_every, 1);
     at_least("run.debug_level", c.run.debug_level, 0);
+    try {
+      parse_step_list(c.run.debug_steps);
+    } catch (const std::exception& e) {
+      RAISE(c.where("run.debug_steps"), e.what());
+    }
   }
 
   // A path set in the file is relative to the file's folder (like data paths); one from the

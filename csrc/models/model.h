@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/params.h"
 #include "models/micro_batch.h"
+#include "models/tensor_stats.h"
 
 namespace engine {
 
@@ -61,6 +62,9 @@ class Model {
   using Teacher = std::function<void(const MicroBatch& mb, const Tensor& logits)>;
   virtual void vocab_logits(const MicroBatch& mb, const Tensor& out) = 0;
   virtual void set_teacher(Teacher teacher, const DistillationConfig& distillation) = 0;
+  // Debugging: while set, forward and backward add their residual-stream tensors to `stats`
+  // (models/tensor_stats.h), each element once over the tensor-parallel group.
+  virtual void set_stats(StatsRecorder* stats) = 0;
 };
 
 // How a model's layers are split and run (distributed.*): the tensor-parallel group (nullptr or

@@ -86,6 +86,11 @@ Shape Transformer::stage_activation_shape(const MicroBatch& mb) const {
   return {local_tokens(mb), config_.hidden_size};
 }
 
+void Transformer::record(const std::string& name, const Tensor& x) const {
+  // Without sequence parallelism every tp rank holds the same residual stream: count it once.
+  if (stats_ && (env_.sp() || env_.tp_rank() == 0)) stats_->record(name, x);
+}
+
 std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_unique<TSaved>(); }
 
 double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& input,
@@ -99,6 +104,7 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
     s.x0 = env_.act_tensor(stage_activation_shape(mb));
     embedding_.forward(env_, mb.tokens, mb.positions, s.x0);
     x = &s.x0.t;
+    if (with_grad) record(StatsRecorder::forward_name(-1), *x);
   } else {
     expect_shape(input, stage_activation_shape(mb), "stage input");
     s.input = input;
@@ -113,6 +119,7 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
     if (!with_grad && k > 0) s.blocks[k - 1] = layers::BlockSaved{};
     if (!with_grad && k == 0) s.x0 = Owned{};
     x = &s.blocks[k].y.t;
+    if (with_grad) record(StatsRecorder::forward_name(i), *x);
   }
   if (!p.head) return 0;
   Owned teacher;
@@ -149,6 +156,7 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
   Owned dy_owned = p.head ? std::move(s.head.dx) : Owned{};
   Tensor dy = p.head ? dy_owned.t : grad_output;
   if (!p.head) expect_shape(dy, stage_activation_shape(mb), "stage output gradient");
+  if (p.head) record(StatsRecorder::kHeadGrad, dy);
   for (int i = p.end_block; i-- > p.first_block;) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
@@ -157,6 +165,7 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy_owned = std::move(dx);
     dy = dy_owned.t;
+    record(StatsRecorder::backward_name(i), dy);
     // Block i and every parameter after it on this rank are complete.
     if (grads_ready) grads_ready(block_offsets_[static_cast<size_t>(i)]);
   }

@@ -53,6 +53,7 @@ class Transformer final : public Model {
   DType activation_dtype() const override { return env_.act; }
   void vocab_logits(const MicroBatch& mb, const Tensor& out) override;
   void set_teacher(Teacher teacher, const DistillationConfig& distillation) override;
+  void set_stats(StatsRecorder* stats) override { stats_ = stats; }
 
  private:
   struct TSaved;
@@ -67,6 +68,8 @@ class Transformer final : public Model {
   std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
   std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter
   Teacher teacher_;
+  StatsRecorder* stats_ = nullptr;
+  void record(const std::string& name, const Tensor& x) const;
 };
 
 }  // namespace engine

@@ -125,6 +125,10 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
       dp_(mesh_->dp()), write_outputs_(write_outputs && world().rank() == 0),
       device_(resolve_device(config.run.device)) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
+  if (config_.run.debug_level >= 2) {
+    stats_ = std::make_unique<StatsRecorder>(config_.model.num_layers);
+    debug_steps_ = parse_step_list(config_.run.debug_steps);
+  }
 #ifdef ENGINE_CUDA
   if (device_ == Device::CUDA) {
     const int gpu = launch_info().local_rank % cuda::device_count();
@@ -387,7 +391,16 @@ StepResult Trainer::train_step() {
   optimizer_->begin_step();
   model_->params().zero_grads();
   int64_t loss_tokens = 0;
+  const bool stats = stats_ && debug_steps_.count(step_ + 1);
+  if (stats) {
+    stats_->clear();
+    model_->set_stats(stats_.get());
+  }
   const double loss_sum = run_batch(*train_data_, consumed_, gb, true, &loss_tokens);
+  if (stats) {
+    model_->set_stats(nullptr);
+    write_stats(step_ + 1);
+  }
   consumed_ += gb;
   if (loss_tokens == 0) log_warn("step ", step_ + 1, ": the global batch has no loss tokens");
   ++step_;
@@ -413,6 +426,20 @@ double Trainer::evaluate() {
   for (int i = 0; i < config_.training.eval_steps; ++i)
     loss_sum += run_batch(*valid_data_, int64_t{i} * gb, gb, false, &loss_tokens);
   return loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : NAN;
+}
+
+void Trainer::write_stats(int step) {
+  stats_->merge(mesh_->all());
+  if (!write_outputs_) return;
+  std::ofstream out(run_dir_ + "/debug_stats.jsonl", std::ios::app);
+  int order = 0;
+  for (const std::string& n : stats_->names()) {
+    const TensorStats& t = stats_->at(n);
+    out << nlohmann::json{{"step", step}, {"order", order++}, {"tensor", n}, {"count", t.count},
+                          {"mean", t.mean()}, {"std", t.std()}, {"max_abs", t.max_abs}, {"nan", t.nan}}
+               .dump()
+        << "\n";
+  }
 }
 
 void Trainer::write_metrics(const std::string& line) {

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "comm/comm.h"
@@ -59,6 +60,8 @@ class Trainer {
   Model& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   const Mesh& mesh() const { return *mesh_; }
+  // The merged tensor statistics of the last debug step (run.debug_level >= 2), else nullptr.
+  const StatsRecorder* debug_stats() const { return stats_.get(); }
   const std::string& run_dir() const { return run_dir_; }
 
   // Set by SIGINT/SIGTERM once install_signal_handlers() ran (the train program does so at
@@ -77,6 +80,7 @@ class Trainer {
   void open_metrics();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
   void stall_if_asked() const;  // ENGINE_TEST_STALL fault injection (trainer.cpp)
+  void write_stats(int step);   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
 
   Config config_;
   std::unique_ptr<Comm> device_comm_;  // NCCL over the world when training on GPUs with several ranks
@@ -87,6 +91,8 @@ class Trainer {
   std::string run_dir_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> teacher_;  // distillation: forward only, on the last stage's ranks
+  std::unique_ptr<StatsRecorder> stats_;  // run.debug_level >= 2
+  std::set<int> debug_steps_;
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<Comm> tied_;  // pipeline ranks holding a copy of the tied embedding
   std::unique_ptr<AdamW> optimizer_;

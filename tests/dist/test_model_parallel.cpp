@@ -20,6 +20,7 @@
 #include "checkpoint/tools.h"
 #include "comm/mpi_comm.h"
 #include "comm/nccl_comm.h"
+#include "core/log.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
@@ -208,6 +209,48 @@ TEST_CASE("tensor parallel with distillation (vocab-parallel KL) reproduces one 
     compare_runs(c, world());
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("debug statistics (run.debug_level = 2) are layout independent: tp, sp, pp, dp vs one rank") {
+  std::vector<Case> cases;
+  const std::vector<std::string> dbg = {"run.debug_level=2", "run.debug_steps=\"1-2\""};
+  auto with = [&](std::vector<std::string> o) {
+    o.insert(o.end(), dbg.begin(), dbg.end());
+    return o;
+  };
+  if (world().size() == 2) cases = {{"llama", 2, with({"distributed.sequence_parallel=true"})}, {"gpt2", 1, with(pp(2, 2, "breadth_first"))}};
+  if (world().size() == 4) cases = {{"llama", 2, with(pp(2, 1, "breadth_first", {"distributed.sequence_parallel=true"}))}};
+  if (cases.empty()) {
+    skip_test("runs on 2 and 4 ranks");
+    return;
+  }
+  log_set_level(LogLevel::Warn);  // debug_level turns on debug lines
+  for (const Case& c : cases) {
+    std::vector<std::string> model_keys;
+    for (const auto& e : c.extra)
+      if (e.rfind("model.", 0) == 0 || e.rfind("run.", 0) == 0) model_keys.push_back(e);
+    SelfComm self;
+    Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, "cpu", model_keys)), false, &self);
+    Trainer parallel(tiny_run_config(c.family, tp_layout(c.tp, c.tp, "cpu", c.extra)), false, &world());
+    log_set_level(LogLevel::Warn);
+    for (int step = 1; step <= 2; ++step) {
+      single.train_step();
+      parallel.train_step();
+      const StatsRecorder& a = *single.debug_stats();
+      const StatsRecorder& b = *parallel.debug_stats();
+      for (const std::string& n : a.names()) {
+        INFO(c.family << " step " << step << " " << n << ": mean " << a.at(n).mean() << " / " << b.at(n).mean()
+                      << ", std " << a.at(n).std() << " / " << b.at(n).std());
+        CHECK(b.at(n).count == a.at(n).count);
+        CHECK(b.at(n).count > 0);
+        CHECK(b.at(n).nan == 0);
+        CHECK(b.at(n).std() == doctest::Approx(a.at(n).std()).epsilon(1e-4));
+        CHECK(b.at(n).max_abs == doctest::Approx(a.at(n).max_abs).epsilon(1e-4));
+        CHECK(std::abs(b.at(n).mean() - a.at(n).mean()) <= 1e-4 * a.at(n).std() + 1e-12);
+      }
+    }
+  }
+  log_set_level(LogLevel::Info);
 }
 
 TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradients, weights") {

@@ -93,6 +93,7 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
       {"too many stages", good + " distributed.pipeline_parallel=2 distributed.stages_per_rank=2",
        {"distributed.stages_per_rank", "model.num_layers (2)"}},
       {"bad schedule", good + " distributed.pipeline_schedule=\"zigzag\"", {"distributed.pipeline_schedule"}},
+      {"bad debug steps", good + " run.debug_steps=\"3-1\"", {"run.debug_steps", "3-1"}},
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);
@@ -234,4 +235,28 @@ TEST_CASE("./train: a stuck rank ends the run with a message within distributed.
   CHECK(m.code != 124);  // not the test's own timeout
   CHECK(m.output.find("did not finish within 2 s (distributed.timeout_s)") != std::string::npos);
   CHECK(seconds < 60);
+}
+
+TEST_CASE("./train + scripts/compare_stats.py: per-layer statistics, the first divergence between two runs") {
+  if (!has_train_binary()) return;
+  if (std::system("python3 -c 'import json' >/dev/null 2>&1") != 0) {
+    skip_test("no python3 for scripts/compare_stats.py");
+    return;
+  }
+  const std::string dbg = " training.steps=3 run.debug_level=2 run.debug_steps=\"1-2\"";
+  Config c = tiny_run_config("llama");
+  const fs::path out = fs::path(c.run.output_dir);
+  for (const char* name : {"stats-a", "stats-b", "stats-c"}) fs::remove_all(out / name);
+  CHECK(run(good_config("stats-a") + dbg).code == 0);
+  CHECK(run(good_config("stats-b") + dbg).code == 0);
+  CHECK(run(good_config("stats-c") + dbg + " run.seed=77").code == 0);
+  const std::string script = "python3 scripts/compare_stats.py ";
+  Result same = run_command(script + (out / "stats-a").string() + " " + (out / "stats-b").string());
+  INFO(same.output);
+  CHECK(same.code == 0);
+  CHECK(same.output.find("no divergence: 12 tensor statistics over step(s) 1, 2") != std::string::npos);
+  Result other = run_command(script + (out / "stats-a").string() + " " + (out / "stats-c").string());
+  INFO(other.output);
+  CHECK(other.code == 1);
+  CHECK(other.output.find("first divergence: step 1, embedding.out") != std::string::npos);
 }
