@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@ namespace engine::checkpoint {
 
 namespace {
 std::atomic<int64_t> g_fail_after{-1};  // bytes left before an injected ENOSPC; -1: off
+std::atomic<bool> g_fail_kills{false};   // the injected fault is SIGKILL instead of ENOSPC
 
 // Bytes of this write that may go through before the injected fault, and whether it fires.
 size_t fault_budget(size_t bytes, bool* fire) {
@@ -33,7 +35,15 @@ size_t fault_budget(size_t bytes, bool* fire) {
 }
 }  // namespace
 
-void inject_write_failure(int64_t bytes) { g_fail_after.store(bytes < 0 ? -1 : bytes); }
+void inject_write_failure(int64_t bytes) {
+  g_fail_kills.store(false);
+  g_fail_after.store(bytes < 0 ? -1 : bytes);
+}
+
+void inject_write_kill(int64_t bytes) {
+  g_fail_kills.store(true);
+  g_fail_after.store(bytes < 0 ? -1 : bytes);
+}
 
 OutFile::OutFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -58,6 +68,7 @@ void OutFile::write(const void* data, size_t bytes) {
   }
   hash_.update(p, done);
   written_ += done;
+  if (fire && g_fail_kills.load()) std::raise(SIGKILL);  // as kill -9 mid-write: no cleanup at all
   if (fire) RAISE("write ", path_, " (at byte ", written_, "): ", std::strerror(ENOSPC), " (injected fault)");
 }
 

@@ -57,5 +57,7 @@ bool remove_tree(const std::string& path);
 // Test hook: after `bytes` more bytes, OutFile::write fails as if the disk were full (ENOSPC);
 // a negative value turns the fault off.
 void inject_write_failure(int64_t bytes);
+// Test hook: after `bytes` more bytes, the process kills itself (SIGKILL) inside OutFile::write.
+void inject_write_kill(int64_t bytes);
 
 }  // namespace engine::checkpoint

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/tools.h"
 #include "comm/launch.h"
@@ -206,6 +208,18 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
            " (ZeRO stage ", config_.distributed.zero_stage, " over ", dp_size, " rank(s))");
 }
 
+// Fault injection for the crash tests: ENGINE_TEST_KILL="<rank>:<step>:step" kills that rank
+// (SIGKILL, as kill -9) after that step's backward, before its update; "<rank>:<step>:checkpoint"
+// kills it 4 KiB into writing its file of that step's checkpoint.
+bool Trainer::kill_asked(const char* where) const {
+  const char* spec = std::getenv("ENGINE_TEST_KILL");
+  if (!spec) return false;
+  int rank = -1, step = -1;
+  char what[16] = {0};
+  if (std::sscanf(spec, "%d:%d:%15s", &rank, &step, what) != 3) return false;
+  return rank == world().rank() && step == step_ && std::strcmp(what, where) == 0;
+}
+
 // Fault injection for the hang tests: ENGINE_TEST_STALL="<rank>:<step>" makes that rank stop
 // responding (sleep forever) at the start of that step, as a stuck or half-dead rank would.
 void Trainer::stall_if_asked() const {
@@ -338,6 +352,7 @@ std::string Trainer::save_checkpoint() {
   o.state = {step_, consumed_, tokens_seen_, train_seconds_};
   const double t0 = now_seconds();
   WatchdogScope watchdog(str_cat("the checkpoint of step ", step_), config_.distributed.timeout_s);
+  if (kill_asked("checkpoint")) checkpoint::inject_write_kill(4096);
   const std::string dir = checkpoint::save(o, *optimizer_, &mesh_->all());
   last_checkpoint_step_ = step_;
   log_info("checkpoint ", dir, " written in ", format_duration(now_seconds() - t0));
@@ -404,6 +419,7 @@ StepResult Trainer::train_step() {
   consumed_ += gb;
   if (loss_tokens == 0) log_warn("step ", step_ + 1, ": the global batch has no loss tokens");
   ++step_;
+  if (kill_asked("step")) std::raise(SIGKILL);
   const double loss = loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
   StepStats st = optimizer_->step(step_, !std::isfinite(loss));
   StepResult r;

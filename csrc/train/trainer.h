@@ -80,6 +80,7 @@ class Trainer {
   void open_metrics();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
   void stall_if_asked() const;  // ENGINE_TEST_STALL fault injection (trainer.cpp)
+  bool kill_asked(const char* where) const;  // ENGINE_TEST_KILL fault injection (trainer.cpp)
   void write_stats(int step);   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
 
   Config config_;

@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/common/process.h"
 #include "tests/common/testing.h"
@@ -259,4 +262,67 @@ TEST_CASE("./train + scripts/compare_stats.py: per-layer statistics, the first d
   INFO(other.output);
   CHECK(other.code == 1);
   CHECK(other.output.find("first divergence: step 1, embedding.out") != std::string::npos);
+}
+
+namespace {
+// step -> loss of a run's metrics.jsonl.
+std::map<int, double> metric_losses(const fs::path& run_dir) {
+  std::map<int, double> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("loss")) out[j["step"].get<int>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses nothing; resume reproduces the losses" *
+          doctest::test_suite("slow")) {
+  if (!has_train_binary()) return;
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    skip_test("no mpirun");
+    return;
+  }
+  auto mpirun = [](const std::string& env, const std::string& args) {
+    return run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                       "OMPI_MCA_btl_vader_single_copy_mechanism=none ENGINE_TEST_KILL=" + env +
+                       " timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
+                       "-x ENGINE_TEST_KILL " + train_binary() + " " + args);
+  };
+  const std::string steps = " training.steps=6 training.checkpoint_every=2";
+  const fs::path out = fs::path(tiny_run_config("llama").run.output_dir);
+  for (const char* name : {"kill-ref", "kill-step", "kill-ckpt"}) fs::remove_all(out / name);
+  Result ref = mpirun("none", good_config("kill-ref") + steps);
+  INFO(ref.output);
+  REQUIRE(ref.code == 0);
+  const std::map<int, double> want = metric_losses(out / "kill-ref");
+  REQUIRE(want.size() == 6);
+
+  // Rank 1 killed after step 5's backward (checkpoints of steps 2 and 4 exist).
+  const std::string a = good_config("kill-step") + steps;
+  Result k = mpirun("1:5:step", a);
+  INFO(k.output);
+  CHECK(k.code != 0);
+  CHECK(k.code != 124);
+  CHECK(fs::exists(out / "kill-step" / "checkpoints" / "step_4" / "metadata.json"));
+  Result r = mpirun("none", a + " training.resume=auto");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("step_4: step 4") != std::string::npos);
+  CHECK(metric_losses(out / "kill-step") == want);
+
+  // Rank 0 killed 4 KiB into writing its file of step 4's checkpoint: step 2's stays usable.
+  const std::string b = good_config("kill-ckpt") + steps;
+  Result c = mpirun("0:4:checkpoint", b);
+  INFO(c.output);
+  CHECK(c.code != 0);
+  CHECK(fs::exists(out / "kill-ckpt" / "checkpoints" / "step_2" / "metadata.json"));
+  CHECK(!fs::exists(out / "kill-ckpt" / "checkpoints" / "step_4"));
+  Result d = mpirun("none", b + " training.resume=auto");
+  INFO(d.output);
+  CHECK(d.code == 0);
+  CHECK(d.output.find("step_2: step 2") != std::string::npos);
+  CHECK(metric_losses(out / "kill-ckpt") == want);
 }
