@@ -181,6 +181,8 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   // from its checkpoint, even if the global batch size changed).
   const int64_t samples = std::max(int64_t{config_.training.steps} * gb,
                                    consumed_ + int64_t{std::max(0, config_.training.steps - step_)} * gb);
+  if (const char* r = std::getenv("ENGINE_TEST_MISSING_DATA"); r && std::atoi(r) == world().rank())
+    config_.data.train[0].path += ".missing-on-this-rank";  // fault injection: this rank cannot open its data
   train_data_ = make_sample_source(config_, Split::Train, samples);
   if (!config_.data.valid.empty() || config_.data.valid_fraction > 0)
     valid_data_ = make_sample_source(config_, Split::Valid, int64_t{config_.training.eval_steps} * gb);

@@ -209,6 +209,27 @@ TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the me
   CHECK(r.output.find("missing-on-rank-1") != std::string::npos);
 }
 
+TEST_CASE("./train: a data file missing on one rank ends every rank with that rank's message" *
+          doctest::test_suite("slow")) {
+  if (!has_train_binary()) return;
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    skip_test("no mpirun");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Result m = run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "ENGINE_TEST_MISSING_DATA=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
+      "-x ENGINE_TEST_MISSING_DATA " + train_binary() + " " + good_config("cli-missing-rank"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(m.output);
+  CHECK(m.code != 0);
+  CHECK(m.code != 124);
+  CHECK(m.output.find("[rank 1]") != std::string::npos);
+  CHECK(m.output.find(".missing-on-this-rank") != std::string::npos);
+  CHECK(seconds < 60);
+}
+
 TEST_CASE("./train: a stuck rank ends the run with a message within distributed.timeout_s, never a hang" *
           doctest::test_suite("slow")) {
   if (!has_train_binary()) return;
