@@ -42,6 +42,28 @@ std::string good_config(const std::string& name, const std::string& data_path = 
   return write_config(name + ".toml", config_to_toml(c));
 }
 
+// ./train on two ranks under mpirun with `env` (NAME=value ...) exported to both; a hang fails
+// by the 120 s timeout (exit 124), never blocks the suite.
+Result mpirun2(const std::string& env, const std::string& args) {
+  std::string exports;
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = std::min(env.find(' ', at), env.size());
+    const std::string kv = env.substr(at, end - at);
+    if (!kv.empty()) exports += " -x " + kv.substr(0, kv.find('='));
+    at = end + 1;
+  }
+  return run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                     "OMPI_MCA_btl_vader_single_copy_mechanism=none " + env +
+                     " timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1" + exports + " " +
+                     train_binary() + " " + args);
+}
+
+bool has_mpirun() {
+  if (std::system("command -v mpirun >/dev/null 2>&1") == 0) return true;
+  skip_test("no mpirun");
+  return false;
+}
+
 bool has_train_binary() {
   const char* bin = std::getenv("TRAIN_BIN");
   if (fs::exists(bin ? bin : "./train")) return true;
@@ -211,16 +233,9 @@ TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the me
 
 TEST_CASE("./train: a data file missing on one rank ends every rank with that rank's message" *
           doctest::test_suite("slow")) {
-  if (!has_train_binary()) return;
-  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
-    skip_test("no mpirun");
-    return;
-  }
+  if (!has_train_binary() || !has_mpirun()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  Result m = run_command(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "ENGINE_TEST_MISSING_DATA=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
-      "-x ENGINE_TEST_MISSING_DATA " + train_binary() + " " + good_config("cli-missing-rank"));
+  Result m = mpirun2("ENGINE_TEST_MISSING_DATA=1", good_config("cli-missing-rank"));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(m.output);
   CHECK(m.code != 0);
@@ -243,16 +258,10 @@ TEST_CASE("./train: a stuck rank ends the run with a message within distributed.
     CHECK(s.output.find("step 2 did not finish within 2 s (distributed.timeout_s)") != std::string::npos);
     CHECK(seconds < 30);
   }
-  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
-    skip_test("no mpirun for the two-rank case");
-    return;
-  }
+  if (!has_mpirun()) return;
   // Two ranks, rank 1 stalls: rank 0 waits in a collective; both are ended with the message.
   const auto t0 = std::chrono::steady_clock::now();
-  Result m = run_command(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "ENGINE_TEST_STALL=1:2 timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
-      "-x ENGINE_TEST_STALL " + train_binary() + " " + cfg);
+  Result m = mpirun2("ENGINE_TEST_STALL=1:2", cfg);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(m.output);
   CHECK(m.code != 0);
@@ -301,21 +310,14 @@ std::map<int, double> metric_losses(const fs::path& run_dir) {
 
 TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses nothing; resume reproduces the losses" *
           doctest::test_suite("slow")) {
-  if (!has_train_binary()) return;
-  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
-    skip_test("no mpirun");
-    return;
-  }
-  auto mpirun = [](const std::string& env, const std::string& args) {
-    return run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                       "OMPI_MCA_btl_vader_single_copy_mechanism=none ENGINE_TEST_KILL=" + env +
-                       " timeout 120 mpirun -n 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "
-                       "-x ENGINE_TEST_KILL " + train_binary() + " " + args);
+  if (!has_train_binary() || !has_mpirun()) return;
+  auto mpirun = [](const std::string& kill, const std::string& args) {
+    return mpirun2(kill.empty() ? "" : "ENGINE_TEST_KILL=" + kill, args);
   };
   const std::string steps = " training.steps=6 training.checkpoint_every=2";
   const fs::path out = fs::path(tiny_run_config("llama").run.output_dir);
   for (const char* name : {"kill-ref", "kill-step", "kill-ckpt"}) fs::remove_all(out / name);
-  Result ref = mpirun("none", good_config("kill-ref") + steps);
+  Result ref = mpirun("", good_config("kill-ref") + steps);
   INFO(ref.output);
   REQUIRE(ref.code == 0);
   const std::map<int, double> want = metric_losses(out / "kill-ref");
@@ -328,7 +330,7 @@ TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses not
   CHECK(k.code != 0);
   CHECK(k.code != 124);
   CHECK(fs::exists(out / "kill-step" / "checkpoints" / "step_4" / "metadata.json"));
-  Result r = mpirun("none", a + " training.resume=auto");
+  Result r = mpirun("", a + " training.resume=auto");
   INFO(r.output);
   CHECK(r.code == 0);
   CHECK(r.output.find("step_4: step 4") != std::string::npos);
@@ -341,7 +343,7 @@ TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses not
   CHECK(c.code != 0);
   CHECK(fs::exists(out / "kill-ckpt" / "checkpoints" / "step_2" / "metadata.json"));
   CHECK(!fs::exists(out / "kill-ckpt" / "checkpoints" / "step_4"));
-  Result d = mpirun("none", b + " training.resume=auto");
+  Result d = mpirun("", b + " training.resume=auto");
   INFO(d.output);
   CHECK(d.code == 0);
   CHECK(d.output.find("step_2: step 2") != std::string::npos);
