@@ -94,7 +94,8 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   CAPTURE(layout);
   std::vector<std::string> model_keys;  // e.g. a sliding window, a teacher: both runs
   for (const auto& e : c.extra)
-    if (e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0) model_keys.push_back(e);
+    if (e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0 || e.rfind("batch.", 0) == 0)
+      model_keys.push_back(e);
   Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
   Trainer parallel(tiny_run_config(c.family, tp_layout(c.tp, c.tp, device, c.extra)), false, &group);
   REQUIRE(parallel.mesh().tp_size() == c.tp);
@@ -141,9 +142,9 @@ std::vector<Case> pipeline_cases_for(int n) {
       return {{"llama", 1, pp(2, 2, "breadth_first", {"distributed.zero_stage=1"})},       // dp2 x pp2
               {"gpt2", 2, pp(2, 1, "breadth_first", {"distributed.sequence_parallel=true"})},  // tp2 x pp2
               {"mistral", 1, pp(4, 1, "depth_first", {"model.sliding_window=7"})}};
-    case 8:
-      return {{"gpt2", 2, pp(2, 2, "breadth_first", {"distributed.zero_stage=1"})},  // dp2 x tp2 x pp2
-              {"llama", 2, pp(2, 2, "breadth_first", {"distributed.sequence_parallel=true"})}};
+    case 8:  // dp2 x tp2 x pp2, 2 stages per rank, 4 micro-batches per data-parallel rank
+      return {{"gpt2", 2, pp(2, 2, "breadth_first", {"distributed.zero_stage=1", "batch.global_batch_size=16"})},
+              {"llama", 2, pp(2, 2, "breadth_first", {"distributed.sequence_parallel=true", "batch.global_batch_size=16"})}};
     default:
       return {};
   }
