@@ -5,6 +5,7 @@
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
 #   make demo       deps + build + demo data + a short tiny-llama training run + loss plot
 #   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
+#   make fuzz       libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/; opt-in, see scripts/fuzz.sh
 SHELL := /bin/bash
 BUILD ?= build
 CXX ?= g++
@@ -27,7 +28,7 @@ CPP_SRC := $(shell find csrc comm -name '*.cpp' -not -path 'csrc/train/main_*' -
 # Benchmark cases register themselves at static init: linked as objects, never from the archive.
 BENCH_SRC := $(shell find csrc/bench -name '*.cpp')
 MAIN_SRC := $(wildcard csrc/train/main_*.cpp)
-TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/dist/*')
+TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/dist/*' -not -path 'tests/fuzz/*')
 # The multi-rank suite (run under mpirun): its own cases, the shared test code, the same runner.
 DIST_SRC := $(shell find tests/dist -name '*.cpp') $(filter-out tests/main.cpp,$(shell find tests/common -name '*.cpp')) tests/train/train_fixture.cpp
 CU_SRC :=
@@ -56,7 +57,7 @@ DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
 PROGRAMS := train bench
 
-.PHONY: all test test-fast deps clean demo
+.PHONY: all test test-fast deps clean demo fuzz
 all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests
 
 HEADER_DEPS := .deps/include/toml++/toml.h .deps/include/nlohmann/json.hpp
@@ -115,6 +116,51 @@ test-fast: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	PYTHON=$(PYTHON) scripts/demo.sh
+
+# Fuzzing (opt-in, never part of `all` or `test`): libFuzzer targets of the readers of outside
+# input, built with clang under AddressSanitizer + UndefinedBehaviorSanitizer, without CUDA, into
+# $(FUZZ_BUILD)/ (never build/). Every target is tests/fuzz/fuzz_<name>.cpp; scripts/fuzz.sh runs
+# them. FUZZ_CXX is only looked up when `make fuzz` runs, so `make` works without clang.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_CXX ?= $(shell command -v clang++-14 2>/dev/null || command -v clang++ 2>/dev/null)
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CXXFLAGS := -std=c++20 -O1 -g $(FUZZ_SAN) -Wall -Wno-unused-parameter -Wno-unknown-pragmas -MMD -MP
+FUZZ_CPPFLAGS := $(filter-out -DENGINE_CUDA,$(CPPFLAGS)) -UENGINE_CUDA
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.cpp)
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.cpp,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_SRC))
+FUZZ_LIB_OBJ := $(CPP_SRC)
+FUZZ_LIB_OBJ := $(FUZZ_LIB_OBJ:%.cpp=$(FUZZ_BUILD)/obj/%.o)
+
+fuzz:
+	@test -n "$(FUZZ_CXX)" || { echo "make fuzz: needs clang++ with libFuzzer (FUZZ_CXX=...)"; exit 1; }
+	@$(MAKE) --no-print-directory FUZZ_ACTIVE=1 $(FUZZ_TARGETS) $(FUZZ_BUILD)/make_seeds
+
+ifeq ($(FUZZ_ACTIVE),1)
+.PRECIOUS: $(FUZZ_BUILD)/obj/%.o
+# A source clang cannot compile (clang 14 lacks some C++20, e.g. lambdas capturing structured
+# bindings: the CPU reference ops) is built with $(CXX) without instrumentation, and said so; the
+# readers themselves (csrc/config, csrc/data, csrc/checkpoint) must build with clang.
+$(FUZZ_BUILD)/obj/%.o: %.cpp | $(HEADER_DEPS)
+	@mkdir -p $(@D)
+	@echo "$(FUZZ_CXX) -c $< (ASan, UBSan, fuzzer coverage)"
+	@$(FUZZ_CXX) $(FUZZ_CPPFLAGS) $(FUZZ_CXXFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@ 2>$@.log || \
+	  { case $< in csrc/config/*|csrc/data/*|csrc/checkpoint/*|csrc/core/*|tests/fuzz/*) cat $@.log; exit 1;; esac; \
+	    echo "  $< does not build with $(FUZZ_CXX): $(CXX) without sanitizers ($@.log)"; \
+	    $(CXX) $(FUZZ_CPPFLAGS) -std=c++20 -O1 -g -fopenmp -MMD -MP -c $< -o $@; }
+
+$(FUZZ_BUILD)/libengine_fuzz.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_BUILD)/libengine_fuzz.a
+	$(FUZZ_CXX) $(FUZZ_SAN) -fsanitize=fuzzer $^ -o $@ $(LDLIBS) -lgomp
+
+# Writes the seed corpora (tests/fuzz/corpus/) with the engine's own writers.
+$(FUZZ_BUILD)/make_seeds: $(FUZZ_BUILD)/obj/tests/fuzz/make_seeds.o $(FUZZ_BUILD)/libengine_fuzz.a
+	$(FUZZ_CXX) $(FUZZ_SAN) $^ -o $@ $(LDLIBS) -lgomp
+
+-include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_TARGETS:$(FUZZ_BUILD)/fuzz_%=$(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.d) $(FUZZ_BUILD)/obj/tests/fuzz/make_seeds.d
+endif
 
 clean:
 	rm -rf $(BUILD) $(PROGRAMS)

@@ -248,8 +248,9 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (j.contains("layer_types") && j["layer_types"].is_array()) {
         for (const auto& t : j["layer_types"]) (t == "sliding_attention" ? sliding : full)++;
       } else if (window > 0) {
-        const int64_t from = r.integer("max_window_layers", 28);
-        sliding = static_cast<int>(std::max<int64_t>(0, c.num_layers - from));
+        // A layer index: in [0, 2^31) like the sizes (a very negative value overflowed below).
+        const int from = to_int(r.integer("max_window_layers", 28), path, "max_window_layers");
+        sliding = std::max(0, c.num_layers - from);
         full = c.num_layers - sliding;
       }
       if (sliding > 0 && full > 0)

@@ -135,9 +135,11 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   if (!j.is_object()) RAISE(path, ": not a JSON object");
   if (f.string(j, "format", "format") != kFormatName) f.fail("format", "expected \"" + std::string(kFormatName) + "\"");
   Metadata m;
-  m.version = static_cast<int>(f.integer(j, "version", "version"));
-  if (m.version < 1 || m.version > kFormatVersion)
-    f.fail("version", str_cat("format version ", m.version, " is not supported (this build reads 1 to ", kFormatVersion, ")"));
+  // Checked as int64 before the narrowing (2^32 + 3 used to pass as version 3).
+  const int64_t version = f.integer(j, "version", "version");
+  if (version < 1 || version > kFormatVersion)
+    f.fail("version", str_cat("format version ", version, " is not supported (this build reads 1 to ", kFormatVersion, ")"));
+  m.version = static_cast<int>(version);
   const bool v1 = m.version == 1, before_pp = m.version < 3;
   m.state.step = static_cast<int>(f.integer(j, "step", "step", 0, INT32_MAX));
   const json& tr = f.get(j, "trainer", "trainer");
@@ -189,8 +191,11 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     p.name = f.string(params[i], "name", at_p + ".name");
     p.offset = f.integer(params[i], "offset", at_p + ".offset");
     const json& shape = f.array(params[i], "shape", at_p + ".shape");
+    int64_t numel = 1;  // bounded so that numel(), block_numel() and offset arithmetic cannot overflow
     for (const auto& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() <= 0) f.fail(at_p + ".shape", "expected positive sizes");
+      if (__builtin_mul_overflow(numel, d.get<int64_t>(), &numel) || numel > (int64_t{1} << 62))
+        f.fail(at_p + ".shape", str_cat(shape.dump(), " has more than 2^62 elements"));
       p.shape.push_back(d.get<int64_t>());
     }
     if (!v1) {
@@ -202,9 +207,10 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     }
     if (!before_pp) p.pp_rank = static_cast<int>(f.integer(params[i], "pp_rank", at_p + ".pp_rank", 0, pp - 1));
     const int64_t extent = m.table_elements[static_cast<size_t>(p.pp_rank)];
-    if (p.offset + m.block_numel(p) > extent)
-      f.fail(at_p, str_cat(p.name, " at [", p.offset, ", ", p.offset + m.block_numel(p), ") runs past table_elements ",
-                           extent, before_pp ? "" : str_cat(" of pp_rank ", p.pp_rank)));
+    if (p.offset > extent - m.block_numel(p))  // offset + block > extent, without overflow
+      f.fail(at_p, str_cat(p.name, " at offset ", p.offset, " with ", m.block_numel(p),
+                           " elements runs past table_elements ", extent,
+                           before_pp ? "" : str_cat(" of pp_rank ", p.pp_rank)));
     if (m.find_param(p.name)) f.fail(at_p + ".name", p.name + " appears twice");
     m.params.push_back(std::move(p));
   }
@@ -242,12 +248,21 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     return a.pp_rank != b.pp_rank ? a.pp_rank < b.pp_rank : a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank
                                                                                    : a.begin < b.begin;
   });
-  // The shards of each (pipeline, tensor-parallel) rank must tile [0, its capacity) exactly.
+  // The shards of each (pipeline, tensor-parallel) rank must tile [0, its capacity) exactly. The
+  // walk is over the shards, not over every tp_rank: tensor_parallel may be up to 2^31 - 1 (a
+  // loop over it hung), and a rank with no shard is only valid when its capacity is 0.
   size_t i = 0;
   for (int q = 0; q < pp; ++q) {
     const int64_t capacity = m.layout.capacity[static_cast<size_t>(q)];
     const std::string which = before_pp ? "" : str_cat("pp_rank ", q, ", ");
-    for (int t = 0; t < m.layout.tensor_parallel; ++t) {
+    auto uncovered = [&](int64_t covered, int t) {
+      f.fail("shards", str_cat("cover [0, ", covered, ") for ", which, "tp_rank ", t, ", the layout's capacity is ",
+                               capacity));
+    };
+    int next_t = 0;  // the lowest tp_rank not checked yet
+    while (i < m.shards.size() && m.shards[i].pp_rank == q) {
+      const int t = m.shards[i].tp_rank;
+      if (t != next_t && capacity != 0) uncovered(0, next_t);  // tp ranks next_t .. t - 1 have no shard
       int64_t covered = 0;
       for (; i < m.shards.size() && m.shards[i].pp_rank == q && m.shards[i].tp_rank == t; ++i) {
         const Shard& s = m.shards[i];
@@ -256,10 +271,10 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
                                    which, "tp_rank ", t));
         covered = s.end;
       }
-      if (covered != capacity)
-        f.fail("shards", str_cat("cover [0, ", covered, ") for ", which, "tp_rank ", t, ", the layout's capacity is ",
-                                 capacity));
+      if (covered != capacity) uncovered(covered, t);
+      next_t = t + 1;
     }
+    if (next_t != m.layout.tensor_parallel && capacity != 0) uncovered(0, next_t);
   }
   return m;
 }
