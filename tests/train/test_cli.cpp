@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -348,4 +349,42 @@ TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses not
   CHECK(d.code == 0);
   CHECK(d.output.find("step_2: step 2") != std::string::npos);
   CHECK(metric_losses(out / "kill-ckpt") == want);
+}
+
+TEST_CASE("./train: a full disk (a small tmpfs) during a checkpoint fails the run cleanly; the previous one stays" *
+          doctest::test_suite("slow")) {
+  if (!has_train_binary()) return;
+  // How big one checkpoint of this run is, from a run on the normal disk.
+  const std::string steps = " training.steps=4 training.checkpoint_every=2";
+  const fs::path out = fs::path(tiny_run_config("llama").run.output_dir);
+  fs::remove_all(out / "disk-probe");
+  REQUIRE(run(good_config("disk-probe") + steps).code == 0);
+  uintmax_t one = 0;
+  for (const auto& e : fs::recursive_directory_iterator(out / "disk-probe" / "checkpoints" / "step_2"))
+    if (e.is_regular_file()) one += e.file_size();
+  // A tmpfs with room for the run directory and one checkpoint, not two.
+  const fs::path mnt = fs::temp_directory_path() / ("engine_full_disk." + std::to_string(::getpid()));
+  fs::create_directories(mnt);
+  const uintmax_t size = (one * 3 / 2 + 64 * 1024 + 4095) / 4096 * 4096;
+  if (std::system(("mount -t tmpfs -o size=" + std::to_string(size) + " tmpfs " + mnt.string() + " 2>/dev/null").c_str()) !=
+      0) {
+    fs::remove(mnt);
+    skip_test("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)");
+    return;
+  }
+  Result r = run(good_config("disk-full") + steps + " run.output_dir=\"" + mnt.string() + "\"");
+  INFO(r.output);
+  CHECK(r.code != 0);
+  CHECK(r.output.find("No space left on device") != std::string::npos);
+  const fs::path ck = mnt / "disk-full" / "checkpoints";
+  CHECK(fs::exists(ck / "step_2" / "metadata.json"));
+  CHECK(!fs::exists(ck / "step_4"));
+  for (const auto& e : fs::directory_iterator(ck)) CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  // The previous checkpoint is intact: a resume from it runs to the end on the normal disk.
+  Result resume = run(good_config("disk-resume") + steps + " training.resume=\"" + (ck / "step_2").string() + "\"");
+  INFO(resume.output);
+  CHECK(resume.code == 0);
+  CHECK(resume.output.find("resumed from") != std::string::npos);
+  std::system(("umount " + mnt.string()).c_str());
+  fs::remove_all(mnt);
 }
