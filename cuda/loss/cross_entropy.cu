@@ -47,13 +47,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/loss/bulk_copy.cuh"
+#include "cuda/loss/cluster_launch.cuh"
 #include "cuda/loss/ce_device.cuh"
 #include "ops/loss.h"
 
@@ -328,63 +326,22 @@ KernelFn cluster_kernel(DType dtype) {
 // Largest dynamic shared memory a Cluster block may take (the opt-in limit less the kernel's
 // static shared memory), after raising the kernels' limits to it once.
 int64_t max_slice_bytes() {
-  static const int64_t bytes = [] {
-    int device = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    int64_t limit = optin;
-    for (DType dt : {DType::BF16, DType::F32}) {
-      cudaFuncAttributes attr{};
-      CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(cluster_kernel(dt))));
-      limit = std::min<int64_t>(limit, optin - static_cast<int64_t>(attr.sharedSizeBytes));
-    }
-    limit = std::min<int64_t>(limit, int64_t{kMaxChunks} * kChunkVecs * 16) / 16 * 16;
-    for (DType dt : {DType::BF16, DType::F32}) {
-      const void* k = reinterpret_cast<const void*>(cluster_kernel(dt));
-      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(limit)));
-      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared));
-    }
-    return limit;
-  }();
+  static const int64_t bytes = cluster_launch::raise_dynamic_smem(
+      {reinterpret_cast<const void*>(cluster_kernel(DType::BF16)), reinterpret_cast<const void*>(cluster_kernel(DType::F32))},
+      int64_t{kMaxChunks} * kChunkVecs * 16, 16);
   return bytes;
 }
 
 cudaLaunchConfig_t cluster_config(int64_t blocks, int cluster, int64_t slice_bytes,
                                   cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(slice_bytes);
-  cfg.stream = stream();
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
+  return cluster_launch::config(blocks, kClusterThreads, cluster, slice_bytes, stream(), attr);
 }
 
 // Whether the device can run at least one cluster of this shape (cached).
 bool cluster_schedulable(DType dtype, int cluster, int64_t slice_bytes) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int64_t>, bool> known;
-  const auto key = std::make_tuple(static_cast<int>(dtype), cluster, slice_bytes);
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find(key); it != known.end()) return it->second;
   max_slice_bytes();  // raises the dynamic shared-memory limits first
-  cudaLaunchAttribute attr{};
-  const cudaLaunchConfig_t cfg = cluster_config(cluster, cluster, slice_bytes, &attr);
-  int n = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveClusters(
-      &n, reinterpret_cast<const void*>(cluster_kernel(dtype)), &cfg);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // not sticky: an unsupported shape is a "no"
-    n = 0;
-  }
-  return known[key] = n > 0;
+  return cluster_launch::schedulable(reinterpret_cast<const void*>(cluster_kernel(dtype)), kClusterThreads, cluster,
+                                     slice_bytes);
 }
 
 const char* path_name(CrossEntropyPath path) {

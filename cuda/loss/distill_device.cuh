@@ -397,4 +397,10 @@ __device__ __forceinline__ DStat group_reduce(DStat st, const Frame& f) {
   }
 }
 
+// Host: whether two tensors' rows start at the same offset modulo 16 bytes (rows of one length),
+// so the vector paths can read student and teacher rows together.
+inline bool coaligned(const void* a, const void* b) {
+  return (reinterpret_cast<uintptr_t>(a) - reinterpret_cast<uintptr_t>(b)) % 16 == 0;
+}
+
 }  // namespace engine::cuda::dl

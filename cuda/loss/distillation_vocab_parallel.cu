@@ -215,9 +215,6 @@ int check_pair(const Tensor& logits, const Tensor& teacher, const char* op) {
   return logits.size(1) * static_cast<int64_t>(esize) <= kWarpRowsMaxBytes ? 32 : kThreads;
 }
 
-bool coaligned(const Tensor& a, const Tensor& b) {
-  return (reinterpret_cast<uintptr_t>(a.data) - reinterpret_cast<uintptr_t>(b.data)) % 16 == 0;
-}
 
 bool is_undefined(const Tensor& t) { return t.data == nullptr && t.ndim() == 0; }
 
@@ -264,7 +261,7 @@ void distillation_partial(const Tensor& logits, const Tensor& teacher, const Ten
   p.vocab_begin = vocab_begin;
   p.vocab_total = vocab_total;
   p.vocab = static_cast<int32_t>(v);
-  p.vec = coaligned(logits, teacher);
+  p.vec = dl::coaligned(logits.data, teacher.data);
   p.c = c;
   launch_rows(logits.dtype, group, t, [&](auto tag, unsigned blocks) {
     using T = decltype(tag);
@@ -334,7 +331,7 @@ void distillation_grad(const Tensor& logits, const Tensor& teacher, const Tensor
   p.rows = t;
   p.vocab_begin = vocab_begin;
   p.vocab = static_cast<int32_t>(v);
-  p.vec = coaligned(logits, teacher);
+  p.vec = dl::coaligned(logits.data, teacher.data);
   p.c = c;
   p.grad_scale = grad_scale;
   launch_rows(logits.dtype, group, t, [&](auto tag, unsigned blocks) {
