@@ -15,6 +15,8 @@
 // Its assertions throw TomlCheckFailed instead (caught in toml_parse and reported as a syntax
 // error naming the file), and that one generated function is replaced by a correct one (the
 // same set: U+00A0, U+1680, U+180E, U+2000-U+200B, U+202F, U+205F-U+2060, U+3000, U+FEFF).
+#include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 namespace engine {
 struct TomlCheckFailed : std::logic_error {
