@@ -5,7 +5,8 @@
 #include "ref/moe.h"
 
 #ifdef ENGINE_CUDA
-#define MOE_CUDA(call) no_cuda_kernel(#call)
+#include "cuda/moe/moe.cuh"
+#define MOE_CUDA(call) return cuda::call
 #else
 #define MOE_CUDA(call) (void)0
 #endif

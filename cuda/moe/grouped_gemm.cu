@@ -1,0 +1,367 @@
+// Grouped GEMMs of the mixture of experts on tensor cores (contract: csrc/ops/moe.h,
+// launchers: moe.cuh): one launch covers every expert.
+//   forward  y_rows(e)  = x_rows(e) W_e^T        A = x (kA),  B = W_e rows n (kB)
+//   dgrad    dx_rows(e) = dy_rows(e) W_e         A = dy (kA), B = W_e rows n, columns k (kBTrans)
+//   wgrad    dW_e      += dy_rows(e)^T x_rows(e)  A = dy^T (kATrans), B = x (kBTrans), f32 +=
+// Algorithm: 128 x 128 output tiles, k steps of 64, 8 warps as 2 x 4 of 64 x 32 each;
+// operands stream global -> shared with cp.async in a 3-stage ring (one barrier per k step:
+// the slot refilled at step kt is the one every warp finished at kt - 1), the shared tiles are
+// XOR-swizzled by 16-byte chunk (cuda/attention/flash_layout.h) and read with ldmatrix(.trans)
+// into mma.sync.m16n8k16 bf16 -> f32 (flash_common.cuh's warp_gemm, reused as is).
+// Tile scheduling (no host sync): expert e's rows start at offsets_e, a multiple of 128 (the
+// dispatch pads every expert to kMoeRowAlign = kBM), so each 128-row tile of the permuted
+// buffer belongs to one expert, found by a binary search of offsets; the grid covers the
+// static bound of R rows and the tiles past offsets_E (or past an expert's count) exit at
+// once. Row tiles go in groups of 8 with the column tile outer inside a group (blocks running
+// together share A rows and B columns in L2). Rows past an expert's count are zero-filled on
+// load and never stored. The weight gradient tiles are (expert, n tile, k tile); each block
+// reduces over all of its expert's rows, so dW is read and written once per tile, without
+// atomics (deterministic); experts with no rows exit.
+// Weights may be S stacks (w (S, E, N/S, K), row n of W_e in stack n / (N/S)): every loaded or
+// stored weight row computes its own address, so stacks of any height work.
+#include <algorithm>
+#include <mutex>
+
+#include "cuda/attention/flash_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/moe/moe.cuh"
+
+namespace engine::cuda {
+namespace {
+
+using flash::Operand;
+using gbf16 = __nv_bfloat16;
+
+constexpr int kBM = 128, kBN = 128, kBK = 64;
+constexpr int kThreads = 256;
+constexpr int kStages = 3;
+constexpr int kMI = 4, kNI = 4;  // warp tile 64 x 32 (16 x 8 mma tiles)
+constexpr int kGroupM = 8;
+constexpr uint32_t kTileBytes = kBM * kBK * 2;  // every operand tile is 128 x 64 or 64 x 128
+constexpr uint32_t kStageBytes = 2 * kTileBytes;
+constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes;
+static_assert(kBM == ops::kMoeRowAlign, "one row tile must never hold two experts");
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// A bf16 (or f32) matrix addressed by rows, made of stacks of `stack_rows` rows (0: one stack).
+template <typename T>
+struct RowMatrix {
+  T* p;
+  int64_t ld;            // elements per row
+  int64_t stack_rows;    // rows per stack; 0: a single stack
+  int64_t stack_stride;  // elements between stacks
+  __device__ __forceinline__ T* row(int64_t r) const {
+    if (stack_rows == 0) return p + r * ld;
+    const int64_t s = r / stack_rows;
+    return p + s * stack_stride + (r - s * stack_rows) * ld;
+  }
+};
+
+// Expert e's weight matrix W_e (N, K) inside w (S, E, N/S, K).
+template <typename T>
+__device__ __forceinline__ RowMatrix<T> expert_weight(T* w, int e, int experts, int64_t n_per_stack,
+                                                      int64_t k, int64_t stacks) {
+  return {w + int64_t{e} * n_per_stack * k, k, stacks > 1 ? n_per_stack : 0,
+          int64_t{experts} * n_per_stack * k};
+}
+
+// Rows [r0, r0 + kRows) x columns [c0, c0 + kCols) of m -> swizzled shared tile (cp.async).
+// Tile rows >= rows_valid and columns >= cols are zero-filled (cols a multiple of 8).
+template <int kRows, int kCols>
+__device__ __forceinline__ void load_tile(uint32_t s_tile, const RowMatrix<const gbf16>& m,
+                                          int64_t r0, int64_t rows_valid, int64_t c0,
+                                          int64_t cols, int tid) {
+  constexpr int kChunks = kCols / 8;
+  constexpr int kStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kStep == 0, "chunks split over threads");
+  const int rr = tid / kChunks, c = tid % kChunks;
+  const bool col_ok = c0 + c * 8 < cols;
+#pragma unroll
+  for (int it = 0; it < kRows / kStep; ++it) {
+    const int r = rr + it * kStep;
+    const bool valid = col_ok && r < rows_valid;
+    const gbf16* src = valid ? m.row(r0 + r) + c0 + c * 8 : m.p;
+    flash::cp_async_16(s_tile + flash::swizzle<kCols>(r, c), src, valid);
+  }
+}
+
+// The k-loop: acc += sum over nk steps of A_tile(kt) B_tile(kt); `load(slot, kt)` issues the
+// cp.async copies of step kt into a stage, `mma(a_tile, b_tile)` consumes one.
+template <typename Load, typename Mma>
+__device__ __forceinline__ void mainloop(int nk, uint32_t s_base, Load&& load, Mma&& mma) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) load(s_base + s * kStageBytes, s);
+    flash::cp_async_commit();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = kt + kStages - 1;
+    if (next < nk) load(s_base + (next % kStages) * kStageBytes, next);
+    flash::cp_async_commit();
+    const uint32_t stage = s_base + (kt % kStages) * kStageBytes;
+    mma(stage, stage + kTileBytes);
+  }
+  cp_async_wait<0>();
+}
+
+struct RowsParams {
+  const gbf16* a;           // (R, red): x (forward) or dy (dgrad)
+  const gbf16* w;           // (S, E, N/S, K)
+  gbf16* out;               // (R, out_cols): y (forward) or dx (dgrad)
+  const int32_t* offsets;   // (E + 1)
+  const int32_t* counts;    // (E)
+  int experts;
+  int64_t n, k;             // W_e is (N, K)
+  int64_t n_per_stack, stacks;
+  int64_t red, out_cols;    // forward: K, N; dgrad: N, K
+  int tiles_m, tiles_n;
+};
+
+// Forward (kDgrad false) and input gradient (true): one 128 x 128 tile of out per block.
+template <bool kDgrad>
+static __global__ void __launch_bounds__(kThreads, 2) grouped_rows_kernel(const RowsParams p) {
+  FLASH_DYNAMIC_SMEM(smem);
+  const int per_group = kGroupM * p.tiles_n;
+  const int group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
+  const int first_m = group * kGroupM;
+  const int group_size = min(p.tiles_m - first_m, kGroupM);
+  const int tm = first_m + in_group % group_size, tn = in_group / group_size;
+  const int64_t row0 = int64_t{tm} * kBM;
+  if (row0 >= p.offsets[p.experts]) return;
+  int lo = 0, hi = p.experts - 1;  // the last expert starting at or before row0
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.offsets[mid] <= row0) lo = mid;
+    else hi = mid - 1;
+  }
+  const int e = lo;
+  const int64_t rows_valid = int64_t{p.offsets[e]} + p.counts[e] - row0;
+  if (rows_valid <= 0) return;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm0 = (warp / 4) * 64, wn0 = (warp % 4) * 32;
+  const int64_t col0 = int64_t{tn} * kBN;
+  const RowMatrix<const gbf16> A{p.a, p.red, 0, 0};
+  const RowMatrix<const gbf16> W = expert_weight(p.w, e, p.experts, p.n_per_stack, p.k, p.stacks);
+  float acc[kMI][kNI][4];
+  flash::zero(acc);
+  const int nk = static_cast<int>(ceil_div(p.red, kBK));
+  mainloop(
+      nk, flash::smem_u32(smem),
+      [&](uint32_t stage, int kt) {
+        const int64_t k0 = int64_t{kt} * kBK;
+        load_tile<kBM, kBK>(stage, A, row0, rows_valid, k0, p.red, tid);
+        if constexpr (!kDgrad)
+          load_tile<kBN, kBK>(stage + kTileBytes, W, col0, p.n - col0, k0, p.k, tid);
+        else
+          load_tile<kBK, kBN>(stage + kTileBytes, W, k0, p.n - k0, col0, p.k, tid);
+      },
+      [&](uint32_t a_tile, uint32_t b_tile) {
+        if constexpr (!kDgrad)
+          flash::warp_gemm<kMI, kNI, kBK, Operand::kA, kBK, Operand::kB, kBK>(acc, a_tile, wm0,
+                                                                             b_tile, wn0, lane);
+        else
+          flash::warp_gemm<kMI, kNI, kBK, Operand::kA, kBK, Operand::kBTrans, kBN>(
+              acc, a_tile, wm0, b_tile, wn0, lane);
+      });
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = wm0 + mi * 16 + (lane >> 2) + half * 8;
+        const int64_t c = col0 + wn0 + ni * 8 + 2 * (lane & 3);
+        if (r < rows_valid && c < p.out_cols)
+          *reinterpret_cast<uint32_t*>(p.out + (row0 + r) * p.out_cols + c) =
+              flash::pack_bf16(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+      }
+}
+
+struct WgradParams {
+  const gbf16* dy;          // (R, N)
+  const gbf16* x;           // (R, K)
+  float* dw;                // (S, E, N/S, K), +=
+  const int32_t* offsets;   // (E + 1)
+  const int32_t* counts;    // (E)
+  int experts;
+  int64_t n, k, n_per_stack, stacks;
+  int tiles_n, tiles_k;
+};
+
+// dW_e tile (n0 .. n0 + 127, c0 .. c0 + 127) += over all rows of expert e.
+static __global__ void __launch_bounds__(kThreads, 2) grouped_wgrad_kernel(const WgradParams p) {
+  FLASH_DYNAMIC_SMEM(smem);
+  const int per_expert = p.tiles_n * p.tiles_k;
+  const int e = blockIdx.x / per_expert, rem = blockIdx.x % per_expert;
+  const int64_t n0 = int64_t{rem / p.tiles_k} * kBM, c0 = int64_t{rem % p.tiles_k} * kBN;
+  const int64_t count = p.counts[e];
+  if (count == 0) return;
+  const int64_t r0 = p.offsets[e];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm0 = (warp / 4) * 64, wn0 = (warp % 4) * 32;
+  const RowMatrix<const gbf16> DY{p.dy, p.n, 0, 0}, X{p.x, p.k, 0, 0};
+  float acc[kMI][kNI][4];
+  flash::zero(acc);
+  const int nk = static_cast<int>(ceil_div(count, kBK));
+  mainloop(
+      nk, flash::smem_u32(smem),
+      [&](uint32_t stage, int kt) {
+        const int64_t t0 = int64_t{kt} * kBK;
+        load_tile<kBK, kBM>(stage, DY, r0 + t0, count - t0, n0, p.n, tid);
+        load_tile<kBK, kBN>(stage + kTileBytes, X, r0 + t0, count - t0, c0, p.k, tid);
+      },
+      [&](uint32_t a_tile, uint32_t b_tile) {
+        flash::warp_gemm<kMI, kNI, kBK, Operand::kATrans, kBM, Operand::kBTrans, kBN>(
+            acc, a_tile, wm0, b_tile, wn0, lane);
+      });
+  const RowMatrix<float> DW = expert_weight(p.dw, e, p.experts, p.n_per_stack, p.k, p.stacks);
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t n = n0 + wm0 + mi * 16 + (lane >> 2) + half * 8;
+      if (n >= p.n) continue;
+      float* row = DW.row(n);
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni) {
+        const int64_t c = c0 + wn0 + ni * 8 + 2 * (lane & 3);
+        if (c < p.k) {
+          float2* d = reinterpret_cast<float2*>(row + c);
+          float2 v = *d;
+          v.x += acc[mi][ni][2 * half];
+          v.y += acc[mi][ni][2 * half + 1];
+          *d = v;
+        }
+      }
+    }
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, std::once_flag& flag) {
+  std::call_once(flag, [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kSmemBytes)));
+  });
+}
+
+// Checks the common arguments; returns the weight layout and R.
+ops::GroupedWeight check_grouped(const Tensor& w, DType wdtype, const Tensor& rows_tensor,
+                                 const Tensor& offsets, const Tensor& counts, const char* op) {
+  expect_cuda(w, op, "w");
+  ENSURE(w.dtype == wdtype, op, ": w is ", dtype_name(w.dtype), ", expected ", dtype_name(wdtype));
+  const ops::GroupedWeight g = ops::grouped_weight(w, op);
+  ENSURE(g.k % 8 == 0 && g.n % 8 == 0, op, ": K = ", g.k, " and N = ", g.n,
+         " must be multiples of 8 (16-byte rows)");
+  ENSURE(aligned(w.data, wdtype == DType::F32 ? 8 : 16), op, ": w is not ",
+         wdtype == DType::F32 ? 8 : 16, "-byte aligned");
+  expect_cuda(rows_tensor, op, "rows");
+  expect_cuda(offsets, DType::I32, {g.experts + 1}, op, "offsets");
+  expect_cuda(counts, DType::I32, {g.experts}, op, "counts");
+  return g;
+}
+
+void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* name) {
+  expect_cuda(t, DType::BF16, {rows, cols}, op, name);
+  ENSURE(aligned(t.data, 16), op, ": ", name, " is not 16-byte aligned");
+}
+
+std::once_flag g_fwd_flag, g_dgrad_flag, g_wgrad_flag;
+
+void launch_rows(bool dgrad, const Tensor& a, const Tensor& w, const Tensor& offsets,
+                 const Tensor& counts, const Tensor& out, const ops::GroupedWeight& g) {
+  RowsParams p{};
+  p.a = static_cast<const gbf16*>(a.data);
+  p.w = static_cast<const gbf16*>(w.data);
+  p.out = static_cast<gbf16*>(out.data);
+  p.offsets = offsets.ptr<int32_t>();
+  p.counts = counts.ptr<int32_t>();
+  p.experts = static_cast<int>(g.experts);
+  p.n = g.n;
+  p.k = g.k;
+  p.n_per_stack = g.n_per_stack();
+  p.stacks = g.stacks;
+  p.red = dgrad ? g.n : g.k;
+  p.out_cols = dgrad ? g.k : g.n;
+  const int64_t rows = a.size(0);
+  const int64_t tiles_m = ceil_div(rows, kBM), tiles_n = ceil_div(p.out_cols, kBN);
+  if (tiles_m == 0 || tiles_n == 0) return;
+  ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", rows, " rows x ", p.out_cols,
+         " columns: too many tiles");
+  p.tiles_m = static_cast<int>(tiles_m);
+  p.tiles_n = static_cast<int>(tiles_n);
+  const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
+  if (dgrad) {
+    allow_smem(grouped_rows_kernel<true>, g_dgrad_flag);
+    grouped_rows_kernel<true><<<grid, kThreads, kSmemBytes, stream()>>>(p);
+    check_launch("grouped_rows_kernel<dgrad>");
+  } else {
+    allow_smem(grouped_rows_kernel<false>, g_fwd_flag);
+    grouped_rows_kernel<false><<<grid, kThreads, kSmemBytes, stream()>>>(p);
+    check_launch("grouped_rows_kernel<forward>");
+  }
+}
+
+}  // namespace
+
+void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                            const Tensor& counts, const Tensor& y) {
+  const char* op = "grouped_linear_forward";
+  const ops::GroupedWeight g = check_grouped(w, DType::BF16, x, offsets, counts, op);
+  ENSURE(x.ndim() == 2, op, ": x must be (R, K), got ", x.shape.str());
+  const int64_t R = x.size(0);
+  expect_rows(x, R, g.k, op, "x");
+  expect_rows(y, R, g.n, op, "y");
+  launch_rows(false, x, w, offsets, counts, y, g);
+}
+
+void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& counts, const Tensor& dx) {
+  const char* op = "grouped_linear_backward_input";
+  const ops::GroupedWeight g = check_grouped(w, DType::BF16, dy, offsets, counts, op);
+  ENSURE(dy.ndim() == 2, op, ": dy must be (R, N), got ", dy.shape.str());
+  const int64_t R = dy.size(0);
+  expect_rows(dy, R, g.n, op, "dy");
+  expect_rows(dx, R, g.k, op, "dx");
+  launch_rows(true, dy, w, offsets, counts, dx, g);
+}
+
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& counts, const Tensor& dw) {
+  const char* op = "grouped_linear_backward_weight";
+  const ops::GroupedWeight g = check_grouped(dw, DType::F32, dy, offsets, counts, op);
+  ENSURE(dy.ndim() == 2, op, ": dy must be (R, N), got ", dy.shape.str());
+  const int64_t R = dy.size(0);
+  expect_rows(dy, R, g.n, op, "dy");
+  expect_rows(x, R, g.k, op, "x");
+  const int64_t tiles_n = ceil_div(g.n, kBM), tiles_k = ceil_div(g.k, kBN);
+  const int64_t blocks = g.experts * tiles_n * tiles_k;
+  if (blocks == 0 || R == 0) return;
+  ENSURE(blocks < INT32_MAX, op, ": too many tiles");
+  WgradParams p{};
+  p.dy = static_cast<const gbf16*>(dy.data);
+  p.x = static_cast<const gbf16*>(x.data);
+  p.dw = dw.ptr<float>();
+  p.offsets = offsets.ptr<int32_t>();
+  p.counts = counts.ptr<int32_t>();
+  p.experts = static_cast<int>(g.experts);
+  p.n = g.n;
+  p.k = g.k;
+  p.n_per_stack = g.n_per_stack();
+  p.stacks = g.stacks;
+  p.tiles_n = static_cast<int>(tiles_n);
+  p.tiles_k = static_cast<int>(tiles_k);
+  allow_smem(grouped_wgrad_kernel, g_wgrad_flag);
+  grouped_wgrad_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream()>>>(p);
+  check_launch("grouped_wgrad_kernel");
+}
+
+}  // namespace engine::cuda

@@ -1,0 +1,51 @@
+// CUDA launchers of the mixture-of-experts ops (contract, formulas and shapes: csrc/ops/moe.h).
+// Kernels: routing.cu (route forward / backward, aux losses, jitter), dispatch.cu (histogram,
+// padded offsets, stable rows, permute / unpermute), grouped_gemm.cu (the expert GEMMs on
+// mma.sync tensor cores, one launch over all experts).
+//   route forward    logits (T, E) f32 -> probs (T, E) f32 (may alias logits), lse (T) f32,
+//                    expert_idx (T, k) i32, weights (T, k) f32. One warp per token.
+//   aux losses       probs, lse f32, counts (E) i32 -> losses (2) f32 on the device (no sync);
+//                    one block, fixed summation order (deterministic).
+//   route backward   dweights, probs, lse, weights f32, expert_idx, counts i32 -> dlogits (T, E)
+//                    bf16 or f32.
+//   dispatch         expert_idx (T, k) -> counts (E), offsets (E + 1), row_of (T, k), all i32;
+//                    three kernels (block histograms, one-block scan, stable block ranks); no
+//                    host sync; deterministic.
+//   permute, unpermute (+ backward): rows of bf16 or f32, 16-byte vectors when the row length
+//                    and the pointers allow, f32 sums, one block per token.
+//   grouped linear   bf16 x / dy / w, bf16 y / dx, f32 dw (+=): see grouped_gemm.cu. Needs
+//                    K, N, N/S multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
+//                    expert offsets that are multiples of ops::kMoeRowAlign (moe_dispatch's).
+// E <= ops::kMoeMaxExperts, k <= ops::kMoeMaxTopK. Every launcher runs on the compute stream.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/moe.h"
+
+namespace engine::cuda {
+
+void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
+                       const Tensor& expert_idx, const Tensor& weights);
+void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts,
+                    const ops::MoeAuxCoefs& coefs, const Tensor& losses);
+void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
+                        const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
+                        const ops::MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits);
+void moe_jitter(const Tensor& x, const Tensor& y, uint64_t seed, float eps);
+
+void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
+                  const Tensor& row_of);
+void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp);
+void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, const Tensor& y);
+void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
+                            const Tensor& weights, const Tensor& dyp, const Tensor& dweights);
+
+void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                            const Tensor& counts, const Tensor& y);
+void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& counts, const Tensor& dx);
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& counts, const Tensor& dw);
+
+}  // namespace engine::cuda
