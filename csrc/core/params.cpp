@@ -20,7 +20,7 @@ const ParamSpec& ParamTable::add(ParamSpec spec) {
   ENSURE(spec.shape.numel() > 0, "parameter ", spec.name, " has empty shape ", spec.shape.str());
   spec.full_shape = spec.shape;
   if (spec.split_dim >= 0) {
-    ENSURE(spec.split_dim < spec.shape.ndim && spec.split_dim <= 1, "parameter ", spec.name,
+    ENSURE(spec.split_dim < spec.shape.ndim, "parameter ", spec.name,
            ": split dimension ", spec.split_dim, " of shape ", spec.shape.str());
     const int64_t n = spec.shape[spec.split_dim];
     ENSURE(n % tp_size_ == 0, "parameter ", spec.name, " ", spec.shape.str(), ": dimension ", spec.split_dim,
@@ -56,23 +56,51 @@ int64_t ParamTable::num_parameters() const {
   return n;
 }
 
+namespace {
+
+// A block split along dimension d is (outer, local, inner): outer = the product of the dims
+// before d, local = this rank's extent of d, inner = the product of the dims after d. For each
+// outer index the block's local * inner elements are contiguous in the full tensor too.
+int64_t inner_of(const Shape& s, int d) {
+  int64_t inner = 1;
+  for (int i = d + 1; i < s.ndim; ++i) inner *= s[i];
+  return inner;
+}
+
+}  // namespace
+
 int64_t full_index(const ParamSpec& s, int64_t i) {
   if (s.split_dim < 0) return i;
-  if (s.split_dim == 0) return s.split_begin * (s.shape.ndim == 2 ? s.shape[1] : 1) + i;
-  const int64_t cols = s.shape[1];  // split along dim 1 of a matrix
-  return (i / cols) * s.full_shape[1] + s.split_begin + i % cols;
+  const int64_t inner = inner_of(s.shape, s.split_dim), slab = s.shape[s.split_dim] * inner;
+  if (slab == 0) return i;
+  const int64_t outer = i / slab, rest = i % slab;
+  return (outer * s.full_shape[s.split_dim] + s.split_begin) * inner + rest;
 }
 
 void for_each_full_run(const ParamSpec& s, int64_t lo, int64_t hi,
                        const std::function<void(int64_t, int64_t, int64_t)>& f) {
   if (lo >= hi) return;
-  if (s.split_dim != 1) return f(full_index(s, lo), hi - lo, lo);
-  const int64_t cols = s.shape[1];
+  if (s.split_dim < 0) return f(lo, hi - lo, lo);
+  const int64_t slab = s.shape[s.split_dim] * inner_of(s.shape, s.split_dim);
   for (int64_t i = lo; i < hi;) {
-    const int64_t n = std::min(hi, (i / cols + 1) * cols) - i;  // to the end of the local row
+    const int64_t n = std::min(hi, (i / slab + 1) * slab) - i;  // to the end of the local slab
     f(full_index(s, i), n, i);
     i += n;
   }
+}
+
+BlockRun block_of_full(const Shape& full_shape, int split_dim, int tp_size, int64_t g, int64_t hi) {
+  ENSURE(0 <= g && g < hi && hi <= full_shape.numel(), "block_of_full: elements [", g, ", ", hi,
+         ") of ", full_shape.str());
+  if (split_dim < 0 || tp_size == 1) return {0, g, hi - g};
+  ENSURE(split_dim < full_shape.ndim && full_shape[split_dim] % tp_size == 0, "block_of_full: ",
+         full_shape.str(), " does not split along dimension ", split_dim, " over ", tp_size);
+  const int64_t inner = inner_of(full_shape, split_dim), full = full_shape[split_dim];
+  const int64_t local = full / tp_size;
+  const int64_t outer = g / (full * inner), j = (g / inner) % full, rest = g % inner;
+  const int rank = static_cast<int>(j / local);
+  const int64_t jl = j % local;
+  return {rank, (outer * local + jl) * inner + rest, std::min(hi - g, (local - jl) * inner - rest)};
 }
 
 void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out) {

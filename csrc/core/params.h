@@ -30,7 +30,7 @@ enum class InitKind { Normal, Ones, Zeros };
 struct ParamSpec {
   std::string name;         // e.g. "layers.3.attn.wq"; also the init RNG key
   Shape shape;              // declared: the full shape; after ParamTable::add, this rank's block
-  int split_dim = -1;       // tensor-parallel split dimension (0 or 1); -1: replicated
+  int split_dim = -1;       // tensor-parallel split dimension (any dim); -1: replicated
   Shape full_shape = {};    // set by add: the full (unsharded) shape
   int64_t split_begin = 0;  // set by add: this rank's first index along split_dim
   InitKind init = InitKind::Normal;
@@ -64,9 +64,19 @@ class ParamTable {
 // Index in the full tensor of element `i` (row-major, local) of a parameter's block.
 int64_t full_index(const ParamSpec& s, int64_t i);
 // Local elements [lo, hi) of a parameter's block as runs contiguous in the full tensor:
-// f(full_begin, count, local_begin) in increasing order (one run unless split along dim 1).
+// f(full_begin, count, local_begin) in increasing order (one run when split along dim 0; else
+// one per index of the dimensions before the split one).
 void for_each_full_run(const ParamSpec& s, int64_t lo, int64_t hi,
                        const std::function<void(int64_t, int64_t, int64_t)>& f);
+// The inverse: full element g of a tensor of `full_shape` split along `split_dim` over tp_size
+// ranks (-1: replicated) lies in rank `rank`'s block at local index `local`, followed there by
+// `count` - 1 more elements g + 1, g + 2, ... (count <= hi - g: the run stops at hi or where the
+// next full element belongs to another rank).
+struct BlockRun {
+  int rank;
+  int64_t local, count;
+};
+BlockRun block_of_full(const Shape& full_shape, int split_dim, int tp_size, int64_t g, int64_t hi);
 
 // Init values of flat elements [begin, end) into `out` (a host f32 or f64 tensor of end - begin
 // elements); alignment gaps and the tail past the table are 0. Any range of any layout gets
