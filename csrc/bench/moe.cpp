@@ -1,4 +1,5 @@
-// Benchmarks of the mixture-of-experts grouped GEMM (cuda/moe/grouped_gemm.cu) against a loop of
+// Benchmarks of the mixture-of-experts grouped GEMM (cuda/moe/grouped_gemm.cu, the forward also
+// on wgmma: grouped_gemm_sm90.cu) against a loop of
 // cuBLASLt GEMMs over the experts (ops::matmul on each expert's rows, host-known row counts), in
 // TFLOP/s of useful work (2 x rows x K x N, padding rows not counted), for the three products:
 //   fwd   Y_e = X_e W_e^T             (rows, K) x (N, K)^T -> (rows, N) bf16
@@ -25,6 +26,7 @@
 
 #ifdef ENGINE_CUDA
 #include "cuda/common/device.cuh"
+#include "cuda/moe/moe.cuh"
 #endif
 
 namespace engine::bench {
@@ -69,8 +71,18 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
   const std::string base = c.name + " E=" + std::to_string(E) + " rows=" + std::to_string(rows) +
                            " " + std::to_string(c.k) + "->" + std::to_string(c.n);
   std::vector<Result> out;
-  out.push_back({base + " fwd grouped", time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y); }),
+  out.push_back({base + " fwd grouped mma.sync", time_ms([&] {
+                   cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::MmaSync);
+                   ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
+                 }),
                  flops, 0, ""});
+  if (cuda::grouped_forward_wgmma_available())
+    out.push_back({base + " fwd grouped wgmma", time_ms([&] {
+                     cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Wgmma);
+                     ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
+                   }),
+                   flops, 0, ""});
+  cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " fwd cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
                      ops::matmul(x->slice(r0, r0 + n), false, we, true, y->slice(r0, r0 + n));

@@ -20,17 +20,18 @@
 // Weights may be S stacks (w (S, E, N/S, K), row n of W_e in stack n / (N/S)): every loaded or
 // stored weight row computes its own address, so stacks of any height work.
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
-#include "cuda/attention/flash_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/moe/grouped_gemm_common.cuh"
 #include "cuda/moe/moe.cuh"
 
 namespace engine::cuda {
 namespace {
 
 using flash::Operand;
-using gbf16 = __nv_bfloat16;
+using namespace grouped;
 
 constexpr int kBM = 128, kBN = 128, kBK = 64;
 constexpr int kThreads = 256;
@@ -41,53 +42,6 @@ constexpr uint32_t kTileBytes = kBM * kBK * 2;  // every operand tile is 128 x 6
 constexpr uint32_t kStageBytes = 2 * kTileBytes;
 constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes;
 static_assert(kBM == ops::kMoeRowAlign, "one row tile must never hold two experts");
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// A bf16 (or f32) matrix addressed by rows, made of stacks of `stack_rows` rows (0: one stack).
-template <typename T>
-struct RowMatrix {
-  T* p;
-  int64_t ld;            // elements per row
-  int64_t stack_rows;    // rows per stack; 0: a single stack
-  int64_t stack_stride;  // elements between stacks
-  __device__ __forceinline__ T* row(int64_t r) const {
-    if (stack_rows == 0) return p + r * ld;
-    const int64_t s = r / stack_rows;
-    return p + s * stack_stride + (r - s * stack_rows) * ld;
-  }
-};
-
-// Expert e's weight matrix W_e (N, K) inside w (S, E, N/S, K).
-template <typename T>
-__device__ __forceinline__ RowMatrix<T> expert_weight(T* w, int e, int experts, int64_t n_per_stack,
-                                                      int64_t k, int64_t stacks) {
-  return {w + int64_t{e} * n_per_stack * k, k, stacks > 1 ? n_per_stack : 0,
-          int64_t{experts} * n_per_stack * k};
-}
-
-// Rows [r0, r0 + kRows) x columns [c0, c0 + kCols) of m -> swizzled shared tile (cp.async).
-// Tile rows >= rows_valid and columns >= cols are zero-filled (cols a multiple of 8).
-template <int kRows, int kCols>
-__device__ __forceinline__ void load_tile(uint32_t s_tile, const RowMatrix<const gbf16>& m,
-                                          int64_t r0, int64_t rows_valid, int64_t c0,
-                                          int64_t cols, int tid) {
-  constexpr int kChunks = kCols / 8;
-  constexpr int kStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kRows % kStep == 0, "chunks split over threads");
-  const int rr = tid / kChunks, c = tid % kChunks;
-  const bool col_ok = c0 + c * 8 < cols;
-#pragma unroll
-  for (int it = 0; it < kRows / kStep; ++it) {
-    const int r = rr + it * kStep;
-    const bool valid = col_ok && r < rows_valid;
-    const gbf16* src = valid ? m.row(r0 + r) + c0 + c * 8 : m.p;
-    flash::cp_async_16(s_tile + flash::swizzle<kCols>(r, c), src, valid);
-  }
-}
 
 // The k-loop: acc += sum over nk steps of A_tile(kt) B_tile(kt); `load(slot, kt)` issues the
 // cp.async copies of step kt into a stage, `mma(a_tile, b_tile)` consumes one.
@@ -127,28 +81,20 @@ struct RowsParams {
 template <bool kDgrad>
 static __global__ void __launch_bounds__(kThreads, 2) grouped_rows_kernel(const RowsParams p) {
   FLASH_DYNAMIC_SMEM(smem);
-  const int per_group = kGroupM * p.tiles_n;
-  const int group = blockIdx.x / per_group, in_group = blockIdx.x % per_group;
-  const int first_m = group * kGroupM;
-  const int group_size = min(p.tiles_m - first_m, kGroupM);
-  const int tm = first_m + in_group % group_size, tn = in_group / group_size;
+  int tm, tn;
+  raster<kGroupM>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
   const int64_t row0 = int64_t{tm} * kBM;
-  if (row0 >= p.offsets[p.experts]) return;
-  int lo = 0, hi = p.experts - 1;  // the last expert starting at or before row0
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.offsets[mid] <= row0) lo = mid;
-    else hi = mid - 1;
-  }
-  const int e = lo;
-  const int64_t rows_valid = int64_t{p.offsets[e]} + p.counts[e] - row0;
-  if (rows_valid <= 0) return;
+  const TileExpert te = tile_expert(p.offsets, p.counts, p.experts, row0);
+  if (te.rows_valid <= 0) return;
+  const int e = te.e;
+  const int64_t rows_valid = te.rows_valid;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm0 = (warp / 4) * 64, wn0 = (warp % 4) * 32;
   const int64_t col0 = int64_t{tn} * kBN;
-  const RowMatrix<const gbf16> A{p.a, p.red, 0, 0};
+  const RowMatrix<const gbf16> A = RowMatrix<const gbf16>{p.a, p.red, 0, 0}.from(row0, kBM);
   const RowMatrix<const gbf16> W = expert_weight(p.w, e, p.experts, p.n_per_stack, p.k, p.stacks);
+  const RowMatrix<const gbf16> W_cols = W.from(col0, kBN);  // forward: fixed weight rows
   float acc[kMI][kNI][4];
   flash::zero(acc);
   const int nk = static_cast<int>(ceil_div(p.red, kBK));
@@ -156,11 +102,11 @@ static __global__ void __launch_bounds__(kThreads, 2) grouped_rows_kernel(const 
       nk, flash::smem_u32(smem),
       [&](uint32_t stage, int kt) {
         const int64_t k0 = int64_t{kt} * kBK;
-        load_tile<kBM, kBK>(stage, A, row0, rows_valid, k0, p.red, tid);
+        load_tile<kBM, kBK, kThreads>(stage, A, rows_valid, k0, p.red, tid);
         if constexpr (!kDgrad)
-          load_tile<kBN, kBK>(stage + kTileBytes, W, col0, p.n - col0, k0, p.k, tid);
+          load_tile<kBN, kBK, kThreads>(stage + kTileBytes, W_cols, p.n - col0, k0, p.k, tid);
         else
-          load_tile<kBK, kBN>(stage + kTileBytes, W, k0, p.n - k0, col0, p.k, tid);
+          load_tile<kBK, kBN, kThreads>(stage + kTileBytes, W.from(k0, kBK), p.n - k0, col0, p.k, tid);
       },
       [&](uint32_t a_tile, uint32_t b_tile) {
         if constexpr (!kDgrad)
@@ -214,8 +160,8 @@ static __global__ void __launch_bounds__(kThreads, 2) grouped_wgrad_kernel(const
       nk, flash::smem_u32(smem),
       [&](uint32_t stage, int kt) {
         const int64_t t0 = int64_t{kt} * kBK;
-        load_tile<kBK, kBM>(stage, DY, r0 + t0, count - t0, n0, p.n, tid);
-        load_tile<kBK, kBN>(stage + kTileBytes, X, r0 + t0, count - t0, c0, p.k, tid);
+        load_tile<kBK, kBM, kThreads>(stage, DY.from(r0 + t0, kBK), count - t0, n0, p.n, tid);
+        load_tile<kBK, kBN, kThreads>(stage + kTileBytes, X.from(r0 + t0, kBK), count - t0, c0, p.k, tid);
       },
       [&](uint32_t a_tile, uint32_t b_tile) {
         flash::warp_gemm<kMI, kNI, kBK, Operand::kATrans, kBM, Operand::kBTrans, kBN>(
@@ -275,6 +221,7 @@ void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, co
 }
 
 std::once_flag g_fwd_flag, g_dgrad_flag, g_wgrad_flag;
+std::atomic<GroupedForwardKernel> g_forward_kernel{GroupedForwardKernel::Auto};
 
 void launch_rows(bool dgrad, const Tensor& a, const Tensor& w, const Tensor& offsets,
                  const Tensor& counts, const Tensor& out, const ops::GroupedWeight& g) {
@@ -320,8 +267,20 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offs
   const int64_t R = x.size(0);
   expect_rows(x, R, g.k, op, "x");
   expect_rows(y, R, g.n, op, "y");
+  const GroupedForwardKernel kernel = g_forward_kernel.load();
+  ENSURE(kernel != GroupedForwardKernel::Wgmma || forward_sm90_available(), op,
+         ": the wgmma kernel is not built for this device");
+  if (kernel != GroupedForwardKernel::MmaSync) {
+    const ForwardArgs a{static_cast<const gbf16*>(x.data), static_cast<const gbf16*>(w.data),
+                        static_cast<gbf16*>(y.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
+                        static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
+    if (forward_sm90(a)) return;
+  }
   launch_rows(false, x, w, offsets, counts, y, g);
 }
+
+void set_grouped_forward_kernel(GroupedForwardKernel k) { g_forward_kernel = k; }
+bool grouped_forward_wgmma_available() { return forward_sm90_available(); }
 
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx) {

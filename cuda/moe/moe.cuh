@@ -13,7 +13,8 @@
 //                    host sync; deterministic.
 //   permute, unpermute (+ backward): rows of bf16 or f32, 16-byte vectors when the row length
 //                    and the pointers allow, f32 sums, one block per token.
-//   grouped linear   bf16 x / dy / w, bf16 y / dx, f32 dw (+=): see grouped_gemm.cu. Needs
+//   grouped linear   bf16 x / dy / w, bf16 y / dx, f32 dw (+=): see grouped_gemm.cu (and
+//                    grouped_gemm_sm90.cu, the forward on wgmma). Needs
 //                    K, N, N/S multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
 //                    expert offsets that are multiples of ops::kMoeRowAlign (moe_dispatch's).
 // E <= ops::kMoeMaxExperts, k <= ops::kMoeMaxTopK. Every launcher runs on the compute stream.
@@ -43,6 +44,12 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
                             const Tensor& counts, const Tensor& y);
+// The kernel behind grouped_linear_forward: Auto = wgmma (grouped_gemm_sm90.cu) where it is built
+// for the device (sm_90a code on a compute capability 9.0 GPU), else mma.sync; the others force
+// one (tests and benchmarks; Wgmma where it is not available is an error). Process-wide.
+enum class GroupedForwardKernel { Auto, MmaSync, Wgmma };
+void set_grouped_forward_kernel(GroupedForwardKernel k);
+bool grouped_forward_wgmma_available();
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,

@@ -20,6 +20,10 @@
 #include "ref/moe.h"
 #include "tests/common/gpu_testing.h"
 
+#ifdef ENGINE_CUDA
+#include "cuda/moe/moe.cuh"
+#endif
+
 using namespace engine;
 using namespace engine::testing;
 
@@ -57,7 +61,7 @@ struct Layout {
   Owned counts, offsets;
   int64_t rows = 0;  // offsets_E
 };
-Layout layout_of(const std::vector<int32_t>& counts) {
+[[maybe_unused]] Layout layout_of(const std::vector<int32_t>& counts) {
   const int64_t E = static_cast<int64_t>(counts.size());
   Layout l;
   l.counts = empty({E}, DType::I32, Device::CPU);
@@ -74,7 +78,7 @@ Layout layout_of(const std::vector<int32_t>& counts) {
 }
 
 // The rows of `t` (R, C) owned by some expert, stacked (f64 on the host).
-Owned owned_rows(const Tensor& t, const Layout& l) {
+[[maybe_unused]] Owned owned_rows(const Tensor& t, const Layout& l) {
   Owned h = to_host(t, DType::F64);
   const int64_t E = l.counts->numel(), C = t.size(1);
   int64_t n = 0;
@@ -88,7 +92,7 @@ Owned owned_rows(const Tensor& t, const Layout& l) {
 }
 
 // True when every row of `t` outside the experts' ranges still holds the poison (NaN).
-bool padding_untouched(const Tensor& t, const Layout& l) {
+[[maybe_unused]] bool padding_untouched(const Tensor& t, const Layout& l) {
   Owned h = to_host(t, DType::F64);
   const int64_t R = t.size(0), C = t.size(1), E = l.counts->numel();
   std::vector<bool> owned(R, false);
@@ -101,6 +105,16 @@ bool padding_untouched(const Tensor& t, const Layout& l) {
         if (!std::isnan(h.ptr<double>()[r * C + c])) return false;
   return true;
 }
+
+#ifdef ENGINE_CUDA
+// The forward kernels this device runs: mma.sync always, wgmma on sm_90.
+std::vector<cuda::GroupedForwardKernel> forward_kernels() {
+  std::vector<cuda::GroupedForwardKernel> k = {cuda::GroupedForwardKernel::MmaSync};
+  if (cuda::grouped_forward_wgmma_available()) k.push_back(cuda::GroupedForwardKernel::Wgmma);
+  else MESSAGE("no wgmma forward kernel on this device: mma.sync only");
+  return k;
+}
+#endif
 
 struct GemmCase {
   const char* name;
@@ -299,6 +313,7 @@ TEST_CASE("cuda moe permute, unpermute and its backward match the reference") {
   }
 }
 
+#ifdef ENGINE_CUDA  // the kernel choice is a CUDA-only switch
 TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad (+=)") {
   if (!gpu_available_or_skip()) return;
   for (const GemmCase& c : kGemmCases) {
@@ -314,11 +329,16 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       // forward
       Owned y64 = empty({R, c.n}, DType::F64, Device::CPU);
       ref::grouped_linear_forward(x64, w64, l.offsets, l.counts, y64);
-      DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16);
-      ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
       Owned yref = owned_rows(y64, l);
-      CHECK_CLOSE(owned_rows(gy.t, l).t, yref.t, bf16_tol(yref));
-      CHECK(padding_untouched(gy.t, l));
+      for (cuda::GroupedForwardKernel kernel : forward_kernels()) {
+        INFO("forward kernel " << static_cast<int>(kernel));
+        cuda::set_grouped_forward_kernel(kernel);
+        DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16);
+        ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
+        CHECK_CLOSE(owned_rows(gy.t, l).t, yref.t, bf16_tol(yref));
+        CHECK(padding_untouched(gy.t, l));
+      }
+      cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
       // input gradient
       Owned dx64 = empty({R, c.k}, DType::F64, Device::CPU);
       ref::grouped_linear_backward_input(dy64, w64, l.offsets, l.counts, dx64);
@@ -353,7 +373,6 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
   DeviceTensor gy = gpu_poisoned({R, N}, DType::BF16), gy_ref = gpu_poisoned({R, N}, DType::BF16);
   DeviceTensor gdx = gpu_poisoned({R, K}, DType::BF16), gdx_ref = gpu_poisoned({R, K}, DType::BF16);
   DeviceTensor gdw = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU)), gdw_ref = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU));
-  ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
   ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
   ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
   for (int64_t e = 0; e < E; ++e) {
@@ -365,10 +384,19 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
     ops::matmul(gdy.t.slice(r0, r0 + n), true, gx.t.slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});
   }
   Owned yr = owned_rows(gy_ref.t, l), dxr = owned_rows(gdx_ref.t, l);
-  CHECK_CLOSE(owned_rows(gy.t, l).t, yr.t, 1e-2);
+  for (cuda::GroupedForwardKernel kernel : forward_kernels()) {
+    INFO("forward kernel " << static_cast<int>(kernel));
+    cuda::set_grouped_forward_kernel(kernel);
+    poison(gy.t);
+    ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
+    CHECK_CLOSE(owned_rows(gy.t, l).t, yr.t, 1e-2);
+  }
+  cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
   CHECK_CLOSE(owned_rows(gdx.t, l).t, dxr.t, 1e-2);
   CHECK_CLOSE(gdw.t, to_host(gdw_ref.t, DType::F64).t, 1e-5);
 }
+
+#endif  // ENGINE_CUDA
 
 TEST_CASE("cuda moe jitter matches the reference (bf16 and f32)") {
   if (!gpu_available_or_skip()) return;

@@ -1,0 +1,197 @@
+// The forward grouped GEMM on Hopper's wgmma (sm_90a): y_rows(e) = x_rows(e) W_e^T, the same
+// contract and tile scheduling as grouped_gemm.cu's mma.sync kernel (which runs where this one is
+// not built, and for the two backward products).
+// Block: 128 x 256 output tile, two consumer warpgroups of 64 x 256 each (wgmma m64n256k16,
+// 128 f32 accumulators per thread), k steps of 64. All 256 threads stream A (128 x 64) and B
+// (256 x 64) with cp.async into a 4-stage ring of 48 KiB stages, each operand tile in the
+// 128-byte swizzled K-major layout wgmma reads through a matrix descriptor (grouped_gemm_common.cuh
+// load_tile<.., 64, ..>: row r at 128 r bytes, 16-byte chunk c at c ^ (r % 8); stage bases
+// 1024-byte aligned; descriptor stride between 8-row groups 1024 bytes, 128-byte swizzle mode; a
+// k16 step advances the start address by 32 bytes). Per k step:
+//   wait for the step's copies, fence them to the async proxy, barrier (also: both warpgroups
+//   have retired the wgmma of step kt - 2, whose stage the next copies overwrite), issue the
+//   copies of step kt + 2, then 4 wgmma on stage kt, commit, and wait until at most one group
+//   (this step's) is in flight.
+// Rows past the expert's count are zero-filled and never stored; columns past N likewise.
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/moe/grouped_gemm_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MOE_WGMMA 1
+#endif
+
+namespace engine::cuda::grouped {
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64;
+constexpr int kThreads = 256;
+constexpr int kStages = 4, kAhead = kStages - 2;
+constexpr uint32_t kATileBytes = kBM * kBK * 2, kBTileBytes = kBN * kBK * 2;
+constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
+constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024;  // + alignment slack
+static_assert(kBM == ops::kMoeRowAlign, "one row tile must never hold two experts");
+
+#ifdef MOE_WGMMA
+// Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  uint64_t d = (addr & 0x3FFFF) >> 4;
+  d |= uint64_t{1} << 16;            // leading byte offset (unused for swizzled K-major)
+  d |= uint64_t{1024 >> 4} << 32;    // stride byte offset
+  d |= uint64_t{1} << 62;            // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads / writes across the asynchronous wgmma.
+__device__ __forceinline__ void acc_fence(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x 256 f32, the wgmma accumulator fragment) += A (64 x 16, descriptor a) B (16 x 256,
+// descriptor b)^T, both K-major in shared memory; scale-d = 1 (accumulate).
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(1));
+}
+#endif  // MOE_WGMMA
+
+struct FwdParams {
+  ForwardArgs a;
+  int tiles_m, tiles_n;
+};
+
+static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const FwdParams p) {
+#ifdef MOE_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
+  int tm, tn;
+  raster<8>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
+  const int64_t row0 = int64_t{tm} * kBM;
+  const TileExpert te = tile_expert(p.a.offsets, p.a.counts, p.a.experts, row0);
+  if (te.rows_valid <= 0) return;
+  const int64_t n0 = int64_t{tn} * kBN;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const RowMatrix<const gbf16> A = RowMatrix<const gbf16>{p.a.x, p.a.k, 0, 0}.from(row0, kBM);
+  const RowMatrix<const gbf16> W =
+      expert_weight(p.a.w, te.e, p.a.experts, p.a.n_per_stack, p.a.k, p.a.stacks).from(n0, kBN);
+  const int nk = static_cast<int>(ceil_div(p.a.k, kBK));
+  auto load = [&](int kt) {
+    const uint32_t stage = base + (kt % kStages) * kStageBytes;
+    const int64_t k0 = int64_t{kt} * kBK;
+    load_tile<kBM, kBK, kThreads>(stage, A, te.rows_valid, k0, p.a.k, tid);
+    load_tile<kBN, kBK, kThreads>(stage + kATileBytes, W, p.a.n - n0, k0, p.a.k, tid);
+  };
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < nk) load(s);
+    flash::cp_async_commit();
+  }
+  acc_fence(acc);
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kAhead - 1>();
+    flash::fence_proxy_async();
+    __syncthreads();
+    if (kt + kAhead < nk) load(kt + kAhead);
+    flash::cp_async_commit();
+    const uint32_t stage = base + (kt % kStages) * kStageBytes;
+    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+  acc_fence(acc);
+  cp_async_wait<0>();
+  const int lane = tid & 31, warp = (tid >> 5) & 3;
+  const int r = wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int64_t c = n0 + j * 8 + 2 * (lane & 3);
+    if (c >= p.a.n) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int rr = r + 8 * half;
+      if (rr < te.rows_valid)
+        *reinterpret_cast<uint32_t*>(p.a.y + (row0 + rr) * p.a.n + c) =
+            flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]);
+    }
+  }
+#endif
+}
+
+// Built for this device (sm_90a code in the binary, a compute capability 9.0 GPU)?
+bool available() {
+  static const bool ok = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, forward_wgmma_kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (attr.binaryVersion != 90 || major != 9 || minor != 0) return false;
+    CUDA_CHECK(cudaFuncSetAttribute(forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kSmemBytes)));
+    return true;
+  }();
+  return ok;
+}
+
+}  // namespace
+
+bool forward_sm90_available() { return available(); }
+
+bool forward_sm90(const ForwardArgs& a) {
+  if (!available()) return false;
+  const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(a.n, kBN);
+  if (tiles_m == 0 || tiles_n == 0) return true;
+  ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", a.n,
+         " columns: too many tiles");
+  FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
+  forward_wgmma_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes, stream()>>>(p);
+  check_launch("forward_wgmma_kernel");
+  return true;
+}
+
+}  // namespace engine::cuda::grouped
