@@ -1,7 +1,8 @@
 // Memory-bound kernels at training sizes: T = 16384 tokens, C = 2048 and 4096, bf16 activations
-// (rmsnorm, layernorm, rope, swiglu, gelu, embedding; forward and backward). Each result carries
-// the bytes the op must read + write at least (statistics and parameter vectors included,
-// scratch and cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h).
+// (rmsnorm, layernorm, rope, swiglu, gelu, embedding; forward and backward), and sum_rows (bias
+// gradients) at the GPT-2 and Llama widths. Each result carries the bytes the op must read +
+// write at least (statistics and parameter vectors included, scratch and cache traffic not), so
+// GB/s compares with the H200 copy bandwidth (bench.h).
 // swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); embedding
 // draws ids uniformly from V = 32000 and counts the distinct rows it must touch.
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "cuda/common/device.cuh"
 #include "ops/activation.h"
 #include "ops/embedding.h"
+#include "ops/gemm.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 #endif
@@ -141,6 +143,15 @@ BENCH_CASES("memory_bound") {
       results.push_back(
           {label("embedding bwd", kT, c), ms, 0, kT * 4.0 + act + 2 * rows * kF32, note});
     }
+  }
+  // sum_rows (the bias gradient of a linear layer): dY (T, N) bf16 column sums added into f32,
+  // at the GPT-2 linears' widths (T = 32768) and one Llama-sized (T = 16384, N = 2048).
+  for (auto [t, n] : {std::pair<int64_t, int64_t>{32768, 768}, {32768, 2304}, {32768, 3072}, {16384, 2048}}) {
+    Owned dy = device_random({t, n}, bf, 12);
+    Owned db = zeros({n}, f32, Device::CUDA);
+    const double ms = time_ms([&] { ops::sum_rows(dy, db, 1.f); });
+    results.push_back({"sum_rows T=" + std::to_string(t) + " N=" + std::to_string(n), ms, 0,
+                       t * n * kB16 + 2 * n * kF32, "bias gradient, f32 +="});
   }
 #endif
   return results;

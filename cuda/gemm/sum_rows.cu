@@ -1,24 +1,30 @@
 // Row and column reductions of a row-major matrix x (M, N), bf16 or f32, into f32 or bf16:
 //   sum_rows:    out(j) = beta * out(j) + sum_i x(i, j)   (column sums: bias gradients)
 //   sum_columns: out(i) = beta * out(i) + sum_j x(i, j)   (row sums)
-// sum_rows runs in two passes, no atomics, so the result has the same bits every run:
-//   1. Block (column tile, row chunk): a tile is 32 lanes x V columns (V = 16 bytes of x: 8 bf16
-//      or 4 f32, one vector load per lane and row when rows are 16-byte aligned, else V strided
-//      scalar loads); its 8 warps take every 8th row of the chunk, each lane adding its columns in
-//      f32 in row order, kRowsInFlight rows asked for (raw vectors, one 64-bit pointer stepped
-//      per group) before any is added; the 8 warp sums are added in warp order into
-//      partial(chunk, column). (8 rows in flight, and a single kernel whose last block per tile
-//      adds the partials, both measured slower at 32768 x 768: 56-59% and 49-50% of copy,
-//      against 60-62%.)
-//      The number of chunks depends on (M, N) and the device only: about one wave of resident
-//      blocks in all (so the same device gives the same bits every run).
-//   2. kFinishLanes threads per column each add every kFinishLanes-th chunk partial in chunk
-//      order, then one adds their kFinishLanes sums in order and applies beta (the old single
-//      thread per column walked all chunks, a chain of dependent L2 loads that took longer than
-//      pass 1 itself for N = 768).
+// sum_rows is one kernel, no float atomics, and the result has the same bits every run:
+//   Block (column tile, row chunk): a tile is 32 lanes x V columns (V = 16 bytes of x: 8 bf16
+//   or 4 f32, one vector load per lane and row when rows are 16-byte aligned, else V strided
+//   scalar loads); its 8 warps take every 8th row of the chunk, each lane adding its columns in
+//   f32 in row order, R rows asked for (raw vectors, one 64-bit pointer stepped per group)
+//   before any is added (R = 8 vector loads, kRowsInFlight scalar ones); the 8 warp sums are
+//   added in warp order. About kBlocksPerSM blocks per multiprocessor in all: few, deep blocks,
+//   so that there are few partials. With one chunk the block writes out; else it writes its
+//   partial(chunk, tile) and counts itself done on the tile's counter (after a fence), and the
+//   tile's last block adds the chunks' partials in a fixed order: thread group g of G adds
+//   chunks g, g + G, ... four columns at a time (8 loads in flight), then the G group sums are
+//   added in group order, beta is applied, and the block resets the counter for the next call.
+//   Which block comes last changes nothing in the order; the chunk count depends on (M, N) and
+//   the device only.
+//   Measured on one H200 at 32768 x 768 bf16 (50 MB; bench memory_bound, sum_rows T=32768
+//   N=768), against the two-pass version it replaced (pass 1 with one wave of resident blocks
+//   writing partials, a second kernel adding them) in the same sessions: 61.5-70.4% of copy
+//   against 57-64%; 2304 and 3072 columns 80-82% and 86.5-87.4% against 76-79% and 84-85%;
+//   16384 x 2048 63-65.5% against 57-58.5%. 1 block per SM, 3 or more, or 4 rows in flight
+//   were slower; 16 rows in flight measured the same as 8.
 // sum_columns: one warp per row; lanes add strided vectors in f32, then a fixed xor butterfly.
-// Scratch: the partials (chunks x N f32) live in a device buffer that only grows, reused in
-// compute-stream order.
+// Scratch: the partials (chunks x tiles x tile width f32) and one counter per tile live in
+// device buffers that only grow (the counters zeroed when allocated), reused in compute-stream
+// order.
 #include "cuda/gemm/sum_rows.cuh"
 
 #include <algorithm>
@@ -34,9 +40,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMinRowsPerChunk = 64;
-constexpr int kFinishLanes = 32;  // pass-2 threads per column
-constexpr int kFinishUnroll = 4;  // pass-2 loads in flight per thread
-constexpr int kRowsInFlight = 4;  // pass 1: rows per warp loaded before any is added
+constexpr int kBlocksPerSM = 2;      // blocks of the whole grid per multiprocessor
+constexpr int kVecRowsInFlight = 8;  // rows per warp loaded before any is added (16-byte loads)
+constexpr int kRowsInFlight = 4;     // ... scalar loads
 
 template <typename T>
 constexpr int kVecOf = 16 / static_cast<int>(sizeof(T));  // columns per lane
@@ -97,63 +103,93 @@ __device__ __forceinline__ void accumulate_rows(const T* x, int64_t n, int64_t r
   }
 }
 
-// Pass 1: partial(chunk, j) = sum over the rows of the chunk of x(i, j), for the block's column
-// tile: each warp adds its rows (accumulate_rows), then the warp sums are added in warp order.
-template <typename T, bool kVec>
-__global__ void column_partial_kernel(const T* x, int64_t m, int64_t n, int64_t rows_per_chunk,
-                                      float* partial) {
+// sum_rows (see the top of this file): block (tile, chunk); partial rows are ld floats apart (a
+// multiple of 4: 16-byte aligned), the columns of the last tile past n hold 0.
+template <typename T, bool kVec, typename Out, int R>
+__global__ void __launch_bounds__(kThreads)
+    column_sums_kernel(const T* x, int64_t m, int64_t n, int64_t rows_per_chunk, float* partial,
+                       int64_t ld, unsigned* counters, Out* out, float beta) {
   constexpr int V = kVecOf<T>;
   constexpr int kTile = 32 * V;
+  constexpr int kQuads = kTile / 4;             // 4-column groups of a tile
+  constexpr int kGroups = kThreads / kQuads;    // threads per 4-column group in the combine
+  constexpr int kCombineUnroll = 8;             // combine: partial loads in flight per thread
+  static_assert(kGroups >= 1 && kGroups <= kWarps && kThreads % kQuads == 0);
   __shared__ float s[kWarps][kTile];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ bool last;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = std::min(m, r0 + rows_per_chunk);
+  const int chunks = static_cast<int>(gridDim.y);
   auto col_of = [&](int k) { return kVec ? lane * V + k : lane + 32 * k; };
   float acc[V] = {};
-  accumulate_rows<T, kVec, kRowsInFlight>(x, n, r0, r1, col0, acc);
+  accumulate_rows<T, kVec, R>(x, n, r0, r1, col0, acc);
 #pragma unroll
   for (int k = 0; k < V; ++k) s[warp][col_of(k)] = acc[k];
   __syncthreads();
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    if (col0 + i >= n) continue;
+  auto finish = [&](int i, float total) {
+    if (beta != 0.f) total += beta * to_float(out[col0 + i]);
+    out[col0 + i] = from_float<Out>(total);
+  };
+  if (chunks == 1) {
+    for (int i = tid; i < kTile; i += kThreads) {
+      if (col0 + i >= n) continue;
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += s[w][i];
+      finish(i, t);
+    }
+    return;
+  }
+  for (int i = tid; i < kTile; i += kThreads) {
     float t = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) t += s[w][i];
-    partial[blockIdx.y * n + col0 + i] = t;
+    partial[blockIdx.y * ld + col0 + i] = col0 + i < n ? t : 0.f;
   }
-}
-
-// Pass 2: out(j) = beta * out(j) + sum over chunks of partial(c, j). Block (32 columns x
-// kFinishLanes): thread (x, y) adds the chunks c = y, y + kFinishLanes, ... of column x in turn
-// (kFinishUnroll loads in flight), then thread (x, 0) adds the kFinishLanes sums in order: a
-// fixed order, and each thread walks chunks / kFinishLanes partials instead of all of them.
-template <typename Out>
-__global__ void __launch_bounds__(32 * kFinishLanes)
-    column_finish_kernel(const float* partial, int64_t chunks, int64_t n, Out* out, float beta) {
-  __shared__ float sums[kFinishLanes][33];
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float t = 0.f;
-  if (j < n) {
-    int64_t c = threadIdx.y;
-    for (; c + (kFinishUnroll - 1) * kFinishLanes < chunks; c += kFinishUnroll * kFinishLanes) {
-      float v[kFinishUnroll];
-#pragma unroll
-      for (int u = 0; u < kFinishUnroll; ++u) v[u] = partial[(c + u * kFinishLanes) * n + j];
-#pragma unroll
-      for (int u = 0; u < kFinishUnroll; ++u) t += v[u];
-    }
-    for (; c < chunks; c += kFinishLanes) t += partial[c * n + j];
-  }
-  sums[threadIdx.y][threadIdx.x] = t;
+  __threadfence();  // this block's partials are visible device-wide before it counts itself
   __syncthreads();
-  if (threadIdx.y == 0 && j < n) {
-    float total = 0.f;
+  if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == static_cast<unsigned>(chunks - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // ... and every other block's, once the count says all are done
+
+  const int q = tid % kQuads, g = tid / kQuads;
+  float4 t4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (g < kGroups) {
+    const float* base = partial + col0 + 4 * q;
+    auto add = [&](const float4& v) {
+      t4.x += v.x;
+      t4.y += v.y;
+      t4.z += v.z;
+      t4.w += v.w;
+    };
+    int c = g;
+    for (; c + (kCombineUnroll - 1) * kGroups < chunks; c += kCombineUnroll * kGroups) {
+      float4 v[kCombineUnroll];
 #pragma unroll
-    for (int r = 0; r < kFinishLanes; ++r) total += sums[r][threadIdx.x];
-    if (beta != 0.f) total += beta * to_float(out[j]);
-    out[j] = from_float<Out>(total);
+      for (int u = 0; u < kCombineUnroll; ++u)
+        v[u] = __ldcg(reinterpret_cast<const float4*>(base + (c + u * kGroups) * ld));
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) add(v[u]);
+    }
+    for (; c < chunks; c += kGroups) add(__ldcg(reinterpret_cast<const float4*>(base + c * ld)));
+    s[g][4 * q] = t4.x;
+    s[g][4 * q + 1] = t4.y;
+    s[g][4 * q + 2] = t4.z;
+    s[g][4 * q + 3] = t4.w;
   }
+  __syncthreads();
+  for (int i = tid; i < kTile; i += kThreads) {
+    if (col0 + i >= n) continue;
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kGroups; ++w) t += s[w][i];
+    finish(i, t);
+  }
+  if (tid == 0) counters[blockIdx.x] = 0;
 }
 
 // out(i) = beta * out(i) + sum_j x(i, j): one warp per row.
@@ -189,6 +225,16 @@ float* partial_scratch(size_t count) {
   return static_cast<float*>(buf.data());
 }
 
+// One counter per column tile, zero between calls (the last block of a tile resets its own).
+unsigned* tile_counters(size_t count) {
+  static Buffer buf;
+  if (buf.bytes() < count * sizeof(unsigned)) {
+    buf = Buffer(count * sizeof(unsigned), Device::CUDA);
+    CUDA_CHECK(cudaMemsetAsync(buf.data(), 0, buf.bytes(), stream()));
+  }
+  return static_cast<unsigned*>(buf.data());
+}
+
 // x (M, N) and out (x.size(out_dim)) on cuda; returns {M, N}.
 std::pair<int64_t, int64_t> check_args(const Tensor& x, const Tensor& out, int out_dim,
                                        const char* op) {
@@ -216,28 +262,24 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
     using T = decltype(xt);
     using Out = decltype(ot);
     constexpr int V = kVecOf<T>;
-    const int64_t tiles = ceil_div(n, 32 * V);
+    constexpr int64_t kTile = 32 * V;
+    const int64_t tiles = ceil_div(n, kTile);
     const bool vec = n % V == 0 && aligned16(x.data);
-    auto pass1 = vec ? column_partial_kernel<T, true> : column_partial_kernel<T, false>;
-    int64_t chunks = 0, rows_per_chunk = 0;
-    if (m > 0) {
-      // As many blocks as are resident at once (one wave), at least kMinRowsPerChunk rows each.
-      const int64_t resident = persistent_grid(pass1, kThreads, 0, int64_t{1} << 30);
-      const int64_t want = std::clamp<int64_t>(resident / tiles, 1,
-                                               std::max<int64_t>(1, m / kMinRowsPerChunk));
-      rows_per_chunk = ceil_div(m, want);
-      chunks = ceil_div(m, rows_per_chunk);
-    }
-    float* partial = partial_scratch(static_cast<size_t>(std::max<int64_t>(chunks, 1) * n));
-    if (chunks > 0) {
-      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
-      pass1<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
-                                            partial);
-      check_launch("column_partial_kernel");
-    }
-    column_finish_kernel<Out><<<static_cast<unsigned>(ceil_div(n, 32)), dim3(32, kFinishLanes), 0,
-                                stream()>>>(partial, chunks, n, static_cast<Out*>(out.data), beta);
-    check_launch("column_finish_kernel");
+    // About kBlocksPerSM blocks per multiprocessor in all, at least kMinRowsPerChunk rows each.
+    const int64_t want = std::clamp<int64_t>(int64_t{kBlocksPerSM} * sm_count() / tiles, 1,
+                                             std::max<int64_t>(1, m / kMinRowsPerChunk));
+    const int64_t rows_per_chunk = std::max<int64_t>(1, ceil_div(m, want));
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(m, rows_per_chunk));
+    const int64_t ld = tiles * kTile;
+    float* partial = chunks > 1 ? partial_scratch(static_cast<size_t>(chunks * ld)) : nullptr;
+    unsigned* counters = chunks > 1 ? tile_counters(static_cast<size_t>(tiles)) : nullptr;
+    auto kernel = vec ? column_sums_kernel<T, true, Out, kVecRowsInFlight>
+                      : column_sums_kernel<T, false, Out, kRowsInFlight>;
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+    kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
+                                            partial, ld, counters, static_cast<Out*>(out.data),
+                                            beta);
+    check_launch("column_sums_kernel");
   });
 }
 

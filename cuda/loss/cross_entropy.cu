@@ -24,9 +24,14 @@
 //              row (V / C elements) into shared memory with bulk copies (cp.async.bulk, 16 KB
 //              per mbarrier, all issued at once), reduces it while the chunks land, the blocks
 //              exchange (m, s) through distributed shared memory, and each writes its slice's
-//              gradient from shared memory: read B + write B, the bytes floor. Auto takes the
-//              smallest C whose slice is <= 72 KB (3 blocks per SM), e.g. 128256 bf16 -> C = 4
-//              (62.6 KB), 50304 bf16 -> C = 2, 32000 bf16 -> C = 1.
+//              gradient from shared memory: read B + write B, the bytes floor. Auto takes C = 1
+//              (no exchange) while two such blocks fit on a multiprocessor (rows <= 110 KB),
+//              else the smallest C whose slice is <= 72 KB (3 blocks per SM): 32000 and 50304
+//              bf16 -> C = 1, 128256 bf16 -> C = 4 (62.6 KB). The exchange costs more than the
+//              blocks per SM win: on one H200, 32768 x 50304 bf16 fwd+grad took 1.63 ms with
+//              C = 1 (98 KB, 2 blocks per SM) against 1.85 ms with C = 2 (49 KB, 4 per SM), and
+//              16384 x 128256 2.56 ms with C = 4 against 2.75 ms with C = 3 (2 per SM) and
+//              2.88 ms with C = 2; clusters of 5-7 blocks (4-6 per SM) were slower than 4 too.
 // Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element; the up to
 // 2 x 7 elements before and after the vectors (rows of odd V are not aligned) are scalars,
 // one per thread. Masked rows read nothing but the mask and write zeros.
@@ -70,6 +75,7 @@ constexpr int kChunkVecs = 1024;             // Cluster: 16 KB per bulk copy and
 constexpr int kMaxChunks = 16;               // 16 x 16 KB > 227 KB, the largest slice
 constexpr int64_t kWarpRowsMaxBytes = 4096;  // Auto: rows up to this take WarpRows
 constexpr int64_t kAutoSliceBytes = 72 * 1024;  // Auto: preferred Cluster slice (3 per SM)
+constexpr int64_t kAutoSoloBytes = 110 * 1024;  // Auto: rows taken by one block (2 per SM)
 static_assert(kChunkVecs % kClusterThreads == 0);
 
 // Everything a kernel needs (one struct for all three kernels).
@@ -373,6 +379,8 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
     return slice(c) <= max_slice_bytes() && cluster_schedulable(dtype, c, slice(c));
   };
   auto choose_cluster = [&]() -> std::optional<CrossEntropyPlan> {
+    if (slice(1) <= kAutoSoloBytes && fits(1))
+      return CrossEntropyPlan{CrossEntropyPath::Cluster, 1, slice(1)};
     for (int c : {1, 2, 4, 8})
       if (slice(c) <= kAutoSliceBytes && fits(c))
         return CrossEntropyPlan{CrossEntropyPath::Cluster, c, slice(c)};

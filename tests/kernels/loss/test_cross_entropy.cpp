@@ -199,6 +199,9 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
   auto plan = [](int64_t v, DType dt) { return *cuda::cross_entropy_plan(v, dt); };
   CHECK(plan(1000, DType::BF16).path == CrossEntropyPath::WarpRows);
   CHECK(plan(32000, DType::BF16).path == CrossEntropyPath::Cluster);
+  // One block per row while two fit on a multiprocessor (no cluster exchange), e.g. GPT-2's.
+  CHECK(plan(50304, DType::BF16).path == CrossEntropyPath::Cluster);
+  CHECK(plan(50304, DType::BF16).cluster == 1);
   CHECK(plan(128256, DType::BF16).path == CrossEntropyPath::Cluster);
   CHECK(plan(128256, DType::BF16).cluster >= 2);
   CHECK(plan(128256, DType::F32).path == CrossEntropyPath::Cluster);
