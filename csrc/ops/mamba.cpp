@@ -1,9 +1,13 @@
-// Dispatch of ops/mamba.h: CPU -> ref/mamba (CUDA kernels: next).
+// Dispatch of ops/mamba.h: CPU -> ref/mamba, CUDA -> cuda/mamba (conv1d.cu, scan.cu).
 #include "ops/mamba.h"
 
 #include "ops/dispatch.h"
 #include "ref/mamba.h"
 
+#ifdef ENGINE_CUDA
+#include "cuda/mamba/conv1d.cuh"
+#include "cuda/mamba/scan.cuh"
+#endif
 
 namespace engine::ops {
 
@@ -16,7 +20,7 @@ void causal_conv1d_forward(const ColumnBlock& x, const Tensor& weight, const Ten
                                           {"y", y.base}}) == Device::CPU)
     return ref::causal_conv1d_forward(x, weight, bias, cu_seqlens, silu, y);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("causal_conv1d_forward");
+  return cuda::causal_conv1d_forward(x, weight, bias, cu_seqlens, silu, y);
 #endif
   no_cuda_build("causal_conv1d_forward");
 }
@@ -34,7 +38,7 @@ void causal_conv1d_backward(const ColumnBlock& dy, const ColumnBlock& x, const T
                                            {"dbias", dbias}}) == Device::CPU)
     return ref::causal_conv1d_backward(dy, x, weight, bias, cu_seqlens, silu, dx, dweight, dbias);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("causal_conv1d_backward");
+  return cuda::causal_conv1d_backward(dy, x, weight, bias, cu_seqlens, silu, dx, dweight, dbias);
 #endif
   no_cuda_build("causal_conv1d_backward");
 }
@@ -59,7 +63,7 @@ void selective_scan_forward(const ScanArgs& a, const ColumnBlock& y, const Tenso
   device_of("selective_scan_forward", {{"x", a.x.base}, {"y", y.base}});
   if (dev == Device::CPU) return ref::selective_scan_forward(a, y, chunk_states);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("selective_scan_forward");
+  return cuda::selective_scan_forward(a, y, chunk_states);
 #endif
   no_cuda_build("selective_scan_forward");
 }
@@ -79,7 +83,7 @@ void selective_scan_backward(const ScanArgs& a, const ColumnBlock& dy, const Ten
                                         {"ddt_bias", g.ddt_bias}});
   if (dev == Device::CPU) return ref::selective_scan_backward(a, dy, chunk_states, g);
 #ifdef ENGINE_CUDA
-  no_cuda_kernel("selective_scan_backward");
+  return cuda::selective_scan_backward(a, dy, chunk_states, g);
 #endif
   no_cuda_build("selective_scan_backward");
 }
