@@ -72,9 +72,12 @@ void Mamba::declare(ParamTable& t, const std::string& prefix, const MambaConfig&
     t.add({.name = prefix + ".out_proj_bias", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
 }
 
+// B|C starts on a 64-element boundary of the buffer (aligned rows for the GEMMs writing it).
+int64_t Mamba::bc_offset(int64_t tokens) const { return (tokens * r_ + 63) / 64 * 64; }
+int64_t Mamba::xproj_numel(int64_t tokens) const { return bc_offset(tokens) + tokens * 2 * n_; }
 Tensor Mamba::dt_low(const Tensor& xproj, int64_t tokens) const { return flat_view(xproj, 0, tokens, r_); }
 Tensor Mamba::bc(const Tensor& xproj, int64_t tokens) const {
-  return flat_view(xproj, tokens * r_, tokens, 2 * n_);
+  return flat_view(xproj, bc_offset(tokens), tokens, 2 * n_);
 }
 
 ops::ScanArgs Mamba::scan_args(const MambaSaved& s, const Tensor& xc, const SegmentInfo& seg) const {
@@ -106,7 +109,7 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
   ops::causal_conv1d_forward(ops::ColumnBlock(s.xz, 0, di_), conv_w_.w(), conv_b_.w(), seg.cu_seqlens,
                              true, xc);
   // x_proj on its two row blocks: dt_low and B|C land in separate contiguous blocks of one buffer.
-  s.xproj = env.act_tensor({T * (r_ + 2 * n_)});
+  s.xproj = env.act_tensor({xproj_numel(T)});
   const Tensor wx = x_proj_.w();
   ops::matmul(xc, false, row_block(wx, 0, r_), true, dt_low(s.xproj, T));
   ops::matmul(xc, false, row_block(wx, r_, r_ + 2 * n_), true, bc(s.xproj, T));
@@ -147,7 +150,7 @@ void Mamba::backward(const Env& env, const Tensor& dy, const Tensor& xn, const S
                              true, xc);
 
   Owned dxz = env.act_tensor({T, 2 * di_}), dxc = env.act_tensor({T, di_}), ddt = env.act_tensor({T, di_});
-  Owned dxproj = env.act_tensor({T * (r_ + 2 * n_)});
+  Owned dxproj = env.act_tensor({xproj_numel(T)});
   const Tensor ddt_low = dt_low(dxproj, T), dbc = bc(dxproj, T);
   ops::selective_scan_backward(scan_args(s, xc, seg), dys, s.states,
                                {dxc, ddt, ops::ColumnBlock(dbc, 0, n_), ops::ColumnBlock(dbc, n_, n_),

@@ -19,7 +19,7 @@
 // U(+-1/sqrt(K)) (PyTorch's Conv1d default, which HF keeps); dt_proj U(+-dt_scale / sqrt(R));
 // dt_bias = softplus^-1(dt), dt log-uniform in [dt_min, dt_max] floored at dt_init_floor;
 // A_log[d, n] = log(n + 1); D = 1; biases 0. No weight decay on A_log, D, dt_bias and biases.
-// Saved: xz (T, 2 Di), the x_proj buffer (T (R + 2N)), dt (T, Di), y_ssm (T, Di), the scan's
+// Saved: xz (T, 2 Di), the x_proj buffer (about T (R + 2N)), dt (T, Di), y_ssm (T, Di), the scan's
 // chunk states ((T / chunk_len), N, Di), stat dtype); xc is recomputed by backward (one conv).
 // xn is kept by the caller. Gradients: dxn written (=); parameter gradients accumulated (+=).
 // Tensor parallelism (layers/parallel.h, comm/mappings.h): Di is split. in_proj column-parallel
@@ -56,7 +56,7 @@ struct MambaConfig {
 
 struct MambaSaved {
   Owned xz;      // (T, 2 Di): [xi | z]
-  Owned xproj;   // (T (R + 2N)) flat: dt_low (T, R), then B|C (T, 2N)
+  Owned xproj;   // flat: dt_low (T, R), then (from a 64-element boundary) B|C (T, 2N)
   Owned dt;      // (T, Di)
   Owned y;       // (T, Di) the scan's output
   Owned states;  // (chunks, N, Di)
@@ -74,6 +74,8 @@ class Mamba {
                 const MambaSaved& s, const Tensor& dxn) const;
 
  private:
+  int64_t bc_offset(int64_t tokens) const;
+  int64_t xproj_numel(int64_t tokens) const;
   Tensor dt_low(const Tensor& xproj, int64_t tokens) const;  // (T, R) view of the buffer
   Tensor bc(const Tensor& xproj, int64_t tokens) const;      // (T, 2N) view of the buffer
   ops::ScanArgs scan_args(const MambaSaved& s, const Tensor& xc, const SegmentInfo& seg) const;
