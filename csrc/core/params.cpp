@@ -1,6 +1,7 @@
 #include "core/params.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/rng.h"
 #include "ops/elementwise.h"
@@ -18,6 +19,10 @@ ParamTable::ParamTable(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(t
 const ParamSpec& ParamTable::add(ParamSpec spec) {
   ENSURE(!index_.count(spec.name), "parameter ", spec.name, " declared twice");
   ENSURE(spec.shape.numel() > 0, "parameter ", spec.name, " has empty shape ", spec.shape.str());
+  ENSURE(spec.init != InitKind::InvSoftplusLogUniform ||
+             (spec.init_low > 0 && spec.init_low <= spec.init_high && spec.init_floor >= 0),
+         "parameter ", spec.name, ": log-uniform init range [", spec.init_low, ", ", spec.init_high,
+         "] (floor ", spec.init_floor, ") must have 0 < low <= high");
   spec.full_shape = spec.shape;
   if (spec.split_dim >= 0) {
     ENSURE(spec.split_dim < spec.shape.ndim, "parameter ", spec.name,
@@ -103,6 +108,28 @@ BlockRun block_of_full(const Shape& full_shape, int split_dim, int tp_size, int6
   return {rank, (outer * local + jl) * inner + rest, std::min(hi - g, (local - jl) * inner - rest)};
 }
 
+namespace {
+
+// Element i (index in the full tensor) of parameter s under the key of (seed, s.name).
+double init_value(const ParamSpec& s, PhiloxKey key, int64_t i) {
+  const uint64_t c = static_cast<uint64_t>(i);
+  switch (s.init) {
+    case InitKind::Ones: return 1.0;
+    case InitKind::Zeros: return 0.0;
+    case InitKind::Normal: return s.init_std * philox_normal(key, c);
+    case InitKind::Uniform: return s.init_std * (2.0 * bits_to_unit(philox4x32(key, c).v[0]) - 1.0);
+    case InitKind::LogColumnIndex: return std::log(1.0 + static_cast<double>(i % s.full_shape[-1]));
+    case InitKind::InvSoftplusLogUniform: {
+      const double lo = std::log(s.init_low), hi = std::log(s.init_high);
+      const double dt = std::max(std::exp(lo + (hi - lo) * bits_to_unit(philox4x32(key, c).v[0])), s.init_floor);
+      return dt + std::log(-std::expm1(-dt));  // softplus^-1(dt) = log(e^dt - 1)
+    }
+  }
+  return 0.0;
+}
+
+}  // namespace
+
 void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out) {
   ENSURE(out.device == Device::CPU && (out.dtype == DType::F32 || out.dtype == DType::F64),
          "init_values writes a host f32 or f64 tensor");
@@ -119,9 +146,7 @@ void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t 
 #pragma omp parallel for schedule(static) if (hi - lo > (1 << 16))
     for (int64_t g = lo; g < hi; ++g) {
       const int64_t i = full_index(s, g - s.offset);  // index within the full parameter
-      const double v = s.init == InitKind::Ones ? 1.0
-                       : s.init == InitKind::Zeros ? 0.0
-                                                   : s.init_std * philox_normal(key, static_cast<uint64_t>(i));
+      const double v = init_value(s, key, i);
       if (f64)
         static_cast<double*>(base)[g - begin] = v;
       else

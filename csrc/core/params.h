@@ -25,7 +25,11 @@
 
 namespace engine {
 
-enum class InitKind { Normal, Ones, Zeros };
+// Normal: init_std * N(0, 1). Uniform: U(-init_std, init_std). LogColumnIndex: log(1 + j), j the
+// element's index along the last dimension of the full tensor (Mamba's A_log = log(n + 1)).
+// InvSoftplusLogUniform: softplus^-1(dt), dt = max(exp(U(log init_low, log init_high)), init_floor)
+// (Mamba's dt_proj bias, so that softplus(bias) starts log-uniform in [dt_min, dt_max]).
+enum class InitKind { Normal, Ones, Zeros, Uniform, LogColumnIndex, InvSoftplusLogUniform };
 
 struct ParamSpec {
   std::string name;         // e.g. "layers.3.attn.wq"; also the init RNG key
@@ -34,10 +38,11 @@ struct ParamSpec {
   Shape full_shape = {};    // set by add: the full (unsharded) shape
   int64_t split_begin = 0;  // set by add: this rank's first index along split_dim
   InitKind init = InitKind::Normal;
-  double init_std = 0.02;   // for InitKind::Normal
+  double init_std = 0.02;   // for InitKind::Normal and Uniform
   bool weight_decay = true; // false for norms and biases
   bool adjacent = false;    // placed right after the previous entry (no alignment gap)
   int64_t offset = 0;       // element offset in the flat buffers (set by ParamTable::add)
+  double init_low = 0, init_high = 0, init_floor = 0;  // for InitKind::InvSoftplusLogUniform
 };
 
 class ParamTable {

@@ -1,0 +1,319 @@
+// Mamba mixer ops on the CPU, the formulas of ops/mamba.h written out:
+//   conv:  pre[t] = bias + sum_k w[k] x[t - (K-1) + k] (taps before the document are 0),
+//          y = silu(pre) or pre;
+//          dpre = dy * silu'(pre), dx[s] = sum_k w[k] dpre[s + (K-1) - k] (taps past the document's
+//          end are 0), dw[k] += sum_t dpre[t] x[t - (K-1) + k], dbias += sum_t dpre[t]
+//   scan:  forward per (document, channel), the states of one channel in a small vector;
+//          backward recomputes a document's states h[t, n] (len x N per channel), then runs
+//          g = dL/dh in reverse: g[t] = gy[t] + a[t+1] g[t+1] with gy = dy silu(z) C,
+//          dB[t, n] += g delta x, dC[t, n] += dy silu(z) h, dx += delta sum_n g B + D dy silu(z),
+//          ddelta = sum_n g (B x + A a h[t-1]), dA[d, n] += sum_t g a h[t-1] delta,
+//          ddt = ddelta sigmoid(dt + dt_bias), dA_log += dA A.
+// The conv backward runs channels in parallel (each writes its own columns and parameter rows);
+// the scan backward runs them in order (dB and dC are sums over channels).
+#include "ref/mamba.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ref/common.h"
+
+namespace engine::ref {
+namespace {
+
+using ops::ColumnBlock;
+
+void expect_block(const ColumnBlock& b, DType dtype, int64_t rows, int64_t width, const char* op,
+                  const char* name) {
+  expect_cpu(b.base, op, name);
+  expect_dtype(b.base, dtype, op, name);
+  ENSURE(b.base.ndim() == 2, op, ": ", name, " must be a 2-D tensor, got shape ", b.base.shape.str());
+  ENSURE(b.rows() == rows, op, ": ", name, " has ", b.rows(), " rows, expected ", rows);
+  ENSURE(b.width == width, op, ": ", name, " has ", b.width, " columns, expected ", width);
+  ENSURE(b.col >= 0 && b.col + b.width <= b.ld(), op, ": ", name, " columns [", b.col, ", ",
+         b.col + b.width, ") outside its tensor of ", b.ld(), " columns");
+}
+
+// Document starts as [begin, end) pairs; checks the offsets describe T tokens.
+std::vector<std::pair<int64_t, int64_t>> documents(const Tensor& cu_seqlens, int64_t tokens,
+                                                   const char* op) {
+  expect_cpu(cu_seqlens, op, "cu_seqlens");
+  expect_dtype(cu_seqlens, DType::I32, op, "cu_seqlens");
+  ENSURE(cu_seqlens.ndim() == 1 && cu_seqlens.numel() >= 1, op,
+         ": cu_seqlens must be (S + 1), got shape ", cu_seqlens.shape.str());
+  const int32_t* cu = cu_seqlens.ptr<int32_t>();
+  const int64_t s = cu_seqlens.numel() - 1;
+  ENSURE(cu[0] == 0 && cu[s] == tokens, op, ": cu_seqlens must run from 0 to T = ", tokens,
+         ", got ", cu[0], " .. ", cu[s]);
+  std::vector<std::pair<int64_t, int64_t>> docs;
+  for (int64_t i = 0; i < s; ++i) {
+    ENSURE(cu[i] <= cu[i + 1], op, ": cu_seqlens decreases at ", i + 1);
+    if (cu[i] < cu[i + 1]) docs.emplace_back(cu[i], cu[i + 1]);
+  }
+  return docs;
+}
+
+template <typename T> T sigmoid(T v) { return T(1) / (T(1) + std::exp(-v)); }
+template <typename T> T silu(T v) { return v * sigmoid(v); }
+template <typename T> T dsilu(T v) {  // d silu / dv
+  const T s = sigmoid(v);
+  return s * (T(1) + v * (T(1) - s));
+}
+template <typename T> T softplus(T v) {  // log(1 + e^v) without overflow
+  return v > T(0) ? v + std::log1p(std::exp(-v)) : std::log1p(std::exp(v));
+}
+
+// Element (t, j) of a block.
+template <typename T> T& at(const ColumnBlock& b, int64_t t, int64_t j) {
+  return static_cast<T*>(b.base.data)[t * b.ld() + b.col + j];
+}
+
+struct ConvShape {
+  int64_t tokens, channels, k;
+};
+
+ConvShape check_conv(const char* op, const ColumnBlock& x, const Tensor& weight, const Tensor& bias,
+                     DType dtype) {
+  expect_cpu(weight, op, "weight");
+  expect_dtype(weight, dtype, op, "weight");
+  expect_ndim(weight, 2, op, "weight");
+  const int64_t di = weight.size(0), k = weight.size(1);
+  ENSURE(k >= 1, op, ": kernel size must be >= 1, weight ", weight.shape.str());
+  expect_block(x, dtype, x.rows(), di, op, "x");
+  if (bias.data) expect(bias, dtype, {di}, op, "bias");
+  return {x.rows(), di, k};
+}
+
+template <typename T>
+T conv_pre(const ColumnBlock& x, const T* w, const T* bias, int64_t begin, int64_t t, int64_t d,
+           int64_t k) {
+  T acc = bias ? bias[d] : T(0);
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t src = t - (k - 1) + j;
+    if (src >= begin) acc += w[d * k + j] * at<T>(x, src, d);
+  }
+  return acc;
+}
+
+}  // namespace
+
+void causal_conv1d_forward(const ColumnBlock& x, const Tensor& weight, const Tensor& bias,
+                           const Tensor& cu_seqlens, bool silu_out, const ColumnBlock& y) {
+  const char* op = "causal_conv1d_forward";
+  expect_cpu(x.base, op, "x");
+  const DType dtype = x.base.dtype;
+  const ConvShape s = check_conv(op, x, weight, bias, dtype);
+  expect_block(y, dtype, s.tokens, s.channels, op, "y");
+  const auto docs = documents(cu_seqlens, s.tokens, op);
+  float_switch(dtype, op, "x", [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = weight.ptr<T>();
+    const T* b = bias.data ? bias.ptr<T>() : nullptr;
+    for (const auto& [begin, end] : docs) {
+#pragma omp parallel for schedule(static) if ((end - begin) * s.channels > (1 << 14))
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t d = 0; d < s.channels; ++d) {
+          const T pre = conv_pre<T>(x, w, b, begin, t, d, s.k);
+          at<T>(y, t, d) = silu_out ? silu(pre) : pre;
+        }
+    }
+  });
+}
+
+void causal_conv1d_backward(const ColumnBlock& dy, const ColumnBlock& x, const Tensor& weight,
+                            const Tensor& bias, const Tensor& cu_seqlens, bool silu_out,
+                            const ColumnBlock& dx, const Tensor& dweight, const Tensor& dbias) {
+  const char* op = "causal_conv1d_backward";
+  expect_cpu(x.base, op, "x");
+  const DType dtype = x.base.dtype;
+  const ConvShape s = check_conv(op, x, weight, bias, dtype);
+  expect_block(dy, dtype, s.tokens, s.channels, op, "dy");
+  expect_block(dx, dtype, s.tokens, s.channels, op, "dx");
+  expect(dweight, dtype, {s.channels, s.k}, op, "dweight");
+  ENSURE(!dbias.data || bias.data, op, ": dbias given without bias");
+  if (dbias.data) expect(dbias, dtype, {s.channels}, op, "dbias");
+  const auto docs = documents(cu_seqlens, s.tokens, op);
+  float_switch(dtype, op, "x", [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = weight.ptr<T>();
+    const T* b = bias.data ? bias.ptr<T>() : nullptr;
+    T* dw = dweight.ptr<T>();
+    T* db = dbias.data ? dbias.ptr<T>() : nullptr;
+#pragma omp parallel for schedule(static) if (s.tokens * s.channels > (1 << 14))
+    for (int64_t d = 0; d < s.channels; ++d) {
+      std::vector<T> dpre;
+      for (const auto& [begin, end] : docs) {
+        dpre.assign(static_cast<size_t>(end - begin), T(0));
+        for (int64_t t = begin; t < end; ++t) {
+          const T g = at<T>(dy, t, d);
+          dpre[static_cast<size_t>(t - begin)] =
+              silu_out ? g * dsilu(conv_pre<T>(x, w, b, begin, t, d, s.k)) : g;
+        }
+        for (int64_t t = begin; t < end; ++t) {
+          const T g = dpre[static_cast<size_t>(t - begin)];
+          if (db) db[d] += g;
+          for (int64_t j = 0; j < s.k; ++j) {
+            const int64_t src = t - (s.k - 1) + j;
+            if (src >= begin) dw[d * s.k + j] += g * at<T>(x, src, d);
+          }
+        }
+        for (int64_t src = begin; src < end; ++src) {
+          T acc = T(0);
+          for (int64_t j = 0; j < s.k; ++j) {
+            const int64_t t = src + (s.k - 1) - j;
+            if (t < end) acc += w[d * s.k + j] * dpre[static_cast<size_t>(t - begin)];
+          }
+          at<T>(dx, src, d) = acc;
+        }
+      }
+    }
+  });
+}
+
+namespace {
+
+struct ScanShape {
+  int64_t tokens, channels, states, chunks;
+};
+
+ScanShape check_scan(const char* op, const ops::ScanArgs& a, const Tensor& chunk_states) {
+  expect_cpu(a.A_log, op, "A_log");
+  const DType dtype = a.A_log.dtype;
+  expect_dtype(a.A_log, dtype, op, "A_log");
+  expect_ndim(a.A_log, 2, op, "A_log");
+  const int64_t di = a.A_log.size(0), n = a.A_log.size(1), t = a.x.rows();
+  ENSURE(n >= 1, op, ": A_log ", a.A_log.shape.str(), " has no states");
+  ENSURE(a.chunk_len >= 1, op, ": chunk_len must be >= 1, got ", a.chunk_len);
+  expect_block(a.x, dtype, t, di, op, "x");
+  expect(a.dt, dtype, {t, di}, op, "dt");
+  expect_block(a.B, dtype, t, n, op, "B");
+  expect_block(a.C, dtype, t, n, op, "C");
+  expect(a.D, dtype, {di}, op, "D");
+  expect(a.dt_bias, dtype, {di}, op, "dt_bias");
+  expect_block(a.z, dtype, t, di, op, "z");
+  const int64_t chunks = ops::scan_num_chunks(t, a.chunk_len);
+  expect(chunk_states, dtype, {chunks, n, di}, op, "chunk_states");
+  return {t, di, n, chunks};
+}
+
+}  // namespace
+
+void selective_scan_forward(const ops::ScanArgs& a, const ColumnBlock& y,
+                            const Tensor& chunk_states) {
+  const char* op = "selective_scan_forward";
+  const ScanShape s = check_scan(op, a, chunk_states);
+  const DType dtype = a.A_log.dtype;
+  expect_block(y, dtype, s.tokens, s.channels, op, "y");
+  const auto docs = documents(a.cu_seqlens, s.tokens, op);
+  float_switch(dtype, op, "A_log", [&](auto tag) {
+    using T = decltype(tag);
+    const T *alog = a.A_log.ptr<T>(), *dt = a.dt.ptr<T>(), *dd = a.D.ptr<T>(),
+            *bias = a.dt_bias.ptr<T>();
+    T* states = chunk_states.ptr<T>();
+    const int64_t n_states = s.states, di = s.channels, len = a.chunk_len;
+    // Chunk 0 starts from nothing; every other entry is written at its chunk boundary below.
+    std::fill(states, states + n_states * di, T(0));
+#pragma omp parallel for schedule(static) if (s.tokens * di * n_states > (1 << 14))
+    for (int64_t d = 0; d < di; ++d) {
+      std::vector<T> A(static_cast<size_t>(n_states)), h(static_cast<size_t>(n_states));
+      for (int64_t n = 0; n < n_states; ++n) A[static_cast<size_t>(n)] = -std::exp(alog[d * n_states + n]);
+      for (const auto& [begin, end] : docs) {
+        std::fill(h.begin(), h.end(), T(0));
+        for (int64_t t = begin; t < end; ++t) {
+          const T delta = softplus(dt[t * di + d] + bias[d]);
+          const T u = at<T>(a.x, t, d);
+          T acc = T(0);
+          for (int64_t n = 0; n < n_states; ++n) {
+            T& hn = h[static_cast<size_t>(n)];
+            hn = std::exp(delta * A[static_cast<size_t>(n)]) * hn + delta * at<T>(a.B, t, n) * u;
+            acc += at<T>(a.C, t, n) * hn;
+          }
+          at<T>(y, t, d) = (acc + dd[d] * u) * silu(at<T>(a.z, t, d));
+          if ((t + 1) % len == 0 && t + 1 < s.tokens)
+            for (int64_t n = 0; n < n_states; ++n)
+              states[((t + 1) / len * n_states + n) * di + d] = h[static_cast<size_t>(n)];
+        }
+      }
+    }
+  });
+}
+
+void selective_scan_backward(const ops::ScanArgs& a, const ColumnBlock& dy,
+                             const Tensor& chunk_states, const ops::ScanGrads& g) {
+  const char* op = "selective_scan_backward";
+  const ScanShape s = check_scan(op, a, chunk_states);
+  const DType dtype = a.A_log.dtype;
+  const int64_t tokens = s.tokens, di = s.channels, n_states = s.states;
+  expect_block(dy, dtype, tokens, di, op, "dy");
+  expect_block(g.dx, dtype, tokens, di, op, "dx");
+  expect(g.ddt, dtype, {tokens, di}, op, "ddt");
+  expect_block(g.dB, dtype, tokens, n_states, op, "dB");
+  expect_block(g.dC, dtype, tokens, n_states, op, "dC");
+  expect_block(g.dz, dtype, tokens, di, op, "dz");
+  expect(g.dA_log, dtype, {di, n_states}, op, "dA_log");
+  expect(g.dD, dtype, {di}, op, "dD");
+  expect(g.ddt_bias, dtype, {di}, op, "ddt_bias");
+  const auto docs = documents(a.cu_seqlens, tokens, op);
+  float_switch(dtype, op, "A_log", [&](auto tag) {
+    using T = decltype(tag);
+    const T *alog = a.A_log.ptr<T>(), *dt = a.dt.ptr<T>(), *dd = a.D.ptr<T>(),
+            *bias = a.dt_bias.ptr<T>();
+    T *ddt = g.ddt.ptr<T>(), *dalog = g.dA_log.ptr<T>(), *dD = g.dD.ptr<T>(),
+      *dbias = g.ddt_bias.ptr<T>();
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t n = 0; n < n_states; ++n) at<T>(g.dB, t, n) = at<T>(g.dC, t, n) = T(0);
+    std::vector<T> A(static_cast<size_t>(n_states)), G(static_cast<size_t>(n_states)),
+        dA(static_cast<size_t>(n_states)), h;
+    for (int64_t d = 0; d < di; ++d) {
+      for (int64_t n = 0; n < n_states; ++n) {
+        A[static_cast<size_t>(n)] = -std::exp(alog[d * n_states + n]);
+        dA[static_cast<size_t>(n)] = T(0);
+      }
+      for (const auto& [begin, end] : docs) {
+        // States of this channel over the document: h[(t - begin) * N + n].
+        h.assign(static_cast<size_t>((end - begin) * n_states), T(0));
+        for (int64_t t = begin; t < end; ++t) {
+          const T delta = softplus(dt[t * di + d] + bias[d]), u = at<T>(a.x, t, d);
+          for (int64_t n = 0; n < n_states; ++n) {
+            const T prev = t > begin ? h[static_cast<size_t>((t - 1 - begin) * n_states + n)] : T(0);
+            h[static_cast<size_t>((t - begin) * n_states + n)] =
+                std::exp(delta * A[static_cast<size_t>(n)]) * prev + delta * at<T>(a.B, t, n) * u;
+          }
+        }
+        std::fill(G.begin(), G.end(), T(0));  // a[t+1] g[t+1]: what flows into t from t + 1
+        for (int64_t t = end - 1; t >= begin; --t) {
+          const T pre = dt[t * di + d] + bias[d], delta = softplus(pre), u = at<T>(a.x, t, d);
+          const T zz = at<T>(a.z, t, d), gy = at<T>(dy, t, d), gs = gy * silu(zz);
+          const T* ht = &h[static_cast<size_t>((t - begin) * n_states)];
+          T yssm = dd[d] * u;
+          for (int64_t n = 0; n < n_states; ++n) yssm += at<T>(a.C, t, n) * ht[n];
+          at<T>(g.dz, t, d) = gy * yssm * dsilu(zz);
+          dD[d] += gs * u;
+          T du = dd[d] * gs, ddelta = T(0);
+          for (int64_t n = 0; n < n_states; ++n) {
+            const size_t ni = static_cast<size_t>(n);
+            const T bn = at<T>(a.B, t, n), cn = at<T>(a.C, t, n);
+            const T gn = gs * cn + G[ni];
+            const T decay = std::exp(delta * A[ni]);
+            const T prev = t > begin ? ht[n - n_states] : T(0);
+            at<T>(g.dC, t, n) += gs * ht[n];
+            at<T>(g.dB, t, n) += gn * delta * u;
+            du += gn * delta * bn;
+            ddelta += gn * (bn * u + A[ni] * decay * prev);
+            dA[ni] += gn * decay * prev * delta;
+            G[ni] = decay * gn;
+          }
+          at<T>(g.dx, t, d) = du;
+          const T gdt = ddelta * sigmoid(pre);
+          ddt[t * di + d] = gdt;
+          dbias[d] += gdt;
+        }
+      }
+      for (int64_t n = 0; n < n_states; ++n)
+        dalog[d * n_states + n] += dA[static_cast<size_t>(n)] * A[static_cast<size_t>(n)];
+    }
+  });
+}
+
+}  // namespace engine::ref

@@ -1,0 +1,71 @@
+// Shared by the Mamba kernel files (.cu only): document starts as a bitmask over the packed
+// tokens (built from cu_seqlens once per op call), launcher checks of column blocks, and the
+// device math the conv and the scan share.
+#pragma once
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "cuda/common/launch.cuh"
+#include "ops/mamba.h"
+
+namespace engine::cuda::mamba {
+
+// Bit t of words[t / 32] is set when token t starts a document (token 0 always does).
+static __global__ void doc_start_bits_kernel(const int32_t* __restrict__ cu, int64_t segments,
+                                             int64_t tokens, uint32_t* __restrict__ words) {
+  const int64_t s = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (s > segments) return;
+  const int64_t t = s == segments ? 0 : cu[s];  // the extra thread marks token 0
+  if (t >= 0 && t < tokens) atomicOr(&words[t >> 5], 1u << (t & 31));
+}
+
+// The bitmask of cu_seqlens (S + 1) i32 for `tokens` tokens, in a scratch buffer.
+static inline Owned doc_start_bits(const Tensor& cu_seqlens, int64_t tokens) {
+  const int64_t words = (tokens + 31) / 32;
+  Owned bits = empty({std::max<int64_t>(words, 1)}, DType::I32, Device::CUDA);
+  CUDA_CHECK(cudaMemsetAsync(bits.t.data, 0, bits.t.nbytes(), stream()));
+  const int64_t segments = cu_seqlens.numel() - 1;
+  const int threads = 256;
+  doc_start_bits_kernel<<<static_cast<unsigned>(ceil_div(segments + 1, threads)), threads, 0,
+                          stream()>>>(static_cast<const int32_t*>(cu_seqlens.data), segments,
+                                      tokens, static_cast<uint32_t*>(bits.t.data));
+  check_launch("doc_start_bits_kernel");
+  return bits;
+}
+
+__device__ __forceinline__ bool is_start(const uint32_t* __restrict__ words, int64_t t) {
+  return (__ldg(&words[t >> 5]) >> (t & 31)) & 1u;
+}
+
+inline void expect_cu_seqlens(const Tensor& cu, const char* op) {
+  expect_cuda(cu, op, "cu_seqlens");
+  ENSURE(cu.dtype == DType::I32 && cu.ndim() == 1 && cu.numel() >= 1, op,
+         ": cu_seqlens must be (S + 1) i32, got ", dtype_name(cu.dtype), " ", cu.shape.str());
+}
+
+// A bf16 column block of `rows` rows and `width` columns inside its 2-D tensor.
+inline void expect_block(const ops::ColumnBlock& b, int64_t rows, int64_t width, const char* op,
+                         const char* name) {
+  expect_cuda(b.base, op, name);
+  ENSURE(b.base.dtype == DType::BF16, op, ": ", name, " is ", dtype_name(b.base.dtype),
+         ", expected bf16");
+  ENSURE(b.base.ndim() == 2, op, ": ", name, " must be a 2-D tensor, got ", b.base.shape.str());
+  ENSURE(b.rows() == rows && b.width == width, op, ": ", name, " is ", b.rows(), " x ", b.width,
+         ", expected ", rows, " x ", width);
+  ENSURE(b.col >= 0 && b.col + b.width <= b.ld(), op, ": ", name, " columns [", b.col, ", ",
+         b.col + b.width, ") outside its tensor of ", b.ld(), " columns");
+}
+
+template <typename T> T* block_ptr(const ops::ColumnBlock& b) {
+  return static_cast<T*>(b.base.data) + b.col;
+}
+
+__device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v); }
+
+__device__ __forceinline__ float sigmoid(float v) { return 1.f / (1.f + __expf(-v)); }
+// d silu(v) / dv from s = sigmoid(v).
+__device__ __forceinline__ float dsilu(float v, float s) { return s * (1.f + v * (1.f - s)); }
+// log(1 + e^v); above 20 the correction is below f32 resolution.
+__device__ __forceinline__ float softplus(float v) { return v > 20.f ? v : log1pf(__expf(v)); }
+
+}  // namespace engine::cuda::mamba

@@ -1,0 +1,666 @@
+// Selective scan of Mamba over packed documents (csrc/ops/mamba.h), per channel d and state n:
+//   delta = softplus(dt + dt_bias),  a = exp(delta A) with A = -exp(A_log),
+//   h[t] = a h[t-1] + delta B[t] x[t] (h = 0 before a document),
+//   y = (sum_n C h + D x) silu(z)
+// Layout: a thread owns one channel and holds its N (<= kN = 16; missing states are zeros that
+// stay zero) states in registers; channels run across the warp, so each token row is read as
+// whole 32-byte sectors; B and C of the chunk's tokens (shared by all channels) sit in shared
+// memory. Tokens are cut into chunks of L (chunk_len) consecutive tokens of the packed batch;
+// documents start anywhere inside them (document starts are a bitmask built from cu_seqlens).
+//
+// Forward, three kernels:
+//   1. chunk summary: each (chunk, channel) runs its chunk from a zero state and writes the end
+//      state and the chunk's sum of delta (-1 when a document starts in it: nothing flows through);
+//   2. combine: each (state, channel) walks the chunks in order, state after chunk c =
+//      exp(A sum_c) state after chunk c-1 + summary c; this is chunk_states, saved for backward;
+//   3. output: each (chunk, channel) reruns its chunk from its entering state and writes y.
+// Steps 1-2 are skipped with one chunk. Every chunk runs in parallel: T / L x Di threads, however
+// long the documents. The cost: two passes of exp per (token, channel, state) instead of one.
+//
+// Backward, with g[t] = dL/dh[t] = gy[t] + a[t+1] g[t+1], gy = dy silu(z) C:
+//   1-2. the same two steps in reverse give carry[c] = a g flowing into chunk c's last token from
+//        the chunks after it;
+//   3. per (chunk, channel): pass F runs the chunk forward from chunk_states (dz, dD, dC terms),
+//      pass R runs it backward from carry (dx, ddt, dB terms). The term of ddelta and dA that
+//      pairs g[t] with h[t-1], q[t] = g[t] a[t] h[t-1], needs both directions at one token; it is
+//      rewritten with q[t] = sum_{s >= t in the document} (gy[s] h[s] - g[s] b[s]) (b = delta B x;
+//      by induction: g h - g b at t equals gy h - g b at t plus q[t+1]): split at the chunk end,
+//      q[t] = sum_{s = t}^{end} (gy h)[s] - sum_{s = t}^{end} (g b)[s] + carry h[end]. Pass F stores
+//      P[t] = sum_n A gy h per token (shared memory), pass R subtracts sum_n A g b, so ddelta
+//      needs no stored states; dA = sum_t delta q is split the same way (pass F: sum_s (gy h)[s]
+//      times the chunk-local cumulative delta, pass R: sum_t delta times the running sum of g b).
+//   dB and dC (sums over channels) are reduced across the warp (a transposing butterfly: 16
+//   values over 32 lanes in 16 shuffles), across the block's warps in shared memory, and across
+//   blocks through a scratch (channel groups, T, 32) f32 buffer summed by a second kernel;
+//   dA_log, dD, ddt_bias likewise through per-chunk-block partials. No float atomics: bitwise
+//   reproducible.
+// exp is ex2.approx with A pre-multiplied by log2(e); state and sums f32.
+// Memory: x, dt, z, B, C, dy, dx, ddt, dz, dB, dC bf16 (column blocks, any alignment: scalar
+// loads); A_log, D, dt_bias bf16; chunk_states f32 (chunks, N, Di); dA_log, dD, ddt_bias f32 +=.
+// Limits: N <= 16, chunk_len <= 128, T < 2^31, Di < 2^31 / 16.
+#include "cuda/mamba/scan.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/mamba/common.cuh"
+
+namespace engine::cuda {
+
+namespace {
+
+constexpr int kN = 16;          // states per channel held in registers
+constexpr int kThreads = 128;   // channels per block
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxChunk = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct ScanParams {
+  const bf16_t* x;          // (T, ldx): channel d of token t at x[t * ldx + d]
+  int64_t ldx;
+  const bf16_t* dt;         // (T, Di)
+  const bf16_t* A_log;      // (Di, N)
+  const bf16_t* B;          // (T, ldb): state n of token t at B[t * ldb + n]
+  int64_t ldb;
+  const bf16_t* C;          // (T, ldc)
+  int64_t ldc;
+  const bf16_t* D;          // (Di)
+  const bf16_t* dt_bias;    // (Di)
+  const bf16_t* z;          // (T, ldz)
+  int64_t ldz;
+  const uint32_t* starts;   // (ceil(T / 32)) document-start bits
+  int64_t tokens;
+  int channels, states, chunk, chunks;
+  float* chunk_states;      // (chunks, N, Di)
+  float* sums;              // (chunks, Di) scratch: delta summed over a chunk, -1: a document starts
+  bf16_t* y;                // forward: (T, ldy)
+  int64_t ldy;
+  const bf16_t* dy;         // backward: (T, lddy)
+  int64_t lddy;
+  float* carry;             // backward: (chunks, N, Di) scratch
+  bf16_t* dx;               // (T, lddx)
+  int64_t lddx;
+  bf16_t* ddt;              // (T, Di)
+  bf16_t* dz;               // (T, lddz)
+  int64_t lddz;
+  float* dbc_part;          // (channel groups, T, 2 kN): dB partials in [0, kN), dC in [kN, 2 kN)
+  float* param_part;        // (chunk blocks, kN + 2, Di): dA_log partials, then dD, ddt_bias
+  int chunks_per_block;
+};
+
+__device__ __forceinline__ float ex2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// A[n] log2(e) for channel d (0 for missing states: they stay zero).
+__device__ __forceinline__ void load_a2(const ScanParams& p, int d, float (&a2)[kN]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+    a2[n] = n < p.states ? -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e
+                         : 0.f;
+}
+
+// Shared-memory rows of the chunk's tokens [t0, t0 + len): s[i * kN + n] = M[t0 + i, n] (0 past N).
+__device__ __forceinline__ void load_rows(const bf16_t* m, int64_t ld, int64_t t0, int len,
+                                          int states, float* s) {
+  for (int i = threadIdx.x; i < len * kN; i += blockDim.x) {
+    const int r = i / kN, n = i % kN;
+    s[i] = n < states ? mamba::bf(m[(t0 + r) * ld + n]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ void load_starts(const ScanParams& p, int64_t t0, int len, uint8_t* s) {
+  for (int i = threadIdx.x; i < len; i += blockDim.x) s[i] = mamba::is_start(p.starts, t0 + i);
+}
+
+__device__ __forceinline__ void row16(const float* s, float (&v)[kN]) {
+  const float4* s4 = reinterpret_cast<const float4*>(s);
+#pragma unroll
+  for (int q = 0; q < kN / 4; ++q) {
+    const float4 f = s4[q];
+    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+  }
+}
+
+// Sum over the warp's 32 lanes of each of v[0..15]; lanes 2m and 2m + 1 return the sum of v[m].
+// Each step halves the values a lane keeps and doubles the lanes they sum: 8 + 4 + 2 + 1 + 1
+// shuffles instead of 16 x 5.
+__device__ __forceinline__ float warp_sum16(const float (&v)[kN], int lane) {
+  float a[8], b[4], c[2];
+  bool hi = lane & 16;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    a[i] = (hi ? v[i + 8] : v[i]) + __shfl_xor_sync(0xffffffffu, hi ? v[i] : v[i + 8], 16);
+  hi = lane & 8;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    b[i] = (hi ? a[i + 4] : a[i]) + __shfl_xor_sync(0xffffffffu, hi ? a[i] : a[i + 4], 8);
+  hi = lane & 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    c[i] = (hi ? b[i + 2] : b[i]) + __shfl_xor_sync(0xffffffffu, hi ? b[i] : b[i + 2], 4);
+  hi = lane & 2;
+  float r = (hi ? c[1] : c[0]) + __shfl_xor_sync(0xffffffffu, hi ? c[0] : c[1], 2);
+  return r + __shfl_xor_sync(0xffffffffu, r, 1);
+}
+
+// ---- forward ----
+
+// Chunk c (< chunks - 1) from a zero state: its end state into chunk_states[c + 1] (the combine
+// step turns it into the entering state of chunk c + 1) and its delta sum (-1: a document starts).
+static __global__ void __launch_bounds__(kThreads) scan_chunk_summary_kernel(ScanParams p) {
+  __shared__ __align__(16) float sB[kMaxChunk * kN];
+  __shared__ uint8_t sStart[kMaxChunk];
+  const int c = blockIdx.x;
+  const int64_t t0 = static_cast<int64_t>(c) * p.chunk;
+  const int len = static_cast<int>(min(static_cast<int64_t>(p.chunk), p.tokens - t0));
+  load_rows(p.B, p.ldb, t0, len, p.states, sB);
+  load_starts(p, t0, len, sStart);
+  __syncthreads();
+  const int d = blockIdx.y * kThreads + threadIdx.x;
+  if (d >= p.channels) return;
+  float a2[kN], h[kN];
+  load_a2(p, d, a2);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) h[n] = 0.f;
+  const float bias = mamba::bf(p.dt_bias[d]);
+  float sum = 0.f;
+  bool reset = false;
+  float dt_next = mamba::bf(p.dt[t0 * p.channels + d]), x_next = mamba::bf(p.x[t0 * p.ldx + d]);
+  for (int i = 0; i < len; ++i) {
+    const float dtv = dt_next, xv = x_next;
+    if (i + 1 < len) {
+      dt_next = mamba::bf(p.dt[(t0 + i + 1) * p.channels + d]);
+      x_next = mamba::bf(p.x[(t0 + i + 1) * p.ldx + d]);
+    }
+    if (sStart[i]) {
+#pragma unroll
+      for (int n = 0; n < kN; ++n) h[n] = 0.f;
+      sum = 0.f;
+      reset = true;
+    }
+    const float delta = mamba::softplus(dtv + bias), du = delta * xv;
+    sum += delta;
+    float bv[kN];
+    row16(sB + i * kN, bv);
+#pragma unroll
+    for (int n = 0; n < kN; ++n) h[n] = ex2(delta * a2[n]) * h[n] + du * bv[n];
+  }
+  float* out = p.chunk_states + (static_cast<int64_t>(c + 1) * p.states) * p.channels + d;
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+    if (n < p.states) out[static_cast<int64_t>(n) * p.channels] = h[n];
+  p.sums[static_cast<int64_t>(c) * p.channels + d] = reset ? -1.f : sum;
+}
+
+// chunk_states[c] for every chunk, in place over the summaries: one thread per (state, channel).
+static __global__ void scan_chunk_combine_kernel(ScanParams p) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.states) * p.channels) return;
+  const int n = static_cast<int>(i / p.channels), d = static_cast<int>(i % p.channels);
+  const float a2 = -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e;
+  const int64_t stride = static_cast<int64_t>(p.states) * p.channels;
+  float* st = p.chunk_states + i;
+  st[0] = 0.f;
+  float state = 0.f;
+  for (int c = 0; c + 1 < p.chunks; ++c) {
+    const float s = p.sums[static_cast<int64_t>(c) * p.channels + d];
+    const float summary = st[(c + 1) * stride];
+    state = (s < 0.f ? 0.f : ex2(a2 * s) * state) + summary;
+    st[(c + 1) * stride] = state;
+  }
+}
+
+static __global__ void __launch_bounds__(kThreads) scan_output_kernel(ScanParams p) {
+  __shared__ __align__(16) float sB[kMaxChunk * kN];
+  __shared__ __align__(16) float sC[kMaxChunk * kN];
+  __shared__ uint8_t sStart[kMaxChunk];
+  const int c = blockIdx.x;
+  const int64_t t0 = static_cast<int64_t>(c) * p.chunk;
+  const int len = static_cast<int>(min(static_cast<int64_t>(p.chunk), p.tokens - t0));
+  load_rows(p.B, p.ldb, t0, len, p.states, sB);
+  load_rows(p.C, p.ldc, t0, len, p.states, sC);
+  load_starts(p, t0, len, sStart);
+  __syncthreads();
+  const int d = blockIdx.y * kThreads + threadIdx.x;
+  if (d >= p.channels) return;
+  float a2[kN], h[kN];
+  load_a2(p, d, a2);
+  const float* in = p.chunk_states + (static_cast<int64_t>(c) * p.states) * p.channels + d;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) h[n] = n < p.states ? in[static_cast<int64_t>(n) * p.channels] : 0.f;
+  const float bias = mamba::bf(p.dt_bias[d]), dd = mamba::bf(p.D[d]);
+  float dt_next = mamba::bf(p.dt[t0 * p.channels + d]), x_next = mamba::bf(p.x[t0 * p.ldx + d]),
+        z_next = mamba::bf(p.z[t0 * p.ldz + d]);
+  for (int i = 0; i < len; ++i) {
+    const int64_t t = t0 + i;
+    const float dtv = dt_next, xv = x_next, zv = z_next;
+    if (i + 1 < len) {
+      dt_next = mamba::bf(p.dt[(t + 1) * p.channels + d]);
+      x_next = mamba::bf(p.x[(t + 1) * p.ldx + d]);
+      z_next = mamba::bf(p.z[(t + 1) * p.ldz + d]);
+    }
+    if (sStart[i]) {
+#pragma unroll
+      for (int n = 0; n < kN; ++n) h[n] = 0.f;
+    }
+    const float delta = mamba::softplus(dtv + bias), du = delta * xv;
+    float bv[kN], cv[kN];
+    row16(sB + i * kN, bv);
+    row16(sC + i * kN, cv);
+    float acc = dd * xv;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      h[n] = ex2(delta * a2[n]) * h[n] + du * bv[n];
+      acc += cv[n] * h[n];
+    }
+    p.y[t * p.ldy + d] = __float2bfloat16(acc * zv * mamba::sigmoid(zv));
+  }
+}
+
+// ---- backward ----
+
+// Chunk c (>= 1) run backward from nothing: the a g that flows out of its first token into chunk
+// c - 1 (into carry[c]; the combine step turns it into chunk c's carry) and its delta sum.
+static __global__ void __launch_bounds__(kThreads) scan_bwd_chunk_summary_kernel(ScanParams p) {
+  __shared__ __align__(16) float sC[kMaxChunk * kN];
+  __shared__ uint8_t sStart[kMaxChunk];
+  const int c = blockIdx.x + 1;
+  const int64_t t0 = static_cast<int64_t>(c) * p.chunk;
+  const int len = static_cast<int>(min(static_cast<int64_t>(p.chunk), p.tokens - t0));
+  load_rows(p.C, p.ldc, t0, len, p.states, sC);
+  load_starts(p, t0, len, sStart);
+  __syncthreads();
+  const int d = blockIdx.y * kThreads + threadIdx.x;
+  if (d >= p.channels) return;
+  float a2[kN], g[kN];
+  load_a2(p, d, a2);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) g[n] = 0.f;
+  const float bias = mamba::bf(p.dt_bias[d]);
+  float sum = 0.f;
+  bool reset = false;
+  for (int i = len - 1; i >= 0; --i) {
+    const int64_t t = t0 + i;
+    const float delta = mamba::softplus(mamba::bf(p.dt[t * p.channels + d]) + bias);
+    const float zv = mamba::bf(p.z[t * p.ldz + d]);
+    const float gs = mamba::bf(p.dy[t * p.lddy + d]) * zv * mamba::sigmoid(zv);
+    sum += delta;
+    float cv[kN];
+    row16(sC + i * kN, cv);
+    if (sStart[i]) {  // nothing flows from t into the previous document
+      reset = true;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) g[n] = 0.f;
+    } else {
+#pragma unroll
+      for (int n = 0; n < kN; ++n) g[n] = ex2(delta * a2[n]) * (gs * cv[n] + g[n]);
+    }
+  }
+  float* out = p.carry + (static_cast<int64_t>(c) * p.states) * p.channels + d;
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+    if (n < p.states) out[static_cast<int64_t>(n) * p.channels] = g[n];
+  p.sums[static_cast<int64_t>(c) * p.channels + d] = reset ? -1.f : sum;
+}
+
+// carry[c] for every chunk (c = chunks - 1 down to 0), in place over the summaries.
+static __global__ void scan_bwd_chunk_combine_kernel(ScanParams p) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.states) * p.channels) return;
+  const int n = static_cast<int>(i / p.channels), d = static_cast<int>(i % p.channels);
+  const float a2 = -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e;
+  const int64_t stride = static_cast<int64_t>(p.states) * p.channels;
+  float* cr = p.carry + i;
+  float carry = 0.f;
+  for (int c = p.chunks - 1; c >= 1; --c) {
+    const float summary = cr[c * stride];
+    const float s = p.sums[static_cast<int64_t>(c) * p.channels + d];
+    cr[c * stride] = carry;
+    carry = summary + (s < 0.f ? 0.f : ex2(a2 * s) * carry);
+  }
+  cr[0] = carry;
+}
+
+// Shared memory of the main backward kernel for chunks of `len` tokens (floats, then bytes).
+inline size_t bwd_smem_bytes(int len) {
+  return sizeof(float) * (2 * len * kN + len * kThreads + kWarps * len * kN) + ((len + 15) / 16) * 16;
+}
+
+// Sums the block's per-warp partials red[w][i][n] and stores them for tokens t0 + i at
+// column offset `half` (0: dB, kN: dC) of this channel group's rows of dbc_part.
+__device__ __forceinline__ void store_bc_partial(const ScanParams& p, const float* red, int len,
+                                                 int64_t t0, int half) {
+  float* out = p.dbc_part + (static_cast<int64_t>(blockIdx.y) * p.tokens + t0) * (2 * kN) + half;
+  for (int j = threadIdx.x; j < len * kN; j += kThreads) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[w * len * kN + j];
+    out[(j / kN) * (2 * kN) + j % kN] = s;
+  }
+}
+
+static __global__ void __launch_bounds__(kThreads, 4) scan_bwd_kernel(ScanParams p) {
+  extern __shared__ __align__(16) float smem[];
+  const int L = p.chunk;
+  float* sB = smem;                     // [L][kN]
+  float* sC = sB + L * kN;              // [L][kN]
+  float* sP = sC + L * kN;              // [L][kThreads]: sum_n A2 gy h of each thread's tokens
+  float* sRed = sP + L * kThreads;      // [kWarps][L][kN]: per-warp dC, then dB
+  uint8_t* sStart = reinterpret_cast<uint8_t*>(sRed + kWarps * L * kN);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int d = blockIdx.y * kThreads + tid;
+  const bool active = d < p.channels;
+  const int dc = active ? d : p.channels - 1;  // idle lanes compute on a real channel, with dy = 0
+  float a2[kN];
+  load_a2(p, dc, a2);
+  const float bias = mamba::bf(p.dt_bias[dc]), dd = mamba::bf(p.D[dc]);
+  float acc[kN];  // dA[n] of this channel over the block's chunks
+#pragma unroll
+  for (int n = 0; n < kN; ++n) acc[n] = 0.f;
+  float dD = 0.f, dbias = 0.f;
+  const int c_begin = blockIdx.x * p.chunks_per_block;
+  const int c_end = min(c_begin + p.chunks_per_block, p.chunks);
+  for (int c = c_begin; c < c_end; ++c) {
+    const int64_t t0 = static_cast<int64_t>(c) * L;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L), p.tokens - t0));
+    __syncthreads();  // the previous chunk's readers of shared memory are done
+    load_rows(p.B, p.ldb, t0, len, p.states, sB);
+    load_rows(p.C, p.ldc, t0, len, p.states, sC);
+    load_starts(p, t0, len, sStart);
+    __syncthreads();
+
+    // Pass F: states forward from chunk_states[c]; dz, dD, dC; P[t] and the gy h part of dA.
+    float h[kN];
+    {
+      const float* in = p.chunk_states + (static_cast<int64_t>(c) * p.states) * p.channels + dc;
+#pragma unroll
+      for (int n = 0; n < kN; ++n)
+        h[n] = active && n < p.states ? in[static_cast<int64_t>(n) * p.channels] : 0.f;
+    }
+    float cum = 0.f;  // delta summed from the start of the token's document within the chunk
+    for (int i = 0; i < len; ++i) {
+      const int64_t t = t0 + i;
+      if (sStart[i]) {
+#pragma unroll
+        for (int n = 0; n < kN; ++n) h[n] = 0.f;
+        cum = 0.f;
+      }
+      const float delta = mamba::softplus(mamba::bf(p.dt[t * p.channels + dc]) + bias);
+      const float xv = mamba::bf(p.x[t * p.ldx + dc]), du = delta * xv;
+      const float zv = mamba::bf(p.z[t * p.ldz + dc]), sg = mamba::sigmoid(zv);
+      const float gy = active ? mamba::bf(p.dy[t * p.lddy + d]) : 0.f, gs = gy * zv * sg;
+      cum += delta;
+      float bv[kN], cv[kN], v[kN];
+      row16(sB + i * kN, bv);
+      row16(sC + i * kN, cv);
+      float ysum = dd * xv, P = 0.f;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        h[n] = ex2(delta * a2[n]) * h[n] + du * bv[n];
+        const float ch = cv[n] * h[n];
+        ysum += ch;
+        const float gyh = gs * ch;  // gy[n] h[n]
+        P += a2[n] * gyh;
+        acc[n] += gyh * cum;
+        v[n] = gs * h[n];
+      }
+      if (active) p.dz[t * p.lddz + d] = __float2bfloat16(gy * ysum * mamba::dsilu(zv, sg));
+      dD += gs * xv;
+      sP[i * kThreads + tid] = P;
+      const float r = warp_sum16(v, lane);
+      if (!(lane & 1)) sRed[(warp * len + i) * kN + (lane >> 1)] = r;
+    }
+    __syncthreads();
+    store_bc_partial(p, sRed, len, t0, kN);  // dC
+
+    // Junction: g flowing in from the later chunks, and its q term carry h[end].
+    float g[kN], cterm = 0.f;
+    {
+      const float* in = p.carry + (static_cast<int64_t>(c) * p.states) * p.channels + dc;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        g[n] = active && n < p.states ? in[static_cast<int64_t>(n) * p.channels] : 0.f;
+        const float ch = g[n] * h[n];
+        cterm += a2[n] * ch;
+        acc[n] += cum * ch;  // sum of delta over the chunk's last document part, times carry h
+        h[n] = 0.f;          // from here on: the running sum of g b over the document part
+      }
+    }
+    __syncthreads();  // the dC partials are read out of sRed
+
+    // Pass R: g backward from carry[c]; dx, ddt, dB; ddelta's decay term and the g b part of dA.
+    float rsum = 0.f;  // sum over the document part after t of (P - sum_n A2 g b)
+    for (int i = len - 1; i >= 0; --i) {
+      const int64_t t = t0 + i;
+      const float pre = mamba::bf(p.dt[t * p.channels + dc]) + bias, delta = mamba::softplus(pre);
+      const float xv = mamba::bf(p.x[t * p.ldx + dc]), du = active ? delta * xv : 0.f;
+      const float zv = mamba::bf(p.z[t * p.ldz + dc]);
+      const float gy = active ? mamba::bf(p.dy[t * p.lddy + d]) : 0.f, gs = gy * zv * mamba::sigmoid(zv);
+      float bv[kN], cv[kN], v[kN];
+      row16(sB + i * kN, bv);
+      row16(sC + i * kN, cv);
+      float gb_sum = 0.f, q = 0.f;  // sum_n g B, sum_n A2 g b
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        g[n] += gs * cv[n];
+        const float gB = g[n] * bv[n];
+        gb_sum += gB;
+        const float gb = gB * du;
+        q += a2[n] * gb;
+        h[n] += gb;
+        acc[n] -= delta * h[n];
+        v[n] = g[n] * du;
+      }
+      rsum += sP[i * kThreads + tid] - q;
+      const float ddelta = xv * gb_sum + kLn2 * (rsum + cterm);
+      const float gdt = ddelta * mamba::sigmoid(pre);
+      if (active) {
+        p.dx[t * p.lddx + d] = __float2bfloat16(delta * gb_sum + dd * gs);
+        p.ddt[t * p.channels + d] = __float2bfloat16(gdt);
+      }
+      dbias += gdt;
+      const float r = warp_sum16(v, lane);
+      if (!(lane & 1)) sRed[(warp * len + i) * kN + (lane >> 1)] = r;
+      if (sStart[i]) {  // tokens before t belong to another document
+        cterm = 0.f;
+        rsum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kN; ++n) g[n] = 0.f, h[n] = 0.f;
+      } else {
+#pragma unroll
+        for (int n = 0; n < kN; ++n) g[n] *= ex2(delta * a2[n]);
+      }
+    }
+    __syncthreads();
+    store_bc_partial(p, sRed, len, t0, 0);  // dB
+  }
+  if (!active) return;
+  float* part = p.param_part + static_cast<int64_t>(blockIdx.x) * (kN + 2) * p.channels + d;
+#pragma unroll
+  for (int n = 0; n < kN; ++n)  // dA_log = dA A = dA A2 ln 2
+    part[static_cast<int64_t>(n) * p.channels] = acc[n] * a2[n] * kLn2;
+  part[static_cast<int64_t>(kN) * p.channels] = active ? dD : 0.f;
+  part[static_cast<int64_t>(kN + 1) * p.channels] = dbias;
+}
+
+// dB, dC (bf16 column blocks) = sums over channel groups of dbc_part, in group order.
+static __global__ void scan_bc_reduce_kernel(const float* __restrict__ part, int groups,
+                                             int64_t tokens, int states, bf16_t* db, int64_t lddb,
+                                             bf16_t* dc, int64_t lddc) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= tokens * 2 * kN) return;
+  const int64_t t = i / (2 * kN);
+  const int j = static_cast<int>(i % (2 * kN)), n = j % kN;
+  if (n >= states) return;
+  float s = 0.f;
+  for (int g = 0; g < groups; ++g) s += part[g * tokens * 2 * kN + i];
+  if (j < kN)
+    db[t * lddb + n] = __float2bfloat16(s);
+  else
+    dc[t * lddc + n] = __float2bfloat16(s);
+}
+
+// dA_log[d, n] += sum_b part[b, n, d]; dD[d] += sum_b part[b, kN, d]; ddt_bias likewise.
+static __global__ void scan_param_reduce_kernel(const float* __restrict__ part, int blocks,
+                                                int channels, int states, float* dA_log, float* dD,
+                                                float* ddt_bias) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= static_cast<int64_t>(kN + 2) * channels) return;
+  const int k = static_cast<int>(i / channels), d = static_cast<int>(i % channels);
+  if (k < kN && k >= states) return;
+  float s = 0.f;
+  for (int b = 0; b < blocks; ++b) s += part[static_cast<int64_t>(b) * (kN + 2) * channels + i];
+  if (k < kN)
+    dA_log[static_cast<int64_t>(d) * states + k] += s;
+  else if (k == kN)
+    dD[d] += s;
+  else
+    ddt_bias[d] += s;
+}
+
+struct ScanShape {
+  int64_t tokens;
+  int channels, states, chunks;
+};
+
+ScanShape check_scan(const char* op, const ops::ScanArgs& a, const Tensor& chunk_states) {
+  expect_cuda(a.A_log, op, "A_log");
+  ENSURE(a.A_log.dtype == DType::BF16 && a.A_log.ndim() == 2, op, ": A_log must be (Di, N) bf16, got ",
+         dtype_name(a.A_log.dtype), " ", a.A_log.shape.str());
+  const int64_t di = a.A_log.size(0), n = a.A_log.size(1), t = a.x.rows();
+  ENSURE(n >= 1 && n <= kN, op, ": N = ", n, " states, the CUDA kernels hold 1 to ", kN);
+  ENSURE(di >= 1 && di < (int64_t{1} << 27), op, ": ", di, " channels");
+  ENSURE(t < (int64_t{1} << 31), op, ": T = ", t, " tokens");
+  ENSURE(a.chunk_len >= 1 && a.chunk_len <= kMaxChunk, op, ": chunk_len ", a.chunk_len,
+         " not in [1, ", kMaxChunk, "] (CUDA kernels)");
+  mamba::expect_block(a.x, t, di, op, "x");
+  expect_cuda(a.dt, DType::BF16, {t, di}, op, "dt");
+  mamba::expect_block(a.B, t, n, op, "B");
+  mamba::expect_block(a.C, t, n, op, "C");
+  expect_cuda(a.D, DType::BF16, {di}, op, "D");
+  expect_cuda(a.dt_bias, DType::BF16, {di}, op, "dt_bias");
+  mamba::expect_block(a.z, t, di, op, "z");
+  mamba::expect_cu_seqlens(a.cu_seqlens, op);
+  const int64_t chunks = ops::scan_num_chunks(t, a.chunk_len);
+  expect_cuda(chunk_states, DType::F32, {chunks, n, di}, op, "chunk_states");
+  return {t, static_cast<int>(di), static_cast<int>(n), static_cast<int>(chunks)};
+}
+
+ScanParams scan_params(const ScanShape& s, const ops::ScanArgs& a, const Tensor& chunk_states,
+                       const Owned& starts, const Owned& sums) {
+  ScanParams p{};
+  p.x = mamba::block_ptr<const bf16_t>(a.x);
+  p.ldx = a.x.ld();
+  p.dt = static_cast<const bf16_t*>(a.dt.data);
+  p.A_log = static_cast<const bf16_t*>(a.A_log.data);
+  p.B = mamba::block_ptr<const bf16_t>(a.B);
+  p.ldb = a.B.ld();
+  p.C = mamba::block_ptr<const bf16_t>(a.C);
+  p.ldc = a.C.ld();
+  p.D = static_cast<const bf16_t*>(a.D.data);
+  p.dt_bias = static_cast<const bf16_t*>(a.dt_bias.data);
+  p.z = mamba::block_ptr<const bf16_t>(a.z);
+  p.ldz = a.z.ld();
+  p.starts = static_cast<const uint32_t*>(starts.t.data);
+  p.tokens = s.tokens;
+  p.channels = s.channels;
+  p.states = s.states;
+  p.chunk = static_cast<int>(a.chunk_len);
+  p.chunks = s.chunks;
+  p.chunk_states = static_cast<float*>(chunk_states.data);
+  p.sums = sums.ptr<float>();
+  return p;
+}
+
+unsigned channel_blocks(int channels) { return static_cast<unsigned>(ceil_div(channels, kThreads)); }
+unsigned flat_blocks(int64_t items, int threads) { return static_cast<unsigned>(ceil_div(items, threads)); }
+
+}  // namespace
+
+void selective_scan_forward(const ops::ScanArgs& a, const ops::ColumnBlock& y,
+                            const Tensor& chunk_states) {
+  const char* op = "selective_scan_forward";
+  const ScanShape s = check_scan(op, a, chunk_states);
+  mamba::expect_block(y, s.tokens, s.channels, op, "y");
+  if (s.tokens == 0) return;
+  Owned starts = mamba::doc_start_bits(a.cu_seqlens, s.tokens);
+  Owned sums = empty({s.chunks, s.channels}, DType::F32, Device::CUDA);
+  ScanParams p = scan_params(s, a, chunk_states, starts, sums);
+  p.y = mamba::block_ptr<bf16_t>(y);
+  p.ldy = y.ld();
+  if (s.chunks > 1) {
+    scan_chunk_summary_kernel<<<dim3(s.chunks - 1, channel_blocks(s.channels)), kThreads, 0, stream()>>>(p);
+    check_launch("scan_chunk_summary_kernel");
+    scan_chunk_combine_kernel<<<flat_blocks(int64_t{s.states} * s.channels, 128), 128, 0, stream()>>>(p);
+    check_launch("scan_chunk_combine_kernel");
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(chunk_states.data, 0, chunk_states.nbytes(), stream()));
+  }
+  scan_output_kernel<<<dim3(s.chunks, channel_blocks(s.channels)), kThreads, 0, stream()>>>(p);
+  check_launch("scan_output_kernel");
+}
+
+void selective_scan_backward(const ops::ScanArgs& a, const ops::ColumnBlock& dy,
+                             const Tensor& chunk_states, const ops::ScanGrads& g) {
+  const char* op = "selective_scan_backward";
+  const ScanShape s = check_scan(op, a, chunk_states);
+  mamba::expect_block(dy, s.tokens, s.channels, op, "dy");
+  mamba::expect_block(g.dx, s.tokens, s.channels, op, "dx");
+  expect_cuda(g.ddt, DType::BF16, {s.tokens, s.channels}, op, "ddt");
+  mamba::expect_block(g.dB, s.tokens, s.states, op, "dB");
+  mamba::expect_block(g.dC, s.tokens, s.states, op, "dC");
+  mamba::expect_block(g.dz, s.tokens, s.channels, op, "dz");
+  expect_cuda(g.dA_log, DType::F32, {s.channels, s.states}, op, "dA_log");
+  expect_cuda(g.dD, DType::F32, {s.channels}, op, "dD");
+  expect_cuda(g.ddt_bias, DType::F32, {s.channels}, op, "ddt_bias");
+  if (s.tokens == 0) return;
+  Owned starts = mamba::doc_start_bits(a.cu_seqlens, s.tokens);
+  Owned sums = empty({s.chunks, s.channels}, DType::F32, Device::CUDA);
+  Owned carry = empty({s.chunks, s.states, s.channels}, DType::F32, Device::CUDA);
+  ScanParams p = scan_params(s, a, chunk_states, starts, sums);
+  p.dy = mamba::block_ptr<const bf16_t>(dy);
+  p.lddy = dy.ld();
+  p.carry = carry.ptr<float>();
+  p.dx = mamba::block_ptr<bf16_t>(g.dx);
+  p.lddx = g.dx.ld();
+  p.ddt = static_cast<bf16_t*>(g.ddt.data);
+  p.dz = mamba::block_ptr<bf16_t>(g.dz);
+  p.lddz = g.dz.ld();
+  if (s.chunks > 1) {
+    scan_bwd_chunk_summary_kernel<<<dim3(s.chunks - 1, channel_blocks(s.channels)), kThreads, 0, stream()>>>(p);
+    check_launch("scan_bwd_chunk_summary_kernel");
+    scan_bwd_chunk_combine_kernel<<<flat_blocks(int64_t{s.states} * s.channels, 128), 128, 0, stream()>>>(p);
+    check_launch("scan_bwd_chunk_combine_kernel");
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(p.carry, 0, carry.t.nbytes(), stream()));
+  }
+  // Several chunks per block when there are many (fewer parameter partials), keeping about four
+  // waves of blocks.
+  const int groups = static_cast<int>(channel_blocks(s.channels));
+  const int64_t wave = int64_t{sm_count()} * 4;
+  p.chunks_per_block = static_cast<int>(std::clamp<int64_t>(int64_t{s.chunks} * groups / (4 * wave), 1, 16));
+  const int chunk_blocks = static_cast<int>(ceil_div(s.chunks, p.chunks_per_block));
+  Owned bc_part = empty({groups, s.tokens, 2 * kN}, DType::F32, Device::CUDA);
+  Owned param_part = empty({chunk_blocks, kN + 2, s.channels}, DType::F32, Device::CUDA);
+  p.dbc_part = bc_part.ptr<float>();
+  p.param_part = param_part.ptr<float>();
+  const size_t smem = bwd_smem_bytes(p.chunk);
+  CUDA_CHECK(cudaFuncSetAttribute(scan_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bwd_smem_bytes(kMaxChunk))));
+  scan_bwd_kernel<<<dim3(chunk_blocks, groups), kThreads, smem, stream()>>>(p);
+  check_launch("scan_bwd_kernel");
+  scan_bc_reduce_kernel<<<flat_blocks(s.tokens * 2 * kN, 256), 256, 0, stream()>>>(
+      bc_part.ptr<float>(), groups, s.tokens, s.states, mamba::block_ptr<bf16_t>(g.dB), g.dB.ld(),
+      mamba::block_ptr<bf16_t>(g.dC), g.dC.ld());
+  check_launch("scan_bc_reduce_kernel");
+  scan_param_reduce_kernel<<<flat_blocks(int64_t{kN + 2} * s.channels, 256), 256, 0, stream()>>>(
+      param_part.ptr<float>(), chunk_blocks, s.channels, s.states, g.dA_log.ptr<float>(),
+      g.dD.ptr<float>(), g.ddt_bias.ptr<float>());
+  check_launch("scan_param_reduce_kernel");
+}
+
+}  // namespace engine::cuda

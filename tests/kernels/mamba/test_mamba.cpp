@@ -1,0 +1,318 @@
+// GPU tests of cuda/mamba (causal conv1d, selective scan) against the f64 CPU reference
+// (csrc/ref/mamba.cpp) on fresh random inputs: odd document lengths, many documents, documents
+// of length 1 and far longer than a chunk, kernels longer than a document, channel counts that
+// are not multiples of 32 or 128, every activation a column block of a wider tensor placed one
+// element past an aligned address (the layer's in_proj halves and B|C blocks), poisoned outputs
+// whose neighbouring columns must keep their poison, parameter gradients accumulated into
+// random prefills, bitwise reproducibility.
+// Tolerances: bf16 outputs within twice the error of rounding the exact result to bf16 plus 1e-4
+// (the reference runs on the same bf16-rounded inputs; the kernels compute in f32 and round
+// once). f32 outputs: chunk_states 1e-4 (f32 recurrences with ex2.approx over up to thousands of
+// tokens), conv parameter gradients 1e-4, scan parameter gradients 1e-3 (the backward splits
+// the dA and ddelta sums into forward and backward parts that cancel: f32 error grows with the
+// chunk length).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/mamba.h"
+#include "tests/common/gpu_testing.h"
+
+using namespace engine;
+using namespace engine::testing;
+using ops::ColumnBlock;
+
+namespace {
+
+constexpr int64_t kOffset = 1;  // every device tensor starts one element into its allocation
+
+Owned cu_from(const std::vector<int32_t>& lengths) {
+  Owned cu = empty({static_cast<int64_t>(lengths.size()) + 1}, DType::I32, Device::CPU);
+  int32_t s = 0;
+  cu.ptr<int32_t>()[0] = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) cu.ptr<int32_t>()[i + 1] = s += lengths[i];
+  return cu;
+}
+
+int64_t total(const std::vector<int32_t>& lengths) {
+  int64_t s = 0;
+  for (int32_t l : lengths) s += l;
+  return s;
+}
+
+// `count` documents of random lengths in [1, max_len].
+std::vector<int32_t> random_docs(int count, int max_len, const std::string& name) {
+  Owned l = randint({count}, 1, max_len + 1, name);
+  return std::vector<int32_t>(l.ptr<int32_t>(), l.ptr<int32_t>() + count);
+}
+
+// Columns [col, col + width) of any tensor as a contiguous f64 host tensor.
+Owned block_host(const Tensor& base, int64_t col, int64_t width) {
+  Owned h = to_host(base, DType::F64);
+  const int64_t rows = base.size(0), ld = base.size(1);
+  Owned out = empty({rows, width}, DType::F64, Device::CPU);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < width; ++j) set(out, t * width + j, get(h, t * ld + col + j));
+  return out;
+}
+
+// Every element of base outside columns [col, col + width) is still NaN (its poison).
+bool outside_poisoned(const Tensor& base, int64_t col, int64_t width) {
+  Owned h = to_host(base, DType::F64);
+  const int64_t rows = base.size(0), ld = base.size(1);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < ld; ++j)
+      if ((j < col || j >= col + width) && !std::isnan(get(h, t * ld + j))) return false;
+  return true;
+}
+
+Owned f64_from(const Tensor& gpu_minus, const Tensor& prefill) {  // gpu result - prefill, in f64
+  Owned a = to_host(gpu_minus, DType::F64);
+  for (int64_t i = 0; i < a->numel(); ++i) set(a, i, get(a, i) - get(prefill, i));
+  return a;
+}
+
+// ---- conv ----
+
+struct ConvCase {
+  std::string name;
+  std::vector<int32_t> docs;
+  int64_t di, k;
+  bool bias, silu;
+};
+
+std::vector<ConvCase> conv_cases() {
+  return {
+      {"docs 1,2,7,3,200 Di50 K4", {1, 2, 7, 3, 200}, 50, 4, true, true},
+      {"60 docs up to 30 Di129 K4", random_docs(60, 30, "conv.docs"), 129, 4, true, true},
+      {"one doc 1000 Di33 K3 no bias", {1000}, 33, 3, false, true},
+      {"docs 5000,1,1,17 Di300 K4 linear", {5000, 1, 1, 17}, 300, 4, true, false},
+      {"K2 Di7", {3, 1, 40}, 7, 2, true, true},
+      {"K1 Di5", {9, 2}, 5, 1, true, true},
+      {"one token", {1}, 3, 4, true, true},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference") {
+  if (!gpu_available_or_skip()) return;
+  for (const ConvCase& c : conv_cases()) {
+    SUBCASE(c.name.c_str()) {
+      const int64_t t = total(c.docs), di = c.di, k = c.k;
+      // x: the first half of an in_proj-like (T, 2 Di + 1) output, from column 1.
+      auto [gxz, xz64] = device_input(randn({t, 2 * di + 1}, DType::F32, "conv.xz"), DType::BF16, kOffset);
+      auto [gw, w64] = device_input(randn({di, k}, DType::F32, "conv.w", 0.5), DType::BF16, kOffset);
+      auto [gb, b64] = device_input(randn({di}, DType::F32, "conv.b", 0.5), DType::BF16, kOffset);
+      auto [gdy, dy64] = device_input(randn({t, di}, DType::F32, "conv.dy"), DType::BF16, kOffset);
+      Owned cu = cu_from(c.docs);
+      DeviceTensor gcu = to_gpu(cu);
+      const Tensor bias64 = c.bias ? b64.t : Tensor(), gbias = c.bias ? gb.t : Tensor();
+
+      Owned y64 = empty({t, di}, DType::F64, Device::CPU);
+      ops::causal_conv1d_forward(ColumnBlock(xz64, 1, di), w64, bias64, cu, c.silu, y64);
+      DeviceTensor gy = gpu_poisoned({t, di + 2}, DType::BF16, kOffset);  // y in columns [2, di + 2)
+      ops::causal_conv1d_forward(ColumnBlock(gxz.t, 1, di), gw.t, gbias, gcu.t, c.silu,
+                                 ColumnBlock(gy.t, 2, di));
+      CHECK_CLOSE(block_host(gy.t, 2, di).t, y64.t, bf16_tol(y64));
+      CHECK(outside_poisoned(gy.t, 2, di));
+
+      Owned dx64 = zeros({t, di}, DType::F64, Device::CPU), dw64 = zeros({di, k}, DType::F64, Device::CPU),
+            db64 = zeros({di}, DType::F64, Device::CPU);
+      ops::causal_conv1d_backward(dy64, ColumnBlock(xz64, 1, di), w64, bias64, cu, c.silu, dx64, dw64,
+                                  c.bias ? db64.t : Tensor());
+      Owned dw0 = randn({di, k}, DType::F32, "conv.dw0"), db0 = randn({di}, DType::F32, "conv.db0");
+      DeviceTensor gdw = to_gpu(dw0, DType::F32), gdb = to_gpu(db0, DType::F32);
+      DeviceTensor gdx = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);  // dx in [1, di + 1)
+      ops::causal_conv1d_backward(gdy.t, ColumnBlock(gxz.t, 1, di), gw.t, gbias, gcu.t, c.silu,
+                                  ColumnBlock(gdx.t, 1, di), gdw.t, c.bias ? gdb.t : Tensor());
+      CHECK_CLOSE(block_host(gdx.t, 1, di).t, dx64.t, bf16_tol(dx64));
+      CHECK(outside_poisoned(gdx.t, 1, di));
+      CHECK_CLOSE(f64_from(gdw.t, dw0).t, dw64.t, 1e-4);
+      if (c.bias)
+        CHECK_CLOSE(f64_from(gdb.t, db0).t, db64.t, 1e-4);
+      else
+        CHECK(bitwise_equal(gdb.t, to_gpu(db0, DType::F32).t));
+
+      // Bitwise reproducible.
+      DeviceTensor gdw2 = to_gpu(dw0, DType::F32), gdx2 = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);
+      ops::causal_conv1d_backward(gdy.t, ColumnBlock(gxz.t, 1, di), gw.t, gbias, gcu.t, c.silu,
+                                  ColumnBlock(gdx2.t, 1, di), gdw2.t, Tensor());
+      CHECK(bitwise_equal(gdw.t, gdw2.t));
+      CHECK(bitwise_equal(block_host(gdx.t, 1, di), block_host(gdx2.t, 1, di)));
+    }
+  }
+}
+
+// ---- scan ----
+
+namespace {
+
+struct ScanCase {
+  std::string name;
+  std::vector<int32_t> docs;
+  int64_t di, n, chunk;
+};
+
+std::vector<ScanCase> scan_cases() {
+  return {
+      {"docs 1,4,7,2,9 Di5 N3 chunk4", {1, 4, 7, 2, 9}, 5, 3, 4},
+      {"60 docs up to 40 Di130 N16 chunk64", random_docs(60, 40, "scan.docs"), 130, 16, 64},
+      {"one doc 3000 Di33 N16 chunk64", {3000}, 33, 16, 64},
+      {"one doc 2000 Di40 N16 chunk128", {2000}, 40, 16, 128},
+      {"docs 1,1,1,500,1 Di257 N7 chunk13", {1, 1, 1, 500, 1}, 257, 7, 13},
+      {"one token Di3 N2", {1}, 3, 2, 64},
+      {"one chunk exactly Di40 N16", {64}, 40, 16, 64},
+      {"docs 100,3,77 Di64 N16 chunk1", {100, 3, 77}, 64, 16, 1},
+  };
+}
+
+// The device and reference sides of one scan problem. x and z are the two halves of an in_proj
+// output (T, 2 Di + 1) from column 1; B and C the halves of a (T, 2N + 1) block from column 1.
+struct ScanProblem {
+  int64_t t, di, n, chunk;
+  DeviceInput xz, dt, alog, bc, D, bias;
+  Owned cu;
+  DeviceTensor gcu;
+  ops::ScanArgs args(bool gpu) const {
+    ops::ScanArgs a;
+    const Tensor& xzt = gpu ? xz.dev.t : xz.f64.t;
+    const Tensor& bct = gpu ? bc.dev.t : bc.f64.t;
+    a.x = ColumnBlock(xzt, 1, di);
+    a.z = ColumnBlock(xzt, 1 + di, di);
+    a.dt = gpu ? dt.dev.t : dt.f64.t;
+    a.A_log = gpu ? alog.dev.t : alog.f64.t;
+    a.B = ColumnBlock(bct, 1, n);
+    a.C = ColumnBlock(bct, 1 + n, n);
+    a.D = gpu ? D.dev.t : D.f64.t;
+    a.dt_bias = gpu ? bias.dev.t : bias.f64.t;
+    a.cu_seqlens = gpu ? gcu.t : cu.t;
+    a.chunk_len = chunk;
+    return a;
+  }
+};
+
+ScanProblem scan_problem(const ScanCase& c) {
+  const int64_t t = total(c.docs), di = c.di, n = c.n;
+  Owned alog = randn({di, n}, DType::F32, "scan.alog", 0.1);
+  for (int64_t d = 0; d < di; ++d)
+    for (int64_t j = 0; j < n; ++j) set(alog, d * n + j, get(alog, d * n + j) + std::log(j + 1.0));
+  Owned bias = randn({di}, DType::F32, "scan.bias", 0.5);
+  for (int64_t d = 0; d < di; ++d) set(bias, d, get(bias, d) - 2.0);  // delta around 0.1
+  Owned cu = cu_from(c.docs);
+  DeviceTensor gcu = to_gpu(cu);
+  return ScanProblem{t,
+                     di,
+                     n,
+                     c.chunk,
+                     device_input(randn({t, 2 * di + 1}, DType::F32, "scan.xz"), DType::BF16, kOffset),
+                     device_input(randn({t, di}, DType::F32, "scan.dt", 0.5), DType::BF16, kOffset),
+                     device_input(alog, DType::BF16, kOffset),
+                     device_input(randn({t, 2 * n + 1}, DType::F32, "scan.bc"), DType::BF16, kOffset),
+                     device_input(randn({di}, DType::F32, "scan.D"), DType::BF16, kOffset),
+                     device_input(bias, DType::BF16, kOffset),
+                     std::move(cu),
+                     std::move(gcu)};
+}
+
+}  // namespace
+
+TEST_CASE("cuda mamba selective scan forward matches the f64 reference (outputs, chunk states)") {
+  if (!gpu_available_or_skip()) return;
+  for (const ScanCase& c : scan_cases()) {
+    SUBCASE(c.name.c_str()) {
+      ScanProblem pb = scan_problem(c);
+      const int64_t chunks = ops::scan_num_chunks(pb.t, pb.chunk);
+      Owned y64 = empty({pb.t, pb.di}, DType::F64, Device::CPU),
+            s64 = empty({chunks, pb.n, pb.di}, DType::F64, Device::CPU);
+      ops::selective_scan_forward(pb.args(false), y64, s64);
+      DeviceTensor gy = gpu_poisoned({pb.t, pb.di + 1}, DType::BF16, kOffset);  // y in [1, di + 1)
+      DeviceTensor gs = gpu_poisoned({chunks, pb.n, pb.di}, DType::F32, kOffset);
+      ops::selective_scan_forward(pb.args(true), ColumnBlock(gy.t, 1, pb.di), gs.t);
+      CHECK_CLOSE(block_host(gy.t, 1, pb.di).t, y64.t, bf16_tol(y64));
+      CHECK(outside_poisoned(gy.t, 1, pb.di));
+      CHECK_CLOSE(gs.t, s64.t, 1e-4);
+    }
+  }
+}
+
+TEST_CASE("cuda mamba selective scan backward matches the f64 reference and accumulates") {
+  if (!gpu_available_or_skip()) return;
+  for (const ScanCase& c : scan_cases()) {
+    SUBCASE(c.name.c_str()) {
+      ScanProblem pb = scan_problem(c);
+      const int64_t t = pb.t, di = pb.di, n = pb.n, chunks = ops::scan_num_chunks(t, pb.chunk);
+      auto [gdy, dy64] = device_input(randn({t, di}, DType::F32, "scan.dy"), DType::BF16, kOffset);
+      Owned y64 = empty({t, di}, DType::F64, Device::CPU), s64 = empty({chunks, n, di}, DType::F64, Device::CPU);
+      ops::selective_scan_forward(pb.args(false), y64, s64);
+      Owned dx64 = zeros({t, di}, DType::F64, Device::CPU), ddt64 = zeros({t, di}, DType::F64, Device::CPU),
+            dbc64 = zeros({t, 2 * n}, DType::F64, Device::CPU), dz64 = zeros({t, di}, DType::F64, Device::CPU),
+            dalog64 = zeros({di, n}, DType::F64, Device::CPU), dD64 = zeros({di}, DType::F64, Device::CPU),
+            dbias64 = zeros({di}, DType::F64, Device::CPU);
+      ops::selective_scan_backward(pb.args(false), dy64, s64,
+                                   {dx64, ddt64, ColumnBlock(dbc64, 0, n), ColumnBlock(dbc64, n, n), dz64,
+                                    dalog64, dD64, dbias64});
+
+      // The states the kernel gets are the reference's, rounded to f32.
+      auto [gs, s_r] = device_input(s64, DType::F32, kOffset);
+      DeviceTensor gdxz = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);  // dx and dz halves
+      DeviceTensor gddt = gpu_poisoned({t, di}, DType::BF16, kOffset);
+      DeviceTensor gdbc = gpu_poisoned({t, 2 * n + 1}, DType::BF16, kOffset);
+      Owned dalog0 = randn({di, n}, DType::F32, "scan.dalog0"), dD0 = randn({di}, DType::F32, "scan.dD0"),
+            dbias0 = randn({di}, DType::F32, "scan.dbias0");
+      DeviceTensor gdalog = to_gpu(dalog0, DType::F32), gdD = to_gpu(dD0, DType::F32),
+                   gdbias = to_gpu(dbias0, DType::F32);
+      const ops::ScanGrads grads{ColumnBlock(gdxz.t, 1, di),  gddt.t,   ColumnBlock(gdbc.t, 1, n),
+                                 ColumnBlock(gdbc.t, 1 + n, n), ColumnBlock(gdxz.t, 1 + di, di),
+                                 gdalog.t, gdD.t, gdbias.t};
+      ops::selective_scan_backward(pb.args(true), gdy.t, gs.t, grads);
+      CHECK_CLOSE(block_host(gdxz.t, 1, di).t, dx64.t, bf16_tol(dx64));
+      CHECK_CLOSE(block_host(gdxz.t, 1 + di, di).t, dz64.t, bf16_tol(dz64));
+      CHECK_CLOSE(gddt.t, ddt64.t, bf16_tol(ddt64));
+      CHECK_CLOSE(block_host(gdbc.t, 1, 2 * n).t, dbc64.t, bf16_tol(dbc64));
+      CHECK(outside_poisoned(gdbc.t, 1, 2 * n));
+      {
+        Owned h = to_host(gdxz.t, DType::F64);
+        bool col0 = true;
+        for (int64_t r = 0; r < t; ++r) col0 = col0 && std::isnan(get(h, r * (2 * di + 1)));
+        CHECK(col0);
+      }
+      CHECK_CLOSE(f64_from(gdalog.t, dalog0).t, dalog64.t, 1e-3);
+      CHECK_CLOSE(f64_from(gdD.t, dD0).t, dD64.t, 1e-3);
+      CHECK_CLOSE(f64_from(gdbias.t, dbias0).t, dbias64.t, 1e-3);
+
+      // Bitwise reproducible.
+      DeviceTensor gdalog2 = to_gpu(dalog0, DType::F32), gdD2 = to_gpu(dD0, DType::F32),
+                   gdbias2 = to_gpu(dbias0, DType::F32), gddt2 = gpu_poisoned({t, di}, DType::BF16, kOffset),
+                   gdbc2 = gpu_poisoned({t, 2 * n + 1}, DType::BF16, kOffset),
+                   gdxz2 = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);
+      ops::selective_scan_backward(pb.args(true), gdy.t, gs.t,
+                                   {ColumnBlock(gdxz2.t, 1, di), gddt2.t, ColumnBlock(gdbc2.t, 1, n),
+                                    ColumnBlock(gdbc2.t, 1 + n, n), ColumnBlock(gdxz2.t, 1 + di, di),
+                                    gdalog2.t, gdD2.t, gdbias2.t});
+      CHECK(bitwise_equal(gdalog.t, gdalog2.t));
+      CHECK(bitwise_equal(gdbias.t, gdbias2.t));
+      CHECK(bitwise_equal(gddt.t, gddt2.t));
+      CHECK(bitwise_equal(block_host(gdbc.t, 1, 2 * n), block_host(gdbc2.t, 1, 2 * n)));
+    }
+  }
+}
+
+TEST_CASE("cuda mamba ops reject what the kernels do not cover, naming it") {
+  if (!gpu_available_or_skip()) return;
+  ScanProblem pb = scan_problem({"small", {5, 3}, 4, 3, 4});
+  DeviceTensor gy = gpu_empty({pb.t, pb.di}, DType::BF16);
+  DeviceTensor gs = gpu_empty({2, pb.n, pb.di}, DType::F32);
+  ops::ScanArgs a = pb.args(true);
+  a.chunk_len = 200;
+  DeviceTensor gs1 = gpu_empty({1, pb.n, pb.di}, DType::F32);
+  CHECK_THROWS_WITH_AS(ops::selective_scan_forward(a, gy.t, gs1.t), doctest::Contains("chunk_len"), Error);
+  DeviceTensor w = gpu_empty({pb.di, 5}, DType::BF16);
+  CHECK_THROWS_WITH_AS(ops::causal_conv1d_forward(ColumnBlock(pb.xz.dev.t, 1, pb.di), w.t, Tensor(), pb.gcu.t,
+                                                  true, gy.t),
+                       doctest::Contains("kernel size"), Error);
+  DeviceTensor gy32 = gpu_empty({pb.t, pb.di}, DType::F32);
+  CHECK_THROWS_WITH_AS(ops::selective_scan_forward(pb.args(true), gy32.t, gs.t), doctest::Contains("y"), Error);
+}
