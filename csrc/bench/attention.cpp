@@ -3,7 +3,9 @@
 //   hd128 B16 H16 S2048    peer: flash 285 / 221, cuDNN 512 / 392 TFLOP/s (fwd / fwd+bwd)
 //   hd128 B4  H16 S8192    peer: flash 331 / 290, cuDNN 598 / 497
 //   hd64  B16 H32 S2048    peer: flash 244 / 200, cuDNN 387 / 309
-// and a packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens).
+// and a packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens); and
+// one sequence of 8192 tokens whole and as 4 micro-sequence chunks of 2048 (queries of a chunk
+// against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
 // half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
 // Each case prints fwd, bwd and fwd+bwd.
@@ -79,6 +81,70 @@ void run_shape(const AttnShape& s, std::vector<Result>& out) {
                  3.5 * fwd_flops, 0, ""});
 }
 
+// One causal sequence of `len` tokens as `chunks` consecutive chunks, each chunk's queries against
+// the keys and values of all rows up to its end (separate kv), run in order.
+void run_chunks(const std::string& name, int len, int chunks, int heads, int dim,
+                std::vector<Result>& out) {
+  const int64_t h = heads, d = dim, n = len / chunks;
+  Owned qkv = empty({len, 3 * h, d}, DType::BF16, Device::CUDA);
+  Owned kv = empty({len, 2 * h, d}, DType::BF16, Device::CUDA);
+  Owned o = empty({len, h, d}, DType::BF16, Device::CUDA),
+        lse = empty({len, h}, DType::F32, Device::CUDA);
+  Owned dout = empty({len, h, d}, DType::BF16, Device::CUDA);
+  Owned dqkv = empty({len, 3 * h, d}, DType::BF16, Device::CUDA);
+  Owned dkv = empty({len, 2 * h, d}, DType::BF16, Device::CUDA);
+  fill_random(qkv, "attention.qkv");
+  fill_random(kv, "attention.kv");
+  fill_random(dout, "attention.dout");
+  std::vector<Owned> cus;
+  std::vector<ops::AttentionBackwardParams> calls;
+  for (int64_t c = 0; c < chunks; ++c) {
+    Owned cu_host =
+        empty({4}, DType::I32, Device::CPU);  // cu_seqlens (0, n), cu_seqlens_k (0, end)
+    cu_host.ptr<int32_t>()[0] = 0;
+    cu_host.ptr<int32_t>()[1] = static_cast<int32_t>(n);
+    cu_host.ptr<int32_t>()[2] = 0;
+    cu_host.ptr<int32_t>()[3] = static_cast<int32_t>((c + 1) * n);
+    Owned cu = empty({4}, DType::I32, Device::CUDA);
+    copy_tensor(cu, cu_host);
+    ops::AttentionBackwardParams b;
+    ops::AttentionParams& p = b.fwd;
+    p.qkv = qkv->slice(c * n, (c + 1) * n);
+    p.out = o->slice(c * n, (c + 1) * n);
+    p.lse = lse->slice(c * n, (c + 1) * n);
+    p.cu_seqlens = Tensor(cu->data, DType::I32, Device::CUDA, {2});
+    p.max_seqlen = static_cast<int>(n);
+    p.num_heads = heads;
+    p.num_kv_heads = heads;
+    p.head_dim = dim;
+    p.softmax_scale = 1.f / std::sqrt(static_cast<float>(dim));
+    p.causal = true;
+    p.kv = kv->slice(0, (c + 1) * n);
+    p.cu_seqlens_k = Tensor(cu.ptr<int32_t>() + 2, DType::I32, Device::CUDA, {2});
+    p.max_seqlen_k = static_cast<int>((c + 1) * n);
+    b.dout = dout->slice(c * n, (c + 1) * n);
+    b.dqkv = dqkv->slice(c * n, (c + 1) * n);
+    b.dkv = dkv->slice(0, (c + 1) * n);  // the caller would add each chunk's dkv into its own
+    calls.push_back(b);
+    cus.push_back(std::move(cu));
+  }
+  const double fwd_flops = 4.0 * 0.5 * len * static_cast<double>(len) * d * h;
+  auto fwd = [&] {
+    for (const auto& b : calls) ops::attention_forward(b.fwd);
+  };
+  auto bwd = [&] {
+    for (const auto& b : calls) ops::attention_backward(b);
+  };
+  fwd();
+  out.push_back({name + " fwd", time_ms(fwd), fwd_flops, 0, ""});
+  out.push_back({name + " bwd", time_ms(bwd), 2.5 * fwd_flops, 0, ""});
+  out.push_back({name + " fwd+bwd", time_ms([&] {
+                   fwd();
+                   bwd();
+                 }),
+                 3.5 * fwd_flops, 0, ""});
+}
+
 std::vector<int> equal(int batch, int len) { return std::vector<int>(batch, len); }
 
 // Documents of 64 .. 2047 tokens (uniform, fixed seed) filling `total` tokens.
@@ -110,6 +176,8 @@ BENCH_CASES("attention") {
   run_shape({"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs,
              16, 128, ""},
             out);
+  run_shape({"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""}, out);
+  run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, out);
 #endif
   return out;
 }

@@ -12,9 +12,12 @@
 namespace engine::ops {
 
 void attention_forward(const AttentionParams& p) {
-  if (device_of("attention_forward",
-                {{"qkv", p.qkv}, {"out", p.out}, {"lse", p.lse}, {"cu_seqlens", p.cu_seqlens}}) ==
-      Device::CPU)
+  if (device_of("attention_forward", {{"qkv", p.qkv},
+                                      {"out", p.out},
+                                      {"lse", p.lse},
+                                      {"cu_seqlens", p.cu_seqlens},
+                                      {"kv", p.kv},
+                                      {"cu_seqlens_k", p.cu_seqlens_k}}) == Device::CPU)
     return ref::attention_forward(p);
 #ifdef ENGINE_CUDA
   return cuda::attention_forward(p);
@@ -27,8 +30,11 @@ void attention_backward(const AttentionBackwardParams& p) {
                                        {"out", p.fwd.out},
                                        {"lse", p.fwd.lse},
                                        {"cu_seqlens", p.fwd.cu_seqlens},
+                                       {"kv", p.fwd.kv},
+                                       {"cu_seqlens_k", p.fwd.cu_seqlens_k},
                                        {"dout", p.dout},
-                                       {"dqkv", p.dqkv}}) == Device::CPU)
+                                       {"dqkv", p.dqkv},
+                                       {"dkv", p.dkv}}) == Device::CPU)
     return ref::attention_backward(p);
 #ifdef ENGINE_CUDA
   return cuda::attention_backward(p);

@@ -5,6 +5,18 @@
 // (window == 0 || i - j < window). No token sees another sequence.
 //   out_i = sum_j softmax_j(scale * q_i . k_j) v_j,   lse_i = log sum_j exp(scale * q_i . k_j)
 // Backward writes dqkv (=) from dout, recomputing probabilities from the saved lse.
+//
+// Separate keys (kv set; micro-sequences: a micro-batch cut into chunks of consecutive tokens
+// processed in order, chunk c's queries seeing the keys and values of chunks 0 .. c): keys and
+// values come from kv, sequence s owning its rows [cu_seqlens_k[s], cu_seqlens_k[s+1]), and
+// qkv's own k and v heads are neither read nor (backward) written. With len_q(s) and
+// len_k(s) >= len_q(s) the lengths of s in the two, its queries are the LAST len_q(s) of its
+// len_k(s) key positions (aligned at the end): query i has position i + off, off = len_k(s) -
+// len_q(s), and key j is visible iff (!causal || j <= i + off) && (window == 0 || i + off - j <
+// window). Without kv this is the case kv = qkv's k and v heads, cu_seqlens_k = cu_seqlens.
+// A sequence may have len_q = 0 (keys of documents that ended in an earlier chunk): its key
+// rows get dk = dv = 0. Backward then writes dkv (=) for every key row and dqkv's q heads (=),
+// leaving dqkv's k and v heads as they were.
 #pragma once
 #include "core/tensor.h"
 
@@ -22,12 +34,22 @@ struct AttentionParams {
   float softmax_scale = 0.f;  // usually 1 / sqrt(D)
   bool causal = true;
   int window = 0;         // sliding window in tokens, 0 = unlimited
+  // Optional separate keys and values (see above); leave all three unset for the usual case.
+  Tensor kv;             // (Tk, 2*Hkv, D), dtype of qkv: k heads, then v heads of a key row
+  Tensor cu_seqlens_k;   // (S + 1) i32, same device: key row offsets, cu_seqlens_k[S] == Tk,
+                         // len_k(s) >= len_q(s) for every s
+  int max_seqlen_k = 0;  // longest len_k (bounds every one; sizes the backward's grid)
+
+  // Whether kv is given (a default-constructed Tensor is not; an empty (0, ...) one is).
+  bool separate_kv() const { return kv.data != nullptr || kv.ndim() != 0; }
 };
 
 struct AttentionBackwardParams {
   AttentionParams fwd;  // the forward's tensors (qkv, out, lse) and settings
   Tensor dout;          // (T, H, D)
-  Tensor dqkv;          // (T, H + 2*Hkv, D), written
+  Tensor dqkv;          // (T, H + 2*Hkv, D), written; with fwd.kv only its q heads
+  Tensor dkv = {};      // (Tk, 2*Hkv, D), dtype of kv, written: only with fwd.kv (= {}: the
+                        // usual {fwd, dout, dqkv} leaves it out without a -Wextra warning)
 };
 
 void attention_forward(const AttentionParams& p);

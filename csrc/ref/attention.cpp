@@ -1,15 +1,19 @@
-// Attention over packed sequences. For a sequence starting at row b with length L, q head h and
-// kv head g = h / (H / Hkv), query i sees key j (0 <= i, j < L) iff
-//   (!causal || j <= i) && (window == 0 || i - j < window)
-// so the visible keys of i are the range [lo(i), hi(i)] with lo = max(0, i - window + 1) when
-// window > 0 (else 0) and hi = i when causal (else L - 1). With s_ij = scale * q_i . k_j:
+// Attention over packed sequences. Sequence s has len_q = Lq queries (rows of qkv starting at
+// b = cu_seqlens[s]) and len_k = Lk >= Lq keys (rows of kv starting at cu_seqlens_k[s], or, without
+// kv, qkv's own k and v heads of the same rows: Lk = Lq). Query i is at key position i + off,
+// off = Lk - Lq (the queries are the last Lq positions). With q head h and kv head
+// g = h / (H / Hkv), query i sees key j (0 <= i < Lq, 0 <= j < Lk) iff
+//   (!causal || j <= i + off) && (window == 0 || i + off - j < window)
+// so the visible keys of i are the range [lo(i), hi(i)] with lo = max(0, i + off - window + 1)
+// when window > 0 (else 0) and hi = i + off when causal (else Lk - 1). With s_ij = scale q_i . k_j:
 //   forward:  P_ij = exp(s_ij - lse_i),  lse_i = m_i + log sum_j exp(s_ij - m_i),  m_i = max_j s_ij
 //             out_i = sum_j P_ij v_j
 //   backward: D_i = dout_i . out_i,  dS_ij = P_ij (dout_i . v_j - D_i)
 //             dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_(h in group, i) dS_ij q_i,
 //             dv_j = sum_(h in group, i) P_ij dout_i
-// The visible range always contains j = i, so no row is empty. Layout of a qkv row: H q heads,
-// then Hkv k heads, then Hkv v heads, D values each.
+// The visible range always contains j = i + off, so no query row is empty; key rows no query
+// sees get dk = dv = 0. Layout of a qkv row: H q heads, then Hkv k heads, then Hkv v heads, D
+// values each; of a kv row: Hkv k heads, then Hkv v heads.
 #include "ref/attention.h"
 
 #include <algorithm>
@@ -23,10 +27,34 @@ namespace {
 
 struct Layout {
   int64_t rows, heads, kv_heads, dim, seqs;  // T, H, Hkv, D, S
-  const int32_t* cu;                         // (S + 1)
-  int64_t work;                              // sum over sequences of L^2 * H * D
-  int64_t nh() const { return heads + 2 * kv_heads; }
+  const int32_t* cu;                         // (S + 1) query rows
+  const int32_t* cu_k;                       // (S + 1) key rows (cu without kv)
+  int64_t q_row;                             // elements per qkv row: (H + 2 Hkv) D
+  int64_t kv_row;                            // elements per key row (of qkv or of kv)
+  int64_t k_off, v_off;                      // k head 0, v head 0 within a key row
+  int64_t work;                              // sum over sequences of Lq Lk H D
 };
+
+// Checks (S + 1) offsets into `total` rows, each length at most max_len; returns them.
+const int32_t* check_offsets(const Tensor& cu, int64_t total, int max_len, const char* op,
+                             const char* name, const char* total_name, const char* max_name) {
+  expect_cpu(cu, op, name);
+  expect_dtype(cu, DType::I32, op, name);
+  ENSURE(cu.ndim() == 1 && cu.size(0) >= 1, op, ": ", name, " must be (S + 1), got shape ",
+         cu.shape.str());
+  const int32_t* c = cu.ptr<int32_t>();
+  const int64_t seqs = cu.size(0) - 1;
+  ENSURE(c[0] == 0, op, ": ", name, "[0] = ", c[0], ", expected 0");
+  ENSURE(c[seqs] == total, op, ": ", name, "[S] = ", c[seqs], ", expected ", total_name, " = ",
+         total);
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t len = c[s + 1] - c[s];
+    ENSURE(len >= 0, op, ": ", name, " decreases at ", s, ": ", c[s], " > ", c[s + 1]);
+    ENSURE(len <= max_len, op, ": sequence ", s, " has length ", len, " > ", max_name, " = ",
+           max_len);
+  }
+  return c;
+}
 
 Layout check_params(const ops::AttentionParams& p, const char* op) {
   expect_cpu(p.qkv, op, "qkv");
@@ -39,23 +67,38 @@ Layout check_params(const ops::AttentionParams& p, const char* op) {
   expect_shape(p.qkv, {t, h + 2 * hkv, d}, op, "qkv (T, H + 2*Hkv, D)");
   expect(p.out, p.qkv.dtype, {t, h, d}, op, "out");
   expect(p.lse, p.qkv.dtype, {t, h}, op, "lse");
-  expect_cpu(p.cu_seqlens, op, "cu_seqlens");
-  expect_dtype(p.cu_seqlens, DType::I32, op, "cu_seqlens");
-  ENSURE(p.cu_seqlens.ndim() == 1 && p.cu_seqlens.size(0) >= 1, op,
-         ": cu_seqlens must be (S + 1), got shape ", p.cu_seqlens.shape.str());
   ENSURE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, op, ": softmax_scale = ",
          p.softmax_scale, " (usually 1 / sqrt(head_dim))");
   ENSURE(p.window >= 0, op, ": window = ", p.window, " (0 = unlimited)");
-  Layout l{t, h, hkv, d, p.cu_seqlens.size(0) - 1, p.cu_seqlens.ptr<int32_t>(), 0};
-  ENSURE(l.cu[0] == 0, op, ": cu_seqlens[0] = ", l.cu[0], ", expected 0");
-  ENSURE(l.cu[l.seqs] == t, op, ": cu_seqlens[S] = ", l.cu[l.seqs], ", expected T = ", t);
-  for (int64_t s = 0; s < l.seqs; ++s) {
-    const int64_t len = l.cu[s + 1] - l.cu[s];
-    ENSURE(len >= 0, op, ": cu_seqlens decreases at ", s, ": ", l.cu[s], " > ", l.cu[s + 1]);
-    ENSURE(len <= p.max_seqlen, op, ": sequence ", s, " has length ", len, " > max_seqlen = ",
-           p.max_seqlen);
-    l.work += len * len * h * d;
+  Layout l{t, h, hkv, d, 0, nullptr, nullptr, (h + 2 * hkv) * d, 0, 0, 0, 0};
+  l.cu = check_offsets(p.cu_seqlens, t, p.max_seqlen, op, "cu_seqlens", "T", "max_seqlen");
+  l.seqs = p.cu_seqlens.size(0) - 1;
+  if (p.separate_kv()) {
+    expect_cpu(p.kv, op, "kv");
+    expect_ndim(p.kv, 3, op, "kv");
+    expect(p.kv, p.qkv.dtype, {p.kv.size(0), 2 * hkv, d}, op, "kv (Tk, 2*Hkv, D)");
+    ENSURE(p.cu_seqlens_k.ndim() == 1 && p.cu_seqlens_k.size(0) == l.seqs + 1, op,
+           ": cu_seqlens_k must be (S + 1) = (", l.seqs + 1, ") like cu_seqlens, got shape ",
+           p.cu_seqlens_k.shape.str());
+    l.cu_k = check_offsets(p.cu_seqlens_k, p.kv.size(0), p.max_seqlen_k, op, "cu_seqlens_k", "Tk",
+                           "max_seqlen_k");
+    for (int64_t s = 0; s < l.seqs; ++s)
+      ENSURE(l.cu_k[s + 1] - l.cu_k[s] >= l.cu[s + 1] - l.cu[s], op, ": sequence ", s, " has ",
+             l.cu_k[s + 1] - l.cu_k[s], " keys (cu_seqlens_k) for ", l.cu[s + 1] - l.cu[s],
+             " queries (cu_seqlens); it needs at least one per query");
+    l.kv_row = 2 * hkv * d;
+    l.k_off = 0;
+    l.v_off = hkv * d;
+  } else {
+    ENSURE(p.cu_seqlens_k.data == nullptr && p.cu_seqlens_k.ndim() == 0 && p.max_seqlen_k == 0, op,
+           ": cu_seqlens_k and max_seqlen_k are given without kv");
+    l.cu_k = l.cu;
+    l.kv_row = l.q_row;
+    l.k_off = h * d;
+    l.v_off = (h + hkv) * d;
   }
+  for (int64_t s = 0; s < l.seqs; ++s)
+    l.work += int64_t{l.cu[s + 1] - l.cu[s]} * (l.cu_k[s + 1] - l.cu_k[s]) * h * d;
   return l;
 }
 
@@ -66,33 +109,46 @@ double dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
+// The rows of sequence s: queries [b, b + len) of qkv, keys [bk, bk + len_k) of the key rows;
+// query i sits at key position i + off.
+struct Seq {
+  int64_t b, len, bk, len_k, off;
+};
+Seq seq_of(const Layout& l, int64_t s) {
+  const int64_t b = l.cu[s], len = l.cu[s + 1] - b, bk = l.cu_k[s], len_k = l.cu_k[s + 1] - bk;
+  return {b, len, bk, len_k, len_k - len};
+}
+
 template <typename T>
 void forward(const ops::AttentionParams& p, const Layout& l) {
   const T* qkv = p.qkv.ptr<T>();
+  const T* keys = p.separate_kv() ? p.kv.ptr<T>() : qkv;  // rows of kv_row elements
   T* out = p.out.ptr<T>();
   T* lse = p.lse.ptr<T>();
-  const int64_t nh = l.nh(), d = l.dim, group = l.heads / l.kv_heads;
+  const int64_t d = l.dim, group = l.heads / l.kv_heads;
   const double scale = p.softmax_scale;
 #pragma omp parallel for schedule(dynamic) if (l.work > (1 << 15))
   for (int64_t task = 0; task < l.seqs * l.heads; ++task) {
     const int64_t s = task / l.heads, h = task % l.heads, g = h / group;
-    const int64_t b = l.cu[s], len = l.cu[s + 1] - b;
-    std::vector<double> score(static_cast<size_t>(len)), o(static_cast<size_t>(d));
+    const auto [b, len, bk, len_k, off] = seq_of(l, s);
+    const T* k0 = keys + bk * l.kv_row + l.k_off + g * d;
+    const T* v0 = keys + bk * l.kv_row + l.v_off + g * d;
+    std::vector<double> score(static_cast<size_t>(len_k)), o(static_cast<size_t>(d));
     for (int64_t i = 0; i < len; ++i) {
-      const int64_t lo = p.window ? std::max<int64_t>(0, i - p.window + 1) : 0;
-      const int64_t hi = p.causal ? i : len - 1;
-      const T* q = qkv + ((b + i) * nh + h) * d;
+      const int64_t pos = i + off;
+      const int64_t lo = p.window ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      const int64_t hi = p.causal ? pos : len_k - 1;
+      const T* q = qkv + (b + i) * l.q_row + h * d;
       double m = -INFINITY;
       for (int64_t j = lo; j <= hi; ++j) {
-        const T* k = qkv + ((b + j) * nh + l.heads + g) * d;
-        score[j] = scale * dot(q, k, d);
+        score[j] = scale * dot(q, k0 + j * l.kv_row, d);
         m = std::max(m, score[j]);
       }
       double sum = 0;
       std::fill(o.begin(), o.end(), 0.0);
       for (int64_t j = lo; j <= hi; ++j) {
         const double e = std::exp(score[j] - m);
-        const T* v = qkv + ((b + j) * nh + l.heads + l.kv_heads + g) * d;
+        const T* v = v0 + j * l.kv_row;
         sum += e;
         for (int64_t c = 0; c < d; ++c) o[c] += e * v[c];
       }
@@ -106,29 +162,35 @@ void forward(const ops::AttentionParams& p, const Layout& l) {
 template <typename T>
 void backward(const ops::AttentionBackwardParams& bp, const Layout& l) {
   const ops::AttentionParams& p = bp.fwd;
+  const bool separate = p.separate_kv();
   const T *qkv = p.qkv.ptr<T>(), *out = p.out.ptr<T>(), *lse = p.lse.ptr<T>();
+  const T* keys = separate ? p.kv.ptr<T>() : qkv;
   const T* dout = bp.dout.ptr<T>();
   T* dqkv = bp.dqkv.ptr<T>();
-  const int64_t nh = l.nh(), d = l.dim, group = l.heads / l.kv_heads;
+  T* dkeys = separate ? bp.dkv.ptr<T>() : dqkv;  // dk, dv: rows of kv_row elements
+  const int64_t d = l.dim, group = l.heads / l.kv_heads;
   const double scale = p.softmax_scale;
 #pragma omp parallel for schedule(dynamic) if (l.work > (1 << 14))
   for (int64_t task = 0; task < l.seqs * l.kv_heads; ++task) {
     const int64_t s = task / l.kv_heads, g = task % l.kv_heads;
-    const int64_t b = l.cu[s], len = l.cu[s + 1] - b;
-    std::vector<double> dk(static_cast<size_t>(len * d)), dv(static_cast<size_t>(len * d));
+    const auto [b, len, bk, len_k, off] = seq_of(l, s);
+    const T* k0 = keys + bk * l.kv_row + l.k_off + g * d;
+    const T* v0 = keys + bk * l.kv_row + l.v_off + g * d;
+    std::vector<double> dk(static_cast<size_t>(len_k * d)), dv(static_cast<size_t>(len_k * d));
     std::vector<double> dq(static_cast<size_t>(d));
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t i = 0; i < len; ++i) {
-        const int64_t lo = p.window ? std::max<int64_t>(0, i - p.window + 1) : 0;
-        const int64_t hi = p.causal ? i : len - 1;
-        const T* q = qkv + ((b + i) * nh + h) * d;
+        const int64_t pos = i + off;
+        const int64_t lo = p.window ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+        const int64_t hi = p.causal ? pos : len_k - 1;
+        const T* q = qkv + (b + i) * l.q_row + h * d;
         const T* dout_i = dout + ((b + i) * l.heads + h) * d;
         const double di = dot(dout_i, out + ((b + i) * l.heads + h) * d, d);
         const double lse_i = lse[(b + i) * l.heads + h];
         std::fill(dq.begin(), dq.end(), 0.0);
         for (int64_t j = lo; j <= hi; ++j) {
-          const T* k = qkv + ((b + j) * nh + l.heads + g) * d;
-          const T* v = qkv + ((b + j) * nh + l.heads + l.kv_heads + g) * d;
+          const T* k = k0 + j * l.kv_row;
+          const T* v = v0 + j * l.kv_row;
           const double pij = std::exp(scale * dot(q, k, d) - lse_i);
           const double ds = pij * (dot(dout_i, v, d) - di);
           for (int64_t c = 0; c < d; ++c) {
@@ -137,13 +199,13 @@ void backward(const ops::AttentionBackwardParams& bp, const Layout& l) {
             dq[c] += ds * k[c];
           }
         }
-        T* dq_out = dqkv + ((b + i) * nh + h) * d;
+        T* dq_out = dqkv + (b + i) * l.q_row + h * d;
         for (int64_t c = 0; c < d; ++c) dq_out[c] = static_cast<T>(scale * dq[c]);
       }
     }
-    for (int64_t j = 0; j < len; ++j) {
-      T* dk_out = dqkv + ((b + j) * nh + l.heads + g) * d;
-      T* dv_out = dqkv + ((b + j) * nh + l.heads + l.kv_heads + g) * d;
+    for (int64_t j = 0; j < len_k; ++j) {
+      T* dk_out = dkeys + (bk + j) * l.kv_row + l.k_off + g * d;
+      T* dv_out = dkeys + (bk + j) * l.kv_row + l.v_off + g * d;
       for (int64_t c = 0; c < d; ++c) {
         dk_out[c] = static_cast<T>(scale * dk[j * d + c]);
         dv_out[c] = static_cast<T>(dv[j * d + c]);
@@ -166,6 +228,10 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   const int64_t t = l.rows;
   expect(bp.dout, bp.fwd.qkv.dtype, {t, l.heads, l.dim}, op, "dout");
   expect(bp.dqkv, bp.fwd.qkv.dtype, bp.fwd.qkv.shape, op, "dqkv");
+  if (bp.fwd.separate_kv())
+    expect(bp.dkv, bp.fwd.kv.dtype, bp.fwd.kv.shape, op, "dkv (Tk, 2*Hkv, D)");
+  else
+    ENSURE(bp.dkv.data == nullptr && bp.dkv.ndim() == 0, op, ": dkv is given without fwd.kv");
   float_switch(bp.fwd.qkv.dtype, op, "qkv", [&](auto tag) { backward<decltype(tag)>(bp, l); });
 }
 

@@ -1,5 +1,6 @@
-// Launchers of flash attention (flash.cuh): argument checks, the choice between the mma.sync
-// kernels (D = 64, 128) and the f32 fallback, and the two small kernels around the backward:
+// Launchers of flash attention (flash.cuh): argument checks, the kernel parameters (q, k and
+// their strides from qkv, or k from a separate kv), the choice between the mma.sync kernels
+// (D = 64, 128) and the f32 fallback, and the two small kernels around the backward:
 //   dsum_kernel:       dsum[t, h] = sum_d dout[t, h, d] * out[t, h, d]   (f32, 8 lanes per row)
 //                      and, on the mma path, dq_accum row (h, t) = 0 (it touches every row)
 //   dq_convert_kernel: dqkv[t, h, :] = bf16(scale * dq_accum row (h, t))  for the q heads
@@ -70,9 +71,9 @@ __global__ void __launch_bounds__(256) dsum_kernel(const bf16* __restrict__ out,
 // row is swizzled by the token (flash::dq_row_offset: an involution on the chunk index), its
 // columns in dqkv are not.
 template <int kD>
-__global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_accum,
-                                                         bf16* __restrict__ dqkv, int64_t T,
-                                                         int64_t qkv_row, float scale) {
+__global__ void __launch_bounds__(256)
+    dq_convert_kernel(const float* __restrict__ dq_accum, bf16* __restrict__ dq, int64_t T,
+                      int64_t q_row, float scale) {
   constexpr int kChunks = kD / 4;
   const int h = blockIdx.y;
   const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;  // t * kChunks + chunk
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict
   uint2 packed;
   packed.x = flash::pack_bf16(v.x * scale, v.y * scale);
   packed.y = flash::pack_bf16(v.z * scale, v.w * scale);
-  *reinterpret_cast<uint2*>(dqkv + t * qkv_row + int64_t{h} * kD + d) = packed;
+  *reinterpret_cast<uint2*>(dq + t * q_row + int64_t{h} * kD + d) = packed;
 }
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
@@ -96,8 +97,14 @@ void expect(const Tensor& t, DType dtype, const Shape& shape, const char* op, co
          shape.str());
 }
 
-// Checks the forward arguments and fills the kernel parameters (backward fields left empty).
-flash::Params make_params(const ops::AttentionParams& p, const char* op) {
+// The kernel parameters (backward fields left empty) and the grid sizes of one call.
+struct Launch {
+  flash::Params k;
+  flash::Grid g;
+};
+
+// Checks the forward arguments and fills the launch.
+Launch make_params(const ops::AttentionParams& p, const char* op) {
   ENSURE(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, op,
          ": num_heads = ", p.num_heads, " must be a positive multiple of num_kv_heads = ",
          p.num_kv_heads);
@@ -123,48 +130,77 @@ flash::Params make_params(const ops::AttentionParams& p, const char* op) {
          " heads; the grid allows 65535 of each");
   ENSURE(t <= std::numeric_limits<int32_t>::max(), op, ": T = ", t,
          " tokens; cu_seqlens (i32) cannot address them");
-  if (flash::has_mma_path(p.head_dim))
+  const bool mma = flash::has_mma_path(p.head_dim);
+  if (mma)
     ENSURE(aligned16(p.qkv) && aligned16(p.out), op,
            ": qkv and out must be 16-byte aligned for head_dim ", p.head_dim);
   flash::Params k{};
-  k.qkv = static_cast<const bf16*>(p.qkv.data);
+  flash::Grid g{};
+  const bf16* qkv = static_cast<const bf16*>(p.qkv.data);
+  k.q = qkv;
   k.out = static_cast<bf16*>(p.out.data);
   k.lse = static_cast<float*>(p.lse.data);
-  k.cu_seqlens = static_cast<const int32_t*>(p.cu_seqlens.data);
-  k.qkv_row = (h + 2 * hkv) * d;
-  k.num_tokens = t;
-  k.num_seqs = static_cast<int>(seqs);
+  k.cu_seqlens_q = static_cast<const int32_t*>(p.cu_seqlens.data);
+  k.q_row = static_cast<int>((h + 2 * hkv) * d);
+  if (p.separate_kv()) {  // keys and values from kv (cu_seqlens_k is never read on the host)
+    ENSURE(p.kv.ndim() == 3, op, ": kv must be (Tk, 2*Hkv, D), got ", p.kv.shape.str());
+    const int64_t tk = p.kv.size(0);
+    expect(p.kv, DType::BF16, {tk, 2 * hkv, d}, op, "kv (Tk, 2*Hkv, D)");
+    expect(p.cu_seqlens_k, DType::I32, {seqs + 1}, op, "cu_seqlens_k (S + 1)");
+    ENSURE(p.max_seqlen_k >= 0 && p.max_seqlen_k <= std::numeric_limits<int>::max() / 2, op,
+           ": max_seqlen_k = ", p.max_seqlen_k);
+    ENSURE(tk == 0 || p.max_seqlen_k > 0, op, ": max_seqlen_k = 0 with Tk = ", tk,
+           " key rows (it must bound every key length)");
+    ENSURE(tk <= std::numeric_limits<int32_t>::max(), op, ": Tk = ", tk,
+           " key rows; cu_seqlens_k (i32) cannot address them");
+    if (mma) ENSURE(aligned16(p.kv), op, ": kv must be 16-byte aligned for head_dim ", p.head_dim);
+    k.k = static_cast<const bf16*>(p.kv.data);
+    k.kv_row = static_cast<int>(2 * hkv * d);
+    k.cu_seqlens_k = static_cast<const int32_t*>(p.cu_seqlens_k.data);
+    g.max_seqlen_k = p.max_seqlen_k;
+  } else {
+    ENSURE(p.cu_seqlens_k.data == nullptr && p.cu_seqlens_k.ndim() == 0 && p.max_seqlen_k == 0, op,
+           ": cu_seqlens_k and max_seqlen_k are given without kv");
+    k.k = qkv + h * d;
+    k.kv_row = k.q_row;
+    k.cu_seqlens_k = k.cu_seqlens_q;
+    g.max_seqlen_k = p.max_seqlen;
+  }
+  k.num_tokens = static_cast<int>(t);
   k.bwd_section = 1;
-  k.max_seqlen = p.max_seqlen;
   k.num_heads = p.num_heads;
   k.num_kv_heads = p.num_kv_heads;
   k.head_dim = p.head_dim;
   k.scale = p.softmax_scale;
-  k.scale_log2 = p.softmax_scale * flash::kLog2e;
   k.causal = p.causal;
   k.window = p.window;
-  return k;
+  g.num_seqs = static_cast<int>(seqs);
+  g.max_seqlen_q = p.max_seqlen;
+  return {k, g};
 }
 
-bool nothing_to_do(const flash::Params& k, const ops::AttentionParams& p) {
-  return p.qkv.size(0) == 0 || k.num_seqs == 0 || k.max_seqlen == 0;
+// No query rows: nothing to compute (the backward still zeroes a separate dkv).
+bool nothing_to_do(const Launch& l, const ops::AttentionParams& p) {
+  return p.qkv.size(0) == 0 || l.g.num_seqs == 0 || l.g.max_seqlen_q == 0;
 }
 
 }  // namespace
 
 void attention_forward(const ops::AttentionParams& p) {
-  const flash::Params k = make_params(p, "attention_forward");
-  if (nothing_to_do(k, p)) return;
-  if (flash::has_mma_path(k.head_dim))
-    flash::head_dim_switch(k.head_dim,
-                           [&](auto d) { flash::run_flash_fwd<decltype(d)::value>(k, stream()); });
+  const Launch l = make_params(p, "attention_forward");
+  if (nothing_to_do(l, p)) return;
+  if (flash::has_mma_path(l.k.head_dim))
+    flash::head_dim_switch(l.k.head_dim, [&](auto d) {
+      flash::run_flash_fwd<decltype(d)::value>(l.k, l.g, stream());
+    });
   else
-    flash::run_fallback_fwd(k, stream());
+    flash::run_fallback_fwd(l.k, l.g, stream());
 }
 
 void attention_backward(const ops::AttentionBackwardParams& bp) {
   const char* op = "attention_backward";
-  flash::Params k = make_params(bp.fwd, op);
+  Launch l = make_params(bp.fwd, op);
+  flash::Params& k = l.k;
   const int64_t t = bp.fwd.qkv.size(0), h = k.num_heads, d = k.head_dim;
   expect(bp.dout, DType::BF16, {t, h, d}, op, "dout (T, H, D)");
   expect(bp.dqkv, DType::BF16, bp.fwd.qkv.shape, op, "dqkv (T, H + 2*Hkv, D)");
@@ -172,9 +208,23 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   if (mma)
     ENSURE(aligned16(bp.dout) && aligned16(bp.dqkv), op,
            ": dout and dqkv must be 16-byte aligned for head_dim ", k.head_dim);
-  if (nothing_to_do(k, bp.fwd)) return;
+  const bool separate = bp.fwd.separate_kv();
+  if (separate) {
+    expect(bp.dkv, DType::BF16, bp.fwd.kv.shape, op, "dkv (Tk, 2*Hkv, D)");
+    if (mma)
+      ENSURE(aligned16(bp.dkv), op, ": dkv must be 16-byte aligned for head_dim ", k.head_dim);
+  } else {
+    ENSURE(bp.dkv.data == nullptr && bp.dkv.ndim() == 0, op, ": dkv is given without fwd.kv");
+  }
+  if (nothing_to_do(l, bp.fwd)) {  // no query sees any key
+    if (separate && bp.dkv.nbytes() > 0)
+      CUDA_CHECK(cudaMemsetAsync(bp.dkv.data, 0, bp.dkv.nbytes(), stream()));
+    return;
+  }
   k.dout = static_cast<const bf16*>(bp.dout.data);
-  k.dqkv = static_cast<bf16*>(bp.dqkv.data);
+  bf16* dqkv = static_cast<bf16*>(bp.dqkv.data);
+  k.dq = dqkv;
+  k.dk = separate ? static_cast<bf16*>(bp.dkv.data) : dqkv + h * d;
 
   const int64_t rows = t * h;
   Buffer dsum(static_cast<size_t>(rows) * sizeof(float), Device::CUDA);
@@ -192,15 +242,15 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   check_launch("dsum_kernel");
 
   if (!mma) {
-    flash::run_fallback_bwd(k, stream());
+    flash::run_fallback_bwd(k, l.g, stream());
     return;
   }
   flash::head_dim_switch(k.head_dim, [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
-    flash::run_flash_bwd<kD>(k, stream());
+    flash::run_flash_bwd<kD>(k, l.g, stream());
     const dim3 grid(static_cast<unsigned>(ceil_div(t * (kD / 4), 256)),
                     static_cast<unsigned>(k.num_heads));
-    dq_convert_kernel<kD><<<grid, 256, 0, stream()>>>(k.dq_accum, k.dqkv, t, k.qkv_row, k.scale);
+    dq_convert_kernel<kD><<<grid, 256, 0, stream()>>>(k.dq_accum, k.dq, t, k.q_row, k.scale);
   });
   check_launch("dq_convert_kernel");
 }

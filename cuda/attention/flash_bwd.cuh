@@ -4,8 +4,10 @@
 // One block per (key tile of kBlockN keys, kv head, sequence), 8 warps. The block keeps its K
 // and V tiles in shared memory and dK, dV of the tile in registers, and loops over the q heads
 // of its kv group and, per head, over the q tiles of kBlockM rows that see any of its keys
-// (causal: from the tile's first key on; window: up to its last key + window - 1). Per q tile,
-// with P recomputed from the saved lse (natural log, turned into base 2):
+// (causal: from the tile's first key on; window: up to its last key + window - 1; with separate
+// keys, Lk >= Lq, in query positions: a key's position minus Lk - Lq). Blocks whose keys no
+// query sees (a sequence without queries, keys older than every window) write dK = dV = 0.
+// Per q tile, with P recomputed from the saved lse (natural log, turned into base 2):
 //   S = Q K^T,  P = 2^(S c - lse log2 e) (0 where masked),  dP = dO V^T
 //   dS = P * (dP - dsum)               (per row; rounded to bf16 like P)
 //   dV += P^T dO,  dK += dS^T Q,       (registers, summed over the group's q heads: GQA)
@@ -95,23 +97,31 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
   const int64_t linear =
       blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
   const BwdBlock blk = bwd_block(linear, static_cast<int>(gridDim.x),
-                                 int64_t{Hkv} * p.num_seqs, p.bwd_section);
+                                 int64_t{Hkv} * gridDim.z, p.bwd_section);
   const int seq = static_cast<int>(blk.pair / Hkv), kv = static_cast<int>(blk.pair % Hkv);
-  const int n0 = blk.n_block * kBlockN;
-  const int seq_begin = p.cu_seqlens[seq];
-  const int L = p.cu_seqlens[seq + 1] - seq_begin;
-  if (n0 >= L) return;
+  const int key_begin = p.cu_seqlens_k[seq];
+  const int Lk = p.cu_seqlens_k[seq + 1] - key_begin;  // keys
+  if (blk.n_block * kBlockN >= Lk) return;
+  const int seq_begin = p.cu_seqlens_q[seq];
+  const int L = p.cu_seqlens_q[seq + 1] - seq_begin;  // queries, <= Lk
+  // Query i sits at key position i + Lk - L. Below, keys are counted in query positions: the
+  // tile's first key is n0 (< 0 when it is older than the first query); key n0 + c is visible
+  // to row i iff (!causal || n0 + c <= i) && (window == 0 || i - (n0 + c) < window), and the
+  // keys end at L.
+  const int n0 = blk.n_block * kBlockN - (Lk - L);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t row = p.qkv_row, tok0 = seq_begin;
-  const bf16* k_g = p.qkv + (tok0 + n0) * row + (H + kv) * kD;
-  const bf16* v_g = k_g + Hkv * kD;
+  const int64_t row = p.q_row, krow = p.kv_row, tok0 = seq_begin;
+  // The tile's key row 0 in k, v, dk and dv.
+  const int64_t k_offset = (int64_t{key_begin} + blk.n_block * kBlockN) * krow + kv * kD;
 
-  // q rows that see any key of the tile: [i_lo, i_hi).
-  const int i_lo = p.causal ? n0 : 0;
+  // q rows that see any key of the tile: [i_lo, i_hi), none when i_hi <= i_lo (the tile's keys
+  // are all older than the window of the first query, or the sequence has no queries): the
+  // loop then does not run and dK = dV = 0 is written.
+  const int i_lo = p.causal ? max(0, n0) : 0;
   const int i_hi = p.window > 0 ? min(L, n0 + kBlockN - 1 + p.window) : L;
   const int m_begin = i_lo / kBlockM * kBlockM;
-  const int m_end = (i_hi + kBlockM - 1) / kBlockM * kBlockM;
+  const int m_end = i_hi > i_lo ? (i_hi + kBlockM - 1) / kBlockM * kBlockM : m_begin;
   const int n_iter = G * ((m_end - m_begin) / kBlockM);  // (q head, q tile) pairs, tiles inner
   // The next (q head, first row) pair after (h, m0).
   auto advance = [&](int& h, int& m0) {
@@ -122,7 +132,7 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
   auto load_q_tile = [&](int h, int m0, int buf) {
     const int tx = thread_x();  // = tid; what derives from it is recomputed per tile (registers)
     const int64_t tok = tok0 + m0;
-    load_tile_async<kBlockM, kD, kThreads>(sQ0 + buf * C::kQBytes, p.qkv + tok * row + h * kD,
+    load_tile_async<kBlockM, kD, kThreads>(sQ0 + buf * C::kQBytes, p.q + tok * row + h * kD,
                                            row, L - m0, tx);
     load_tile_async<kBlockM, kD, kThreads>(sdO0 + buf * C::kQBytes,
                                            p.dout + (tok * H + h) * kD, int64_t{H} * kD, L - m0,
@@ -159,8 +169,8 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
 
   // (q head, first row) of the tile of this iteration; until the flush at its top, of the last.
   int h = kv * G, m0 = m_begin;
-  load_tile_async<kBlockN, kD, kThreads>(sK, k_g, row, L - n0, tid);
-  load_tile_async<kBlockN, kD, kThreads>(sV, v_g, row, L - n0, tid);
+  load_tile_async<kBlockN, kD, kThreads>(sK, p.k + k_offset, krow, L - n0, tid);
+  load_tile_async<kBlockN, kD, kThreads>(sV, p.k + k_offset + Hkv * kD, krow, L - n0, tid);
   if (n_iter > 0) load_q_tile(h, m0, 0);
   cp_async_commit();
 
@@ -169,7 +179,7 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
   zero(acc_dv);
   const int wm = warp >> 2, wn = warp & 3;  // S, dP and dQ: 2 x 4 warps
   const int wk = warp >> 1, wd = warp & 1;  // dK, dV: 4 x 2 warps
-  const float c = p.scale_log2;
+  const float c = p.scale * kLog2e;
 
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it & 1;
@@ -204,7 +214,8 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
           // Row i sees the warp's columns [lo, hi) (relative to n0 + 32 wn); none past the end.
           const int col0 = n0 + wn * 32;
           [[maybe_unused]] const int hi = i >= L ? -1 : (p.causal ? min(i + 1, L) : L) - col0;
-          [[maybe_unused]] const int lo = (p.window > 0 ? i - p.window + 1 : 0) - col0;
+          // (Without a window every key from the tile's first, n0, on.)
+          [[maybe_unused]] const int lo = (p.window > 0 ? i - p.window + 1 : n0) - col0;
           FLASH_UNROLL
           for (int ni = 0; ni < 4; ++ni) {
             FLASH_UNROLL
@@ -301,9 +312,10 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
   for (int mi = 0; mi < 2; ++mi)
     FLASH_UNROLL
     for (int hf = 0; hf < 2; ++hf) {
-      const int j = n0 + wk * 32 + mi * 16 + frag_row(lane, 2 * hf);
-      if (j >= L) continue;
-      bf16* dk_row = p.dqkv + (tok0 + j) * row + (H + kv) * kD + wd * (kD / 2);
+      const int j = wk * 32 + mi * 16 + frag_row(lane, 2 * hf);  // within the tile
+      if (n0 + j >= L) continue;
+      const int64_t o = k_offset + j * krow + wd * (kD / 2);
+      bf16* dk_row = p.dk + o;
       bf16* dv_row = dk_row + Hkv * kD;
       FLASH_UNROLL
       for (int ni = 0; ni < kNIdkv; ++ni) {
@@ -318,7 +330,7 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
 
 #ifndef FLASH_EMULATE
 template <int kD>
-void run_flash_bwd(const Params& p, cudaStream_t stream) {
+void run_flash_bwd(const Params& p, const Grid& g, cudaStream_t stream) {
   using C = BwdConfig<kD>;
   auto kernel = flash_bwd_kernel<kD>;
   static const bool configured = [&] {
@@ -330,13 +342,13 @@ void run_flash_bwd(const Params& p, cudaStream_t stream) {
   // Launch order (bwd_block): sections of (kv head, sequence) pairs whose q, dO (bf16) and
   // dQ accumulator (f32) rows take about 24 MB at most, a power of two pairs (at least one).
   Params q = p;
-  const int64_t pair_bytes = int64_t{p.max_seqlen} * (p.num_heads / p.num_kv_heads) * kD * 8;
-  const int64_t pairs = int64_t{p.num_kv_heads} * p.num_seqs;
+  const int64_t pair_bytes = int64_t{g.max_seqlen_q} * (p.num_heads / p.num_kv_heads) * kD * 8;
+  const int64_t pairs = int64_t{p.num_kv_heads} * g.num_seqs;
   int64_t section = 1;
   while (section * 2 * pair_bytes <= (int64_t{24} << 20) && section < pairs) section *= 2;
   q.bwd_section = static_cast<int>(section);
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.max_seqlen, C::kBlockN)),
-                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  const dim3 grid(static_cast<unsigned>(ceil_div(g.max_seqlen_k, C::kBlockN)),
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(g.num_seqs));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q);
   check_launch("flash_bwd_kernel");
 }

@@ -3,5 +3,5 @@
 #include "cuda/attention/flash_bwd.cuh"
 
 namespace engine::cuda::flash {
-template void run_flash_bwd<64>(const Params&, cudaStream_t);
+template void run_flash_bwd<64>(const Params&, const Grid&, cudaStream_t);
 }  // namespace engine::cuda::flash

@@ -21,28 +21,46 @@ namespace engine::cuda::flash {
 
 using bf16 = __nv_bfloat16;
 
-// Everything a kernel reads; pointers are device memory. T tokens, S sequences.
+// Everything a kernel reads; pointers are device memory. T query rows, Tk key rows, S sequences.
+// Sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) (Lq of them) and key rows
+// [cu_seqlens_k[s], cu_seqlens_k[s+1]) (Lk >= Lq); query i is at key position i + Lk - Lq.
+// Without separate keys (ops::AttentionParams::kv unset) k points at the k heads of qkv and
+// cu_seqlens_k == cu_seqlens_q (Lk = Lq). Either way a key row holds the Hkv k heads and then
+// the Hkv v heads, so v = k + Hkv D and dv = dk + Hkv D (no pointers of their own).
+// At most 128 bytes: a larger by-value kernel parameter is not promoted to registers by the
+// compiler (NVVM), which then neither specialises the loops on causal / window nor keeps the
+// D = 128 backward within 255 registers without spills (measured: code size, spills).
 struct Params {
-  const bf16* qkv;            // (T, H + 2*Hkv, D): q heads, then k heads, then v heads
-  bf16* out;                  // (T, H, D)
-  float* lse;                 // (T, H) natural-log log-sum-exp of scale * q.k
-  const int32_t* cu_seqlens;  // (S + 1) sequence offsets
-  const bf16* dout;           // (T, H, D)                backward only
-  bf16* dqkv;                 // (T, H + 2*Hkv, D)        backward only
-  float* dq_accum;            // (H, T, D) f32, zeroed, layout dq_accum_index (flash_layout.h):
-                              //                          backward, mma path only
-  float* dsum;                // (T, H) f32 rowsum(dout * out), backward only
-  int64_t qkv_row;            // elements per token of qkv / dqkv: (H + 2*Hkv) * D
-  int num_seqs;               // S
-  int max_seqlen;             // >= every sequence length (sizes the grid)
+  const bf16* q;                // q head 0 of query row 0, row stride q_row   (T rows)
+  const bf16* k;                // k head 0 of key row 0, row stride kv_row    (Tk rows)
+  bf16* out;                    // (T, H, D)
+  float* lse;                   // (T, H) natural-log log-sum-exp of scale * q.k
+  const int32_t* cu_seqlens_q;  // (S + 1) query row offsets
+  const int32_t* cu_seqlens_k;  // (S + 1) key row offsets
+  const bf16* dout;             // (T, H, D)                                 backward only
+  bf16* dq;                     // like q (the q heads of dqkv): written by the fallback
+                                // (the mma path converts dq_accum in the launcher) backward
+  bf16* dk;                     // like k, row stride kv_row                 backward only
+  float* dq_accum;              // (H, T, D) f32, zeroed, layout dq_accum_index (flash_layout.h):
+                                //                         backward, mma path only
+  float* dsum;                  // (T, H) f32 rowsum(dout * out), backward only
+  int q_row;                    // elements per query row of qkv / dqkv: (H + 2*Hkv) * D
+  int kv_row;                   // elements per key row: q_row, or 2*Hkv*D with separate keys
   int num_heads, num_kv_heads, head_dim;  // H, Hkv, D
-  float scale;                // softmax scale
-  float scale_log2;           // scale * log2(e): exponentials are computed with ex2
+  float scale;                  // softmax scale (exponentials use ex2: scale * log2(e))
+  int window;                   // 0 = unlimited
+  int num_tokens;               // T                                         backward
+  int bwd_section;              // launch order: pairs per section (bwd_block, flash_layout.h),
+                                // >= 1, set by run_flash_bwd                backward, mma path
   bool causal;
-  int window;                 // 0 = unlimited
-  int64_t num_tokens;         // T                                         backward
-  int bwd_section;            // launch order: pairs per section (bwd_block, flash_layout.h),
-                              // >= 1, set by run_flash_bwd                backward, mma path
+};
+static_assert(sizeof(Params) <= 128, "kernel parameters past 128 bytes slow the kernels down");
+
+// What the runners size their grids from (host only; the kernels use gridDim).
+struct Grid {
+  int num_seqs;      // S (grid z)
+  int max_seqlen_q;  // >= every Lq
+  int max_seqlen_k;  // >= every Lk
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -228,16 +246,16 @@ __device__ __forceinline__ void zero(float (&acc)[MI][NI][4]) {
 // ---- Runners (one explicit instantiation per .cu) and the head-dim switch -------------------
 
 #ifndef FLASH_EMULATE
-template <int kD> void run_flash_fwd(const Params& p, cudaStream_t stream);
-template <int kD> void run_flash_bwd(const Params& p, cudaStream_t stream);
-extern template void run_flash_fwd<64>(const Params&, cudaStream_t);
-extern template void run_flash_fwd<128>(const Params&, cudaStream_t);
-extern template void run_flash_bwd<64>(const Params&, cudaStream_t);
-extern template void run_flash_bwd<128>(const Params&, cudaStream_t);
+template <int kD> void run_flash_fwd(const Params& p, const Grid& g, cudaStream_t stream);
+template <int kD> void run_flash_bwd(const Params& p, const Grid& g, cudaStream_t stream);
+extern template void run_flash_fwd<64>(const Params&, const Grid&, cudaStream_t);
+extern template void run_flash_fwd<128>(const Params&, const Grid&, cudaStream_t);
+extern template void run_flash_bwd<64>(const Params&, const Grid&, cudaStream_t);
+extern template void run_flash_bwd<128>(const Params&, const Grid&, cudaStream_t);
 
 // Simple fp32 kernels for every other head dim (flash_fallback.cu).
-void run_fallback_fwd(const Params& p, cudaStream_t stream);
-void run_fallback_bwd(const Params& p, cudaStream_t stream);  // needs p.dsum
+void run_fallback_fwd(const Params& p, const Grid& g, cudaStream_t stream);
+void run_fallback_bwd(const Params& p, const Grid& g, cudaStream_t stream);  // needs p.dsum
 
 // True for the head dims with an mma.sync kernel.
 constexpr bool has_mma_path(int d) { return d == 64 || d == 128; }

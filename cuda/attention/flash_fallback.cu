@@ -5,24 +5,26 @@
 namespace engine::cuda::flash {
 namespace {
 
-dim3 row_grid(const Params& p, int heads) {
-  return dim3(static_cast<unsigned>(ceil_div(p.max_seqlen, fallback::kWarps)),
-              static_cast<unsigned>(heads), static_cast<unsigned>(p.num_seqs));
+// A warp per row of up to max_len rows (queries or keys) of each sequence and head.
+dim3 row_grid(const Grid& g, int max_len, int heads) {
+  return dim3(static_cast<unsigned>(ceil_div(max_len, fallback::kWarps)),
+              static_cast<unsigned>(heads), static_cast<unsigned>(g.num_seqs));
 }
 
 }  // namespace
 
-void run_fallback_fwd(const Params& p, cudaStream_t stream) {
-  fallback::fallback_fwd_kernel<<<row_grid(p, p.num_heads), fallback::kWarps * 32, 0, stream>>>(p);
+void run_fallback_fwd(const Params& p, const Grid& g, cudaStream_t stream) {
+  const dim3 grid = row_grid(g, g.max_seqlen_q, p.num_heads);
+  fallback::fallback_fwd_kernel<<<grid, fallback::kWarps * 32, 0, stream>>>(p);
   check_launch("fallback_fwd_kernel");
 }
 
-void run_fallback_bwd(const Params& p, cudaStream_t stream) {
-  fallback::fallback_bwd_dq_kernel<<<row_grid(p, p.num_heads), fallback::kWarps * 32, 0,
-                                     stream>>>(p);
+void run_fallback_bwd(const Params& p, const Grid& g, cudaStream_t stream) {
+  const dim3 dq_grid = row_grid(g, g.max_seqlen_q, p.num_heads);
+  fallback::fallback_bwd_dq_kernel<<<dq_grid, fallback::kWarps * 32, 0, stream>>>(p);
   check_launch("fallback_bwd_dq_kernel");
-  fallback::fallback_bwd_dkv_kernel<<<row_grid(p, p.num_kv_heads), fallback::kWarps * 32, 0,
-                                      stream>>>(p);
+  const dim3 dkv_grid = row_grid(g, g.max_seqlen_k, p.num_kv_heads);
+  fallback::fallback_bwd_dkv_kernel<<<dkv_grid, fallback::kWarps * 32, 0, stream>>>(p);
   check_launch("fallback_bwd_dkv_kernel");
 }
 

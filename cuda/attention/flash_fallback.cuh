@@ -10,7 +10,8 @@
 //     dq = scale sum_j dS_ij k_j.
 //   backward dk, dv (warp per key j, kv head g): over the q heads of the group and the queries
 //     that see j: dv = sum p_ij dout_i, dk = scale sum dS_ij q_i. Deterministic (no atomics).
-// dsum_i = dout_i . out_i comes from the preprocessing kernel in flash.cu.
+// dsum_i = dout_i . out_i comes from the preprocessing kernel in flash.cu. With separate keys
+// (Lk >= Lq) query i sits at key position i + Lk - Lq; keys no query sees get dk = dv = 0.
 #pragma once
 #include "cuda/attention/flash_common.cuh"
 
@@ -55,17 +56,19 @@ static __global__ void __launch_bounds__(kWarps * 32) fallback_fwd_kernel(const 
   __shared__ float sq[kWarps][kFallbackMaxHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int seq = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kWarps + warp;
-  const int b = p.cu_seqlens[seq], L = p.cu_seqlens[seq + 1] - b;
+  const int b = p.cu_seqlens_q[seq], L = p.cu_seqlens_q[seq + 1] - b;
   if (i >= L) return;  // whole warp; nothing below synchronises the block
+  const int bk = p.cu_seqlens_k[seq], Lk = p.cu_seqlens_k[seq + 1] - bk;
+  const int pos = i + Lk - L;  // key position of query i
   const int D = p.head_dim, H = p.num_heads, g = h / (H / p.num_kv_heads);
-  const int64_t row = p.qkv_row;
-  const bf16* k0 = p.qkv + int64_t{b} * row + (H + g) * D;
+  const int64_t row = p.kv_row;  // of the keys
+  const bf16* k0 = p.k + int64_t{bk} * row + g * D;
   const bf16* v0 = k0 + p.num_kv_heads * D;
-  row_to_shared(sq[warp], p.qkv + (int64_t{b} + i) * row + h * D, D, lane);
+  row_to_shared(sq[warp], p.q + (int64_t{b} + i) * p.q_row + h * D, D, lane);
   __syncwarp();
 
-  const int lo = p.window > 0 ? max(0, i - p.window + 1) : 0;
-  const int hi = p.causal ? i : L - 1;
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int hi = p.causal ? pos : Lk - 1;
   float m = -INFINITY, l = 0.f, o[kSlots] = {};
   for (int j0 = lo; j0 <= hi; j0 += 32) {
     const int j = j0 + lane;
@@ -93,19 +96,21 @@ static __global__ void __launch_bounds__(kWarps * 32) fallback_bwd_dq_kernel(con
   __shared__ float sq[kWarps][kFallbackMaxHeadDim], sdo[kWarps][kFallbackMaxHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int seq = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kWarps + warp;
-  const int b = p.cu_seqlens[seq], L = p.cu_seqlens[seq + 1] - b;
+  const int b = p.cu_seqlens_q[seq], L = p.cu_seqlens_q[seq + 1] - b;
   if (i >= L) return;
+  const int bk = p.cu_seqlens_k[seq], Lk = p.cu_seqlens_k[seq + 1] - bk;
+  const int pos = i + Lk - L;  // key position of query i
   const int D = p.head_dim, H = p.num_heads, g = h / (H / p.num_kv_heads);
-  const int64_t row = p.qkv_row, t = int64_t{b} + i;
-  const bf16* k0 = p.qkv + int64_t{b} * row + (H + g) * D;
+  const int64_t row = p.kv_row, t = int64_t{b} + i;
+  const bf16* k0 = p.k + int64_t{bk} * row + g * D;
   const bf16* v0 = k0 + p.num_kv_heads * D;
-  row_to_shared(sq[warp], p.qkv + t * row + h * D, D, lane);
+  row_to_shared(sq[warp], p.q + t * p.q_row + h * D, D, lane);
   row_to_shared(sdo[warp], p.dout + (t * H + h) * D, D, lane);
   __syncwarp();
   const float lse = p.lse[t * H + h], dsum = p.dsum[t * H + h];
 
-  const int lo = p.window > 0 ? max(0, i - p.window + 1) : 0;
-  const int hi = p.causal ? i : L - 1;
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int hi = p.causal ? pos : Lk - 1;
   float dq[kSlots] = {};
   for (int j0 = lo; j0 <= hi; j0 += 32) {
     const int j = j0 + lane;
@@ -118,7 +123,7 @@ static __global__ void __launch_bounds__(kWarps * 32) fallback_bwd_dq_kernel(con
     for (int jj = 0; jj < n; ++jj)
       axpy_slots(dq, __shfl_sync(0xffffffffu, ds, jj), k0 + (j0 + jj) * row, D, lane);
   }
-  bf16* dst = p.dqkv + t * row + h * D;
+  bf16* dst = p.dq + t * p.q_row + h * D;
   FLASH_UNROLL
   for (int c = 0; c < kSlots; ++c)
     if (lane + 32 * c < D) dst[lane + 32 * c] = __float2bfloat16(p.scale * dq[c]);
@@ -128,20 +133,23 @@ static __global__ void __launch_bounds__(kWarps * 32) fallback_bwd_dkv_kernel(co
   __shared__ float sk[kWarps][kFallbackMaxHeadDim], sv[kWarps][kFallbackMaxHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int seq = blockIdx.z, g = blockIdx.y, j = blockIdx.x * kWarps + warp;
-  const int b = p.cu_seqlens[seq], L = p.cu_seqlens[seq + 1] - b;
-  if (j >= L) return;
+  const int bk = p.cu_seqlens_k[seq], Lk = p.cu_seqlens_k[seq + 1] - bk;
+  if (j >= Lk) return;
+  const int b = p.cu_seqlens_q[seq], L = p.cu_seqlens_q[seq + 1] - b;
+  const int off = Lk - L;  // key position of query 0
   const int D = p.head_dim, H = p.num_heads, Hkv = p.num_kv_heads, G = H / Hkv;
-  const int64_t row = p.qkv_row, tj = int64_t{b} + j;
-  row_to_shared(sk[warp], p.qkv + tj * row + (H + g) * D, D, lane);
-  row_to_shared(sv[warp], p.qkv + tj * row + (H + Hkv + g) * D, D, lane);
+  const int64_t row = p.q_row, tj = int64_t{bk} + j;
+  row_to_shared(sk[warp], p.k + tj * p.kv_row + g * D, D, lane);
+  row_to_shared(sv[warp], p.k + tj * p.kv_row + (Hkv + g) * D, D, lane);
   __syncwarp();
 
-  // Queries that see key j: [lo, hi].
-  const int lo = p.causal ? j : 0;
-  const int hi = p.window > 0 ? min(L - 1, j + p.window - 1) : L - 1;
+  // Queries that see key j: [lo, hi] (empty when the key is older than every query's window,
+  // or the sequence has no queries: dk = dv = 0).
+  const int lo = max(0, (p.causal ? j : 0) - off);
+  const int hi = p.window > 0 ? min(L - 1, j + p.window - 1 - off) : L - 1;
   float dk[kSlots] = {}, dv[kSlots] = {};
   for (int h = g * G; h < (g + 1) * G; ++h) {
-    const bf16* q0 = p.qkv + int64_t{b} * row + h * D;
+    const bf16* q0 = p.q + int64_t{b} * row + h * D;
     const bf16* do0 = p.dout + (int64_t{b} * H + h) * D;
     const int64_t do_row = int64_t{H} * D;
     for (int i0 = lo; i0 <= hi; i0 += 32) {
@@ -164,7 +172,7 @@ static __global__ void __launch_bounds__(kWarps * 32) fallback_bwd_dkv_kernel(co
       }
     }
   }
-  bf16* dk_dst = p.dqkv + tj * row + (H + g) * D;
+  bf16* dk_dst = p.dk + tj * p.kv_row + g * D;
   bf16* dv_dst = dk_dst + Hkv * D;
   FLASH_UNROLL
   for (int c = 0; c < kSlots; ++c)

@@ -14,7 +14,9 @@
 // the load of K[n-1] overlaps O += P V[n]. Key tiles entirely invisible (causal: above the
 // diagonal; window: older than m0 - window + 1) are never visited; masks are applied only on
 // tiles that cross the diagonal, the window edge or the sequence end. Rows of the last q tile
-// past the sequence end are computed on zero-filled Q and never written.
+// past the sequence end are computed on zero-filled Q and never written. With separate keys
+// (Lk keys for Lq <= Lk queries, flash_common.cuh Params) the masks and tile ranges use the key
+// position of a row, its index + Lk - Lq.
 //
 // Tiles: D = 128: kBlockM 128, kBlockN 64; D = 64: kBlockM 128, kBlockN 128; 4 warps, two
 // blocks per SM. Registers per thread: o 32 D / 8, s 32 kBlockN / 32 (192 for both). Shared:
@@ -54,27 +56,30 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kThreads, 2) flash_fwd_kernel(c
 
   const int seq = blockIdx.z, h = blockIdx.y;
   const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest causal rows start first
-  const int seq_begin = p.cu_seqlens[seq];
-  const int L = p.cu_seqlens[seq + 1] - seq_begin;
+  const int seq_begin = p.cu_seqlens_q[seq];
+  const int L = p.cu_seqlens_q[seq + 1] - seq_begin;  // queries
   const int m0 = m_block * kBlockM;
   if (m0 >= L) return;
+  const int key_begin = p.cu_seqlens_k[seq];
+  const int Lk = p.cu_seqlens_k[seq + 1] - key_begin;  // keys, >= L
+  const int pos0 = m0 + (Lk - L);                      // key position of the tile's row 0
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int H = p.num_heads, kv = h / (H / p.num_kv_heads);
-  const int64_t row = p.qkv_row;
-  const bf16* q_g = p.qkv + (seq_begin + static_cast<int64_t>(m0)) * row + h * kD;
-  const bf16* k_g = p.qkv + static_cast<int64_t>(seq_begin) * row + (H + kv) * kD;
+  const int64_t row = p.q_row, krow = p.kv_row;
+  const bf16* q_g = p.q + (seq_begin + static_cast<int64_t>(m0)) * row + h * kD;
+  const bf16* k_g = p.k + static_cast<int64_t>(key_begin) * krow + kv * kD;
   const bf16* v_g = k_g + p.num_kv_heads * kD;
 
   // Visible key range of the tile: [key_lo, key_hi).
-  const int key_lo = p.window > 0 ? max(0, m0 - p.window + 1) : 0;
-  const int key_hi = p.causal ? min(L, m0 + kBlockM) : L;
+  const int key_lo = p.window > 0 ? max(0, pos0 - p.window + 1) : 0;
+  const int key_hi = p.causal ? min(Lk, pos0 + kBlockM) : Lk;
   const int n_first = key_lo / kBlockN;
   const int n_last = (key_hi - 1) / kBlockN;
 
   load_tile_async<kBlockM, kD, kThreads>(sQ_u, q_g, row, L - m0, tid);
-  load_tile_async<kBlockN, kD, kThreads>(sK_u, k_g + n_last * kBlockN * row, row,
-                                         L - n_last * kBlockN, tid);
+  load_tile_async<kBlockN, kD, kThreads>(sK_u, k_g + n_last * kBlockN * krow, krow,
+                                         Lk - n_last * kBlockN, tid);
   cp_async_commit();
 
   float acc_o[kMI][kDI][4];
@@ -86,13 +91,13 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kThreads, 2) flash_fwd_kernel(c
     for (int hf = 0; hf < 2; ++hf) m_run[mi][hf] = -INFINITY, l_run[mi][hf] = 0.f;
 
   const int warp_row0 = warp * C::kRowsPerWarp;  // first tile row of this warp
-  const float c = p.scale_log2;
+  const float c = p.scale * kLog2e;  // as the host computed scale_log2 before: same product
 
   for (int n = n_last; n >= n_first; --n) {
     const int n0 = n * kBlockN;
     cp_async_wait_all();
     __syncthreads();  // K[n] (and Q) in place; every warp is done reading V[n+1]
-    load_tile_async<kBlockN, kD, kThreads>(sV_u, v_g + n0 * row, row, L - n0, tid);
+    load_tile_async<kBlockN, kD, kThreads>(sV_u, v_g + n0 * krow, krow, Lk - n0, tid);
     cp_async_commit();
 
     float acc_s[kMI][kNI][4];
@@ -100,16 +105,16 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kThreads, 2) flash_fwd_kernel(c
     warp_gemm<kMI, kNI, kD, Operand::kA, kD, Operand::kB, kD>(acc_s, sQ_u, warp_row0, sK_u, 0,
                                                                lane);
 
-    const bool need_mask = n0 + kBlockN > L || (p.causal && n0 + kBlockN - 1 > m0) ||
-                           (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
+    const bool need_mask = n0 + kBlockN > Lk || (p.causal && n0 + kBlockN - 1 > pos0) ||
+                           (p.window > 0 && pos0 + kBlockM - 1 - n0 >= p.window);
     if (need_mask) {
-      // Row i sees tile columns [lo, hi) (relative to n0).
+      // The row at key position i sees tile columns [lo, hi) (relative to n0).
       FLASH_UNROLL
       for (int mi = 0; mi < kMI; ++mi)
         FLASH_UNROLL
         for (int hf = 0; hf < 2; ++hf) {
-          const int i = m0 + warp_row0 + mi * 16 + frag_row(lane, 2 * hf);
-          const int hi = (p.causal ? min(i + 1, L) : L) - n0;
+          const int i = pos0 + warp_row0 + mi * 16 + frag_row(lane, 2 * hf);
+          const int hi = (p.causal ? min(i + 1, Lk) : Lk) - n0;
           const int lo = (p.window > 0 ? i - p.window + 1 : 0) - n0;
           FLASH_UNROLL
           for (int ni = 0; ni < kNI; ++ni)
@@ -156,8 +161,8 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kThreads, 2) flash_fwd_kernel(c
     cp_async_wait_all();
     __syncthreads();  // V[n] in place; every warp is done reading K[n]
     if (n > n_first) {
-      load_tile_async<kBlockN, kD, kThreads>(sK_u, k_g + (n0 - kBlockN) * row, row,
-                                             L - (n0 - kBlockN), tid);
+      load_tile_async<kBlockN, kD, kThreads>(sK_u, k_g + (n0 - kBlockN) * krow, krow,
+                                             Lk - (n0 - kBlockN), tid);
       cp_async_commit();
     }
 
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kThreads, 2) flash_fwd_kernel(c
 
 #ifndef FLASH_EMULATE
 template <int kD>
-void run_flash_fwd(const Params& p, cudaStream_t stream) {
+void run_flash_fwd(const Params& p, const Grid& g, cudaStream_t stream) {
   using C = FwdConfig<kD>;
   auto kernel = flash_fwd_kernel<kD>;
   static const bool configured = [&] {
@@ -234,8 +239,8 @@ void run_flash_fwd(const Params& p, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.max_seqlen, C::kBlockM)),
-                  static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
+  const dim3 grid(static_cast<unsigned>(ceil_div(g.max_seqlen_q, C::kBlockM)),
+                  static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.num_seqs));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   check_launch("flash_fwd_kernel");
 }

@@ -6,7 +6,8 @@
 // multiples of the tiles (1, 17, 64, 129, 300) including zero-length ones; a single sequence
 // of 1000; a large softmax scale; enough (kv head, sequence) pairs for the backward to launch
 // in several sections (its launch order). Outputs are poisoned (NaN) first, so any element left
-// unwritten fails. Also: run-to-run determinism, and the launcher's argument checks.
+// unwritten fails. Also: run-to-run determinism, and the launcher's argument checks; separate
+// keys (kv, micro-sequences; at the end of the file).
 //
 // Tolerances (relative RMS error over the whole tensor, err = rms(got - ref) / rms(ref)):
 //   out 1e-2:  out is rounded to bf16 (relative RMS 2^-9 / sqrt(3) ~ 1.1e-3) and P is rounded
@@ -235,4 +236,246 @@ TEST_CASE("flash attention launchers reject bad arguments, naming them") {
   Owned dout_bad = empty({14, 4, 32}, DType::BF16, Device::CUDA);
   CHECK_THROWS_WITH_AS(ops::attention_backward({good, dout_bad, dqkv}), doctest::Contains("dout"),
                        Error);
+}
+
+// ---- Separate keys (ops::AttentionParams::kv): micro-sequences ---------------------------------
+// Against the f64 reference with the same kv (which tests/ref checks by finite differences and
+// by chunking), tolerances as above; and the chunk equivalence the layers rely on: a batch cut
+// into chunks, each run with the keys of its prefix, gives the whole batch's out, lse and dq,
+// and its chunks' dkv sum to the whole batch's dk, dv.
+
+namespace {
+
+Owned offsets_on(const std::vector<int32_t>& cu, Device dev) {
+  Owned host = empty({static_cast<int64_t>(cu.size())}, DType::I32, Device::CPU);
+  std::copy(cu.begin(), cu.end(), host.ptr<int32_t>());
+  return dev == Device::CPU ? std::move(host) : to_device(host, dev);
+}
+std::vector<int32_t> offsets_of(const std::vector<int>& lens) {
+  std::vector<int32_t> cu = {0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+bool all_nan(const Tensor& x) {
+  Owned host = to_host(x, DType::F64);
+  for (int64_t i = 0; i < host->numel(); ++i)
+    if (!std::isnan(host.ptr<double>()[i])) return false;
+  return true;
+}
+
+struct KvCase {
+  FlashCase c;              // c.lens: queries per sequence
+  std::vector<int> lens_k;  // keys per sequence, >= the queries (the queries are the last ones)
+};
+const std::vector<KvCase> kKvCases = {
+    {{{1, 200, 0, 130}, 8, 2, 128, true, 0}, {300, 200, 64, 517}},  // no queries: dK = dV = 0
+    {{{65, 3}, 4, 4, 128, false, 0}, {65, 400}},
+    {{{129, 1, 70}, 6, 3, 128, true, 60}, {700, 129, 300}},  // key tiles older than every window
+    {{{129, 1}, 6, 3, 64, true, 100}, {700, 129}},
+    {{{17, 0, 40}, 6, 2, 64, false, 20}, {80, 33, 40}},
+    {{{5, 0, 30}, 4, 2, 16, true, 0}, {90, 7, 31}},  // fallback
+    {{{20, 9}, 4, 4, 80, true, 25}, {20, 60}},       // fallback
+};
+
+}  // namespace
+
+TEST_CASE("flash attention with separate keys matches the f64 reference") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  for (const KvCase& kc : kKvCases) {
+    SUBCASE(kc.c.name().c_str()) {
+      const FlashCase& c = kc.c;
+      const Problem pr(c);
+      const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads;
+      const int64_t tk = std::accumulate(kc.lens_k.begin(), kc.lens_k.end(), int64_t{0});
+      Owned kv =
+          to_device(randn({tk, 2 * hkv, c.dim}, DType::F32, "flash.kv"), Device::CUDA, DType::BF16);
+      Owned kv_ref = to_host(kv, DType::F64);
+      Owned cu_k = offsets_on(offsets_of(kc.lens_k), Device::CUDA);
+      Owned cu_k_host = offsets_on(offsets_of(kc.lens_k), Device::CPU);
+      const int max_k = *std::max_element(kc.lens_k.begin(), kc.lens_k.end());
+
+      Owned out = empty({t, h, c.dim}, DType::BF16, Device::CUDA),
+            lse = empty({t, h}, DType::F32, Device::CUDA);
+      Owned dqkv = empty(pr.qkv->shape, DType::BF16, Device::CUDA),
+            dkv = empty(kv->shape, DType::BF16, Device::CUDA);
+      for (const Owned* o : {&out, &lse, &dqkv, &dkv}) poison(*o);
+      ops::AttentionParams p = pr.params(pr.qkv, out, lse, pr.cu);
+      p.kv = kv;
+      p.cu_seqlens_k = cu_k;
+      p.max_seqlen_k = max_k;
+      ops::attention_forward(p);
+      ops::attention_backward({p, pr.dout, dqkv, dkv});
+
+      Owned out_ref = empty({t, h, c.dim}, DType::F64, Device::CPU),
+            lse_ref = empty({t, h}, DType::F64, Device::CPU);
+      Owned dqkv_ref = empty(pr.qkv_ref->shape, DType::F64, Device::CPU),
+            dkv_ref = empty(kv->shape, DType::F64, Device::CPU);
+      ops::AttentionParams rp = pr.params(pr.qkv_ref, out_ref, lse_ref, pr.cu_host);
+      rp.kv = kv_ref;
+      rp.cu_seqlens_k = cu_k_host;
+      rp.max_seqlen_k = max_k;
+      ops::attention_forward(rp);
+      ops::attention_backward({rp, pr.dout_ref, dqkv_ref, dkv_ref});
+
+      const double e_out = check_close(out, out_ref, 1e-2, "out");
+      const double e_lse = check_close(lse, lse_ref, 1e-3, "lse");
+      const double e_dq = check_close(heads_of(dqkv, 0, h), heads_of(dqkv_ref, 0, h), 2e-2, "dq");
+      const double e_dk = check_close(heads_of(dkv, 0, hkv), heads_of(dkv_ref, 0, hkv), 2e-2, "dk");
+      const double e_dv =
+          check_close(heads_of(dkv, hkv, hkv), heads_of(dkv_ref, hkv, hkv), 2e-2, "dv");
+      CHECK(all_nan(heads_of(dqkv, h, 2 * hkv)));  // qkv's own k, v heads: not written
+      std::printf("flash kv %-52s out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", c.name().c_str(),
+                  e_out, e_lse, e_dq, e_dk, e_dv);
+    }
+  }
+}
+
+TEST_CASE("flash attention with separate keys equal to qkv's own gives the usual results") {
+  // kv = qkv's k and v heads, cu_seqlens_k = cu_seqlens: the same arithmetic through other
+  // pointers and strides, so out, lse, dk and dv are bitwise those of the usual call (dq up to
+  // the order of its f32 atomics).
+  if (!engine::testing::gpu_available_or_skip()) return;
+  for (const FlashCase& c :
+       {FlashCase{{300, 129, 17}, 8, 2, 128, true, 0}, FlashCase{{129, 300}, 6, 3, 64, false, 40},
+        FlashCase{{129, 17}, 6, 3, 16, true, 0}}) {
+    SUBCASE(c.name().c_str()) {
+      const Problem pr(c);
+      const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads;
+      const GpuResult usual = run_gpu(pr);
+      Owned kv = to_device(heads_of(pr.qkv, h, 2 * hkv), Device::CUDA, DType::BF16);
+      Owned out = empty({t, h, c.dim}, DType::BF16, Device::CUDA),
+            lse = empty({t, h}, DType::F32, Device::CUDA);
+      Owned dqkv = empty(pr.qkv->shape, DType::BF16, Device::CUDA),
+            dkv = empty(kv->shape, DType::BF16, Device::CUDA);
+      ops::AttentionParams p = pr.params(pr.qkv, out, lse, pr.cu);
+      p.kv = kv;
+      p.cu_seqlens_k = pr.cu;
+      p.max_seqlen_k = c.max_len();
+      ops::attention_forward(p);
+      ops::attention_backward({p, pr.dout, dqkv, dkv});
+      CHECK(bitwise_equal(out, usual.out));
+      CHECK(bitwise_equal(lse, usual.lse));
+      CHECK(bitwise_equal(to_device(heads_of(usual.dqkv, h, 2 * hkv), Device::CUDA, DType::BF16),
+                          dkv));
+      check_close(heads_of(dqkv, 0, h), heads_of(usual.dqkv, 0, h), 1e-3, "dq");
+    }
+  }
+}
+
+TEST_CASE(
+    "flash attention micro-sequences: chunks with their key prefix reproduce the whole batch") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  // Documents of odd lengths (one of 1 token), cut inside documents and at a document boundary
+  // (38 = 37 + 1); the keys of a chunk either start at its first document (slice_varlen) or are
+  // the whole prefix of the batch (documents that ended earlier: sequences without queries).
+  const std::vector<int> lens = {37, 1, 300, 129, 12};
+  const std::vector<std::vector<int64_t>> cuttings = {{0, 200, 479}, {0, 38, 250, 479}};
+  const std::vector<FlashCase> cases = {
+      {lens, 8, 2, 128, true, 0}, {lens, 4, 4, 128, true, 100}, {lens, 6, 3, 64, true, 0},
+      {lens, 4, 2, 64, true, 50}, {lens, 4, 2, 32, true, 0},    {lens, 4, 4, 80, true, 30},
+  };
+  for (const FlashCase& c : cases) {
+    SUBCASE(c.name().c_str()) {
+      const Problem pr(c);
+      const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads, d = c.dim;
+      Owned out_ref = empty({t, h, d}, DType::F64, Device::CPU),
+            lse_ref = empty({t, h}, DType::F64, Device::CPU);
+      Owned dqkv_ref = empty(pr.qkv_ref->shape, DType::F64, Device::CPU);
+      const ops::AttentionParams rp = pr.params(pr.qkv_ref, out_ref, lse_ref, pr.cu_host);
+      ops::attention_forward(rp);
+      ops::attention_backward({rp, pr.dout_ref, dqkv_ref});
+      Owned kv_all = to_device(heads_of(pr.qkv, h, 2 * hkv), Device::CUDA, DType::BF16);
+      for (const auto& cuts : cuttings)
+        for (bool prefix : {false, true}) {
+          CAPTURE(cuts.size() - 1);
+          CAPTURE(prefix);
+          Owned out = empty({t, h, d}, DType::BF16, Device::CUDA),
+                lse = empty({t, h}, DType::F32, Device::CUDA);
+          Owned dqkv = empty(pr.qkv->shape, DType::BF16, Device::CUDA);
+          for (const Owned* o : {&out, &lse, &dqkv}) poison(*o);
+          Owned dkv_sum = zeros({t, 2 * hkv, d}, DType::F64, Device::CPU);
+          for (const AttentionChunk& ch : attention_chunks(lens, cuts, prefix)) {
+            const Tensor kv = kv_all->slice(ch.key_begin, ch.end);
+            Owned cu = offsets_on(ch.cu_q, Device::CUDA), cu_k = offsets_on(ch.cu_k, Device::CUDA);
+            Owned dkv = empty(kv.shape, DType::BF16, Device::CUDA);
+            poison(dkv);
+            ops::AttentionParams p =
+                pr.params(pr.qkv->slice(ch.begin, ch.end), out->slice(ch.begin, ch.end),
+                          lse->slice(ch.begin, ch.end), cu);
+            p.max_seqlen = ch.max_q;
+            p.kv = kv;
+            p.cu_seqlens_k = cu_k;
+            p.max_seqlen_k = ch.max_k;
+            ops::attention_forward(p);
+            ops::attention_backward(
+                {p, pr.dout->slice(ch.begin, ch.end), dqkv->slice(ch.begin, ch.end), dkv});
+            Owned part = to_host(dkv, DType::F64);
+            for (int64_t i = 0; i < part->numel(); ++i)
+              dkv_sum.ptr<double>()[ch.key_begin * 2 * hkv * d + i] += part.ptr<double>()[i];
+          }
+          const double e_out = check_close(out, out_ref, 1e-2, "out");
+          const double e_lse = check_close(lse, lse_ref, 1e-3, "lse");
+          const double e_dq =
+              check_close(heads_of(dqkv, 0, h), heads_of(dqkv_ref, 0, h), 2e-2, "dq");
+          const double e_dk =
+              check_close(heads_of(dkv_sum, 0, hkv), heads_of(dqkv_ref, h, hkv), 2e-2, "sum of dk");
+          const double e_dv = check_close(heads_of(dkv_sum, hkv, hkv),
+                                          heads_of(dqkv_ref, h + hkv, hkv), 2e-2, "sum of dv");
+          CHECK(all_nan(heads_of(dqkv, h, 2 * hkv)));
+          std::printf("flash chunks %zu%s %-44s out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+                      cuts.size() - 1, prefix ? " prefix" : "", c.name().c_str(), e_out, e_lse,
+                      e_dq, e_dk, e_dv);
+        }
+    }
+  }
+}
+
+TEST_CASE("flash attention with separate keys: no queries at all zeroes dkv; argument checks") {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  const FlashCase c{{0, 0}, 4, 2, 64, true, 0};
+  const Problem pr(c);  // T = 0 queries
+  Owned kv = to_device(randn({9, 4, 64}, DType::F32, "flash.kv"), Device::CUDA, DType::BF16);
+  Owned cu_k = offsets_on({0, 4, 9}, Device::CUDA);
+  Owned out = empty({0, 4, 64}, DType::BF16, Device::CUDA),
+        lse = empty({0, 4}, DType::F32, Device::CUDA);
+  Owned dqkv = empty(pr.qkv->shape, DType::BF16, Device::CUDA),
+        dkv = empty(kv->shape, DType::BF16, Device::CUDA);
+  poison(dkv);
+  ops::AttentionParams p = pr.params(pr.qkv, out, lse, pr.cu);
+  p.kv = kv;
+  p.cu_seqlens_k = cu_k;
+  p.max_seqlen_k = 5;
+  ops::attention_forward(p);
+  ops::attention_backward({p, pr.dout, dqkv, dkv});
+  Owned host = to_host(dkv, DType::F64);
+  bool zero = true;
+  for (int64_t i = 0; i < host->numel(); ++i) zero = zero && host.ptr<double>()[i] == 0.0;
+  CHECK(zero);
+
+  const Problem q(FlashCase{{5, 9}, 4, 2, 64, true, 0});
+  Owned out2 = empty({14, 4, 64}, DType::BF16, Device::CUDA),
+        lse2 = empty({14, 4}, DType::F32, Device::CUDA);
+  Owned kv2 = empty({20, 4, 64}, DType::BF16, Device::CUDA),
+        cu_k2 = offsets_on({0, 8, 20}, Device::CUDA);
+  ops::AttentionParams good = q.params(q.qkv, out2, lse2, q.cu);
+  good.kv = kv2;
+  good.cu_seqlens_k = cu_k2;
+  good.max_seqlen_k = 12;
+  ops::attention_forward(good);  // accepted
+  ops::AttentionParams b = good;
+  b.kv = Tensor(static_cast<char*>(kv2->data) + 2, DType::BF16, Device::CUDA, {19, 4, 64});
+  CHECK_THROWS_WITH_AS(ops::attention_forward(b), doctest::Contains("kv"), Error);
+  Owned kv_narrow = empty({20, 4, 32}, DType::BF16, Device::CUDA);
+  b = good;
+  b.kv = kv_narrow;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(b), doctest::Contains("kv"), Error);
+  b = good;
+  b.max_seqlen_k = 0;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(b), doctest::Contains("max_seqlen_k"), Error);
+  Owned dqkv2 = empty(q.qkv->shape, DType::BF16, Device::CUDA);
+  CHECK_THROWS_WITH_AS(ops::attention_backward({good, q.dout, dqkv2}), doctest::Contains("dkv"),
+                       Error);
+  ops::AttentionParams plain = q.params(q.qkv, out2, lse2, q.cu);
+  plain.max_seqlen_k = 12;
+  CHECK_THROWS_WITH_AS(ops::attention_forward(plain), doctest::Contains("without kv"), Error);
 }
