@@ -137,7 +137,7 @@ BENCH_CASES("mamba") {
     store.init(1);
     layers::Mamba layer(store, "m", c);
     Owned cu = device_cu(kSeqs, kLen), pos = empty({kT}, DType::I32, Device::CUDA);
-    const layers::SegmentInfo seg{cu, pos, static_cast<int>(kLen)};
+    const layers::SegmentInfo seg{.cu_seqlens = cu, .positions = pos, .max_seqlen = static_cast<int>(kLen)};
     Owned x = empty({kT, kC}, bf, Device::CUDA), y = empty({kT, kC}, bf, Device::CUDA),
           dy = empty({kT, kC}, bf, Device::CUDA), dx = empty({kT, kC}, bf, Device::CUDA);
     fill_random(x, "layer.x");

@@ -12,7 +12,7 @@
 
 namespace engine {
 
-enum class ModelFamily { GPT2, Llama, Mistral, Qwen2 };
+enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Mixtral, Mamba, Hybrid };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
@@ -34,7 +34,9 @@ struct RunConfig {
 
 // Family presets fill the unset keys: gpt2 = layernorm, gelu, learned positions, biases, tied
 // embeddings; llama = rmsnorm, swiglu, rope, no biases, untied; mistral = llama + sliding window;
-// qwen2 = llama + biases on q, k and v only, norm_eps 1e-6.
+// qwen2 = llama + biases on q, k and v only, norm_eps 1e-6; mixtral = llama whose MLPs are
+// mixtures of experts (8 experts, top 2, rope_theta 1e6); mamba = Mamba blocks only (tied
+// embeddings); hybrid = the per-layer mix that hybrid_layout spells (A, E, M as below).
 // init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
 // (and must agree with the set ones) and its weights replace the random init.
 struct ModelConfig {
@@ -60,6 +62,22 @@ struct ModelConfig {
   double z_loss = 0.0;          // coefficient of lse^2 added to each token's loss (0: off)
   double label_smoothing = 0.0; // target (1 - eps) one-hot + eps / vocab_size (0: off)
   std::string init_from;      // Hugging Face folder to start from ("" = random init)
+  // Block kinds, one letter per layer (family hybrid; other families imply it, block_layout()):
+  //   A attention + MLP,  E attention + mixture of experts,  M Mamba mixer (no MLP, as HF Mamba)
+  std::string hybrid_layout;
+  // Mixture of experts (E blocks): ffn_hidden_size is one expert's.
+  int num_experts = 0;           // default 8 where the layout has E blocks
+  int experts_per_token = 2;     // top-k
+  double moe_aux_loss_coef = 0.0;  // load balancing: coef * E * sum_e f_e P_e (layers/moe.h)
+  double moe_z_loss_coef = 0.0;    // router z-loss: coef * mean lse^2
+  double moe_jitter = 0.0;         // router input jitter in training (0 = off)
+  // Mamba (M blocks).
+  int mamba_d_state = 16;
+  int mamba_d_conv = 4;
+  int mamba_expand = 2;        // d_inner = expand * hidden_size
+  int mamba_dt_rank = 0;       // default ceil(hidden_size / 16)
+  bool mamba_conv_bias = true;
+  bool mamba_proj_bias = false;
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -85,6 +103,7 @@ struct BatchConfig {
   int micro_batch_size = 1;   // sequences per micro-batch
   int global_batch_size = 1;  // sequences per optimizer step
   int accumulation_steps = 1; // derived: global / (micro * data_parallel), set at launch
+  int micro_sequence_length = 0;  // tokens per micro-sequence (chunk of a sequence); 0: whole sequences
   bool operator==(const BatchConfig&) const = default;
 };
 
@@ -178,5 +197,7 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 std::string config_to_toml(const Config& c);
 
 const char* family_name(ModelFamily f);
+// One letter per layer (A, E or M, see ModelConfig::hybrid_layout) for any family.
+std::string block_layout(const ModelConfig& m);
 
 }  // namespace engine

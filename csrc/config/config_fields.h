@@ -27,7 +27,8 @@ struct EnumName {
 
 inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
     {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
-    {"qwen2", ModelFamily::Qwen2}};
+    {"qwen2", ModelFamily::Qwen2}, {"mixtral", ModelFamily::Mixtral}, {"mamba", ModelFamily::Mamba},
+    {"hybrid", ModelFamily::Hybrid}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},
@@ -105,6 +106,18 @@ void visit_fields(C& c, V& v) {
   v.field("z_loss", c.model.z_loss);
   v.field("label_smoothing", c.model.label_smoothing);
   v.field("init_from", c.model.init_from);
+  v.field("hybrid_layout", c.model.hybrid_layout);
+  v.field("num_experts", c.model.num_experts);
+  v.field("experts_per_token", c.model.experts_per_token);
+  v.field("moe_aux_loss_coef", c.model.moe_aux_loss_coef);
+  v.field("moe_z_loss_coef", c.model.moe_z_loss_coef);
+  v.field("moe_jitter", c.model.moe_jitter);
+  v.field("mamba_d_state", c.model.mamba_d_state);
+  v.field("mamba_d_conv", c.model.mamba_d_conv);
+  v.field("mamba_expand", c.model.mamba_expand);
+  v.field("mamba_dt_rank", c.model.mamba_dt_rank);
+  v.field("mamba_conv_bias", c.model.mamba_conv_bias);
+  v.field("mamba_proj_bias", c.model.mamba_proj_bias);
 
   v.section("data");
   v.datasets("train", c.data.train);
@@ -117,6 +130,7 @@ void visit_fields(C& c, V& v) {
   v.section("batch");
   v.field("micro_batch_size", c.batch.micro_batch_size);
   v.field("global_batch_size", c.batch.global_batch_size);
+  v.field("micro_sequence_length", c.batch.micro_sequence_length);
   v.derived("accumulation_steps", c.batch.accumulation_steps,
             "global_batch_size / (micro_batch_size x data_parallel)");
 

@@ -54,6 +54,16 @@ const char* family_name(ModelFamily f) {
   return config_detail::enum_name(f, config_detail::names_of(config_detail::kFamilyNames));
 }
 
+std::string block_layout(const ModelConfig& m) {
+  const size_t n = static_cast<size_t>(std::max(0, m.num_layers));
+  switch (m.family) {
+    case ModelFamily::Mixtral: return std::string(n, 'E');
+    case ModelFamily::Mamba: return std::string(n, 'M');
+    case ModelFamily::Hybrid: return m.hybrid_layout;
+    default: return std::string(n, 'A');
+  }
+}
+
 namespace config_detail {
 namespace {
 
@@ -213,6 +223,70 @@ struct Checker {
     if (!set("model.qkv_bias")) m.qkv_bias = m.family == ModelFamily::Qwen2;
     if (!set("model.norm_eps")) m.norm_eps = m.family == ModelFamily::Qwen2 ? 1e-6 : 1e-5;
     if (!set("model.sliding_window") && m.family == ModelFamily::Mistral) m.sliding_window = 4096;
+    if (!set("model.rope_theta") && m.family == ModelFamily::Mixtral) m.rope_theta = 1e6;
+    if (!set("model.tie_embeddings") && m.family == ModelFamily::Mamba) m.tie_embeddings = true;
+  }
+
+  // The per-layer block kinds and the keys of the kinds present (after family_presets).
+  void blocks() const {
+    ModelConfig& m = c.model;
+    if (m.family == ModelFamily::Hybrid) {
+      if (!set("model.hybrid_layout"))
+        RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
+                                       "E attention + mixture of experts, M Mamba)");
+      if (m.hybrid_layout.size() != static_cast<size_t>(m.num_layers))
+        RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
+              m.num_layers, " (one letter per layer)");
+      for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
+        if (std::string("AEM").find(m.hybrid_layout[i]) == std::string::npos)
+          RAISE(c.where("model.hybrid_layout"), "letter ", i, " is '", m.hybrid_layout[i],
+                "'; expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)");
+    } else if (!m.hybrid_layout.empty()) {
+      RAISE(c.where("model.hybrid_layout"), "only with model.family = \"hybrid\" (", family_name(m.family),
+            " has a fixed layout)");
+    }
+    const std::string layout = block_layout(m);
+    const bool moe = layout.find('E') != std::string::npos, mamba = layout.find('M') != std::string::npos;
+    if (moe) {
+      if (!set("model.num_experts")) m.num_experts = 8;
+      positive("model.num_experts", m.num_experts);
+      positive("model.experts_per_token", m.experts_per_token);
+      if (m.experts_per_token > m.num_experts)
+        RAISE(c.where("model.experts_per_token"), "must be at most model.num_experts (", m.num_experts, "), got ",
+              m.experts_per_token);
+      non_negative("model.moe_aux_loss_coef", m.moe_aux_loss_coef);
+      non_negative("model.moe_z_loss_coef", m.moe_z_loss_coef);
+      if (!(m.moe_jitter >= 0 && m.moe_jitter < 1))
+        RAISE(c.where("model.moe_jitter"), "must be in [0, 1), got ", m.moe_jitter);
+    } else {  // (the effective config writes the defaults: only other values are an error)
+      const ModelConfig d;
+      const std::pair<const char*, bool> keys[] = {
+          {"model.num_experts", m.num_experts != d.num_experts},
+          {"model.experts_per_token", m.experts_per_token != d.experts_per_token},
+          {"model.moe_aux_loss_coef", m.moe_aux_loss_coef != d.moe_aux_loss_coef},
+          {"model.moe_z_loss_coef", m.moe_z_loss_coef != d.moe_z_loss_coef},
+          {"model.moe_jitter", m.moe_jitter != d.moe_jitter}};
+      for (const auto& [k, changed] : keys)
+        if (changed) RAISE(c.where(k), "set, but the model has no mixture-of-experts (E) blocks");
+    }
+    if (mamba) {
+      positive("model.mamba_d_state", m.mamba_d_state);
+      positive("model.mamba_d_conv", m.mamba_d_conv);
+      positive("model.mamba_expand", m.mamba_expand);
+      if (set("model.mamba_dt_rank")) positive("model.mamba_dt_rank", m.mamba_dt_rank);
+      else m.mamba_dt_rank = (m.hidden_size + 15) / 16;
+    } else {
+      const ModelConfig d;
+      const std::pair<const char*, bool> keys[] = {
+          {"model.mamba_d_state", m.mamba_d_state != d.mamba_d_state},
+          {"model.mamba_d_conv", m.mamba_d_conv != d.mamba_d_conv},
+          {"model.mamba_expand", m.mamba_expand != d.mamba_expand},
+          {"model.mamba_dt_rank", m.mamba_dt_rank != d.mamba_dt_rank},
+          {"model.mamba_conv_bias", m.mamba_conv_bias != d.mamba_conv_bias},
+          {"model.mamba_proj_bias", m.mamba_proj_bias != d.mamba_proj_bias}};
+      for (const auto& [k, changed] : keys)
+        if (changed) RAISE(c.where(k), "set, but the model has no Mamba (M) blocks");
+    }
   }
 
   void model() const {
@@ -226,8 +300,14 @@ struct Checker {
     required_positive("model.vocab_size", m.vocab_size);
     required_positive("model.hidden_size", m.hidden_size);
     required_positive("model.num_layers", m.num_layers);
-    required_positive("model.num_heads", m.num_heads);
     family_presets();
+    blocks();
+    const bool attention = block_layout(m).find_first_of("AE") != std::string::npos;
+    if (!attention && !set("model.num_heads")) {  // no attention: the attention keys do not matter
+      m.num_heads = 1;
+      if (!set("model.head_dim")) m.head_dim = m.hidden_size;
+    }
+    required_positive("model.num_heads", m.num_heads);
 
     if (set("model.num_kv_heads")) {
       positive("model.num_kv_heads", m.num_kv_heads);
@@ -309,10 +389,15 @@ struct Checker {
     const int tp = d.tensor_parallel;
     const ModelConfig& m = c.model;
     // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
-    const std::pair<const char*, int64_t> split[] = {{"model.num_heads", m.num_heads},
-                                                     {"model.num_kv_heads", m.num_kv_heads},
+    // (Mamba blocks: the inner dimension, expand x hidden_size.)
+    const std::string layout = block_layout(m);
+    const bool attention = layout.find_first_of("AE") != std::string::npos, mamba = layout.find('M') != std::string::npos;
+    const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
+                                                     {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
                                                      {"model.ffn_hidden_size", m.ffn_hidden_size},
-                                                     {"model.vocab_size", m.vocab_size}};
+                                                     {"model.vocab_size", m.vocab_size},
+                                                     {"model.mamba_expand x hidden_size",
+                                                      mamba ? int64_t{m.mamba_expand} * m.hidden_size : 0}};
     for (const auto& [key, n] : split)
       if (n % tp != 0)
         RAISE(c.where("distributed.tensor_parallel"), "must divide ", key, " (", n, "), got ", tp,
@@ -330,6 +415,18 @@ struct Checker {
       RAISE(c.where("distributed.sequence_parallel"), "needs the tokens of a micro-batch (micro_batch_size ",
             c.batch.micro_batch_size, " x sequence_length ", c.data.sequence_length, " = ", tokens,
             ") to split evenly over tensor_parallel = ", tp);
+    // Micro-sequences: chunks of whole sequences' tokens, each split evenly under sequence parallelism.
+    const int msl = c.batch.micro_sequence_length;
+    non_negative("batch.micro_sequence_length", msl);
+    if (msl > 0 && c.data.sequence_length % msl != 0)
+      RAISE(c.where("batch.micro_sequence_length"), "must divide data.sequence_length (", c.data.sequence_length,
+            "), got ", msl);
+    if (msl > 0 && mamba)
+      RAISE(c.where("batch.micro_sequence_length"), "is not supported with Mamba blocks (the scan state would have "
+                                                   "to pass from chunk to chunk); use 0");
+    if (msl > 0 && d.sequence_parallel && tp > 1 && msl % tp != 0)
+      RAISE(c.where("batch.micro_sequence_length"), "must split evenly over tensor_parallel = ", tp,
+            " under sequence parallelism, got ", msl);
   }
 
   void distillation() const {

@@ -6,6 +6,7 @@
 #include "layers/parallel.h"
 #include "ops/gemm.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "ops/rope.h"
 
 namespace engine::layers {
@@ -51,6 +52,13 @@ ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const Attentio
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(head_dim_));
   p.causal = true;
   p.window = window_;
+  if (seg.kv) {  // micro-sequences: keys and values of this chunk and the earlier ones
+    const KvChunks::Layer& l = seg.kv->layers.at(this);
+    const int64_t end = seg.row_begin + s.qkv->size(0);
+    p.kv = l.kv->slice(seg.key_begin, end);
+    p.cu_seqlens_k = seg.cu_seqlens_k;
+    p.max_seqlen_k = seg.max_seqlen_k;
+  }
   return p;
 }
 
@@ -66,6 +74,15 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   linear_forward(x, wqkv_.w(), bqkv_.w(), s.qkv->view({T, int64_t{NH} * head_dim_}));
   gathered = Owned{};
   if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, theta_);
+  if (seg.kv) {  // this chunk's keys and values join the micro-batch's
+    KvChunks::Layer& l = seg.kv->layers[this];
+    const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
+    if (!l.kv.t.data) l.kv = env.act_tensor({seg.kv->rows, 2 * kv_heads_, head_dim_});
+    ENSURE(seg.row_begin + T <= seg.kv->rows, "micro-sequence rows [", seg.row_begin, ", ", seg.row_begin + T,
+           ") past the micro-batch's ", seg.kv->rows);
+    ops::copy_columns(s.qkv->view({T, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_,
+                      l.kv->slice(seg.row_begin, seg.row_begin + T).view({T, width}), 0, width);
+  }
   ops::attention_forward(op_params(seg, s));
   // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
   const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
@@ -98,7 +115,25 @@ void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, con
   b.fwd = op_params(seg, s);
   b.dout = dout;
   b.dqkv = dqkv;
-  ops::attention_backward(b);
+  if (!seg.kv) {
+    ops::attention_backward(b);
+  } else {
+    // Micro-sequences: the gradient of every key row this chunk saw joins the micro-batch's sum;
+    // this chunk's own rows are then complete (later chunks ran their backward first).
+    KvChunks::Layer& l = seg.kv->layers.at(this);
+    const int64_t end = seg.row_begin + T, Tk = end - seg.key_begin;
+    const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
+    Owned dkv = env.act_tensor({Tk, 2 * kv_heads_, head_dim_});
+    b.dkv = dkv;
+    ops::attention_backward(b);
+    if (!l.dkv.t.data) l.dkv = zeros({seg.kv->rows, 2 * kv_heads_, head_dim_}, env.stat(), env.device);
+    ops::copy_columns(dkv->view({Tk, width}), 0, l.dkv->slice(seg.key_begin, end).view({Tk, width}), 0, width,
+                      true);
+    dkv = Owned{};
+    ops::copy_columns(l.dkv->slice(seg.row_begin, end).view({T, width}), 0,
+                      dqkv->view({T, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_, width);
+    if (seg.row_begin == 0) seg.kv->layers.erase(this);  // the first chunk: the micro-batch is done
+  }
   dout = Owned{};
   if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, theta_);
   Owned gathered;  // sequence parallel: gathered again rather than kept since the forward

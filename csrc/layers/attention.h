@@ -11,16 +11,39 @@
 // gathered (again in backward, instead of being kept).
 // Gradients: dxn written (=); parameter gradients accumulated (+=).
 #pragma once
+#include <unordered_map>
+
 #include "config/config.h"
 #include "layers/common.h"
 #include "ops/attention.h"
 
 namespace engine::layers {
 
+// Micro-sequences: one micro-batch's token rows run as consecutive chunks, forward in order and
+// backward in reverse; a chunk's queries also attend to the keys and values of earlier chunks.
+// The chunks of one micro-batch share this object, which keeps for each attention layer the
+// keys and values of every row (written by each chunk's forward) and the f32 sum of the
+// gradients of those keys and values (every later chunk's backward adds to the rows it saw; a
+// chunk's own rows are complete when its backward runs, since later chunks went first).
+struct KvChunks {
+  int64_t rows = 0;  // the micro-batch's token rows (all chunks)
+  struct Layer {
+    Owned kv;   // (rows, 2 Hkv, D) activations
+    Owned dkv;  // (rows, 2 Hkv, D) statistics dtype (f32 / f64), allocated by the last chunk's backward
+  };
+  std::unordered_map<const void*, Layer> layers;  // by attention layer
+};
+
 struct SegmentInfo {  // one micro-batch's varlen layout, on the compute device
   Tensor cu_seqlens;  // (S + 1) i32
   Tensor positions;   // (T) i32
   int max_seqlen = 0;
+  // Micro-sequences (kv set): this chunk is rows [row_begin, row_begin + T) of the micro-batch,
+  // its keys rows [key_begin, row_begin + T), cu_seqlens_k their segments (data/varlen.h).
+  KvChunks* kv = nullptr;
+  Tensor cu_seqlens_k = {};  // (S + 1) i32
+  int max_seqlen_k = 0;
+  int64_t row_begin = 0, key_begin = 0;
 };
 
 struct AttentionSaved {

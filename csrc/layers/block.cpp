@@ -8,44 +8,119 @@ namespace engine::layers {
 
 static std::string prefix(int i) { return "layers." + std::to_string(i); }
 
-Block::Block(const ParamStore& store, int i, const ModelConfig& c)
-    : norm1_(store, prefix(i) + ".norm1", c.norm, static_cast<float>(c.norm_eps), c.bias),
-      norm2_(store, prefix(i) + ".norm2", c.norm, static_cast<float>(c.norm_eps), c.bias),
-      attn_(store, prefix(i) + ".attn", c),
-      mlp_(store, prefix(i) + ".mlp", c) {}
-
-void Block::declare(ParamTable& t, int i, const ModelConfig& c) {
-  Norm::declare(t, prefix(i) + ".norm1", c.hidden_size, c.norm, c.bias);
-  Attention::declare(t, prefix(i) + ".attn", c);
-  Norm::declare(t, prefix(i) + ".norm2", c.hidden_size, c.norm, c.bias);
-  Mlp::declare(t, prefix(i) + ".mlp", c);
+BlockKind block_kind(const ModelConfig& c, int layer) {
+  const std::string layout = block_layout(c);
+  ENSURE(layer >= 0 && static_cast<size_t>(layer) < layout.size(), "layer ", layer, " of a ", layout.size(),
+         "-layer layout");
+  switch (layout[static_cast<size_t>(layer)]) {
+    case 'E': return BlockKind::Experts;
+    case 'M': return BlockKind::Mamba;
+    default: return BlockKind::Attention;
+  }
 }
 
-void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s) const {
+MoeConfig moe_config(const ModelConfig& c) {
+  MoeConfig m;
+  m.hidden_size = c.hidden_size;
+  m.ffn_hidden_size = c.ffn_hidden_size;
+  m.num_experts = c.num_experts;
+  m.top_k = c.experts_per_token;
+  m.aux_loss_coef = static_cast<float>(c.moe_aux_loss_coef);
+  m.z_loss_coef = static_cast<float>(c.moe_z_loss_coef);
+  m.jitter = static_cast<float>(c.moe_jitter);
+  m.init_std = c.init_std;
+  m.num_layers = c.num_layers;
+  return m;
+}
+
+MambaConfig mamba_config(const ModelConfig& c) {
+  MambaConfig m;
+  m.hidden = c.hidden_size;
+  m.d_inner = int64_t{c.mamba_expand} * c.hidden_size;
+  m.d_state = c.mamba_d_state;
+  m.d_conv = c.mamba_d_conv;
+  m.dt_rank = c.mamba_dt_rank;
+  m.conv_bias = c.mamba_conv_bias;
+  m.proj_bias = c.mamba_proj_bias;
+  m.init_std = c.init_std;
+  m.num_layers = c.num_layers;
+  return m;
+}
+
+Block::Block(const ParamStore& store, int i, const ModelConfig& c)
+    : kind_(block_kind(c, i)), norm1_(store, prefix(i) + ".norm1", c.norm, static_cast<float>(c.norm_eps), c.bias) {
+  if (kind_ == BlockKind::Mamba) {
+    mamba_ = Mamba(store, prefix(i) + ".mamba", mamba_config(c));
+    return;
+  }
+  norm2_ = Norm(store, prefix(i) + ".norm2", c.norm, static_cast<float>(c.norm_eps), c.bias);
+  attn_ = Attention(store, prefix(i) + ".attn", c);
+  if (kind_ == BlockKind::Experts)
+    moe_ = Moe(store, prefix(i) + ".moe", moe_config(c));
+  else
+    mlp_ = Mlp(store, prefix(i) + ".mlp", c);
+}
+
+void Block::declare(ParamTable& t, int i, const ModelConfig& c) {
+  const BlockKind kind = block_kind(c, i);
+  Norm::declare(t, prefix(i) + ".norm1", c.hidden_size, c.norm, c.bias);
+  if (kind == BlockKind::Mamba) return Mamba::declare(t, prefix(i) + ".mamba", mamba_config(c));
+  Attention::declare(t, prefix(i) + ".attn", c);
+  Norm::declare(t, prefix(i) + ".norm2", c.hidden_size, c.norm, c.bias);
+  if (kind == BlockKind::Experts)
+    Moe::declare(t, prefix(i) + ".moe", moe_config(c));
+  else
+    Mlp::declare(t, prefix(i) + ".mlp", c);
+}
+
+void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s,
+                    uint64_t jitter_seed) const {
   const Shape shape = x.shape;
   s.xn1 = env.act_tensor(shape);
   norm1_.forward(env, x, s.xn1, s.norm1);
+  if (kind_ == BlockKind::Mamba) {
+    s.y = env.act_tensor(shape);
+    mamba_.forward(env, s.xn1, s.y, seg, s.mamba);
+    ops::add(s.y, x, s.y);  // y = x + mamba
+    return;
+  }
   s.h = env.act_tensor(shape);
   attn_.forward(env, s.xn1, seg, s.h, s.attn);
   ops::add(s.h, x, s.h);  // h = x + attn
   s.xn2 = env.act_tensor(shape);
   norm2_.forward(env, s.h, s.xn2, s.norm2);
   s.y = env.act_tensor(shape);
-  mlp_.forward(env, s.xn2, s.y, s.mlp);
+  if (kind_ == BlockKind::Experts)
+    moe_.forward(env, s.xn2, s.y, s.moe, jitter_seed);
+  else
+    mlp_.forward(env, s.xn2, s.y, s.mlp);
   ops::add(s.y, s.h, s.y);  // y = h + mlp
 }
 
 void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,
-                     const BlockSaved& s, const Tensor& dx) const {
+                     const BlockSaved& s, const Tensor& dx, float aux_grad_scale) const {
   const Shape shape = x.shape;
   Owned dxn = env.act_tensor(shape);
-  mlp_.backward(env, dy, s.xn2, s.mlp, dxn);
+  if (kind_ == BlockKind::Mamba) {
+    mamba_.backward(env, dy, s.xn1, seg, s.mamba, dxn);
+    norm1_.backward(dxn, x, s.norm1, dx);
+    ops::add_inplace(dx, dy);  // residual: dx = dy + d(mamba branch)
+    return;
+  }
+  if (kind_ == BlockKind::Experts)
+    moe_.backward(env, dy, s.xn2, s.moe, dxn, aux_grad_scale);
+  else
+    mlp_.backward(env, dy, s.xn2, s.mlp, dxn);
   Owned dh = env.act_tensor(shape);
   norm2_.backward(dxn, s.h, s.norm2, dh);
   ops::add_inplace(dh, dy);  // residual: dh = dy + d(norm2 branch)
   attn_.backward(env, dh, s.xn1, seg, s.attn, dxn);
   norm1_.backward(dxn, x, s.norm1, dx);
   ops::add_inplace(dx, dh);  // residual: dx = dh + d(norm1 branch)
+}
+
+double Block::aux_loss(const BlockSaved& s) const {
+  return kind_ == BlockKind::Experts ? Moe::aux_loss(s.moe) : 0.0;
 }
 
 }  // namespace engine::layers

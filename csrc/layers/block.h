@@ -1,22 +1,35 @@
-// Pre-norm transformer block on the residual stream:
-//   h = x + attn(norm1(x));   y = h + mlp(norm2(h))
-// Saved: everything attention, MLP and the norms need, plus h and y (y is the next block's x).
+// Pre-norm blocks on the residual stream, one of three kinds per layer (config.h block_layout):
+//   A (attention + MLP):               h = x + attn(norm1(x));   y = h + mlp(norm2(h))
+//   E (attention + mixture of experts): h = x + attn(norm1(x));   y = h + moe(norm2(h))
+//   M (Mamba, as HF MambaBlock):        y = x + mamba(norm1(x))
+// Saved: everything the branches and the norms need, plus h and y (y is the next block's x).
 // The block's input x is a view of the previous block's saved output (or the embedding's), so
 // a micro-batch's Saved structs must stay alive together until its backward.
+// E blocks add their router's auxiliary losses (layers/moe.h) to the training loss: forward
+// leaves their value in aux_loss(), and backward takes d(loss)/d(aux) as aux_grad_scale.
 // Gradients: dx written (=) (the residual stream adds both branches' input gradients to dy);
 // parameter gradients accumulated (+=).
 #pragma once
 #include "layers/attention.h"
+#include "layers/mamba.h"
 #include "layers/mlp.h"
+#include "layers/moe.h"
 #include "layers/norm.h"
 
 namespace engine::layers {
 
+enum class BlockKind { Attention, Experts, Mamba };
+BlockKind block_kind(const ModelConfig& c, int layer);
+MoeConfig moe_config(const ModelConfig& c);
+MambaConfig mamba_config(const ModelConfig& c);
+
 struct BlockSaved {
   NormSaved norm1, norm2;
-  Owned xn1, h, xn2, y;  // (T, C) each
+  Owned xn1, h, xn2, y;  // (T, C) each (M blocks: xn1 and y)
   AttentionSaved attn;
   MlpSaved mlp;
+  MoeSaved moe;
+  MambaSaved mamba;
 };
 
 class Block {
@@ -25,14 +38,22 @@ class Block {
   Block(const ParamStore& store, int index, const ModelConfig& c);
   static void declare(ParamTable& t, int index, const ModelConfig& c);
 
-  void forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s) const;
+  BlockKind kind() const { return kind_; }
+  // jitter_seed: the MoE router's input jitter (0: none, as in evaluation; see layers/moe.h).
+  void forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s,
+               uint64_t jitter_seed = 0) const;
   void backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,
-                const BlockSaved& s, const Tensor& dx) const;
+                const BlockSaved& s, const Tensor& dx, float aux_grad_scale = 0.f) const;
+  // The auxiliary losses of a forward (E blocks; 0 otherwise), on the host (synchronises).
+  double aux_loss(const BlockSaved& s) const;
 
  private:
+  BlockKind kind_ = BlockKind::Attention;
   Norm norm1_, norm2_;
   Attention attn_;
   Mlp mlp_;
+  Moe moe_;
+  Mamba mamba_;
 };
 
 }  // namespace engine::layers

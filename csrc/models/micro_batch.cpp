@@ -39,4 +39,48 @@ MicroBatch make_micro_batch(const std::vector<const Sample*>& sequences, int seq
   return mb;
 }
 
+std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& sequences, int sequence_length,
+                                             bool cross_document_attention, Device device, int64_t chunk_rows) {
+  const int64_t T = static_cast<int64_t>(sequences.size()) * sequence_length;
+  std::vector<MicroBatch> out;
+  if (chunk_rows <= 0 || chunk_rows >= T) {
+    out.push_back(make_micro_batch(sequences, sequence_length, cross_document_attention, device));
+    return out;
+  }
+  ENSURE(T % chunk_rows == 0, "micro-sequences of ", chunk_rows, " rows do not divide the micro-batch's ", T);
+  MicroBatch whole = make_micro_batch(sequences, sequence_length, cross_document_attention, Device::CPU);
+  const VarlenLayout v = build_varlen(sequences, sequence_length, cross_document_attention);
+  auto kv = std::make_shared<layers::KvChunks>();
+  kv->rows = T;
+  const int chunks = static_cast<int>(T / chunk_rows);
+  auto rows_of = [&](const Owned& t, int64_t b, int64_t e) {
+    Owned o = empty({e - b}, t.t.dtype, device);
+    copy_tensor(o, t->slice(b, e));
+    return o;
+  };
+  for (int c = 0; c < chunks; ++c) {
+    const int64_t b = c * chunk_rows, e = b + chunk_rows;
+    const VarlenSlice sl = slice_varlen(v, b, e);
+    MicroBatch mb;
+    mb.tokens = rows_of(whole.tokens, b, e);
+    mb.labels = rows_of(whole.labels, b, e);
+    mb.loss_mask = rows_of(whole.loss_mask, b, e);
+    mb.positions = to_device(sl.position_ids, device);
+    mb.cu_seqlens = to_device(sl.cu_seqlens_q, device);
+    mb.cu_seqlens_k = to_device(sl.cu_seqlens_k, device);
+    mb.max_seqlen = sl.max_seqlen_q;
+    mb.max_seqlen_k = sl.max_seqlen_k;
+    mb.num_tokens = chunk_rows;
+    const uint8_t* m = whole.loss_mask->ptr<uint8_t>();
+    for (int64_t i = b; i < e; ++i) mb.loss_tokens += m[i] != 0;
+    mb.chunk = c;
+    mb.chunks = chunks;
+    mb.row_begin = b;
+    mb.key_begin = sl.key_begin;
+    mb.kv = kv;
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
 }  // namespace engine

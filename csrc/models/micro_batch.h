@@ -1,6 +1,7 @@
 // A micro-batch on the compute device: B sequences of S positions packed as T = B * S rows,
 // with the varlen layout (data/varlen.h) the attention needs.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "core/buffer.h"
@@ -19,11 +20,27 @@ struct MicroBatch {
   int max_seqlen = 0;
   int64_t num_tokens = 0;   // T
   int64_t loss_tokens = 0;  // tokens with loss_mask set
+  // Micro-sequences: this is chunk `chunk` of `chunks` of one micro-batch, rows [row_begin,
+  // row_begin + T) of it; its queries also see the keys of rows [key_begin, row_begin) (the
+  // starts of its segments in earlier chunks). The chunks of a micro-batch share `kv`.
+  int chunk = 0, chunks = 1;
+  int64_t row_begin = 0, key_begin = 0;
+  Owned cu_seqlens_k;  // (segments + 1) i32 offsets into rows [key_begin, row_begin + T)
+  int max_seqlen_k = 0;
+  std::shared_ptr<layers::KvChunks> kv;
 
-  layers::SegmentInfo segments() const { return {cu_seqlens, positions, max_seqlen}; }
+  layers::SegmentInfo segments() const {
+    return {cu_seqlens, positions, max_seqlen, kv.get(), cu_seqlens_k, max_seqlen_k, row_begin, key_begin};
+  }
 };
 
 MicroBatch make_micro_batch(const std::vector<const Sample*>& sequences, int sequence_length,
                             bool cross_document_attention, Device device);
+
+// The same micro-batch as consecutive chunks of `chunk_rows` token rows each (micro-sequences;
+// chunk_rows divides the B * S rows), to run forward in order and backward in reverse.
+// chunk_rows >= B * S gives the one whole micro-batch.
+std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& sequences, int sequence_length,
+                                             bool cross_document_attention, Device device, int64_t chunk_rows);
 
 }  // namespace engine

@@ -12,6 +12,7 @@ struct Transformer::TSaved : Model::Saved {
   std::vector<layers::BlockSaved> blocks;
   layers::HeadSaved head;
   Owned input_grad;                       // the gradient of `input` after backward (stage > 0)
+  float aux_grad_scale = 0.f;             // d(loss) / d(MoE auxiliary losses) of this micro-batch
   std::vector<std::unique_ptr<TSaved>> stages;  // forward()/backward(): every stage's
 };
 
@@ -61,6 +62,7 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
       store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity),
       env_{device, compute_dtype, layout.tp, layout.sequence_parallel} {
   blocks_.resize(static_cast<size_t>(c.num_layers));
+  forwards_.assign(plan_.size(), 0);
   block_offsets_.assign(static_cast<size_t>(c.num_layers), -1);
   for (int s = 0; s < num_stages(); ++s) {
     if (!has_stage(s)) continue;
@@ -112,16 +114,25 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   }
   s.blocks.clear();
   s.blocks.resize(static_cast<size_t>(p.end_block - p.first_block));
+  // Mixture-of-experts auxiliary losses join the training loss weighted by the micro-batch's
+  // loss tokens: summed over the global batch and scaled by grad_scale (1 / its loss tokens)
+  // they are the token-weighted mean of the micro-batches' auxiliary losses.
+  s.aux_grad_scale = grad_scale * static_cast<float>(mb.loss_tokens);
+  const uint64_t jitter_seed = with_grad ? ++forwards_[static_cast<size_t>(stage)] : 0;
+  double aux = 0;
   for (int i = p.first_block; i < p.end_block; ++i) {
     const size_t k = static_cast<size_t>(i - p.first_block);
-    blocks_[static_cast<size_t>(i)].forward(env_, *x, seg, s.blocks[k]);
+    const layers::Block& block = blocks_[static_cast<size_t>(i)];
+    block.forward(env_, *x, seg, s.blocks[k], jitter_seed);
+    if (with_grad && block.kind() == layers::BlockKind::Experts) aux += block.aux_loss(s.blocks[k]);
     // Without gradients only the current block's output is needed: drop the rest at once.
     if (!with_grad && k > 0) s.blocks[k - 1] = layers::BlockSaved{};
     if (!with_grad && k == 0) s.x0 = Owned{};
     x = &s.blocks[k].y.t;
     if (with_grad) record(StatsRecorder::forward_name(i), *x);
   }
-  if (!p.head) return 0;
+  const double aux_sum = aux * static_cast<double>(mb.loss_tokens);
+  if (!p.head) return aux_sum;
   Owned teacher;
   if (teacher_) {  // the teacher's logits of this micro-batch, just in time (one alive at a time)
     teacher = env_.act_tensor({mb.num_tokens, head_->local_vocab()});
@@ -129,7 +140,7 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   }
   const double loss = head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head, teacher);
   if (!with_grad) s.blocks.clear();
-  return loss;
+  return loss + aux_sum;
 }
 
 Tensor Transformer::stage_output(const Saved& saved) const {
@@ -161,7 +172,7 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
     const size_t k = static_cast<size_t>(i - p.first_block);
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
     Owned dx = env_.act_tensor(x.shape);
-    blocks_[static_cast<size_t>(i)].backward(env_, dy, x, seg, s.blocks[k], dx);
+    blocks_[static_cast<size_t>(i)].backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale);
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy_owned = std::move(dx);
     dy = dy_owned.t;
@@ -262,6 +273,9 @@ std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType com
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
     case ModelFamily::Qwen2:
+    case ModelFamily::Mixtral:
+    case ModelFamily::Mamba:
+    case ModelFamily::Hybrid:
       return std::make_unique<Transformer>(c, device, compute_dtype, capacity, layout);
   }
   RAISE("unknown model family");

@@ -1,5 +1,5 @@
-// Decoder-only transformer: gpt2, llama, mistral and qwen2 are this one stack with different presets
-// (config.cpp): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
+// Decoder-only stack: gpt2, llama, mistral, qwen2, mixtral, mamba and hybrid are this one stack with
+// different presets and block kinds (config.h block_layout, layers/block.h): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
 // LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.
 // Under tensor parallelism (ModelLayout::tp) each rank holds its blocks of every split parameter
@@ -67,6 +67,7 @@ class Transformer final : public Model {
   std::vector<layers::Block> blocks_;     // all num_layers; only this rank's are built
   std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
   std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter
+  std::vector<uint64_t> forwards_;        // forwards with gradients per stage: the MoE jitter seeds
   Teacher teacher_;
   StatsRecorder* stats_ = nullptr;
   void record(const std::string& name, const Tensor& x) const;

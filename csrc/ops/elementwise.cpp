@@ -68,4 +68,14 @@ int64_t count_nonfinite(const Tensor& x) {
   no_cuda_build("count_nonfinite");
 }
 
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                  bool accumulate) {
+  if (device_of("copy_columns", {{"src", src}, {"dst", dst}}) == Device::CPU)
+    return ref::copy_columns(src, src_col, dst, dst_col, width, accumulate);
+#ifdef ENGINE_CUDA
+  return cuda::copy_columns(src, src_col, dst, dst_col, width, accumulate);
+#endif
+  no_cuda_build("copy_columns");
+}
+
 }  // namespace engine::ops

@@ -12,4 +12,11 @@ double sum(const Tensor& x);                                    // sum of all el
 double sum_squares(const Tensor& x);                            // sum of x^2 (f64 accumulation)
 int64_t count_nonfinite(const Tensor& x);                       // number of NaN / inf elements
 
+// A block of columns of one 2-D matrix into another with as many rows, converting the dtype:
+//   dst[r, dst_col + c] (= or +=) src[r, src_col + c]   for r < rows, c < width
+// src (rows, Cs), dst (rows, Cd) of any float dtypes (bf16 / f32 on the GPU); accumulation adds
+// in f32 (f64 for f64 operands) and rounds once. The micro-sequence key/value buffers use it.
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                  bool accumulate = false);
+
 }  // namespace engine::ops

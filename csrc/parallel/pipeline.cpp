@@ -51,8 +51,13 @@ void Pipeline::recv(const Tensor& t, int from_stage, bool backward, int tag) {
 double Pipeline::run(const std::vector<MicroBatch>& mbs, bool with_grad, float grad_scale,
                      const Model::GradsReady& grads_ready) {
   const int S = layout_.stages, M = static_cast<int>(mbs.size());
+  const int chunks = mbs.empty() ? 1 : mbs.front().chunks;  // micro-sequences: M counts the chunks
+  for (int m = 0; m < M; ++m)
+    ENSURE(mbs[static_cast<size_t>(m)].chunks == chunks && mbs[static_cast<size_t>(m)].chunk == m % chunks,
+           "micro-batch ", m, " is chunk ", mbs[static_cast<size_t>(m)].chunk, " of ",
+           mbs[static_cast<size_t>(m)].chunks, " (expected chunk ", m % chunks, " of ", chunks, ")");
   const std::vector<PipelineStep> steps =
-      steps_of_rank(build_schedule(layout_, M, kind_, with_grad), layout_, rank_);
+      steps_of_rank(build_schedule(layout_, M, kind_, with_grad, chunks), layout_, rank_);
   // The last backward of each stage: where its parameters' gradients become complete.
   std::map<int, size_t> last_backward;
   for (size_t i = 0; i < steps.size(); ++i)

@@ -21,7 +21,8 @@ class Pipeline {
   Pipeline(Model& model, Comm* pp, ScheduleKind kind);
   ~Pipeline();
 
-  // Forward (and with_grad backward) of every micro-batch; returns the loss sum of the micro-
+  // Forward (and with_grad backward) of every micro-batch (with micro-sequences: every chunk of
+  // every micro-batch, in order, all with the same `chunks`); returns the loss sum of the micro-
   // batches on this rank (the last stage's rank; 0 on others). grads_ready (see Model) is called
   // during the last backward of each of this rank's stages.
   double run(const std::vector<MicroBatch>& micro_batches, bool with_grad, float grad_scale,

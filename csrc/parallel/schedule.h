@@ -16,6 +16,13 @@
 //                  takes micro-batch m: the pipeline fills (bubble (pp - 1) / (M + pp - 1) of the
 //                  time with one stage per rank) at the cost of keeping every micro-batch's
 //                  activations until its backward
+// Micro-sequences: each micro-batch runs as `chunks` consecutive token chunks (see
+// models/micro_batch.h); the schedule's units are (micro-batch, chunk) pairs, numbered
+// u = m * chunks + c. A chunk's forward on a stage needs the previous chunk's forward on that
+// stage (its keys and values) and a chunk's backward the next chunk's backward on that stage
+// (the gradients of its keys and values), so chunks run forward in order and backward in
+// reverse: depth_first runs F(all stages) of chunks 0..C-1, then B(all stages) of chunks C-1..0;
+// breadth_first keeps its stage order with the units of each micro-batch reversed in backward.
 #pragma once
 #include <string>
 #include <vector>
@@ -27,7 +34,7 @@ namespace engine {
 struct PipelineStep {
   bool backward = false;
   int stage = 0;
-  int micro_batch = 0;
+  int micro_batch = 0;  // the unit: micro-batch * chunks + chunk
 };
 
 struct PipelineLayout {
@@ -36,16 +43,19 @@ struct PipelineLayout {
   int rank_of(int stage) const { return stage % ranks; }
 };
 
-// The global order of the steps of one batch of `micro_batches` (forwards only without gradients).
-std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int micro_batches, ScheduleKind kind,
-                                         bool with_grad);
+// The global order of the steps of one batch of `units` = micro-batches x chunks (forwards only
+// without gradients); chunks divides units.
+std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int units, ScheduleKind kind, bool with_grad,
+                                         int chunks = 1);
 // The steps of one pipeline rank, in order.
 std::vector<PipelineStep> steps_of_rank(const std::vector<PipelineStep>& schedule, const PipelineLayout& layout,
                                         int rank);
 // A message tag unique within a batch: (direction, stage that receives, micro-batch).
 int pipeline_tag(const PipelineLayout& layout, int micro_batches, bool backward, int stage, int micro_batch);
-// One line per rank: "rank 0: F0.0 F0.1 ... B0.1 B0.0" (F/B, stage.micro_batch), with where each
-// step's input comes from when another rank sends it ("<r1").
-std::string describe_schedule(const std::vector<PipelineStep>& schedule, const PipelineLayout& layout);
+// One line per rank: "rank 0: F0.0 F0.1 ... B0.1 B0.0" (F/B, stage.micro_batch; with chunks > 1
+// stage.micro_batch:chunk), with where each step's input comes from when another rank sends it
+// ("<r1").
+std::string describe_schedule(const std::vector<PipelineStep>& schedule, const PipelineLayout& layout,
+                              int chunks = 1);
 
 }  // namespace engine

@@ -135,4 +135,42 @@ int64_t count_nonfinite(const Tensor& x) {
   });
 }
 
+// Shared by the CPU and GPU versions: the operands' shapes and the column ranges.
+void check_copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                        const char* op) {
+  expect_ndim(src, 2, op, "src");
+  expect_ndim(dst, 2, op, "dst");
+  ENSURE(src.size(0) == dst.size(0), op, ": src has ", src.size(0), " rows but dst has ", dst.size(0));
+  ENSURE(width >= 0 && src_col >= 0 && src_col + width <= src.size(1), op, ": columns [", src_col, ", ",
+         src_col + width, ") of src ", src.shape.str());
+  ENSURE(dst_col >= 0 && dst_col + width <= dst.size(1), op, ": columns [", dst_col, ", ", dst_col + width,
+         ") of dst ", dst.shape.str());
+}
+
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                  bool accumulate) {
+  const char* op = "copy_columns";
+  expect_cpu(src, op, "src");
+  expect_cpu(dst, op, "dst");
+  check_copy_columns(src, src_col, dst, dst_col, width, op);
+  any_float_switch(src.dtype, op, "src", [&](auto stag) {
+    using S = decltype(stag);
+    any_float_switch(dst.dtype, op, "dst", [&](auto dtag) {
+      using D = decltype(dtag);
+      using A = std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>, double, float>;
+      const int64_t rows = src.size(0), cs = src.size(1), cd = dst.size(1);
+      const S* ps = src.ptr<S>() + src_col;
+      D* pd = dst.ptr<D>() + dst_col;
+#pragma omp parallel for schedule(static) if (rows * width > kParallelElems)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < width; ++c) {
+          const A v = static_cast<A>(load(ps[r * cs + c]));
+          D& d = pd[r * cd + c];
+          d = store<D>(accumulate ? static_cast<A>(load(d)) + v : v);
+        }
+    });
+  });
+}
+
 }  // namespace engine::ref
+

@@ -102,10 +102,15 @@ int main(int argc, char** argv) {
       const int dp = std::max(1, engine::world().size() / model_ranks);
       const int micro = config.batch.global_batch_size / (config.batch.micro_batch_size * dp);
       const engine::PipelineLayout layout{d.pipeline_parallel * d.stages_per_rank, d.pipeline_parallel};
+      const int msl = config.batch.micro_sequence_length;
+      const int chunks = msl > 0 ? config.batch.micro_batch_size * config.data.sequence_length / msl : 1;
       if (engine::world().rank() == 0)
-        std::printf("%d stages over %d pipeline rank(s), %d micro-batches per data-parallel rank (%d):\n%s",
+        std::printf("%d stages over %d pipeline rank(s), %d micro-batches per data-parallel rank (%d)%s:\n%s",
                     layout.stages, layout.ranks, micro, dp,
-                    engine::describe_schedule(engine::build_schedule(layout, micro, d.pipeline_schedule, true), layout)
+                    chunks > 1 ? engine::str_cat(", ", chunks, " micro-sequences each").c_str() : "",
+                    engine::describe_schedule(
+                        engine::build_schedule(layout, micro * chunks, d.pipeline_schedule, true, chunks), layout,
+                        chunks)
                         .c_str());
       engine::launch_finalize();
       return 0;

@@ -387,11 +387,15 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
   for (int64_t b = 0; b < count; b += mbs) {
     std::vector<const Sample*> seqs;
     for (int64_t i = b; i < std::min(count, b + mbs); ++i) seqs.push_back(&samples[static_cast<size_t>(i)]);
-    batches.push_back(make_micro_batch(seqs, config_.data.sequence_length, config_.data.cross_document_attention,
-                                       device_));
-    const MicroBatch& mb = batches.back();
-    log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), "): ", mb.loss_tokens,
-              " loss tokens, ", mb.cu_seqlens->numel() - 1, " segments (longest ", mb.max_seqlen, ")");
+    // Micro-sequences: the micro-batch as consecutive chunks, which the pipeline runs as units.
+    for (MicroBatch& mb : make_micro_sequences(seqs, config_.data.sequence_length,
+                                               config_.data.cross_document_attention, device_,
+                                               config_.batch.micro_sequence_length)) {
+      log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), ") chunk ", mb.chunk,
+                "/", mb.chunks, ": ", mb.loss_tokens, " loss tokens, ", mb.cu_seqlens->numel() - 1,
+                " segments (longest ", mb.max_seqlen, ")");
+      batches.push_back(std::move(mb));
+    }
   }
   // The last micro-batch's backward starts the gradient reduction bucket by bucket.
   double loss_sum = pipeline_->run(batches, with_grad, grad_scale,

@@ -19,6 +19,7 @@
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector.cuh"
+#include "ref/elementwise.h"
 
 namespace engine::cuda {
 namespace {
@@ -336,4 +337,48 @@ int64_t count_nonfinite(const Tensor& x) {
   return static_cast<int64_t>(reduce<Reduce::NonFinite>(x, "count_nonfinite"));
 }
 
+namespace {
+
+// ---- copy_columns: one thread per element of the block -------------------------------------
+
+template <typename S, typename D>
+__global__ void copy_columns_kernel(const S* src, int64_t cs, D* dst, int64_t cd, int64_t rows, int64_t width,
+                                    bool accumulate) {
+  const int64_t n = rows * width;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i - r * width;
+    const float v = to_float(src[r * cs + c]);
+    D& d = dst[r * cd + c];
+    d = from_float<D>(accumulate ? to_float(d) + v : v);
+  }
+}
+
+template <typename S, typename D>
+void launch_copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                         bool accumulate) {
+  const int64_t rows = src.size(0);
+  copy_columns_kernel<S, D><<<stream_blocks(rows * width, kThreads), kThreads, 0, stream()>>>(
+      static_cast<const S*>(src.data) + src_col, src.size(1), static_cast<D*>(dst.data) + dst_col, dst.size(1),
+      rows, width, accumulate);
+  check_launch("copy_columns_kernel");
+}
+
+}  // namespace
+
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                  bool accumulate) {
+  const char* op = "copy_columns";
+  expect_cuda_float(src, op, "src");
+  expect_cuda_float(dst, op, "dst");
+  ref::check_copy_columns(src, src_col, dst, dst_col, width, op);
+  if (src.size(0) == 0 || width == 0) return;
+  const bool sb = src.dtype == DType::BF16, db = dst.dtype == DType::BF16;
+  if (sb && db) launch_copy_columns<bf16_t, bf16_t>(src, src_col, dst, dst_col, width, accumulate);
+  else if (sb) launch_copy_columns<bf16_t, float>(src, src_col, dst, dst_col, width, accumulate);
+  else if (db) launch_copy_columns<float, bf16_t>(src, src_col, dst, dst_col, width, accumulate);
+  else launch_copy_columns<float, float>(src, src_col, dst, dst_col, width, accumulate);
+}
+
 }  // namespace engine::cuda
+

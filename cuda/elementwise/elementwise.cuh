@@ -17,5 +17,7 @@ void cast(const Tensor& src, const Tensor& dst);
 double sum(const Tensor& x);
 double sum_squares(const Tensor& x);
 int64_t count_nonfinite(const Tensor& x);
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
+                  bool accumulate);
 
 }  // namespace engine::cuda

@@ -35,6 +35,23 @@ ModelConfig tiny_model(ModelFamily family) {
     c.tie_embeddings = false;
     if (family == ModelFamily::Mistral) c.sliding_window = 3;
   }
+  if (family == ModelFamily::Mixtral || family == ModelFamily::Hybrid) {
+    c.num_experts = 3;
+    c.experts_per_token = 2;
+    c.moe_aux_loss_coef = 0.05;
+    c.moe_z_loss_coef = 0.01;
+  }
+  if (family == ModelFamily::Mamba || family == ModelFamily::Hybrid) {
+    c.mamba_d_state = 4;
+    c.mamba_d_conv = 3;
+    c.mamba_expand = 2;
+    c.mamba_dt_rank = 2;
+  }
+  if (family == ModelFamily::Mamba) c.tie_embeddings = true;
+  if (family == ModelFamily::Hybrid) {
+    c.num_layers = 3;
+    c.hybrid_layout = "MEA";
+  }
   return c;
 }
 

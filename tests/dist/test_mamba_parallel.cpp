@@ -34,7 +34,7 @@ TEST_CASE("mamba layer: tensor parallel (and sequence parallel) reproduces one r
   const int64_t T = 12, C = c.hidden;
   Owned cu = empty({4}, DType::I32, Device::CPU), pos = zeros({T}, DType::I32, Device::CPU);
   cu.ptr<int32_t>()[0] = 0, cu.ptr<int32_t>()[1] = 1, cu.ptr<int32_t>()[2] = 6, cu.ptr<int32_t>()[3] = 12;
-  const layers::SegmentInfo seg{cu, pos, 6};
+  const layers::SegmentInfo seg{.cu_seqlens = cu, .positions = pos, .max_seqlen = 6};
   Owned x = randn({T, C}, DType::F64, "mp.x"), dy = randn({T, C}, DType::F64, "mp.dy");
 
   // One rank: its own full layer.

@@ -7,7 +7,7 @@
 // Tensor-parallel layouts by world size: 2 ranks tp2 (plain, sequence parallel, cross-entropy
 // splits); 3 ranks tp3 with sequence parallelism; 4 ranks dp2 x tp2 (ZeRO 1, sequence parallel)
 // and tp4. Pipeline layouts: 2 ranks pp2 with 1 and 2 stages per rank, breadth- and depth-first,
-// 4 micro-batches, tied embeddings across stages; 3 ranks pp3; 4 ranks dp2 x pp2 and tp2 x pp2;
+// 4 micro-batches, tied embeddings across stages, micro-sequences (against whole sequences); 3 ranks pp3; 4 ranks dp2 x pp2 and tp2 x pp2;
 // 8 ranks dp2 x tp2 x pp2 with 2 stages per rank.
 #include <doctest/doctest.h>
 
@@ -94,7 +94,9 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   CAPTURE(layout);
   std::vector<std::string> model_keys;  // e.g. a sliding window, a teacher: both runs
   for (const auto& e : c.extra)
-    if (e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0 || e.rfind("batch.", 0) == 0)
+    // (micro-sequences only in the parallel run: the reference runs whole sequences)
+    if ((e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0 || e.rfind("batch.", 0) == 0) &&
+        e.rfind("batch.micro_sequence_length", 0) != 0)
       model_keys.push_back(e);
   Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
   Trainer parallel(tiny_run_config(c.family, tp_layout(c.tp, c.tp, device, c.extra)), false, &group);
@@ -135,7 +137,10 @@ std::vector<Case> pipeline_cases_for(int n) {
       return {{"llama", 1, pp(2, 1, "breadth_first")},
               {"gpt2", 1, pp(2, 2, "breadth_first")},  // tied embeddings: stage 0 on rank 0, stage 3 on rank 1
               {"llama", 1, pp(2, 2, "depth_first")},
-              {"gpt2", 1, pp(2, 1, "depth_first", {"distributed.zero_stage=0"})}};
+              {"gpt2", 1, pp(2, 1, "depth_first", {"distributed.zero_stage=0"})},
+              // micro-sequences: 3 chunks of 8 tokens, and 4 of 6 with a sliding window
+              {"llama", 1, pp(2, 1, "breadth_first", {"batch.micro_sequence_length=8"})},
+              {"mistral", 1, pp(2, 2, "depth_first", {"model.sliding_window=7", "batch.micro_sequence_length=6"})}};
     case 3:
       return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
     case 4:
@@ -163,7 +168,8 @@ std::vector<Case> cases_for(int n) {
               {"llama", 2, {"distributed.cross_entropy_splits=3"}},
               {"llama", 2, {"model.z_loss=0.01", "model.label_smoothing=0.1"}},  // vocab-parallel vs fused
               {"gpt2", 2, {"model.z_loss=0.001", "distributed.sequence_parallel=true"}},
-              {"gpt2", 2, {"distributed.sequence_parallel=true", "distributed.cross_entropy_splits=5"}}};
+              {"gpt2", 2, {"distributed.sequence_parallel=true", "distributed.cross_entropy_splits=5"}},
+              {"llama", 2, {"distributed.sequence_parallel=true", "batch.micro_sequence_length=8"}}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};
     case 4:
@@ -278,7 +284,8 @@ TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance"
   auto nccl = make_nccl_comm(world());
   for (const Case& c : std::vector<Case>{{"llama", 1, pp(2, 1, "breadth_first")},
                                          {"gpt2", 1, pp(2, 2, "breadth_first")},
-                                         {"llama", 1, pp(2, 2, "depth_first")}})
+                                         {"llama", 1, pp(2, 2, "depth_first")},
+                                         {"llama", 1, pp(2, 1, "breadth_first", {"batch.micro_sequence_length=8"})}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 

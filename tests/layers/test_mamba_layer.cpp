@@ -30,7 +30,7 @@ struct Segments {
     int max_len = 0;
     for (int64_t s = 0; s + 1 < cu->numel(); ++s)
       max_len = std::max(max_len, cu.ptr<int32_t>()[s + 1] - cu.ptr<int32_t>()[s]);
-    return {cu, positions, max_len};
+    return {.cu_seqlens = cu, .positions = positions, .max_seqlen = max_len};
   }
 };
 
@@ -201,7 +201,7 @@ TEST_CASE("mamba layer on the GPU (bf16) matches the CPU layer within bf16 toler
   layers::Mamba gm(gpu, "m", c), cm(cpu, "m", c);
   const Segments seg = segments(docs);
   DeviceTensor gcu = to_gpu(seg.cu), gpos = to_gpu(seg.positions);
-  const layers::SegmentInfo gseg{gcu.t, gpos.t, seg.info().max_seqlen};
+  const layers::SegmentInfo gseg{.cu_seqlens = gcu.t, .positions = gpos.t, .max_seqlen = seg.info().max_seqlen};
   auto [gx, x64] = device_input(randn({T, C}, DType::F32, "gpu.x"), DType::BF16);
   auto [gdy, dy64] = device_input(randn({T, C}, DType::F32, "gpu.dy"), DType::BF16);
 

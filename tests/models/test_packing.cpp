@@ -1,6 +1,7 @@
 // Packed training equals training each document alone: a packed micro-batch gives the same
 // per-document losses and the same parameter gradients as running every document piece as its
-// own sequence (fp64, CPU). Cases: 1-token documents, a document filling a whole sequence, a
+// own sequence (fp64, CPU; attention, Mamba and hybrid Mamba + MoE + attention models: the
+// conv window and the scan state restart at each document). Cases: 1-token documents, a document filling a whole sequence, a
 // document cut at the sequence end (its continuation starts the next sequence), many documents.
 #include <doctest/doctest.h>
 
@@ -42,9 +43,13 @@ Sample piece(const Sample& s, int a, int b) {
 
 TEST_CASE("packed documents train exactly like documents alone (per-document losses and gradients)") {
   const int S = 12;
-  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral}) {
-    CAPTURE(family_name(f));
+  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral, ModelFamily::Mamba,
+                        ModelFamily::Hybrid}) {
+    CAPTURE(std::string(family_name(f)));
     ModelConfig c = tiny_model(f);
+    // (the hybrid's MoE without auxiliary losses: load balancing is a statistic of the whole
+    // batch, not of each document; the routing itself is per token)
+    c.moe_aux_loss_coef = c.moe_z_loss_coef = 0;
     auto model = make_model(c, Device::CPU, DType::F64);
     randomize_weights(model->params(), "packing");
     // seq0: 1-token documents, a longer one, and a document cut at the end; seq1: one document

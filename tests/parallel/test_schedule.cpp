@@ -33,13 +33,29 @@ TEST_CASE("pipeline schedules: depth-first and breadth-first orders") {
         "rank 1: F1.0<r0 F1.1<r0 F3.0<r0 F3.1<r0 B3.0 B3.1 B1.0<r0 B1.1<r0\n");
 }
 
+TEST_CASE("pipeline schedules with micro-sequences: chunks forward in order, backward in reverse") {
+  const PipelineLayout l{2, 1};
+  // 2 micro-batches of 2 chunks: units 0, 1 (micro-batch 0) and 2, 3 (micro-batch 1).
+  CHECK(names(build_schedule(l, 4, ScheduleKind::DepthFirst, true, 2)) ==
+        "F0.0 F1.0 F0.1 F1.1 B1.1 B0.1 B1.0 B0.0 F0.2 F1.2 F0.3 F1.3 B1.3 B0.3 B1.2 B0.2");
+  CHECK(names(build_schedule(l, 4, ScheduleKind::BreadthFirst, true, 2)) ==
+        "F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 F1.3 B1.1 B1.0 B1.3 B1.2 B0.1 B0.0 B0.3 B0.2");
+  const PipelineLayout pl{2, 2};
+  CHECK(describe_schedule(build_schedule(pl, 2, ScheduleKind::DepthFirst, true, 2), pl, 2) ==
+        "rank 0: F0.0:0 F0.0:1 B0.0:1<r1 B0.0:0<r1\n"
+        "rank 1: F1.0:0<r0 F1.0:1<r0 B1.0:1 B1.0:0\n");
+  CHECK_THROWS_WITH(build_schedule(l, 3, ScheduleKind::DepthFirst, true, 2), doctest::Contains("whole micro-batches"));
+}
+
 TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags") {
   for (ScheduleKind kind : {ScheduleKind::BreadthFirst, ScheduleKind::DepthFirst})
     for (int ranks : {1, 2, 3})
       for (int per_rank : {1, 2, 3})
-        for (int M : {1, 4, 5}) {
+        for (int chunks : {1, 2, 3})
+        for (int mbs : {1, 2, 5}) {
+          const int M = mbs * chunks;
           const PipelineLayout l{ranks * per_rank, ranks};
-          const auto s = build_schedule(l, M, kind, true);
+          const auto s = build_schedule(l, M, kind, true, chunks);
           CAPTURE(names(s));
           REQUIRE(s.size() == static_cast<size_t>(2 * l.stages * M));
           std::set<std::tuple<bool, int, int>> done;
@@ -52,6 +68,11 @@ TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags"
               CHECK(done.count({false, st.stage, st.micro_batch}));
               if (st.stage + 1 < l.stages) CHECK(done.count({true, st.stage + 1, st.micro_batch}));
             }
+            // Micro-sequences: a chunk's forward on a stage after the previous chunk's (its keys),
+            // its backward after the next chunk's (the gradients of its keys).
+            const int c = st.micro_batch % chunks;
+            if (!st.backward && c > 0) CHECK(done.count({false, st.stage, st.micro_batch - 1}));
+            if (st.backward && c + 1 < chunks) CHECK(done.count({true, st.stage, st.micro_batch + 1}));
             CHECK(done.insert({st.backward, st.stage, st.micro_batch}).second);
             CHECK(tags.insert(pipeline_tag(l, M, st.backward, st.stage, st.micro_batch)).second);
           }

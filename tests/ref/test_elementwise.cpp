@@ -138,3 +138,33 @@ TEST_CASE("elementwise ops reject mismatched shapes and dtypes, naming the argum
   CHECK_THROWS_WITH_AS(ops::sum(ids), doctest::Contains("expected f32, f64 or bf16"), Error);
   CHECK_THROWS_WITH_AS(ops::cast(a, b4), doctest::Contains("dst has shape"), Error);
 }
+
+TEST_CASE("copy_columns copies and accumulates a block of columns between dtypes; checks ranges") {
+  const int64_t rows = 5, cs = 11, cd = 9, width = 4;
+  for (DType sd : kDtypes)
+    for (DType dd : kDtypes)
+      for (bool acc : {false, true}) {
+        INFO(dtype_name(sd), " -> ", dtype_name(dd), acc ? " (+=)" : " (=)");
+        Owned src = randn({rows, cs}, sd, "cc.src"), dst = randn({rows, cd}, dd, "cc.dst");
+        Owned before = empty({rows, cd}, DType::F64, Device::CPU);
+        ops::cast(dst, before);
+        ops::copy_columns(src, 6, dst, 3, width, acc);
+        const bool f64 = sd == DType::F64 || dd == DType::F64;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cd; ++c) {
+            const double old = get(before, r * cd + c);
+            double want = old;  // columns outside [3, 7) untouched
+            if (c >= 3 && c < 3 + width) {
+              const double v = get(src, r * cs + 6 + c - 3);
+              want = !acc ? v : f64 ? old + v : static_cast<float>(static_cast<float>(old) + static_cast<float>(v));
+              want = rounded(want, dd);
+            }
+            CHECK(get(dst, r * cd + c) == want);
+          }
+      }
+  Owned a = zeros({3, 4}, DType::F32, Device::CPU), b = zeros({3, 4}, DType::F32, Device::CPU),
+        c = zeros({2, 4}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH(ops::copy_columns(a, 2, b, 0, 3), doctest::Contains("columns [2, 5) of src"));
+  CHECK_THROWS_WITH(ops::copy_columns(a, 0, b, 2, 3), doctest::Contains("columns [2, 5) of dst"));
+  CHECK_THROWS_WITH(ops::copy_columns(a, 0, c, 0, 1), doctest::Contains("rows"));
+}

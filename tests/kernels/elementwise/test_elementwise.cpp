@@ -183,3 +183,18 @@ TEST_CASE("cuda element-wise ops reject mismatched operands") {
   CHECK_THROWS_AS(ops::sum(i32), Error);
   CHECK_THROWS_AS(ops::cast(a, shorter), Error);
 }
+
+TEST_CASE("cuda copy_columns equals the CPU reference bit for bit (=, +=, bf16 <-> f32)") {
+  if (!gpu_available_or_skip()) return;
+  const int64_t rows = 37, cs = 40, cd = 24, width = 16;
+  for (DType sd : kDtypes)
+    for (DType dd : kDtypes)
+      for (bool acc : {false, true}) {
+        INFO(dtype_name(sd), " -> ", dtype_name(dd), acc ? " (+=)" : " (=)");
+        Owned src = randn({rows, cs}, sd, "cc.src"), dst = randn({rows, cd}, dd, "cc.dst");
+        DeviceTensor dsrc = to_gpu(src, 1), ddst = to_gpu(dst, 1);
+        ops::copy_columns(src, 8, dst, 5, width, acc);
+        ops::copy_columns(dsrc.t, 8, ddst.t, 5, width, acc);
+        CHECK(bitwise_equal(ddst.t, dst));
+      }
+}
