@@ -140,7 +140,9 @@ std::vector<Case> pipeline_cases_for(int n) {
               {"gpt2", 1, pp(2, 1, "depth_first", {"distributed.zero_stage=0"})},
               // micro-sequences: 3 chunks of 8 tokens, and 4 of 6 with a sliding window
               {"llama", 1, pp(2, 1, "breadth_first", {"batch.micro_sequence_length=8"})},
-              {"mistral", 1, pp(2, 2, "depth_first", {"model.sliding_window=7", "batch.micro_sequence_length=6"})}};
+              {"mistral", 1, pp(2, 2, "depth_first", {"model.sliding_window=7", "batch.micro_sequence_length=6"})},
+              {"hybrid", 1, pp(2, 1, "breadth_first", {"model.hybrid_layout=\"MEAM\"", "model.num_experts=3",
+                                                       "model.moe_aux_loss_coef=0.01"})}};
     case 3:
       return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
     case 4:
@@ -169,7 +171,11 @@ std::vector<Case> cases_for(int n) {
               {"llama", 2, {"model.z_loss=0.01", "model.label_smoothing=0.1"}},  // vocab-parallel vs fused
               {"gpt2", 2, {"model.z_loss=0.001", "distributed.sequence_parallel=true"}},
               {"gpt2", 2, {"distributed.sequence_parallel=true", "distributed.cross_entropy_splits=5"}},
-              {"llama", 2, {"distributed.sequence_parallel=true", "batch.micro_sequence_length=8"}}};
+              {"llama", 2, {"distributed.sequence_parallel=true", "batch.micro_sequence_length=8"}},
+              // mixture of experts (experts' F split) and Mamba (d_inner split) blocks
+              {"mixtral", 2, {"model.num_experts=4", "model.moe_aux_loss_coef=0.01", "model.moe_z_loss_coef=0.001"}},
+              {"hybrid", 2, {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
+                             "model.mamba_d_state=4", "distributed.sequence_parallel=true"}}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};
     case 4:
