@@ -304,10 +304,11 @@ struct Checker {
     blocks();
     const bool attention = block_layout(m).find_first_of("AE") != std::string::npos;
     if (!attention && !set("model.num_heads")) {  // no attention: the attention keys do not matter
-      m.num_heads = 1;
+      if (m.num_heads <= 0) m.num_heads = 1;      // (the effective config writes this 1 back)
       if (!set("model.head_dim")) m.head_dim = m.hidden_size;
     }
-    required_positive("model.num_heads", m.num_heads);
+    if (attention) required_positive("model.num_heads", m.num_heads);
+    positive("model.num_heads", m.num_heads);
 
     if (set("model.num_kv_heads")) {
       positive("model.num_kv_heads", m.num_kv_heads);

@@ -448,3 +448,15 @@ TEST_CASE("config: load_config reads a file, resolves paths and names a missing 
   CHECK_THROWS_WITH_AS(load_config(dir.string()), doctest::Contains("is a directory"), Error);
   fs::remove_all(dir);
 }
+
+TEST_CASE("config: every file in configs/ loads and its effective config round-trips") {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("configs")) {
+    if (e.path().extension() != ".toml") continue;
+    CAPTURE(e.path().string());
+    Config c = load_config(e.path().string());
+    CHECK(parse_config(config_to_toml(c), "again.toml") == c);
+    ++n;
+  }
+  CHECK(n >= 10);
+}

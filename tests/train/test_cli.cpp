@@ -151,7 +151,8 @@ std::string python_with(const std::string& module) {
 }
 }  // namespace
 
-TEST_CASE("demo data: tiny gpt2 and llama configs learn the demo corpus through ./train" * doctest::test_suite("slow")) {
+TEST_CASE("demo data: the tiny configs (gpt2, llama, mixtral, mamba, hybrid) learn the demo corpus through ./train" *
+          doctest::test_suite("slow")) {
   if (!has_train_binary()) return;
   const std::string python = python_with("json");
   if (python.empty()) {
@@ -163,7 +164,7 @@ TEST_CASE("demo data: tiny gpt2 and llama configs learn the demo corpus through 
   REQUIRE(std::system((python + " scripts/make_demo_corpus.py --documents 600 " + (dir / "corpus.jsonl").string() +
                        " >/dev/null && " + python + " scripts/prepare_data.py " + (dir / "corpus.jsonl").string() +
                        " --output " + (dir / "demo").string() + " >/dev/null").c_str()) == 0);
-  for (const char* name : {"tiny-gpt2", "tiny-llama"}) {
+  for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-mixtral", "tiny-mamba", "tiny-hybrid"}) {
     CAPTURE(name);
     const std::string out = (dir / "runs").string();
     Result r = run(std::string("configs/") + name + ".toml 'data.train=[\"" + (dir / "demo").string() +
