@@ -76,9 +76,15 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
                  }),
                  flops, 0, ""});
-  if (cuda::grouped_forward_wgmma_available())
-    out.push_back({base + " fwd grouped wgmma", time_ms([&] {
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::Wgmma))
+    out.push_back({base + " fwd grouped wgmma cp.async", time_ms([&] {
                      cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Wgmma);
+                     ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
+                   }),
+                   flops, 0, ""});
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.n % 64 == 0)
+    out.push_back({base + " fwd grouped wgmma TMA", time_ms([&] {
+                     cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
                    }),
                    flops, 0, ""});

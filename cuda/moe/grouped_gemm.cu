@@ -268,19 +268,36 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offs
   expect_rows(x, R, g.k, op, "x");
   expect_rows(y, R, g.n, op, "y");
   const GroupedForwardKernel kernel = g_forward_kernel.load();
-  ENSURE(kernel != GroupedForwardKernel::Wgmma || forward_sm90_available(), op,
-         ": the wgmma kernel is not built for this device");
-  if (kernel != GroupedForwardKernel::MmaSync) {
-    const ForwardArgs a{static_cast<const gbf16*>(x.data), static_cast<const gbf16*>(w.data),
-                        static_cast<gbf16*>(y.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
-                        static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
-    if (forward_sm90(a)) return;
+  const ForwardArgs a{static_cast<const gbf16*>(x.data), static_cast<const gbf16*>(w.data),
+                      static_cast<gbf16*>(y.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
+                      static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
+  switch (kernel) {
+    case GroupedForwardKernel::WgmmaTma:
+      ENSURE(forward_sm90_eligible(a, true), op,
+             ": the TMA wgmma kernel is not built for this device or needs N/S % 64 == 0");
+      forward_sm90(a, true);
+      return;
+    case GroupedForwardKernel::Wgmma:
+      ENSURE(forward_sm90_available(false), op, ": the wgmma kernel is not built for this device");
+      forward_sm90(a, false);
+      return;
+    case GroupedForwardKernel::MmaSync:
+      break;
+    case GroupedForwardKernel::Auto:
+      if (forward_sm90(a, true) || forward_sm90(a, false)) return;
+      break;
   }
   launch_rows(false, x, w, offsets, counts, y, g);
 }
 
 void set_grouped_forward_kernel(GroupedForwardKernel k) { g_forward_kernel = k; }
-bool grouped_forward_wgmma_available() { return forward_sm90_available(); }
+bool grouped_forward_kernel_available(GroupedForwardKernel k) {
+  switch (k) {
+    case GroupedForwardKernel::WgmmaTma: return forward_sm90_available(true);
+    case GroupedForwardKernel::Wgmma: return forward_sm90_available(false);
+    default: return true;
+  }
+}
 
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx) {

@@ -13,6 +13,9 @@
 //   copies of step kt + 2, then 4 wgmma on stage kt, commit, and wait until at most one group
 //   (this step's) is in flight.
 // Rows past the expert's count are zero-filled and never stored; columns past N likewise.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -87,6 +90,67 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1));
 }
+
+// The 128 x 256 tile of y held by the two consumer warpgroups (warpgroup wg: rows 64 wg ..;
+// its thread `tid` (mod 128) the wgmma fragment of 16 rows per warp, 2 columns per n8 block):
+// rows below rows_valid and columns below n stored as bf16 pairs.
+__device__ __forceinline__ void store_tile(const float (&acc)[128], gbf16* y, int64_t n,
+                                           int64_t row0, int64_t n0, int64_t rows_valid, int wg,
+                                           int tid) {
+  const int lane = tid & 31, warp = (tid >> 5) & 3;
+  const int r = wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int64_t c = n0 + j * 8 + 2 * (lane & 3);
+    if (c >= n) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int rr = r + 8 * half;
+      if (rr < rows_valid)
+        *reinterpret_cast<uint32_t*>(y + (row0 + rr) * n + c) =
+            flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]);
+    }
+  }
+}
+
+// ---- mbarriers and the tensor memory accelerator (TMA) ----------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the barrier's phase `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 #endif  // MOE_WGMMA
 
 struct FwdParams {
@@ -141,20 +205,103 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
   wgmma_wait<0>();
   acc_fence(acc);
   cp_async_wait<0>();
-  const int lane = tid & 31, warp = (tid >> 5) & 3;
-  const int r = wg * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
-    const int64_t c = n0 + j * 8 + 2 * (lane & 3);
-    if (c >= p.a.n) continue;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int rr = r + 8 * half;
-      if (rr < te.rows_valid)
-        *reinterpret_cast<uint32_t*>(p.a.y + (row0 + rr) * p.a.n + c) =
-            flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]);
+  store_tile(acc, p.a.y, p.a.n, row0, n0, te.rows_valid, wg, tid);
+#endif
+}
+
+
+// ---- The warp-specialised TMA variant ----------------------------------------------------------
+// Same tile, stages and wgmma as above; the operands arrive by TMA instead: warp 8 (one thread)
+// is the producer, warps 0-7 the two consumer warpgroups. Stage s has a `full` barrier (the
+// producer's expect_tx; completes when the stage's bytes have landed) and an `empty` barrier
+// (one arrival per consumer warpgroup once the wgmma reading the stage has retired), so no
+// block-wide barrier runs in the k loop and the producer runs up to kStages steps ahead.
+// x is one 2-D map (K, R), box 64 x 128; w a 3-D map (K, N/S, S E), box 64 x 64 x 1, four
+// boxes per B tile (each inside one stack: needs N/S % 64 == 0), boxes wholly past N skipped.
+// Both in the 128-byte swizzle, which is the layout the descriptors above read. Rows and
+// columns past the tensors are zero-filled; rows of other experts inside a tile are loaded but
+// never stored.
+constexpr int kTmaThreads = 288;  // 2 consumer warpgroups + 1 producer warp
+constexpr int kBoxRows = 64;
+constexpr size_t kTmaSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * 8 + 1024;
+
+struct TmaParams {
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  gbf16* y;                // (R, N)
+  int experts;
+  int64_t n, k, n_per_stack;
+  int tiles_m, tiles_n;
+};
+
+static __global__ void __launch_bounds__(kTmaThreads, 1)
+    forward_tma_kernel(const __grid_constant__ CUtensorMap map_x,
+                       const __grid_constant__ CUtensorMap map_w, const TmaParams p) {
+#ifdef MOE_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
+  int tm, tn;
+  raster<8>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
+  const int64_t row0 = int64_t{tm} * kBM;
+  const TileExpert te = tile_expert(p.offsets, p.counts, p.experts, row0);
+  if (te.rows_valid <= 0) return;
+  const int64_t n0 = int64_t{tn} * kBN;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 2);
     }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    flash::fence_proxy_async();
   }
+  __syncthreads();
+  const int nk = static_cast<int>(ceil_div(p.k, kBK));
+
+  if (warp == 8) {  // producer
+    if ((tid & 31) == 0) {
+      int boxes = 0;  // B boxes inside N (the rest are skipped)
+      for (int q = 0; q < kBN / kBoxRows; ++q) boxes += n0 + q * kBoxRows < p.n;
+      const uint32_t bytes = kATileBytes + boxes * kBoxRows * kBK * 2;
+      for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty0 + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
+        mbar_expect_tx(full, bytes);
+        const int k0 = kt * kBK;
+        tma_load_2d(stage, &map_x, k0, static_cast<int>(row0), full);
+        for (int q = 0; q < boxes; ++q) {
+          const int64_t n = n0 + q * kBoxRows, st = n / p.n_per_stack;
+          tma_load_3d(stage + kATileBytes + q * kBoxRows * kBK * 2, &map_w, k0,
+                      static_cast<int>(n - st * p.n_per_stack),
+                      static_cast<int>(st * p.experts + te.e), full);
+        }
+      }
+    }
+    return;
+  }
+
+  const int wg = warp >> 2;  // consumer warpgroup 0 or 1
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  acc_fence(acc);
+  for (int kt = 0; kt < nk; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full0 + 8 * s, (kt / kStages) & 1);
+    const uint32_t stage = base + s * kStageBytes;
+    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
+    wgmma_commit();
+    wgmma_wait<1>();  // step kt - 1 has retired: its stage goes back to the producer
+    if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  acc_fence(acc);
+  store_tile(acc, p.y, p.n, row0, n0, te.rows_valid, wg, tid & 127);
 #endif
 }
 
@@ -178,19 +325,80 @@ bool available() {
   return ok;
 }
 
+// cuTensorMapEncodeTiled from the driver (no link against libcuda); nullptr where absent.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+bool tma_available() {
+  static const bool ok = [] {
+    if (!available() || encode_fn() == nullptr) return false;
+    CUDA_CHECK(cudaFuncSetAttribute(forward_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kTmaSmemBytes)));
+    return true;
+  }();
+  return ok;
+}
+
+// A bf16 tensor map in the 128-byte swizzle: dims and box innermost first, strides in bytes.
+CUtensorMap tensor_map(const void* p, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                       const cuuint32_t* box) {
+  CUtensorMap m;
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                                 const_cast<void*>(p), dims, strides, box, elem,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  ENSURE(r == CUDA_SUCCESS, "grouped linear: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ")");
+  return m;
+}
+
 }  // namespace
 
-bool forward_sm90_available() { return available(); }
+bool forward_sm90_available(bool tma) { return tma ? tma_available() : available(); }
 
-bool forward_sm90(const ForwardArgs& a) {
-  if (!available()) return false;
+bool forward_sm90_eligible(const ForwardArgs& a, bool tma) {
+  if (!forward_sm90_available(tma)) return false;
+  return !tma || (a.n_per_stack % kBoxRows == 0 && a.rows <= INT32_MAX && a.k <= INT32_MAX);
+}
+
+bool forward_sm90(const ForwardArgs& a, bool tma) {
+  if (!forward_sm90_eligible(a, tma)) return false;
   const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(a.n, kBN);
   if (tiles_m == 0 || tiles_n == 0) return true;
   ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", a.n,
          " columns: too many tiles");
-  FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
-  forward_wgmma_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes, stream()>>>(p);
-  check_launch("forward_wgmma_kernel");
+  const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
+  if (!tma) {
+    FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
+    forward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream()>>>(p);
+    check_launch("forward_wgmma_kernel");
+    return true;
+  }
+  const cuuint64_t xd[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.rows)};
+  const cuuint64_t xs[1] = {static_cast<cuuint64_t>(a.k) * 2};
+  const cuuint32_t xb[2] = {kBK, kBM};
+  const cuuint64_t wd[3] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.n_per_stack),
+                            static_cast<cuuint64_t>(a.stacks * a.experts)};
+  const cuuint64_t ws[2] = {static_cast<cuuint64_t>(a.k) * 2,
+                            static_cast<cuuint64_t>(a.n_per_stack * a.k) * 2};
+  const cuuint32_t wb[3] = {kBK, kBoxRows, 1};
+  const CUtensorMap mx = tensor_map(a.x, 2, xd, xs, xb), mw = tensor_map(a.w, 3, wd, ws, wb);
+  const TmaParams p{a.offsets, a.counts, a.y, a.experts, a.n, a.k, a.n_per_stack,
+                    static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
+  forward_tma_kernel<<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(mx, mw, p);
+  check_launch("forward_tma_kernel");
   return true;
 }
 

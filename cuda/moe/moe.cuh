@@ -44,12 +44,14 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
                             const Tensor& counts, const Tensor& y);
-// The kernel behind grouped_linear_forward: Auto = wgmma (grouped_gemm_sm90.cu) where it is built
-// for the device (sm_90a code on a compute capability 9.0 GPU), else mma.sync; the others force
-// one (tests and benchmarks; Wgmma where it is not available is an error). Process-wide.
-enum class GroupedForwardKernel { Auto, MmaSync, Wgmma };
+// The kernel behind grouped_linear_forward. Auto: the TMA wgmma kernel where it is built for the
+// device (sm_90a code on a compute capability 9.0 GPU) and takes the shapes (N/S % 64 == 0),
+// else the cp.async wgmma kernel on sm_90, else mma.sync (grouped_gemm_sm90.cu,
+// grouped_gemm.cu). The others force one (tests and benchmarks; one that is not available, or
+// TMA on shapes it does not take, is an error). Process-wide.
+enum class GroupedForwardKernel { Auto, MmaSync, Wgmma, WgmmaTma };
 void set_grouped_forward_kernel(GroupedForwardKernel k);
-bool grouped_forward_wgmma_available();
+bool grouped_forward_kernel_available(GroupedForwardKernel k);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,

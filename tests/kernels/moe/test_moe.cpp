@@ -107,11 +107,14 @@ struct Layout {
 }
 
 #ifdef ENGINE_CUDA
-// The forward kernels this device runs: mma.sync always, wgmma on sm_90.
-std::vector<cuda::GroupedForwardKernel> forward_kernels() {
-  std::vector<cuda::GroupedForwardKernel> k = {cuda::GroupedForwardKernel::MmaSync};
-  if (cuda::grouped_forward_wgmma_available()) k.push_back(cuda::GroupedForwardKernel::Wgmma);
+// The forward kernels this device runs on weights with n_per_stack rows per stack: mma.sync
+// always; on sm_90 the cp.async wgmma kernel, and the TMA one where N/S % 64 == 0.
+std::vector<cuda::GroupedForwardKernel> forward_kernels(int64_t n_per_stack) {
+  using K = cuda::GroupedForwardKernel;
+  std::vector<K> k = {K::MmaSync};
+  if (cuda::grouped_forward_kernel_available(K::Wgmma)) k.push_back(K::Wgmma);
   else MESSAGE("no wgmma forward kernel on this device: mma.sync only");
+  if (cuda::grouped_forward_kernel_available(K::WgmmaTma) && n_per_stack % 64 == 0) k.push_back(K::WgmmaTma);
   return k;
 }
 #endif
@@ -128,6 +131,8 @@ const std::vector<GemmCase> kGemmCases = {
     {"two stacks of 100 rows (gate | up)", {77, 0, 250}, 2, 200, 96},
     {"all experts empty", {0, 0, 0}, 1, 64, 64},
     {"K smaller than a k step", {5, 140}, 1, 24, 8},
+    {"two stacks of 192 (TMA), K tail, skewed", {300, 0, 5, 129}, 2, 384, 72},
+    {"N 320: a partial B tile (TMA), K 136", {1000, 3, 0, 20}, 1, 320, 136},
 };
 
 }  // namespace
@@ -330,7 +335,7 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       Owned y64 = empty({R, c.n}, DType::F64, Device::CPU);
       ref::grouped_linear_forward(x64, w64, l.offsets, l.counts, y64);
       Owned yref = owned_rows(y64, l);
-      for (cuda::GroupedForwardKernel kernel : forward_kernels()) {
+      for (cuda::GroupedForwardKernel kernel : forward_kernels(c.n / c.stacks)) {
         INFO("forward kernel " << static_cast<int>(kernel));
         cuda::set_grouped_forward_kernel(kernel);
         DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16);
@@ -384,7 +389,7 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
     ops::matmul(gdy.t.slice(r0, r0 + n), true, gx.t.slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});
   }
   Owned yr = owned_rows(gy_ref.t, l), dxr = owned_rows(gdx_ref.t, l);
-  for (cuda::GroupedForwardKernel kernel : forward_kernels()) {
+  for (cuda::GroupedForwardKernel kernel : forward_kernels(N)) {
     INFO("forward kernel " << static_cast<int>(kernel));
     cuda::set_grouped_forward_kernel(kernel);
     poison(gy.t);
