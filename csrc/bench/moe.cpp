@@ -3,8 +3,10 @@
 // cuBLASLt GEMMs over the experts (ops::matmul on each expert's rows, host-known row counts), in
 // TFLOP/s of useful work (2 x rows x K x N, padding rows not counted), for the three products:
 //   fwd   Y_e = X_e W_e^T             (rows, K) x (N, K)^T -> (rows, N) bf16
-//   dgrad dX_e = dY_e W_e             (rows, N) x (N, K)   -> (rows, K) bf16
-//   wgrad dW_e += dY_e^T X_e          f32 accumulation into (E, N, K)
+//   dgrad dX_e = dY_e W_e             (rows, N) x (N, K)   -> (rows, K) bf16 (mma.sync, and on
+//         sm_90 a transposed weight copy + the TMA forward kernel, the copy's time included)
+//   wgrad dW_e += dY_e^T X_e          f32 accumulation into (E, N, K) (mma.sync, and on sm_90
+//         transposed copies of dY and X + a TMA wgmma kernel, the copies' time included)
 // Shapes (scripts/bench_torch_moe.py times torch._grouped_mm and a torch.matmul loop on the same):
 //   balanced  8 experts sharing 32768 rows evenly (4096 each), 4096 -> 7168: the reading of
 //             ../shared/DEVICE.md's "8 experts, 32768 tokens, 4096 -> 7168" (torch._grouped_mm
@@ -95,16 +97,36 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    });
                  }),
                  flops, 0, ""});
-  out.push_back({base + " dgrad grouped",
-                 time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx); }), flops, 0, ""});
+  out.push_back({base + " dgrad grouped mma.sync", time_ms([&] {
+                   cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::MmaSync);
+                   ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
+                 }),
+                 flops, 0, ""});
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.k % 64 == 0)
+    out.push_back({base + " dgrad grouped transpose + wgmma TMA", time_ms([&] {
+                     cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
+                     ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
+                   }),
+                   flops, 0, "incl. the weight transpose"});
+  cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " dgrad cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
                      ops::matmul(y->slice(r0, r0 + n), false, we, false, dx->slice(r0, r0 + n));
                    });
                  }),
                  flops, 0, ""});
-  out.push_back({base + " wgrad grouped f32+=",
-                 time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw); }), flops, 0, ""});
+  out.push_back({base + " wgrad grouped mma.sync f32+=", time_ms([&] {
+                   cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::MmaSync);
+                   ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
+                 }),
+                 flops, 0, ""});
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
+    out.push_back({base + " wgrad grouped transposes + wgmma TMA f32+=", time_ms([&] {
+                     cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
+                     ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
+                   }),
+                   flops, 0, "incl. the transposes of dY and X"});
+  cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " wgrad cuBLASLt loop f32+=", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor&, const Tensor& dwe) {
                      ops::matmul(y->slice(r0, r0 + n), true, x->slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});

@@ -121,4 +121,17 @@ bool forward_sm90(const ForwardArgs& a, bool tma);
 bool forward_sm90_available(bool tma);
 bool forward_sm90_eligible(const ForwardArgs& a, bool tma);
 
+// The weight gradient on the TMA wgmma kernel, through transposed copies of dy and x (scratch
+// of their sizes for the call). Returns false when the kernel is not built for this device.
+struct WgradArgs {
+  const gbf16* dy;         // (R, N)
+  const gbf16* x;          // (R, K)
+  float* dw;               // (S, E, N/S, K), +=
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  int experts;
+  int64_t rows, n, k, n_per_stack, stacks;
+};
+bool wgrad_sm90(const WgradArgs& a);
+
 }  // namespace engine::cuda::grouped

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
 
@@ -305,6 +306,130 @@ static __global__ void __launch_bounds__(kTmaThreads, 1)
 #endif
 }
 
+// ---- The weight gradient on the same machinery ---------------------------------------------------
+// dW_e (N, K) += dY_e^T X_e is, with dyt = dY^T (N, R') and xt = X^T (K, R') (the row-major
+// transposes, padding rows zeroed: see transpose_rows_kernel), the product dyt_e xt_e^T with
+// both operands K-major (the reduction runs along their rows): the forward kernel's form with a
+// per-expert reduction range. Block: tile (expert e, 128 rows of N, 256 of K) reducing over e's
+// rows [offsets_e, offsets_e + counts_e) in steps of 64 (past the count: the transposes' zero
+// columns, up to the 128-row padding); A box 64 x 128 of dyt, four 64 x 64 boxes of xt (those
+// wholly past K skipped). Epilogue: f32 += into dW_e (stacked rows), each tile by one block.
+struct WgradTmaParams {
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  float* dw;               // (S, E, N/S, K)
+  int experts;
+  int64_t n, k, n_per_stack, stacks;
+  int tiles_n, tiles_k;
+};
+
+static __global__ void __launch_bounds__(kTmaThreads, 1)
+    wgrad_tma_kernel(const __grid_constant__ CUtensorMap map_dyt,
+                     const __grid_constant__ CUtensorMap map_xt, const WgradTmaParams p) {
+#ifdef MOE_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
+  const int per_expert = p.tiles_n * p.tiles_k;
+  const int e = blockIdx.x / per_expert, rem = blockIdx.x % per_expert;
+  const int64_t n0 = int64_t{rem / p.tiles_k} * kBM, c0 = int64_t{rem % p.tiles_k} * kBN;
+  const int count = p.counts[e];
+  if (count == 0) return;
+  const int r0 = p.offsets[e];
+  const int tid = threadIdx.x, warp = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    flash::fence_proxy_async();
+  }
+  __syncthreads();
+  const int nk = (count + kBK - 1) / kBK;
+
+  if (warp == 8) {  // producer
+    if ((tid & 31) == 0) {
+      int boxes = 0;
+      for (int q = 0; q < kBN / kBoxRows; ++q) boxes += c0 + q * kBoxRows < p.k;
+      const uint32_t bytes = kATileBytes + boxes * kBoxRows * kBK * 2;
+      for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty0 + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
+        mbar_expect_tx(full, bytes);
+        const int t0 = r0 + kt * kBK;
+        tma_load_2d(stage, &map_dyt, t0, static_cast<int>(n0), full);
+        for (int q = 0; q < boxes; ++q)
+          tma_load_2d(stage + kATileBytes + q * kBoxRows * kBK * 2, &map_xt, t0,
+                      static_cast<int>(c0 + q * kBoxRows), full);
+      }
+    }
+    return;
+  }
+
+  const int wg = warp >> 2;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  acc_fence(acc);
+  for (int kt = 0; kt < nk; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full0 + 8 * s, (kt / kStages) & 1);
+    const uint32_t stage = base + s * kStageBytes;
+    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  acc_fence(acc);
+  const RowMatrix<float> DW = expert_weight(p.dw, e, p.experts, p.n_per_stack, p.k, p.stacks);
+  const int lane = tid & 31, wq = warp & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t n = n0 + wg * 64 + wq * 16 + (lane >> 2) + 8 * half;
+    if (n >= p.n) continue;
+    float* row = DW.row(n);
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int64_t c = c0 + j * 8 + 2 * (lane & 3);
+      if (c < p.k) {
+        float2* d = reinterpret_cast<float2*>(row + c);
+        float2 v = *d;
+        v.x += acc[j * 4 + 2 * half];
+        v.y += acc[j * 4 + 2 * half + 1];
+        *d = v;
+      }
+    }
+  }
+#endif
+}
+
+// dst (C, ld) = src (R, C)^T with the rows outside every expert's range written as zeros (tiles
+// of 64 rows lie inside one expert's 128-row padded range; columns R .. ld - 1 are not written).
+static __global__ void transpose_rows_kernel(const uint16_t* src, uint16_t* dst, int64_t rows,
+                                             int64_t cols, int64_t ld, const int32_t* offsets,
+                                             const int32_t* counts, int experts) {
+  __shared__ uint16_t tile[64][66];  // bf16 bits
+  const int64_t c0 = int64_t{blockIdx.x} * 64, r0 = int64_t{blockIdx.y} * 64;
+  const int64_t valid = tile_expert(offsets, counts, experts, r0).rows_valid;
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int r = i / 64, c = i % 64;
+    const int64_t rr = r0 + r, cc = c0 + c;
+    if (rr < rows && cc < cols) tile[r][c] = r < valid ? src[rr * cols + cc] : uint16_t{0};
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int r = i / 64, c = i % 64;  // r along cols, c along rows
+    const int64_t cc = c0 + r, rr = r0 + c;
+    if (rr < rows && cc < cols) dst[cc * ld + rr] = tile[c][r];
+  }
+}
+
 // Built for this device (sm_90a code in the binary, a compute capability 9.0 GPU)?
 bool available() {
   static const bool ok = [] {
@@ -345,6 +470,8 @@ bool tma_available() {
   static const bool ok = [] {
     if (!available() || encode_fn() == nullptr) return false;
     CUDA_CHECK(cudaFuncSetAttribute(forward_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kTmaSmemBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(wgrad_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kTmaSmemBytes)));
     return true;
   }();
@@ -399,6 +526,36 @@ bool forward_sm90(const ForwardArgs& a, bool tma) {
                     static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
   forward_tma_kernel<<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(mx, mw, p);
   check_launch("forward_tma_kernel");
+  return true;
+}
+
+bool wgrad_sm90(const WgradArgs& a) {
+  if (!tma_available() || a.rows > INT32_MAX || a.k > INT32_MAX || a.n > INT32_MAX) return false;
+  const int64_t tiles_n = ceil_div(a.n, kBM), tiles_k = ceil_div(a.k, kBN);
+  const int64_t blocks = a.experts * tiles_n * tiles_k;
+  if (blocks == 0 || a.rows == 0) return true;
+  ENSURE(blocks < INT32_MAX, "grouped linear: too many weight-gradient tiles");
+  // The transposes, ld a multiple of 8 (TMA strides are multiples of 16 bytes).
+  const int64_t ld = (a.rows + 7) / 8 * 8;
+  Owned dyt = empty({a.n, ld}, DType::BF16, Device::CUDA), xt = empty({a.k, ld}, DType::BF16, Device::CUDA);
+  auto transpose = [&](const gbf16* src, int64_t cols, const Tensor& dst) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(cols, 64)), static_cast<unsigned>(ceil_div(a.rows, 64)));
+    transpose_rows_kernel<<<grid, 256, 0, stream()>>>(reinterpret_cast<const uint16_t*>(src),
+                                                      static_cast<uint16_t*>(dst.data), a.rows, cols,
+                                                      ld, a.offsets, a.counts, a.experts);
+    check_launch("transpose_rows_kernel");
+  };
+  transpose(a.dy, a.n, dyt);
+  transpose(a.x, a.k, xt);
+  const cuuint64_t ad[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(a.n)};
+  const cuuint64_t bd[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(a.k)};
+  const cuuint64_t st[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t ab[2] = {kBK, kBM}, bb[2] = {kBK, kBoxRows};
+  const CUtensorMap ma = tensor_map(dyt->data, 2, ad, st, ab), mb = tensor_map(xt->data, 2, bd, st, bb);
+  const WgradTmaParams p{a.offsets, a.counts, a.dw, a.experts, a.n, a.k, a.n_per_stack, a.stacks,
+                         static_cast<int>(tiles_n), static_cast<int>(tiles_k)};
+  wgrad_tma_kernel<<<static_cast<unsigned>(blocks), kTmaThreads, kTmaSmemBytes, stream()>>>(ma, mb, p);
+  check_launch("wgrad_tma_kernel");
   return true;
 }
 
