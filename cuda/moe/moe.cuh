@@ -59,7 +59,8 @@ void set_grouped_forward_kernel(GroupedForwardKernel k);
 void set_grouped_dgrad_kernel(GroupedForwardKernel k);
 // And for grouped_linear_backward_weight: Auto (or WgmmaTma) = the TMA wgmma kernel on sm_90
 // through transposed copies of dy and x (scratch of their sizes, padding rows zeroed), else
-// (MmaSync) the mma.sync kernel reading both through ldmatrix.trans. Wgmma is not offered here.
+// (MmaSync) the mma.sync kernel reading both through ldmatrix.trans; Auto also takes MmaSync
+// when R < 512 E. Wgmma is not offered here (means WgmmaTma).
 void set_grouped_wgrad_kernel(GroupedForwardKernel k);
 bool grouped_forward_kernel_available(GroupedForwardKernel k);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
