@@ -19,6 +19,11 @@
 // atomics (deterministic); experts with no rows exit.
 // Weights may be S stacks (w (S, E, N/S, K), row n of W_e in stack n / (N/S)): every loaded or
 // stored weight row computes its own address, so stacks of any height work.
+// On sm_90 the launchers below hand the work to grouped_gemm_sm90.cu's wgmma kernels by default
+// (set_grouped_*_kernel in moe.cuh): the forward directly (TMA, or cp.async where N/S % 64 != 0),
+// the input gradient as that forward on a transposed copy of the weights, the weight gradient
+// on transposed copies of dy and x; these mma.sync kernels remain the path elsewhere and for
+// few rows per expert.
 #include <algorithm>
 #include <atomic>
 #include <mutex>
