@@ -3,8 +3,10 @@
 // cuBLASLt GEMMs over the experts (ops::matmul on each expert's rows, host-known row counts), in
 // TFLOP/s of useful work (2 x rows x K x N, padding rows not counted), for the three products:
 //   fwd   Y_e = X_e W_e^T             (rows, K) x (N, K)^T -> (rows, N) bf16
-//   dgrad dX_e = dY_e W_e             (rows, N) x (N, K)   -> (rows, K) bf16
-//   wgrad dW_e += dY_e^T X_e          f32 accumulation into (E, N, K)
+//   dgrad dX_e = dY_e W_e             (rows, N) x (N, K)   -> (rows, K) bf16 (mma.sync, and on
+//         sm_90 a transposed weight copy + the TMA forward kernel, the copy's time included)
+//   wgrad dW_e += dY_e^T X_e          f32 accumulation into (E, N, K) (mma.sync, and on sm_90
+//         transposed copies of dY and X + a TMA wgmma kernel, the copies' time included)
 // Shapes (scripts/bench_torch_moe.py times torch._grouped_mm and a torch.matmul loop on the same):
 //   balanced  8 experts sharing 32768 rows evenly (4096 each), 4096 -> 7168: the reading of
 //             ../shared/DEVICE.md's "8 experts, 32768 tokens, 4096 -> 7168" (torch._grouped_mm
@@ -14,6 +16,16 @@
 // And the whole layer (layers::Moe) forward and backward at T = 16384, C = 2048, F = 5632,
 // E = 8, k = 2 (its GEMM FLOPs: 3 products of 2 T k C F each forward, twice that backward, plus
 // the router).
+//
+// Measured on one H200 (2026-11-30, this tree; torch 2.11 by scripts/bench_torch_moe.py the
+// same day), TFLOP/s, ours (Auto's kernel) / cuBLASLt loop / torch._grouped_mm:
+//   balanced  fwd 481 (TMA wgmma) / 787 / 764    dgrad 398 (transpose + TMA) / 785 / 762
+//             wgrad f32+= 414 (transposes + TMA) / 727 / 704 (torch: bf16 out)
+//   skewed    fwd 472 / 778 / 724                dgrad 393 / 780 / 725   wgrad 398 / 668 / 703
+//   small     fwd 237 / 100 / 207                dgrad 186 (mma.sync) / 95 / 219
+//             wgrad 40 (mma.sync; f32 dW read-modify-write bound) / 40 / 157 (bf16 out)
+//   other kernels: fwd mma.sync 348, fwd cp.async wgmma 438, dgrad mma.sync 288, wgrad mma.sync
+//   307 (balanced); layer fwd 5.18 ms (438), bwd 15.2 ms (298).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -76,9 +88,15 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
                  }),
                  flops, 0, ""});
-  if (cuda::grouped_forward_wgmma_available())
-    out.push_back({base + " fwd grouped wgmma", time_ms([&] {
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::Wgmma))
+    out.push_back({base + " fwd grouped wgmma cp.async", time_ms([&] {
                      cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Wgmma);
+                     ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
+                   }),
+                   flops, 0, ""});
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.n % 64 == 0)
+    out.push_back({base + " fwd grouped wgmma TMA", time_ms([&] {
+                     cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
                    }),
                    flops, 0, ""});
@@ -89,16 +107,36 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    });
                  }),
                  flops, 0, ""});
-  out.push_back({base + " dgrad grouped",
-                 time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx); }), flops, 0, ""});
+  out.push_back({base + " dgrad grouped mma.sync", time_ms([&] {
+                   cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::MmaSync);
+                   ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
+                 }),
+                 flops, 0, ""});
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.k % 64 == 0)
+    out.push_back({base + " dgrad grouped transpose + wgmma TMA", time_ms([&] {
+                     cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
+                     ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
+                   }),
+                   flops, 0, "incl. the weight transpose"});
+  cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " dgrad cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
                      ops::matmul(y->slice(r0, r0 + n), false, we, false, dx->slice(r0, r0 + n));
                    });
                  }),
                  flops, 0, ""});
-  out.push_back({base + " wgrad grouped f32+=",
-                 time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw); }), flops, 0, ""});
+  out.push_back({base + " wgrad grouped mma.sync f32+=", time_ms([&] {
+                   cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::MmaSync);
+                   ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
+                 }),
+                 flops, 0, ""});
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
+    out.push_back({base + " wgrad grouped transposes + wgmma TMA f32+=", time_ms([&] {
+                     cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
+                     ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
+                   }),
+                   flops, 0, "incl. the transposes of dY and X"});
+  cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " wgrad cuBLASLt loop f32+=", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor&, const Tensor& dwe) {
                      ops::matmul(y->slice(r0, r0 + n), true, x->slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});

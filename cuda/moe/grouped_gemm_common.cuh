@@ -104,8 +104,10 @@ __device__ __forceinline__ void raster(int block, int tiles_m, int tiles_n, int&
   tn = in_group / group_size;
 }
 
-// The forward product on wgmma (grouped_gemm_sm90.cu), all arguments checked by the caller.
-// Returns false when the kernel is not built for this device (then the mma.sync kernel runs).
+// The forward product on wgmma (grouped_gemm_sm90.cu), all arguments checked by the caller;
+// tma: the warp-specialised TMA kernel, else the cp.async one. Returns false when that kernel
+// is not built for this device or (TMA) does not take these shapes (N/S % 64 != 0): the caller
+// then runs another.
 struct ForwardArgs {
   const gbf16* x;          // (R, K)
   const gbf16* w;          // (S, E, N/S, K)
@@ -115,7 +117,21 @@ struct ForwardArgs {
   int experts;
   int64_t rows, n, k, n_per_stack, stacks;
 };
-bool forward_sm90(const ForwardArgs& a);
-bool forward_sm90_available();
+bool forward_sm90(const ForwardArgs& a, bool tma);
+bool forward_sm90_available(bool tma);
+bool forward_sm90_eligible(const ForwardArgs& a, bool tma);
+
+// The weight gradient on the TMA wgmma kernel, through transposed copies of dy and x (scratch
+// of their sizes for the call). Returns false when the kernel is not built for this device.
+struct WgradArgs {
+  const gbf16* dy;         // (R, N)
+  const gbf16* x;          // (R, K)
+  float* dw;               // (S, E, N/S, K), +=
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  int experts;
+  int64_t rows, n, k, n_per_stack, stacks;
+};
+bool wgrad_sm90(const WgradArgs& a);
 
 }  // namespace engine::cuda::grouped

@@ -13,9 +13,13 @@
 //   copies of step kt + 2, then 4 wgmma on stage kt, commit, and wait until at most one group
 //   (this step's) is in flight.
 // Rows past the expert's count are zero-filled and never stored; columns past N likewise.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstdlib>
 #include <cstring>
 
+#include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
 
@@ -87,6 +91,67 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1));
 }
+
+// The 128 x 256 tile of y held by the two consumer warpgroups (warpgroup wg: rows 64 wg ..;
+// its thread `tid` (mod 128) the wgmma fragment of 16 rows per warp, 2 columns per n8 block):
+// rows below rows_valid and columns below n stored as bf16 pairs.
+__device__ __forceinline__ void store_tile(const float (&acc)[128], gbf16* y, int64_t n,
+                                           int64_t row0, int64_t n0, int64_t rows_valid, int wg,
+                                           int tid) {
+  const int lane = tid & 31, warp = (tid >> 5) & 3;
+  const int r = wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int64_t c = n0 + j * 8 + 2 * (lane & 3);
+    if (c >= n) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int rr = r + 8 * half;
+      if (rr < rows_valid)
+        *reinterpret_cast<uint32_t*>(y + (row0 + rr) * n + c) =
+            flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]);
+    }
+  }
+}
+
+// ---- mbarriers and the tensor memory accelerator (TMA) ----------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the barrier's phase `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 #endif  // MOE_WGMMA
 
 struct FwdParams {
@@ -141,21 +206,228 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
   wgmma_wait<0>();
   acc_fence(acc);
   cp_async_wait<0>();
-  const int lane = tid & 31, warp = (tid >> 5) & 3;
-  const int r = wg * 64 + warp * 16 + (lane >> 2);
+  store_tile(acc, p.a.y, p.a.n, row0, n0, te.rows_valid, wg, tid);
+#endif
+}
+
+
+// ---- The warp-specialised TMA variant ----------------------------------------------------------
+// Same tile, stages and wgmma as above; the operands arrive by TMA instead: warp 8 (one thread)
+// is the producer, warps 0-7 the two consumer warpgroups. Stage s has a `full` barrier (the
+// producer's expect_tx; completes when the stage's bytes have landed) and an `empty` barrier
+// (one arrival per consumer warpgroup once the wgmma reading the stage has retired), so no
+// block-wide barrier runs in the k loop and the producer runs up to kStages steps ahead.
+// x is one 2-D map (K, R), box 64 x 128; w a 3-D map (K, N/S, S E), box 64 x 64 x 1, four
+// boxes per B tile (each inside one stack: needs N/S % 64 == 0), boxes wholly past N skipped.
+// Both in the 128-byte swizzle, which is the layout the descriptors above read. Rows and
+// columns past the tensors are zero-filled; rows of other experts inside a tile are loaded but
+// never stored.
+constexpr int kTmaThreads = 288;  // 2 consumer warpgroups + 1 producer warp
+constexpr int kBoxRows = 64;
+constexpr size_t kTmaSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * 8 + 1024;
+
+struct TmaParams {
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  gbf16* y;                // (R, N)
+  int experts;
+  int64_t n, k, n_per_stack;
+  int tiles_m, tiles_n;
+};
+
+static __global__ void __launch_bounds__(kTmaThreads, 1)
+    forward_tma_kernel(const __grid_constant__ CUtensorMap map_x,
+                       const __grid_constant__ CUtensorMap map_w, const TmaParams p) {
+#ifdef MOE_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
+  int tm, tn;
+  raster<8>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
+  const int64_t row0 = int64_t{tm} * kBM;
+  const TileExpert te = tile_expert(p.offsets, p.counts, p.experts, row0);
+  if (te.rows_valid <= 0) return;
+  const int64_t n0 = int64_t{tn} * kBN;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    flash::fence_proxy_async();
+  }
+  __syncthreads();
+  const int nk = static_cast<int>(ceil_div(p.k, kBK));
+
+  if (warp == 8) {  // producer
+    if ((tid & 31) == 0) {
+      int boxes = 0;  // B boxes inside N (the rest are skipped)
+      for (int q = 0; q < kBN / kBoxRows; ++q) boxes += n0 + q * kBoxRows < p.n;
+      const uint32_t bytes = kATileBytes + boxes * kBoxRows * kBK * 2;
+      for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty0 + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
+        mbar_expect_tx(full, bytes);
+        const int k0 = kt * kBK;
+        tma_load_2d(stage, &map_x, k0, static_cast<int>(row0), full);
+        for (int q = 0; q < boxes; ++q) {
+          const int64_t n = n0 + q * kBoxRows, st = n / p.n_per_stack;
+          tma_load_3d(stage + kATileBytes + q * kBoxRows * kBK * 2, &map_w, k0,
+                      static_cast<int>(n - st * p.n_per_stack),
+                      static_cast<int>(st * p.experts + te.e), full);
+        }
+      }
+    }
+    return;
+  }
+
+  const int wg = warp >> 2;  // consumer warpgroup 0 or 1
+  float acc[128];
 #pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
-    const int64_t c = n0 + j * 8 + 2 * (lane & 3);
-    if (c >= p.a.n) continue;
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  acc_fence(acc);
+  for (int kt = 0; kt < nk; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full0 + 8 * s, (kt / kStages) & 1);
+    const uint32_t stage = base + s * kStageBytes;
+    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
+    wgmma_fence();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int rr = r + 8 * half;
-      if (rr < te.rows_valid)
-        *reinterpret_cast<uint32_t*>(p.a.y + (row0 + rr) * p.a.n + c) =
-            flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]);
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
+    wgmma_commit();
+    wgmma_wait<1>();  // step kt - 1 has retired: its stage goes back to the producer
+    if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  acc_fence(acc);
+  store_tile(acc, p.y, p.n, row0, n0, te.rows_valid, wg, tid & 127);
+#endif
+}
+
+// ---- The weight gradient on the same machinery ---------------------------------------------------
+// dW_e (N, K) += dY_e^T X_e is, with dyt = dY^T (N, R') and xt = X^T (K, R') (the row-major
+// transposes, padding rows zeroed: see transpose_rows_kernel), the product dyt_e xt_e^T with
+// both operands K-major (the reduction runs along their rows): the forward kernel's form with a
+// per-expert reduction range. Block: tile (expert e, 128 rows of N, 256 of K) reducing over e's
+// rows [offsets_e, offsets_e + counts_e) in steps of 64 (past the count: the transposes' zero
+// columns, up to the 128-row padding); A box 64 x 128 of dyt, four 64 x 64 boxes of xt (those
+// wholly past K skipped). Epilogue: f32 += into dW_e (stacked rows), each tile by one block.
+struct WgradTmaParams {
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  float* dw;               // (S, E, N/S, K)
+  int experts;
+  int64_t n, k, n_per_stack, stacks;
+  int tiles_n, tiles_k;
+};
+
+static __global__ void __launch_bounds__(kTmaThreads, 1)
+    wgrad_tma_kernel(const __grid_constant__ CUtensorMap map_dyt,
+                     const __grid_constant__ CUtensorMap map_xt, const WgradTmaParams p) {
+#ifdef MOE_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
+  const int per_expert = p.tiles_n * p.tiles_k;
+  const int e = blockIdx.x / per_expert, rem = blockIdx.x % per_expert;
+  const int64_t n0 = int64_t{rem / p.tiles_k} * kBM, c0 = int64_t{rem % p.tiles_k} * kBN;
+  const int count = p.counts[e];
+  if (count == 0) return;
+  const int r0 = p.offsets[e];
+  const int tid = threadIdx.x, warp = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    flash::fence_proxy_async();
+  }
+  __syncthreads();
+  const int nk = (count + kBK - 1) / kBK;
+
+  if (warp == 8) {  // producer
+    if ((tid & 31) == 0) {
+      int boxes = 0;
+      for (int q = 0; q < kBN / kBoxRows; ++q) boxes += c0 + q * kBoxRows < p.k;
+      const uint32_t bytes = kATileBytes + boxes * kBoxRows * kBK * 2;
+      for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty0 + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
+        mbar_expect_tx(full, bytes);
+        const int t0 = r0 + kt * kBK;
+        tma_load_2d(stage, &map_dyt, t0, static_cast<int>(n0), full);
+        for (int q = 0; q < boxes; ++q)
+          tma_load_2d(stage + kATileBytes + q * kBoxRows * kBK * 2, &map_xt, t0,
+                      static_cast<int>(c0 + q * kBoxRows), full);
+      }
+    }
+    return;
+  }
+
+  const int wg = warp >> 2;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  acc_fence(acc);
+  for (int kt = 0; kt < nk; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full0 + 8 * s, (kt / kStages) & 1);
+    const uint32_t stage = base + s * kStageBytes;
+    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  acc_fence(acc);
+  const RowMatrix<float> DW = expert_weight(p.dw, e, p.experts, p.n_per_stack, p.k, p.stacks);
+  const int lane = tid & 31, wq = warp & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t n = n0 + wg * 64 + wq * 16 + (lane >> 2) + 8 * half;
+    if (n >= p.n) continue;
+    float* row = DW.row(n);
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int64_t c = c0 + j * 8 + 2 * (lane & 3);
+      if (c < p.k) {
+        float2* d = reinterpret_cast<float2*>(row + c);
+        float2 v = *d;
+        v.x += acc[j * 4 + 2 * half];
+        v.y += acc[j * 4 + 2 * half + 1];
+        *d = v;
+      }
     }
   }
 #endif
+}
+
+// dst (C, ld) = src (R, C)^T with the rows outside every expert's range written as zeros (tiles
+// of 64 rows lie inside one expert's 128-row padded range; columns R .. ld - 1 are not written).
+static __global__ void transpose_rows_kernel(const uint16_t* src, uint16_t* dst, int64_t rows,
+                                             int64_t cols, int64_t ld, const int32_t* offsets,
+                                             const int32_t* counts, int experts) {
+  __shared__ uint16_t tile[64][66];  // bf16 bits
+  const int64_t c0 = int64_t{blockIdx.x} * 64, r0 = int64_t{blockIdx.y} * 64;
+  const int64_t valid = tile_expert(offsets, counts, experts, r0).rows_valid;
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int r = i / 64, c = i % 64;
+    const int64_t rr = r0 + r, cc = c0 + c;
+    if (rr < rows && cc < cols) tile[r][c] = r < valid ? src[rr * cols + cc] : uint16_t{0};
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int r = i / 64, c = i % 64;  // r along cols, c along rows
+    const int64_t cc = c0 + r, rr = r0 + c;
+    if (rr < rows && cc < cols) dst[cc * ld + rr] = tile[c][r];
+  }
 }
 
 // Built for this device (sm_90a code in the binary, a compute capability 9.0 GPU)?
@@ -178,19 +450,112 @@ bool available() {
   return ok;
 }
 
+// cuTensorMapEncodeTiled from the driver (no link against libcuda); nullptr where absent.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+bool tma_available() {
+  static const bool ok = [] {
+    if (!available() || encode_fn() == nullptr) return false;
+    CUDA_CHECK(cudaFuncSetAttribute(forward_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kTmaSmemBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(wgrad_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kTmaSmemBytes)));
+    return true;
+  }();
+  return ok;
+}
+
+// A bf16 tensor map in the 128-byte swizzle: dims and box innermost first, strides in bytes.
+CUtensorMap tensor_map(const void* p, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                       const cuuint32_t* box) {
+  CUtensorMap m;
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                                 const_cast<void*>(p), dims, strides, box, elem,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  ENSURE(r == CUDA_SUCCESS, "grouped linear: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ")");
+  return m;
+}
+
 }  // namespace
 
-bool forward_sm90_available() { return available(); }
+bool forward_sm90_available(bool tma) { return tma ? tma_available() : available(); }
 
-bool forward_sm90(const ForwardArgs& a) {
-  if (!available()) return false;
+bool forward_sm90_eligible(const ForwardArgs& a, bool tma) {
+  if (!forward_sm90_available(tma)) return false;
+  return !tma || (a.n_per_stack % kBoxRows == 0 && a.rows <= INT32_MAX && a.k <= INT32_MAX);
+}
+
+bool forward_sm90(const ForwardArgs& a, bool tma) {
+  if (!forward_sm90_eligible(a, tma)) return false;
   const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(a.n, kBN);
   if (tiles_m == 0 || tiles_n == 0) return true;
   ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", a.n,
          " columns: too many tiles");
-  FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
-  forward_wgmma_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes, stream()>>>(p);
-  check_launch("forward_wgmma_kernel");
+  const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
+  if (!tma) {
+    FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
+    forward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream()>>>(p);
+    check_launch("forward_wgmma_kernel");
+    return true;
+  }
+  const cuuint64_t xd[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.rows)};
+  const cuuint64_t xs[1] = {static_cast<cuuint64_t>(a.k) * 2};
+  const cuuint32_t xb[2] = {kBK, kBM};
+  const cuuint64_t wd[3] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.n_per_stack),
+                            static_cast<cuuint64_t>(a.stacks * a.experts)};
+  const cuuint64_t ws[2] = {static_cast<cuuint64_t>(a.k) * 2,
+                            static_cast<cuuint64_t>(a.n_per_stack * a.k) * 2};
+  const cuuint32_t wb[3] = {kBK, kBoxRows, 1};
+  const CUtensorMap mx = tensor_map(a.x, 2, xd, xs, xb), mw = tensor_map(a.w, 3, wd, ws, wb);
+  const TmaParams p{a.offsets, a.counts, a.y, a.experts, a.n, a.k, a.n_per_stack,
+                    static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
+  forward_tma_kernel<<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(mx, mw, p);
+  check_launch("forward_tma_kernel");
+  return true;
+}
+
+bool wgrad_sm90(const WgradArgs& a) {
+  if (!tma_available() || a.rows > INT32_MAX || a.k > INT32_MAX || a.n > INT32_MAX) return false;
+  const int64_t tiles_n = ceil_div(a.n, kBM), tiles_k = ceil_div(a.k, kBN);
+  const int64_t blocks = a.experts * tiles_n * tiles_k;
+  if (blocks == 0 || a.rows == 0) return true;
+  ENSURE(blocks < INT32_MAX, "grouped linear: too many weight-gradient tiles");
+  // The transposes, ld a multiple of 8 (TMA strides are multiples of 16 bytes).
+  const int64_t ld = (a.rows + 7) / 8 * 8;
+  Owned dyt = empty({a.n, ld}, DType::BF16, Device::CUDA), xt = empty({a.k, ld}, DType::BF16, Device::CUDA);
+  auto transpose = [&](const gbf16* src, int64_t cols, const Tensor& dst) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(cols, 64)), static_cast<unsigned>(ceil_div(a.rows, 64)));
+    transpose_rows_kernel<<<grid, 256, 0, stream()>>>(reinterpret_cast<const uint16_t*>(src),
+                                                      static_cast<uint16_t*>(dst.data), a.rows, cols,
+                                                      ld, a.offsets, a.counts, a.experts);
+    check_launch("transpose_rows_kernel");
+  };
+  transpose(a.dy, a.n, dyt);
+  transpose(a.x, a.k, xt);
+  const cuuint64_t ad[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(a.n)};
+  const cuuint64_t bd[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(a.k)};
+  const cuuint64_t st[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t ab[2] = {kBK, kBM}, bb[2] = {kBK, kBoxRows};
+  const CUtensorMap ma = tensor_map(dyt->data, 2, ad, st, ab), mb = tensor_map(xt->data, 2, bd, st, bb);
+  const WgradTmaParams p{a.offsets, a.counts, a.dw, a.experts, a.n, a.k, a.n_per_stack, a.stacks,
+                         static_cast<int>(tiles_n), static_cast<int>(tiles_k)};
+  wgrad_tma_kernel<<<static_cast<unsigned>(blocks), kTmaThreads, kTmaSmemBytes, stream()>>>(ma, mb, p);
+  check_launch("wgrad_tma_kernel");
   return true;
 }
 

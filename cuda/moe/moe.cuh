@@ -44,12 +44,25 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
                             const Tensor& counts, const Tensor& y);
-// The kernel behind grouped_linear_forward: Auto = wgmma (grouped_gemm_sm90.cu) where it is built
-// for the device (sm_90a code on a compute capability 9.0 GPU), else mma.sync; the others force
-// one (tests and benchmarks; Wgmma where it is not available is an error). Process-wide.
-enum class GroupedForwardKernel { Auto, MmaSync, Wgmma };
+// The kernel behind grouped_linear_forward. Auto: the TMA wgmma kernel where it is built for the
+// device (sm_90a code on a compute capability 9.0 GPU) and takes the shapes (N/S % 64 == 0),
+// else the cp.async wgmma kernel on sm_90, else mma.sync (grouped_gemm_sm90.cu,
+// grouped_gemm.cu). The others force one (tests and benchmarks; one that is not available, or
+// TMA on shapes it does not take, is an error). Process-wide.
+enum class GroupedForwardKernel { Auto, MmaSync, Wgmma, WgmmaTma };
 void set_grouped_forward_kernel(GroupedForwardKernel k);
-bool grouped_forward_wgmma_available();
+// The same choice for grouped_linear_backward_input: MmaSync reads W_e transposed through
+// ldmatrix.trans; the wgmma kernels run the forward product on a transposed copy of the weights
+// (a scratch of the weights' size, (E, K, N) bf16, for the call); Auto takes the TMA kernel where
+// K % 64 == 0, else the cp.async one on sm_90, else MmaSync, and MmaSync whenever R < 512 E (few
+// rows per expert: the transpose would cost more than it saves).
+void set_grouped_dgrad_kernel(GroupedForwardKernel k);
+// And for grouped_linear_backward_weight: Auto (or WgmmaTma) = the TMA wgmma kernel on sm_90
+// through transposed copies of dy and x (scratch of their sizes, padding rows zeroed), else
+// (MmaSync) the mma.sync kernel reading both through ldmatrix.trans; Auto also takes MmaSync
+// when R < 512 E. Wgmma is not offered here (means WgmmaTma).
+void set_grouped_wgrad_kernel(GroupedForwardKernel k);
+bool grouped_forward_kernel_available(GroupedForwardKernel k);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,

@@ -84,6 +84,7 @@ TEST_CASE("GPU mixture-of-experts layer matches the f64 CPU layer on the same bf
     int64_t T, C, F, E, k;
   };
   for (const Case& k : std::vector<Case>{{"E6 k2", 77, 64, 96, 6, 2}, {"E4 k1", 200, 40, 24, 4, 1},
+                                         {"E8 k2, C 64, F 128 (TMA shapes)", 150, 64, 128, 8, 2},
                                          {"E16 k2, T 9: empty experts", 9, 32, 16, 16, 2}}) {
     SUBCASE(k.name) {
       layers::MoeConfig c{.hidden_size = k.C, .ffn_hidden_size = k.F, .num_experts = k.E,

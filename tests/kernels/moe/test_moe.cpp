@@ -107,11 +107,23 @@ struct Layout {
 }
 
 #ifdef ENGINE_CUDA
-// The forward kernels this device runs: mma.sync always, wgmma on sm_90.
-std::vector<cuda::GroupedForwardKernel> forward_kernels() {
-  std::vector<cuda::GroupedForwardKernel> k = {cuda::GroupedForwardKernel::MmaSync};
-  if (cuda::grouped_forward_wgmma_available()) k.push_back(cuda::GroupedForwardKernel::Wgmma);
+// The forward kernels this device runs on weights with n_per_stack rows per stack: mma.sync
+// always; on sm_90 the cp.async wgmma kernel, and the TMA one where N/S % 64 == 0. The input
+// gradient runs them on W_e^T, whose rows are K (one stack).
+std::vector<cuda::GroupedForwardKernel> forward_kernels(int64_t n_per_stack) {
+  using K = cuda::GroupedForwardKernel;
+  std::vector<K> k = {K::MmaSync};
+  if (cuda::grouped_forward_kernel_available(K::Wgmma)) k.push_back(K::Wgmma);
   else MESSAGE("no wgmma forward kernel on this device: mma.sync only");
+  if (cuda::grouped_forward_kernel_available(K::WgmmaTma) && n_per_stack % 64 == 0) k.push_back(K::WgmmaTma);
+  return k;
+}
+
+// The weight-gradient kernels: mma.sync always, the TMA wgmma one on sm_90.
+std::vector<cuda::GroupedForwardKernel> wgrad_kernels() {
+  using K = cuda::GroupedForwardKernel;
+  std::vector<K> k = {K::MmaSync};
+  if (cuda::grouped_forward_kernel_available(K::WgmmaTma)) k.push_back(K::WgmmaTma);
   return k;
 }
 #endif
@@ -125,9 +137,11 @@ const std::vector<GemmCase> kGemmCases = {
     {"balanced 3 x 128, N 256, K 128", {128, 128, 128}, 1, 256, 128},
     {"skewed with an empty expert, partial tiles", {300, 0, 7, 129, 1}, 1, 200, 72},
     {"one hot expert", {1000, 3, 0, 20}, 1, 136, 264},
-    {"two stacks of 100 rows (gate | up)", {77, 0, 250}, 2, 200, 96},
+    {"two stacks of 100 rows (gate | up)", {77, 0, 250}, 2, 200, 128},
     {"all experts empty", {0, 0, 0}, 1, 64, 64},
     {"K smaller than a k step", {5, 140}, 1, 24, 8},
+    {"two stacks of 192 (TMA), K tail, skewed", {300, 0, 5, 129}, 2, 384, 72},
+    {"N 320: a partial B tile (TMA), K 136", {1000, 3, 0, 20}, 1, 320, 136},
 };
 
 }  // namespace
@@ -330,7 +344,7 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       Owned y64 = empty({R, c.n}, DType::F64, Device::CPU);
       ref::grouped_linear_forward(x64, w64, l.offsets, l.counts, y64);
       Owned yref = owned_rows(y64, l);
-      for (cuda::GroupedForwardKernel kernel : forward_kernels()) {
+      for (cuda::GroupedForwardKernel kernel : forward_kernels(c.n / c.stacks)) {
         INFO("forward kernel " << static_cast<int>(kernel));
         cuda::set_grouped_forward_kernel(kernel);
         DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16);
@@ -342,20 +356,30 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       // input gradient
       Owned dx64 = empty({R, c.k}, DType::F64, Device::CPU);
       ref::grouped_linear_backward_input(dy64, w64, l.offsets, l.counts, dx64);
-      DeviceTensor gdx = gpu_poisoned({R, c.k}, DType::BF16);
-      ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
       Owned dxref = owned_rows(dx64, l);
-      CHECK_CLOSE(owned_rows(gdx.t, l).t, dxref.t, bf16_tol(dxref));
-      CHECK(padding_untouched(gdx.t, l));
+      for (cuda::GroupedForwardKernel kernel : forward_kernels(c.k)) {  // dgrad: W_e^T has K rows
+        INFO("dgrad kernel " << static_cast<int>(kernel));
+        cuda::set_grouped_dgrad_kernel(kernel);
+        DeviceTensor gdx = gpu_poisoned({R, c.k}, DType::BF16);
+        ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
+        CHECK_CLOSE(owned_rows(gdx.t, l).t, dxref.t, bf16_tol(dxref));
+        CHECK(padding_untouched(gdx.t, l));
+      }
+      cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
       // weight gradient, accumulated onto random f32 values; twice gives the same bits
       Owned dw0 = randn(wshape, DType::F32, "gg.dw0");
       Owned dw64 = to_host(dw0, DType::F64);
       ref::grouped_linear_backward_weight(dy64, x64, l.offsets, l.counts, dw64);
-      DeviceTensor gdw = to_gpu(dw0), gdw2 = to_gpu(dw0);
-      ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
-      ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw2.t);
-      CHECK_CLOSE(gdw.t, dw64.t, kF32Tol);
-      CHECK(bitwise_equal(gdw.t, gdw2.t));
+      for (cuda::GroupedForwardKernel kernel : wgrad_kernels()) {
+        INFO("wgrad kernel " << static_cast<int>(kernel));
+        cuda::set_grouped_wgrad_kernel(kernel);
+        DeviceTensor gdw = to_gpu(dw0), gdw2 = to_gpu(dw0);
+        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
+        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw2.t);
+        CHECK_CLOSE(gdw.t, dw64.t, kF32Tol);
+        CHECK(bitwise_equal(gdw.t, gdw2.t));
+      }
+      cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
     }
   }
 }
@@ -372,9 +396,7 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
   DeviceTensor gdy = to_gpu(randn({R, N}, DType::F32, "cb.dy"), DType::BF16);
   DeviceTensor gy = gpu_poisoned({R, N}, DType::BF16), gy_ref = gpu_poisoned({R, N}, DType::BF16);
   DeviceTensor gdx = gpu_poisoned({R, K}, DType::BF16), gdx_ref = gpu_poisoned({R, K}, DType::BF16);
-  DeviceTensor gdw = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU)), gdw_ref = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU));
-  ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
-  ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
+  DeviceTensor gdw_ref = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = l.offsets.ptr<int32_t>()[e], n = counts[e];
     if (n == 0) continue;
@@ -384,7 +406,7 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
     ops::matmul(gdy.t.slice(r0, r0 + n), true, gx.t.slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});
   }
   Owned yr = owned_rows(gy_ref.t, l), dxr = owned_rows(gdx_ref.t, l);
-  for (cuda::GroupedForwardKernel kernel : forward_kernels()) {
+  for (cuda::GroupedForwardKernel kernel : forward_kernels(N)) {
     INFO("forward kernel " << static_cast<int>(kernel));
     cuda::set_grouped_forward_kernel(kernel);
     poison(gy.t);
@@ -392,8 +414,22 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
     CHECK_CLOSE(owned_rows(gy.t, l).t, yr.t, 1e-2);
   }
   cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
-  CHECK_CLOSE(owned_rows(gdx.t, l).t, dxr.t, 1e-2);
-  CHECK_CLOSE(gdw.t, to_host(gdw_ref.t, DType::F64).t, 1e-5);
+  for (cuda::GroupedForwardKernel kernel : forward_kernels(K)) {
+    INFO("dgrad kernel " << static_cast<int>(kernel));
+    cuda::set_grouped_dgrad_kernel(kernel);
+    poison(gdx.t);
+    ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
+    CHECK_CLOSE(owned_rows(gdx.t, l).t, dxr.t, 1e-2);
+  }
+  cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
+  for (cuda::GroupedForwardKernel kernel : wgrad_kernels()) {
+    INFO("wgrad kernel " << static_cast<int>(kernel));
+    cuda::set_grouped_wgrad_kernel(kernel);
+    DeviceTensor dw = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU));
+    ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, dw.t);
+    CHECK_CLOSE(dw.t, to_host(gdw_ref.t, DType::F64).t, 1e-5);
+  }
+  cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
 }
 
 #endif  // ENGINE_CUDA
