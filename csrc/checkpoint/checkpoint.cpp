@@ -446,24 +446,14 @@ void Reader::read(int kind, const std::string& name, int64_t lo, int64_t hi, flo
   ENSURE(0 <= lo && lo <= hi && hi <= p->numel(), "elements [", lo, ", ", hi, ") of ", name);
   const int tp = meta_.layout.tensor_parallel, pp = p->pp_rank;
   if (p->split_dim < 0 || tp == 1) return read_flat(kind, pp, 0, p->offset + lo, p->offset + hi, out, name);
-  // Full index g -> (the saved tp rank holding it, its index in that rank's block).
-  const int64_t rows = p->shape[0], cols = p->shape.size() == 2 ? p->shape[1] : 1;
+  // Full index g -> (the saved tp rank holding it, its index in that rank's block), run by run.
+  ENSURE(p->shape.size() <= static_cast<size_t>(Shape::kMaxDims), name, ": ", p->shape.size(), " dimensions");
+  Shape full;
+  for (int64_t d : p->shape) full.d[full.ndim++] = d;
   for (int64_t g = lo; g < hi;) {
-    int t;
-    int64_t local, n;
-    if (p->split_dim == 0) {
-      const int64_t block = rows / tp * cols;
-      t = static_cast<int>(g / block);
-      local = g % block;
-      n = std::min(hi - g, block - local);
-    } else {
-      const int64_t bc = cols / tp, r = g / cols, c = g % cols;
-      t = static_cast<int>(c / bc);
-      local = r * bc + c % bc;
-      n = std::min(hi - g, bc - c % bc);
-    }
-    read_flat(kind, pp, t, p->offset + local, p->offset + local + n, out + (g - lo), name);
-    g += n;
+    const BlockRun r = block_of_full(full, p->split_dim, tp, g, hi);
+    read_flat(kind, pp, r.rank, p->offset + r.local, p->offset + r.local + r.count, out + (g - lo), name);
+    g += r.count;
   }
 }
 

@@ -8,6 +8,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/xxhash.h"
 #include "core/check.h"
+#include "core/tensor.h"
 
 namespace engine::checkpoint {
 
@@ -198,8 +199,10 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
         f.fail(at_p + ".shape", str_cat(shape.dump(), " has more than 2^62 elements"));
       p.shape.push_back(d.get<int64_t>());
     }
+    if (p.shape.size() > static_cast<size_t>(Shape::kMaxDims))
+      f.fail(at_p + ".shape", str_cat(shape.dump(), " has more than ", Shape::kMaxDims, " dimensions"));
     if (!v1) {
-      p.split_dim = static_cast<int>(f.integer(params[i], "split_dim", at_p + ".split_dim", -1, 1));
+      p.split_dim = static_cast<int>(f.integer(params[i], "split_dim", at_p + ".split_dim", -1, Shape::kMaxDims - 1));
       if (p.split_dim >= static_cast<int>(p.shape.size()) ||
           (p.split_dim >= 0 && p.shape[static_cast<size_t>(p.split_dim)] % m.layout.tensor_parallel != 0))
         f.fail(at_p + ".split_dim", str_cat(p.name, ": dimension ", p.split_dim, " of ", p.shape.size(),

@@ -349,6 +349,40 @@ TEST_CASE("checkpoint re-sharding across tensor-parallel sizes: tp2 -> tp2, 1 ra
   }
 }
 
+TEST_CASE("checkpoint re-sharding of MoE and Mamba blocks: hybrid tp2 -> 1 rank, tp4 (3-D expert blocks split on dims 1 and 2)") {
+  const int n = world().size();
+  if (n % 2 != 0) {
+    skip_test("needs an even number of ranks");
+    return;
+  }
+  QuietLogs quiet;
+  SharedDir d("tp-hybrid");
+  SelfComm self;
+  const std::vector<std::string> hybrid = {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
+                                           "model.mamba_d_state=4", "model.moe_aux_loss_coef=0.01"};
+  Trainer ref(tp_config(d, "ref", 1, 0, "none", false, "hybrid", hybrid), false, &self);
+  const std::vector<double> want = losses(ref, 6);
+  Trainer a(tp_config(d, "tp2", 2, 1, "none", false, "hybrid", hybrid), false, &world());
+  std::vector<double> la = losses(a, 3);
+  const std::string saved = a.save_checkpoint();
+  const ck::Metadata m = ck::read_metadata(saved);
+  CHECK(m.find_param("layers.1.moe.w_gate")->split_dim == 1);
+  CHECK(m.find_param("layers.1.moe.w_out")->split_dim == 2);
+  CHECK(m.find_param("layers.1.moe.w_out")->shape == std::vector<int64_t>{3, 24, 48});
+  CHECK(m.find_param("layers.0.mamba.A_log")->split_dim == 0);
+  for (double l : losses(a, 3)) la.push_back(l);
+  check_close(la, want, 0, "hybrid tp2");
+  {  // one rank: every expert and Mamba parameter assembled from the tp blocks
+    Trainer s(tp_config(d, "one", 1, 0, saved, false, "hybrid", hybrid), false, &self);
+    check_close(losses(s, 3), want, 3, "one rank from hybrid tp2");
+    check_weights(ref, s, 1e-5);
+  }
+  if (n >= 4) {
+    Trainer t4(tp_config(d, "tp4", 4, 3, saved, false, "hybrid", hybrid), false, &world());
+    check_close(losses(t4, 3), want, 3, "hybrid tp4 from tp2");
+  }
+}
+
 TEST_CASE("checkpoint re-sharding across pipeline layouts: pp -> pp (bitwise), 1 rank; 1 rank -> pp; pp2 x tp2 -> pp4, 1 rank") {
   const int n = world().size();
   if (n > 4) {
