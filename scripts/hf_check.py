@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2):
+For each family (gpt2, llama, mistral, qwen2, mixtral, mamba):
   export  trains a small model for a few steps with ./train (so the weights are no longer the
           init), exports it with `./train CONFIG --export-hf`, loads the export with
           transformers' AutoModelForCausalLM and runs the same token sequences through both
@@ -82,6 +82,29 @@ ffn_hidden_size = 320
 sliding_window = 20
 rope_theta = 1000000.0
 tie_embeddings = true
+""",
+    "mixtral": """
+family = "mixtral"
+vocab_size = 257
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 192
+num_experts = 4
+experts_per_token = 2
+moe_aux_loss_coef = 0.02
+rope_theta = 100000.0
+""",
+    "mamba": """
+family = "mamba"
+vocab_size = 257
+hidden_size = 192
+num_layers = 2
+mamba_d_state = 8
+mamba_d_conv = 4
+mamba_expand = 2
+norm_eps = 1e-6
 """,
 }
 

@@ -46,14 +46,23 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
   architecture(c);  // representable?
   ParamTable t = model_param_table(c);
   std::vector<TensorMap> out;
-  auto add = [&](std::string hf, std::vector<std::string> params, bool transpose = false) {
+  // Whole parameters, rows stacked; `shape` overrides the HF shape (same element count).
+  auto add = [&](std::string hf, std::vector<std::string> params, bool transpose = false,
+                 std::vector<int64_t> shape = {}) {
     int64_t rows = 0, cols = 1;
     stacked_shape(t, params, &rows, &cols);
     const bool matrix = t.get(params[0]).shape.ndim == 2;
-    std::vector<int64_t> shape = !matrix ? std::vector<int64_t>{rows}
-                                 : transpose ? std::vector<int64_t>{cols, rows}
-                                             : std::vector<int64_t>{rows, cols};
+    if (shape.empty())
+      shape = !matrix ? std::vector<int64_t>{rows} : transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
     out.push_back({std::move(hf), std::move(params), transpose, std::move(shape)});
+  };
+  // Block `index` of a parameter whose dim 0 counts blocks (an expert of an (E, ...) tensor).
+  auto add_block = [&](std::string hf, const std::string& param, int64_t index) {
+    const ParamSpec& s = t.get(param);
+    std::vector<int64_t> shape;
+    for (int d = 1; d < s.shape.ndim; ++d) shape.push_back(s.shape[d]);
+    const int64_t n = s.shape.numel() / s.shape[0];
+    out.push_back({std::move(hf), {param}, false, std::move(shape), index * n, n});
   };
   if (c.family == ModelFamily::GPT2) {
     const std::string p = "transformer.";
@@ -76,7 +85,28 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
     }
     add(p + "ln_f.weight", {"final_norm.weight"});
     add(p + "ln_f.bias", {"final_norm.bias"});
+  } else if (c.family == ModelFamily::Mamba) {
+    const std::string p = "backbone.";
+    add(p + "embeddings.weight", {"embed.tokens"});
+    const int64_t Di = int64_t{c.mamba_expand} * c.hidden_size;
+    for (int i = 0; i < c.num_layers; ++i) {
+      const std::string h = p + "layers." + std::to_string(i) + ".", l = layer(i), x = h + "mixer.", m = l + "mamba.";
+      add(h + "norm.weight", {l + "norm1.weight"});
+      add(x + "in_proj.weight", {m + "in_proj_x", m + "in_proj_z"});
+      if (c.mamba_proj_bias) add(x + "in_proj.bias", {m + "in_proj_x_bias", m + "in_proj_z_bias"});
+      add(x + "conv1d.weight", {m + "conv_weight"}, false, {Di, 1, c.mamba_d_conv});
+      if (c.mamba_conv_bias) add(x + "conv1d.bias", {m + "conv_bias"});
+      add(x + "x_proj.weight", {m + "x_proj"});
+      add(x + "dt_proj.weight", {m + "dt_proj"});
+      add(x + "dt_proj.bias", {m + "dt_bias"});
+      add(x + "A_log", {m + "A_log"});
+      add(x + "D", {m + "D"});
+      add(x + "out_proj.weight", {m + "out_proj"});
+      if (c.mamba_proj_bias) add(x + "out_proj.bias", {m + "out_proj_bias"});
+    }
+    add(p + "norm_f.weight", {"final_norm.weight"});
   } else {
+    const bool moe = c.family == ModelFamily::Mixtral;
     add("model.embed_tokens.weight", {"embed.tokens"});
     for (int i = 0; i < c.num_layers; ++i) {
       const std::string h = "model.layers." + std::to_string(i) + ".", l = layer(i);
@@ -87,6 +117,17 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
         if (biased) add(h + "self_attn." + x + "_proj.bias", {l + "attn.b" + x});
       }
       add(h + "post_attention_layernorm.weight", {l + "norm2.weight"});
+      if (moe) {
+        const std::string b = h + "block_sparse_moe.";
+        add(b + "gate.weight", {l + "moe.router"});
+        for (int j = 0; j < c.num_experts; ++j) {
+          const std::string e = b + "experts." + std::to_string(j) + ".";
+          add_block(e + "w1.weight", l + "moe.w_gate", j);
+          add_block(e + "w2.weight", l + "moe.w_out", j);
+          add_block(e + "w3.weight", l + "moe.w_up", j);
+        }
+        continue;
+      }
       add(h + "mlp.gate_proj.weight", {l + "mlp.w_gate"});
       add(h + "mlp.up_proj.weight", {l + "mlp.w_up"});
       add(h + "mlp.down_proj.weight", {l + "mlp.w_out"});
@@ -99,11 +140,38 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
     add("model.norm.weight", {"final_norm.weight"});
   }
   if (!c.tie_embeddings) add("lm_head.weight", {"head.weight"});
-  // Every parameter appears exactly once.
-  std::set<std::string> seen;
-  for (const TensorMap& m : out)
-    for (const auto& p : m.params) ENSURE(seen.insert(p).second, "parameter ", p, " mapped twice");
-  ENSURE(seen.size() == t.entries().size(), "the Hugging Face map covers ", seen.size(), " of ", t.entries().size(),
+  // Every parameter appears exactly once: in one whole entry, or in parts that tile it; and each
+  // HF shape holds the elements it maps.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> parts;  // param -> [begin, end)
+  std::set<std::string> whole;
+  for (const TensorMap& m : out) {
+    int64_t n = 1, mapped = 0;
+    for (int64_t d : m.hf_shape) n *= d;
+    if (m.part_count > 0) {
+      ENSURE(m.params.size() == 1 && !m.transpose, m.hf_name, ": a part maps one parameter, untransposed");
+      parts[m.params[0]].push_back({m.part_begin, m.part_begin + m.part_count});
+      mapped = m.part_count;
+    } else {
+      for (const auto& p : m.params) {
+        ENSURE(whole.insert(p).second, "parameter ", p, " mapped twice");
+        mapped += t.get(p).shape.numel();
+      }
+    }
+    ENSURE(n == mapped, m.hf_name, ": Hugging Face shape of ", n, " elements for ", mapped, " mapped");
+  }
+  for (auto& [p, ranges] : parts) {
+    ENSURE(!whole.count(p), "parameter ", p, " mapped twice (whole and in parts)");
+    std::sort(ranges.begin(), ranges.end());
+    int64_t at = 0;
+    for (const auto& [b, e] : ranges) {
+      ENSURE(b == at, "parameter ", p, ": its parts do not tile it (a part starts at ", b, ", expected ", at, ")");
+      at = e;
+    }
+    ENSURE(at == t.get(p).shape.numel(), "parameter ", p, ": its parts cover ", at, " of ", t.get(p).shape.numel(),
+           " elements");
+  }
+  const size_t covered = whole.size() + parts.size();
+  ENSURE(covered == t.entries().size(), "the Hugging Face map covers ", covered, " of ", t.entries().size(),
          " parameters");
   return out;
 }
@@ -112,6 +180,11 @@ namespace {
 
 // The values of one mapped tensor in Hugging Face's layout, as f32.
 std::vector<float> gather(const ParamTable& t, const TensorMap& m, const checkpoint::Fetch& fetch) {
+  if (m.part_count > 0) {
+    std::vector<float> part(static_cast<size_t>(m.part_count));
+    fetch(t.get(m.params[0]), m.part_begin, m.part_begin + m.part_count, part.data());
+    return part;
+  }
   int64_t rows = 0, cols = 1;
   stacked_shape(t, m.params, &rows, &cols);
   std::vector<float> ours(static_cast<size_t>(rows * cols));
@@ -217,7 +290,7 @@ struct HfWeights::Impl {
   ModelConfig config;
   ParamTable table;
   std::vector<TensorMap> maps;
-  std::map<std::string, size_t> map_of_param;  // parameter -> index in maps
+  std::map<std::string, std::vector<size_t>> maps_of_param;  // parameter -> indices in maps (parts: in order)
   std::vector<std::unique_ptr<checkpoint::SafetensorsFile>> files;
   std::map<std::string, std::pair<size_t, const checkpoint::StTensor*>> tensors;  // hf name -> (file, tensor)
   std::string cached;                                                             // transposed tensor in cache
@@ -230,7 +303,7 @@ HfWeights::HfWeights(const std::string& dir, const ModelConfig& c) : impl_(std::
   s.table = model_param_table(c);
   s.maps = tensor_map(c);
   for (size_t i = 0; i < s.maps.size(); ++i)
-    for (const auto& p : s.maps[i].params) s.map_of_param[p] = i;
+    for (const auto& p : s.maps[i].params) s.maps_of_param[p].push_back(i);
   const fs::path d(dir);
   std::error_code ec;
   std::vector<std::string> names;
@@ -297,7 +370,18 @@ HfWeights::~HfWeights() = default;
 
 void HfWeights::fetch(const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
   Impl& s = *impl_;
-  const TensorMap& m = s.maps.at(s.map_of_param.at(p.name));
+  const std::vector<size_t>& in = s.maps_of_param.at(p.name);
+  if (s.maps[in[0]].part_count > 0) {  // parts of the parameter: read where they overlap [lo, hi)
+    for (size_t i : in) {
+      const TensorMap& m = s.maps[i];
+      const int64_t b = std::max(lo, m.part_begin), e = std::min(hi, m.part_begin + m.part_count);
+      if (b >= e) continue;
+      const auto& [fi, t] = s.tensors.at(m.hf_name);
+      s.files[fi]->read_f32(*t, b - m.part_begin, e - m.part_begin, out + (b - lo));
+    }
+    return;
+  }
+  const TensorMap& m = s.maps[in[0]];
   const auto& [fi, t] = s.tensors.at(m.hf_name);
   const checkpoint::SafetensorsFile& f = *s.files[fi];
   // Where the parameter's rows start in the stacked tensor.

@@ -1,5 +1,5 @@
-// Hugging Face conversion for the dense families: a folder with config.json and
-// model.safetensors (or model-0000i-of-0000n.safetensors + model.safetensors.index.json).
+// Hugging Face conversion: a folder with config.json and model.safetensors (or
+// model-0000i-of-0000n.safetensors + model.safetensors.index.json).
 //   gpt2     GPT2LMHeadModel: transformer.wte / wpe, h.{i}.ln_1, attn.c_attn (q, k, v stacked),
 //            attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, ln_f; lm_head tied. Its linears are Conv1D
 //            modules whose weight is stored (in, out): transposed against ours (out, in).
@@ -9,10 +9,26 @@
 //   mistral  MistralForCausalLM: llama's names, sliding_window
 //   qwen2    Qwen2ForCausalLM: llama's names + q/k/v biases (never o), sliding window on all
 //            layers or none
+//   mixtral  MixtralForCausalLM: llama's names for embeddings, attention, norms and lm_head; per
+//            layer block_sparse_moe.gate (E, C) = moe.router and, per expert j,
+//            block_sparse_moe.experts.{j}.w1 (F, C) = moe.w_gate[j], w3 (F, C) = moe.w_up[j],
+//            w2 (C, F) = moe.w_out[j] (each a contiguous block of our (E, ...) parameter).
+//            router_aux_loss_coef c (counted when output_router_logits) is our
+//            moe_aux_loss_coef / top_k (layers/moe.h); router_jitter_noise is moe_jitter (HF
+//            also jitters the experts' input); the router z-loss has no key (export needs 0,
+//            import gives 0).
+//   mamba    MambaForCausalLM: backbone.embeddings, layers.{i}.norm (= norm1), layers.{i}.mixer.
+//            {in_proj (= [in_proj_x; in_proj_z]), conv1d (weight (Di, 1, K) = our (Di, K)),
+//            x_proj, dt_proj (bias = dt_bias), A_log, D, out_proj} (+ in_proj / out_proj biases
+//            with use_bias), backbone.norm_f, lm_head unless tied. RMSNorm, no norm biases.
+//   hybrid   no Hugging Face architecture: export is an error naming model.family.
 // Our RoPE pairs dimension i with i + D/2 ("rotate half"), as Hugging Face's Llama does, so q and
 // k rows need no permutation. Linear weights are (out, in) on both sides except GPT-2's Conv1D.
 // Export checks that the model is representable (e.g. llama has no sliding window, GPT-2 needs
 // num_kv_heads = num_heads and head_dim x num_heads = hidden_size) and says which key is not.
+// Import (model.init_from) takes the folder's structure; the training-only coefficients
+// (init_std, moe_aux_loss_coef, moe_z_loss_coef, moe_jitter) fill unset keys but may be set to
+// other values.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -36,12 +52,17 @@ void apply_hf_config(Config& c);
 ModelConfig model_from_hf_config(const std::string& config_json_path);
 
 // One Hugging Face tensor and the parameters it holds: their rows stacked (dim 0) in order,
-// transposed when `transpose` (GPT-2 Conv1D).
+// transposed when `transpose` (GPT-2 Conv1D); or, with part_count > 0, elements
+// [part_begin, part_begin + part_count) of the single parameter params[0] (Mixtral's experts).
+// hf_shape may differ from ours where the elements are the same (Mamba's conv1d (Di, 1, K)).
+// Each parameter is held exactly once: by one whole-parameter entry or by parts tiling it.
 struct TensorMap {
   std::string hf_name;
   std::vector<std::string> params;
   bool transpose = false;
   std::vector<int64_t> hf_shape;
+  int64_t part_begin = 0;
+  int64_t part_count = 0;  // 0: whole parameters
 };
 std::vector<TensorMap> tensor_map(const ModelConfig& c);
 

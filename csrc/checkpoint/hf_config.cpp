@@ -1,6 +1,7 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
-// configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config); RoPE's
-// base is written both as rope_theta (transformers 4.x) and rope_parameters (5.x).
+// configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
+// MixtralConfig, MambaConfig); RoPE's base is written both as rope_theta (transformers 4.x) and
+// rope_parameters (5.x).
 #include <cmath>
 #include <filesystem>
 
@@ -60,9 +61,9 @@ int to_int(int64_t v, const std::string& path, const char* key) {
   return static_cast<int>(v);
 }
 
-// RoPE base from rope_parameters / rope_scaling (5.x) or rope_theta (4.x); only default RoPE.
-double rope_theta(const json& j, const std::string& path) {
-  double theta = 10000.0;
+// RoPE base from rope_parameters / rope_scaling (5.x) or rope_theta (4.x), else `theta`; only
+// default RoPE.
+double rope_theta(const json& j, const std::string& path, double theta) {
   if (j.contains("rope_theta") && j["rope_theta"].is_number()) theta = j["rope_theta"].get<double>();
   for (const char* k : {"rope_parameters", "rope_scaling"}) {
     if (!j.contains(k) || j[k].is_null()) continue;
@@ -98,7 +99,8 @@ std::string architecture(const ModelConfig& c) {
     }
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
-    case ModelFamily::Qwen2: {
+    case ModelFamily::Qwen2:
+    case ModelFamily::Mixtral: {
       const char* f = family_name(c.family);
       need(c.norm == NormKind::RMSNorm, f, "norm", norm_name(c.norm), "this family uses rmsnorm");
       need(c.activation == ActivationKind::SwiGLU, f, "activation", act_name(c.activation), "this family uses swiglu");
@@ -109,14 +111,27 @@ std::string architecture(const ModelConfig& c) {
         need(!qkv_only, f, "qkv_bias", "true", "Llama's attention_bias also biases o_proj (use family = \"qwen2\")");
         return "LlamaForCausalLM";
       }
-      if (c.family == ModelFamily::Mistral) {
-        need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true", "Mistral has no biases");
-        return "MistralForCausalLM";
+      if (c.family == ModelFamily::Mistral || c.family == ModelFamily::Mixtral) {
+        need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true",
+             c.family == ModelFamily::Mistral ? "Mistral has no biases" : "Mixtral has no biases");
+        return c.family == ModelFamily::Mistral ? "MistralForCausalLM" : "MixtralForCausalLM";
       }
       need(!c.bias, f, "bias", "true", "Qwen2 has biases on q, k and v only (qkv_bias)");
       need(c.qkv_bias, f, "qkv_bias", "false", "Qwen2 always has biases on q, k and v");
       return "Qwen2ForCausalLM";
     }
+    case ModelFamily::Mamba: {
+      const char* f = "mamba";
+      need(c.norm == NormKind::RMSNorm, f, "norm", norm_name(c.norm), "HF Mamba uses rmsnorm");
+      need(!c.bias, f, "bias", "true", "HF Mamba's norms have no bias (use_bias is model.mamba_proj_bias)");
+      need(c.positions == PositionKind::Rope, f, "positions", pos_name(c.positions),
+           "HF Mamba has no position embeddings");
+      return "MambaForCausalLM";
+    }
+    case ModelFamily::Hybrid:
+      need(false, "hybrid", "family", "hybrid",
+           "no Hugging Face architecture mixes attention, experts and Mamba blocks per layer "
+           "(export a mixtral or mamba model instead)");
   }
   RAISE("unknown model family");
 }
@@ -128,7 +143,29 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
   j["model_type"] = family_name(c.family);
   j["vocab_size"] = c.vocab_size;
   const bool gpt2 = c.family == ModelFamily::GPT2;
-  if (gpt2) {
+  if (c.family == ModelFamily::Mamba) {
+    j["hidden_size"] = c.hidden_size;
+    j["state_size"] = c.mamba_d_state;
+    j["num_hidden_layers"] = c.num_layers;
+    j["conv_kernel"] = c.mamba_d_conv;
+    j["expand"] = c.mamba_expand;
+    j["intermediate_size"] = int64_t{c.mamba_expand} * c.hidden_size;
+    j["time_step_rank"] = c.mamba_dt_rank > 0 ? c.mamba_dt_rank : (c.hidden_size + 15) / 16;
+    j["use_conv_bias"] = c.mamba_conv_bias;
+    j["use_bias"] = c.mamba_proj_bias;
+    j["hidden_act"] = "silu";
+    j["layer_norm_epsilon"] = c.norm_eps;
+    j["residual_in_fp32"] = true;
+    j["rescale_prenorm_residual"] = false;
+    // The dt init (ours: layers/mamba.h MambaConfig's defaults), as MambaConfig's defaults.
+    j["time_step_scale"] = 1.0;
+    j["time_step_min"] = 0.001;
+    j["time_step_max"] = 0.1;
+    j["time_step_init_scheme"] = "random";
+    j["time_step_floor"] = 1e-4;
+    j["use_mambapy"] = false;
+    j["pad_token_id"] = nullptr;
+  } else if (gpt2) {
     j["n_positions"] = c.max_position_embeddings;
     j["n_embd"] = c.hidden_size;
     j["n_layer"] = c.num_layers;
@@ -162,6 +199,17 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
       j["pretraining_tp"] = 1;
     } else if (c.family == ModelFamily::Mistral) {
       j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    } else if (c.family == ModelFamily::Mixtral) {
+      const char* f = "mixtral";
+      need(c.moe_z_loss_coef == 0, f, "moe_z_loss_coef", str_cat(c.moe_z_loss_coef),
+           "MixtralConfig has no router z-loss, so it is not representable (set it to 0 to export)");
+      j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+      j["num_local_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.experts_per_token;
+      // HF's load-balancing loss is top_k times ours at the same coefficient (layers/moe.h).
+      j["router_aux_loss_coef"] = c.moe_aux_loss_coef / c.experts_per_token;
+      j["output_router_logits"] = c.moe_aux_loss_coef > 0;
+      j["router_jitter_noise"] = c.moe_jitter;
     } else {
       const bool window = c.sliding_window > 0;
       j["use_sliding_window"] = window;
@@ -216,8 +264,45 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.max_position_embeddings = to_int(r.integer("n_positions", 1024), path, "n_positions");
     c.bias = true;
     c.tie_embeddings = r.boolean("tie_word_embeddings", true);
-  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
-    c.family = type == "llama" ? ModelFamily::Llama : type == "mistral" ? ModelFamily::Mistral : ModelFamily::Qwen2;
+  } else if (type == "mamba") {
+    c.family = ModelFamily::Mamba;
+    c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
+    c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
+    c.num_layers = to_int(r.integer("num_hidden_layers", 0, true), path, "num_hidden_layers");
+    c.mamba_d_state = to_int(r.integer("state_size", 16), path, "state_size");
+    c.mamba_d_conv = to_int(r.integer("conv_kernel", 4), path, "conv_kernel");
+    c.mamba_expand = to_int(r.integer("expand", 2), path, "expand");
+    const int64_t inner = r.integer("intermediate_size", int64_t{c.mamba_expand} * c.hidden_size);
+    if (inner != int64_t{c.mamba_expand} * c.hidden_size)
+      RAISE(path, ": intermediate_size ", inner, " is not expand x hidden_size (", c.mamba_expand, " x ",
+            c.hidden_size, ")");
+    if (j.contains("time_step_rank") && j["time_step_rank"] == "auto")
+      c.mamba_dt_rank = (c.hidden_size + 15) / 16;  // MambaConfig's "auto": ceil(hidden_size / 16)
+    else
+      c.mamba_dt_rank = to_int(r.integer("time_step_rank", (c.hidden_size + 15) / 16), path, "time_step_rank");
+    const std::pair<const char*, int> sizes[] = {{"state_size", c.mamba_d_state}, {"conv_kernel", c.mamba_d_conv},
+                                                 {"expand", c.mamba_expand}, {"time_step_rank", c.mamba_dt_rank}};
+    for (const auto& [key, value] : sizes)
+      if (value <= 0) RAISE(path, ": ", key, ": must be > 0, got ", value);
+    c.mamba_conv_bias = r.boolean("use_conv_bias", true);
+    c.mamba_proj_bias = r.boolean("use_bias", false);
+    const std::string act = r.string("hidden_act", "silu");
+    if (act != "silu") RAISE(path, ": hidden_act \"", act, "\" is not supported (silu)");
+    c.norm = NormKind::RMSNorm;
+    c.norm_eps = r.number("layer_norm_epsilon", 1e-5);
+    c.tie_embeddings = r.boolean("tie_word_embeddings", true);
+    // No attention: the attention keys as the config validation leaves them (unused).
+    c.num_heads = 1;
+    c.num_kv_heads = 1;
+    c.head_dim = c.hidden_size;
+    c.ffn_hidden_size = static_cast<int>(256 * ((8 * int64_t{c.hidden_size} / 3 + 255) / 256));
+    c.activation = ActivationKind::SwiGLU;
+    c.positions = PositionKind::Rope;
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "mixtral") {
+    c.family = type == "llama"     ? ModelFamily::Llama
+               : type == "mistral" ? ModelFamily::Mistral
+               : type == "qwen2"   ? ModelFamily::Qwen2
+                                   : ModelFamily::Mixtral;
     c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
     c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
     c.num_layers = to_int(r.integer("num_hidden_layers", 0, true), path, "num_hidden_layers");
@@ -232,14 +317,14 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.norm_eps = r.number("rms_norm_eps", 1e-6);
     c.activation = ActivationKind::SwiGLU;
     c.positions = PositionKind::Rope;
-    c.rope_theta = rope_theta(j, path);
+    c.rope_theta = rope_theta(j, path, c.family == ModelFamily::Mixtral ? 1e6 : 10000.0);  // the classes' defaults
     c.max_position_embeddings = to_int(r.integer("max_position_embeddings", 2048), path, "max_position_embeddings");
     c.tie_embeddings = r.boolean("tie_word_embeddings", false);
     if (c.family == ModelFamily::Llama) {
       const bool ab = r.boolean("attention_bias", false), mb = r.boolean("mlp_bias", false);
       if (ab != mb) RAISE(path, ": attention_bias = ", ab, " with mlp_bias = ", mb, " is not supported (both or neither)");
       c.bias = ab;
-    } else if (c.family == ModelFamily::Mistral) {
+    } else if (c.family == ModelFamily::Mistral || c.family == ModelFamily::Mixtral) {
       c.sliding_window = to_int(r.integer("sliding_window", 0), path, "sliding_window");
     } else {
       c.qkv_bias = true;
@@ -260,7 +345,22 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
     }
   } else {
-    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2)");
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, mixtral, mamba)");
+  }
+  if (c.family == ModelFamily::Mixtral) {
+    c.num_experts = to_int(r.integer("num_local_experts", 8), path, "num_local_experts");
+    c.experts_per_token = to_int(r.integer("num_experts_per_tok", 2), path, "num_experts_per_tok");
+    if (c.num_experts <= 0 || c.experts_per_token <= 0 || c.experts_per_token > c.num_experts)
+      RAISE(path, ": num_experts_per_tok (", c.experts_per_token, ") must be in [1, num_local_experts (",
+            c.num_experts, ")]");
+    // Counted only with output_router_logits (as HF's training does); HF's coefficient is ours / top_k.
+    const double aux = r.number("router_aux_loss_coef", 0.001);
+    if (!(aux >= 0)) RAISE(path, ": router_aux_loss_coef: must be >= 0, got ", aux);
+    c.moe_aux_loss_coef = r.boolean("output_router_logits", false) ? aux * c.experts_per_token : 0.0;
+    c.moe_jitter = r.number("router_jitter_noise", 0.0);
+    if (!(c.moe_jitter >= 0 && c.moe_jitter < 1))
+      RAISE(path, ": router_jitter_noise: must be in [0, 1), got ", c.moe_jitter);
+    c.moe_z_loss_coef = 0.0;
   }
   c.init_std = r.number("initializer_range", 0.02);
   return c;
@@ -301,23 +401,42 @@ void apply_hf_config(Config& c) {
   take("vocab_size", m.vocab_size, h.vocab_size);
   take("hidden_size", m.hidden_size, h.hidden_size);
   take("num_layers", m.num_layers, h.num_layers);
-  take("num_heads", m.num_heads, h.num_heads);
-  take("num_kv_heads", m.num_kv_heads, h.num_kv_heads);
-  take("head_dim", m.head_dim, h.head_dim);
-  take("ffn_hidden_size", m.ffn_hidden_size, h.ffn_hidden_size);
   take("norm", m.norm, h.norm);
   take("norm_eps", m.norm_eps, h.norm_eps);
-  take("activation", m.activation, h.activation);
-  take("positions", m.positions, h.positions);
-  // The table size matters for learned positions only.
-  take("max_position_embeddings", m.max_position_embeddings, h.max_position_embeddings,
-       h.positions == PositionKind::Learned);
-  if (h.positions == PositionKind::Rope) take("rope_theta", m.rope_theta, h.rope_theta);
-  take("sliding_window", m.sliding_window, h.sliding_window);
   take("bias", m.bias, h.bias);
-  take("qkv_bias", m.qkv_bias, h.qkv_bias);
   take("tie_embeddings", m.tie_embeddings, h.tie_embeddings);
   take("init_std", m.init_std, h.init_std, false);
+  const std::string layout = block_layout(h);
+  if (layout.find_first_of("AE") != std::string::npos) {  // attention (Mamba: these keys do not matter)
+    take("num_heads", m.num_heads, h.num_heads);
+    take("num_kv_heads", m.num_kv_heads, h.num_kv_heads);
+    take("head_dim", m.head_dim, h.head_dim);
+    take("ffn_hidden_size", m.ffn_hidden_size, h.ffn_hidden_size);
+    take("activation", m.activation, h.activation);
+    take("positions", m.positions, h.positions);
+    // The table size matters for learned positions only.
+    take("max_position_embeddings", m.max_position_embeddings, h.max_position_embeddings,
+         h.positions == PositionKind::Learned);
+    if (h.positions == PositionKind::Rope) take("rope_theta", m.rope_theta, h.rope_theta);
+    take("sliding_window", m.sliding_window, h.sliding_window);
+    take("qkv_bias", m.qkv_bias, h.qkv_bias);
+  }
+  if (layout.find('E') != std::string::npos) {
+    take("num_experts", m.num_experts, h.num_experts);
+    take("experts_per_token", m.experts_per_token, h.experts_per_token);
+    // Training-only coefficients: the folder's fill unset keys, set ones may differ.
+    take("moe_aux_loss_coef", m.moe_aux_loss_coef, h.moe_aux_loss_coef, false);
+    take("moe_z_loss_coef", m.moe_z_loss_coef, h.moe_z_loss_coef, false);
+    take("moe_jitter", m.moe_jitter, h.moe_jitter, false);
+  }
+  if (layout.find('M') != std::string::npos) {
+    take("mamba_d_state", m.mamba_d_state, h.mamba_d_state);
+    take("mamba_d_conv", m.mamba_d_conv, h.mamba_d_conv);
+    take("mamba_expand", m.mamba_expand, h.mamba_expand);
+    take("mamba_dt_rank", m.mamba_dt_rank, h.mamba_dt_rank);
+    take("mamba_conv_bias", m.mamba_conv_bias, h.mamba_conv_bias);
+    take("mamba_proj_bias", m.mamba_proj_bias, h.mamba_proj_bias);
+  }
 }
 
 }  // namespace engine::hf

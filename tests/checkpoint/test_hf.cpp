@@ -1,13 +1,15 @@
-// Hugging Face export and import for every family: export then import gives the parameters back
-// bitwise; the file layout pins the names and GPT-2's transposed Conv1D weights; config.json maps
-// both ways; init_from fills [model] and starts from the folder's weights; representability and
-// import errors name the key, the file and the tensor. transformers itself is checked by
-// scripts/hf_check.py on the GPU machine (logits of the export against ours).
+// Hugging Face export and import for every family (mixtral and mamba included; hybrid refused):
+// export then import gives the parameters back bitwise; the file layout pins the names and shapes
+// (GPT-2's transposed Conv1D weights, Mixtral's per-expert tensors, Mamba's conv1d (Di, 1, K));
+// config.json maps both ways; init_from fills [model] and starts from the folder's weights;
+// representability and import errors name the key, the file and the tensor. transformers itself
+// is checked by scripts/hf_check.py on the GPU machine (logits of the export against ours).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +45,14 @@ const std::vector<Family>& families() {
       {"mistral window", "mistral", {"model.sliding_window=7", "model.num_kv_heads=1"}},
       {"qwen2 window", "qwen2", {"model.sliding_window=5", "model.rope_theta=1e6"}},
       {"qwen2", "qwen2", {"model.sliding_window=0"}},
+      {"mixtral aux, jitter, window, tied", "mixtral",
+       {"model.num_experts=3", "model.experts_per_token=2", "model.moe_aux_loss_coef=0.02", "model.moe_jitter=0.1",
+        "model.sliding_window=6", "model.tie_embeddings=true", "model.num_kv_heads=1"}},
+      {"mixtral", "mixtral", {"model.num_experts=3", "model.experts_per_token=2", "model.rope_theta=5e4"}},
+      {"mamba (tied)", "mamba", {"model.mamba_d_state=4", "model.mamba_d_conv=3", "model.norm_eps=1e-4"}},
+      {"mamba untied, biases", "mamba",
+       {"model.tie_embeddings=false", "model.mamba_proj_bias=true", "model.mamba_conv_bias=false",
+        "model.mamba_expand=3", "model.mamba_dt_rank=5", "model.mamba_d_state=3"}},
   };
   return f;
 }
@@ -86,26 +96,53 @@ TEST_CASE("hf: export then import gives the parameters back bitwise, for every f
         back.fetch(p, 0, p.shape.numel(), v.data());
         INFO(p.name);
         CHECK(std::memcmp(v.data(), s.weight(p.name).data, v.size() * 4) == 0);
+        // Any element range (tensor-parallel shards ask for row blocks; Mixtral's experts are parts).
+        std::vector<float> w(v.size(), -1.f);
+        for (int64_t lo = 0; lo < p.shape.numel(); lo += 37)
+          back.fetch(p, lo, std::min(lo + 37, p.shape.numel()), w.data() + lo);
+        CHECK(std::memcmp(w.data(), v.data(), v.size() * 4) == 0);
       }
       // config.json describes the same model.
       const ModelConfig m = hf::model_from_hf_config(dir + "/config.json");
+      const ParamTable mt = model_param_table(m);
+      REQUIRE(mt.entries().size() == s.table().entries().size());
+      for (size_t i = 0; i < mt.entries().size(); ++i) {
+        CHECK(mt.entries()[i].name == s.table().entries()[i].name);
+        CHECK(mt.entries()[i].shape == s.table().entries()[i].shape);
+      }
       CHECK(m.family == c.model.family);
       CHECK(m.vocab_size == c.model.vocab_size);
       CHECK(m.hidden_size == c.model.hidden_size);
       CHECK(m.num_layers == c.model.num_layers);
-      CHECK(m.num_heads == c.model.num_heads);
-      CHECK(m.num_kv_heads == c.model.num_kv_heads);
-      CHECK(m.head_dim == c.model.head_dim);
-      CHECK(m.ffn_hidden_size == c.model.ffn_hidden_size);
       CHECK(m.norm == c.model.norm);
       CHECK(m.norm_eps == c.model.norm_eps);
-      CHECK(m.activation == c.model.activation);
-      CHECK(m.positions == c.model.positions);
-      CHECK(m.sliding_window == c.model.sliding_window);
       CHECK(m.bias == c.model.bias);
-      CHECK(m.qkv_bias == c.model.qkv_bias);
       CHECK(m.tie_embeddings == c.model.tie_embeddings);
-      if (c.model.positions == PositionKind::Rope) CHECK(m.rope_theta == c.model.rope_theta);
+      CHECK(block_layout(m) == block_layout(c.model));
+      if (c.model.family != ModelFamily::Mamba) {  // attention (Mamba has none: its attention keys are moot)
+        CHECK(m.num_heads == c.model.num_heads);
+        CHECK(m.num_kv_heads == c.model.num_kv_heads);
+        CHECK(m.head_dim == c.model.head_dim);
+        CHECK(m.ffn_hidden_size == c.model.ffn_hidden_size);
+        CHECK(m.activation == c.model.activation);
+        CHECK(m.positions == c.model.positions);
+        CHECK(m.sliding_window == c.model.sliding_window);
+        CHECK(m.qkv_bias == c.model.qkv_bias);
+        if (c.model.positions == PositionKind::Rope) CHECK(m.rope_theta == c.model.rope_theta);
+      }
+      CHECK(m.num_experts == c.model.num_experts);
+      CHECK(m.experts_per_token == c.model.experts_per_token);
+      CHECK(m.moe_aux_loss_coef == doctest::Approx(c.model.moe_aux_loss_coef).epsilon(1e-12));
+      CHECK(m.moe_jitter == c.model.moe_jitter);
+      CHECK(m.moe_z_loss_coef == 0);
+      if (c.model.family == ModelFamily::Mamba) {
+        CHECK(m.mamba_d_state == c.model.mamba_d_state);
+        CHECK(m.mamba_d_conv == c.model.mamba_d_conv);
+        CHECK(m.mamba_expand == c.model.mamba_expand);
+        CHECK(m.mamba_dt_rank == c.model.mamba_dt_rank);
+        CHECK(m.mamba_conv_bias == c.model.mamba_conv_bias);
+        CHECK(m.mamba_proj_bias == c.model.mamba_proj_bias);
+      }
       if (c.model.positions == PositionKind::Learned)
         CHECK(m.max_position_embeddings == c.model.max_position_embeddings);
     }
@@ -161,6 +198,111 @@ TEST_CASE("hf: tensor names and layouts as transformers has them (GPT-2 Conv1D t
   CHECK(j["rope_theta"] == q.model.rope_theta);
   CHECK(j["num_key_value_heads"] == 1);
   CHECK(j["tie_word_embeddings"] == false);
+}
+
+TEST_CASE("hf: mixtral and mamba tensor names, shapes and config.json as transformers has them") {
+  SUBCASE("mixtral: per-expert w1 / w3 (F, C) and w2 (C, F), the router as gate") {
+    const Config x = tiny_run_config("mixtral", {"model.num_experts=3", "model.experts_per_token=2",
+                                                 "model.moe_aux_loss_coef=0.03", "model.moe_jitter=0.05"});
+    auto xm = random_model(x.model, "layout-mixtral");
+    const ParamStore& s = xm->params();
+    const std::string dir = scratch_dir("hf-layout") + "/mixtral";
+    hf::export_hf(x.model, s.table(), store_fetch(s), dir);
+    ck::SafetensorsFile f(dir + "/model.safetensors");
+    const int64_t C = x.model.hidden_size, F = x.model.ffn_hidden_size, E = 3;
+    const std::string b = "model.layers.1.block_sparse_moe.";
+    CHECK(f.at(b + "gate.weight").shape == std::vector<int64_t>{E, C});
+    for (int j = 0; j < E; ++j) {
+      const std::string e = b + "experts." + std::to_string(j) + ".";
+      CHECK(f.at(e + "w1.weight").shape == std::vector<int64_t>{F, C});
+      CHECK(f.at(e + "w3.weight").shape == std::vector<int64_t>{F, C});
+      CHECK(f.at(e + "w2.weight").shape == std::vector<int64_t>{C, F});
+    }
+    CHECK(f.find(b + "experts.3.w1.weight") == nullptr);
+    CHECK(f.find("model.layers.0.mlp.gate_proj.weight") == nullptr);
+    CHECK(f.at("model.layers.0.self_attn.q_proj.weight").shape == std::vector<int64_t>{x.model.num_heads * x.model.head_dim, C});
+    CHECK(f.at("model.layers.0.post_attention_layernorm.weight").shape == std::vector<int64_t>{C});
+    CHECK(f.find("lm_head.weight") != nullptr);
+    // 1 embedding + per layer (2 norms, q k v o, gate, 3 per expert) + final norm + lm_head.
+    CHECK(f.tensors().size() == 1 + 2 * (2 + 4 + 1 + 3 * E) + 2);
+    // Expert 1's w2 (C, F) is w_out[1] (C, F) as it is; w3 (F, C) is w_up[1].
+    std::vector<float> w2(static_cast<size_t>(C * F)), w3(static_cast<size_t>(F * C));
+    f.read_f32(f.at(b + "experts.1.w2.weight"), 0, C * F, w2.data());
+    f.read_f32(f.at(b + "experts.1.w3.weight"), 0, F * C, w3.data());
+    const Tensor w_out = s.weight("layers.1.moe.w_out"), w_up = s.weight("layers.1.moe.w_up");
+    for (int64_t r = 0; r < C; r += 5)
+      for (int64_t col = 0; col < F; col += 7)
+        CHECK(w2[static_cast<size_t>(r * F + col)] == get(w_out, (1 * C + r) * F + col));
+    for (int64_t r = 0; r < F; r += 7)
+      for (int64_t col = 0; col < C; col += 5)
+        CHECK(w3[static_cast<size_t>(r * C + col)] == get(w_up, (1 * F + r) * C + col));
+    const auto j = nlohmann::json::parse(read_text(dir + "/config.json"));
+    CHECK(j["architectures"][0] == "MixtralForCausalLM");
+    CHECK(j["model_type"] == "mixtral");
+    CHECK(j["num_local_experts"] == 3);
+    CHECK(j["num_experts_per_tok"] == 2);
+    CHECK(j["router_aux_loss_coef"].get<double>() == doctest::Approx(0.015));  // ours / top_k
+    CHECK(j["output_router_logits"] == true);
+    CHECK(j["router_jitter_noise"] == 0.05);
+    CHECK(j["sliding_window"].is_null());
+    CHECK(j["intermediate_size"] == F);
+    CHECK(j["rope_theta"] == 1e6);
+    CHECK(j["tie_word_embeddings"] == false);
+  }
+  SUBCASE("mamba: backbone names, in_proj = [x; z], conv1d (Di, 1, K)") {
+    const Config m = tiny_run_config("mamba", {"model.mamba_d_state=4", "model.mamba_d_conv=3"});
+    auto mm = random_model(m.model, "layout-mamba");
+    const ParamStore& s = mm->params();
+    const std::string dir = scratch_dir("hf-layout") + "/mamba";
+    hf::export_hf(m.model, s.table(), store_fetch(s), dir, {"BF16", uint64_t{1} << 30});
+    ck::SafetensorsFile f(dir + "/model.safetensors");
+    const int64_t C = m.model.hidden_size, Di = 2 * C, N = 4, K = 3, R = (C + 15) / 16, V = m.model.vocab_size;
+    const std::string x = "backbone.layers.1.mixer.";
+    using S = std::vector<int64_t>;
+    CHECK(f.at("backbone.embeddings.weight").shape == S{V, C});
+    CHECK(f.at("backbone.layers.1.norm.weight").shape == S{C});
+    CHECK(f.at(x + "in_proj.weight").shape == S{2 * Di, C});
+    CHECK(f.at(x + "conv1d.weight").shape == S{Di, 1, K});
+    CHECK(f.at(x + "conv1d.bias").shape == S{Di});
+    CHECK(f.at(x + "x_proj.weight").shape == S{R + 2 * N, Di});
+    CHECK(f.at(x + "dt_proj.weight").shape == S{Di, R});
+    CHECK(f.at(x + "dt_proj.bias").shape == S{Di});
+    CHECK(f.at(x + "A_log").shape == S{Di, N});
+    CHECK(f.at(x + "D").shape == S{Di});
+    CHECK(f.at(x + "out_proj.weight").shape == S{C, Di});
+    CHECK(f.at("backbone.norm_f.weight").shape == S{C});
+    CHECK(f.find(x + "in_proj.bias") == nullptr);
+    CHECK(f.find(x + "out_proj.bias") == nullptr);
+    CHECK(f.find("lm_head.weight") == nullptr);  // tied
+    CHECK(f.tensors().size() == 2 + 2 * 10);
+    CHECK(f.at(x + "A_log").dtype == "BF16");
+    // in_proj rows Di.. are in_proj_z; conv1d holds conv_weight's elements in order.
+    std::vector<float> in(static_cast<size_t>(2 * Di * C)), conv(static_cast<size_t>(Di * K));
+    f.read_f32(f.at(x + "in_proj.weight"), 0, 2 * Di * C, in.data());
+    f.read_f32(f.at(x + "conv1d.weight"), 0, Di * K, conv.data());
+    const Tensor z = s.weight("layers.1.mamba.in_proj_z"), cw = s.weight("layers.1.mamba.conv_weight");
+    auto bf = [](double v) { return static_cast<float>(bf16(static_cast<float>(v))); };
+    for (int64_t i = 0; i < Di * C; i += 11) CHECK(in[static_cast<size_t>(Di * C + i)] == bf(get(z, i)));
+    for (int64_t i = 0; i < Di * K; ++i) CHECK(conv[static_cast<size_t>(i)] == bf(get(cw, i)));
+    const auto j = nlohmann::json::parse(read_text(dir + "/config.json"));
+    CHECK(j["architectures"][0] == "MambaForCausalLM");
+    CHECK(j["model_type"] == "mamba");
+    CHECK(j["hidden_size"] == C);
+    CHECK(j["intermediate_size"] == Di);
+    CHECK(j["state_size"] == N);
+    CHECK(j["conv_kernel"] == K);
+    CHECK(j["expand"] == 2);
+    CHECK(j["time_step_rank"] == R);
+    CHECK(j["use_conv_bias"] == true);
+    CHECK(j["use_bias"] == false);
+    CHECK(j["layer_norm_epsilon"] == m.model.norm_eps);
+    CHECK(j["residual_in_fp32"] == true);
+    CHECK(j["rescale_prenorm_residual"] == false);
+    CHECK(j["tie_word_embeddings"] == true);
+    CHECK(j["dtype"] == "bfloat16");
+    CHECK(!j.contains("num_attention_heads"));
+    CHECK(!j.contains("rope_theta"));
+  }
 }
 
 TEST_CASE("hf: logits() is the forward without the loss: its cross-entropy equals forward's loss") {
@@ -238,12 +380,26 @@ TEST_CASE("hf: export refuses a model its architecture cannot hold, naming the k
       {"mistral", {"model.bias=true"}, {"model.bias"}},
       {"qwen2", {"model.bias=true"}, {"model.bias"}},
       {"llama", {"model.positions=\"learned\""}, {"model.positions", "rope"}},
+      {"hybrid", {"model.num_layers=3", "model.hybrid_layout=\"MEA\"", "model.num_experts=3"}, {"model.family", "hybrid"}},
+      {"mixtral", {"model.moe_z_loss_coef=0.01"}, {"model.moe_z_loss_coef", "z-loss", "not representable"}},
+      {"mixtral", {"model.bias=true"}, {"model.bias", "Mixtral"}},
+      {"mixtral", {"model.activation=\"gelu\""}, {"model.activation", "swiglu"}},
+      {"mamba", {"model.norm=\"layernorm\""}, {"model.norm", "rmsnorm"}},
+      {"mamba", {"model.norm=\"layernorm\"", "model.bias=true"}, {"model.norm"}},
+      {"mamba", {"model.bias=true"}, {"model.bias", "norms"}},
   };
   for (const Case& k : cases) {
     CAPTURE(k.family);
     CAPTURE(k.overrides[0]);
     const Config c = tiny_run_config(k.family, k.overrides);
     check_mentions(error_of([&] { hf::hf_config_json(c.model, "F32"); }), k.expect);
+    if (k.family == std::string("hybrid")) {  // and the weights: nothing written
+      auto m = random_model(c.model, "hybrid-export");
+      const std::string dir = scratch_dir("hf-refuse") + "/hybrid";
+      check_mentions(error_of([&] { hf::export_hf(c.model, m->params().table(), store_fetch(m->params()), dir); }),
+                     {"model.family", "hybrid"});
+      CHECK(!fs::exists(dir));
+    }
   }
 }
 
@@ -294,5 +450,143 @@ TEST_CASE("hf: import errors name the folder, the file and the tensor") {
     j["hidden_act"] = "gelu";
     write_text(dir + "/config.json", j.dump());
     check_mentions(error_of([&] { hf::model_from_hf_config(dir + "/config.json"); }), {"hidden_act", "gelu"});
+  }
+}
+
+namespace {
+
+// Rewrites a safetensors file through `edit(name, shape) -> keep?` (F32; shapes may be changed).
+void rewrite_safetensors(const std::string& path,
+                         const std::function<bool(const std::string&, std::vector<int64_t>&)>& edit) {
+  std::vector<std::pair<std::string, std::vector<float>>> kept;
+  std::vector<std::vector<int64_t>> shapes;
+  {
+    ck::SafetensorsFile f(path);
+    for (const ck::StTensor& t : f.tensors()) {
+      std::vector<int64_t> shape = t.shape;
+      if (!edit(t.name, shape)) continue;
+      std::vector<float> v(static_cast<size_t>(t.numel));
+      f.read_f32(t, 0, t.numel, v.data());
+      kept.emplace_back(t.name, std::move(v));
+      shapes.push_back(shape);
+    }
+  }
+  ck::SafetensorsWriter w;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const std::vector<float>* v = &kept[i].second;
+    w.add(kept[i].first, "F32", shapes[i], [v](ck::OutFile& out) { out.write(v->data(), v->size() * 4); });
+  }
+  fs::remove(path + ".new");
+  w.write(path + ".new");
+  fs::rename(path + ".new", path);
+}
+
+}  // namespace
+
+TEST_CASE("hf: a malformed mixtral or mamba folder is an error naming the tensor or the key") {
+  const Config x = tiny_run_config("mixtral", {"model.num_experts=3", "model.experts_per_token=2"});
+  auto xm = random_model(x.model, "malformed-mixtral");
+  const std::string dir = scratch_dir("hf-malformed") + "/mixtral";
+  hf::export_hf(x.model, xm->params().table(), store_fetch(xm->params()), dir);
+  const std::string st = dir + "/model.safetensors";
+  SUBCASE("an expert's tensor is missing") {
+    rewrite_safetensors(st, [](const std::string& n, std::vector<int64_t>&) {
+      return n != "model.layers.1.block_sparse_moe.experts.2.w3.weight";
+    });
+    check_mentions(error_of([&] { hf::HfWeights w(dir, x.model); }),
+                   {dir, "model.layers.1.block_sparse_moe.experts.2.w3.weight", "missing", "mixtral"});
+  }
+  SUBCASE("an expert's w2 stored (F, C)") {
+    const int64_t C = x.model.hidden_size, F = x.model.ffn_hidden_size;
+    rewrite_safetensors(st, [&](const std::string& n, std::vector<int64_t>& shape) {
+      if (n == "model.layers.0.block_sparse_moe.experts.1.w2.weight") shape = {F, C};
+      return true;
+    });
+    check_mentions(error_of([&] { hf::HfWeights w(dir, x.model); }),
+                   {"model.safetensors", "experts.1.w2.weight", "(40, 24)", "(24, 40)"});
+  }
+  SUBCASE("an expert more than num_local_experts") {
+    ModelConfig two = x.model;
+    two.num_experts = 2;
+    check_mentions(error_of([&] { hf::HfWeights w(dir, two); }), {"gate.weight", "(3, 24)", "(2, 24)"});
+    auto j = nlohmann::json::parse(read_text(dir + "/config.json"));
+    j["num_experts_per_tok"] = 4;
+    write_text(dir + "/config.json", j.dump());
+    check_mentions(error_of([&] { hf::model_from_hf_config(dir + "/config.json"); }),
+                   {dir + "/config.json", "num_experts_per_tok", "num_local_experts"});
+  }
+  SUBCASE("mamba config.json: time_step_rank \"auto\", intermediate_size, hidden_act") {
+    const Config m = tiny_run_config("mamba", {"model.hidden_size=48"});
+    auto mm = random_model(m.model, "malformed-mamba");
+    const std::string mdir = scratch_dir("hf-malformed") + "/mamba";
+    hf::export_hf(m.model, mm->params().table(), store_fetch(mm->params()), mdir);
+    const std::string path = mdir + "/config.json";
+    auto j = nlohmann::json::parse(read_text(path));
+    j["time_step_rank"] = "auto";
+    write_text(path, j.dump());
+    CHECK(hf::model_from_hf_config(path).mamba_dt_rank == 3);  // ceil(48 / 16)
+    j["intermediate_size"] = 100;
+    write_text(path, j.dump());
+    check_mentions(error_of([&] { hf::model_from_hf_config(path); }), {path, "intermediate_size", "100", "expand"});
+    j["intermediate_size"] = 96;
+    j["hidden_act"] = "gelu";
+    write_text(path, j.dump());
+    check_mentions(error_of([&] { hf::model_from_hf_config(path); }), {path, "hidden_act", "gelu"});
+    // A tensor of the mixer missing.
+    rewrite_safetensors(mdir + "/model.safetensors",
+                        [](const std::string& n, std::vector<int64_t>&) { return n != "backbone.layers.1.mixer.A_log"; });
+    check_mentions(error_of([&] { hf::HfWeights w(mdir, m.model); }), {"backbone.layers.1.mixer.A_log", "missing"});
+  }
+}
+
+TEST_CASE("hf: model.init_from a mixtral or mamba folder fills [model] (experts, mamba keys), checks the set keys") {
+  struct Case {
+    const char* family;
+    std::vector<std::string> overrides;
+    std::string disagree;               // a set key that contradicts the folder
+    std::vector<std::string> mentions;  // its error
+  };
+  const std::vector<Case> cases = {
+      {"mixtral", {"model.num_experts=3", "model.experts_per_token=2", "model.moe_aux_loss_coef=0.04"},
+       "num_experts = 4\n", {"model.num_experts", "is 4", "gives 3"}},
+      {"mamba", {"model.mamba_d_state=3", "model.mamba_expand=1", "model.mamba_conv_bias=false", "model.num_layers=3"},
+       "mamba_d_state = 8\n", {"model.mamba_d_state", "is 8", "gives 3"}},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.family);
+    const Config src = tiny_run_config(k.family, k.overrides);
+    auto m = random_model(src.model, std::string("init-from-") + k.family);
+    const std::string dir = scratch_dir("hf-init-new") + "/" + k.family;
+    hf::export_hf(src.model, m->params().table(), store_fetch(m->params()), dir);
+    const std::string base = "[run]\ndevice = \"cpu\"\n[data]\ntrain = [\"" + learnable_dataset() +
+                             "\"]\nsequence_length = 12\n[training]\nsteps = 2\n[model]\ninit_from = \"" + dir + "\"\n";
+    Config c = parse_config(base, "init.toml");
+    CHECK(c.model.family == src.model.family);
+    CHECK(c.model.num_layers == src.model.num_layers);
+    CHECK(c.model.num_experts == src.model.num_experts);
+    CHECK(c.model.experts_per_token == src.model.experts_per_token);
+    CHECK(c.model.moe_aux_loss_coef == doctest::Approx(src.model.moe_aux_loss_coef).epsilon(1e-12));
+    CHECK(c.model.mamba_d_state == src.model.mamba_d_state);
+    CHECK(c.model.mamba_expand == src.model.mamba_expand);
+    CHECK(c.model.mamba_dt_rank == src.model.mamba_dt_rank);
+    CHECK(c.model.mamba_conv_bias == src.model.mamba_conv_bias);
+    CHECK(c.model.tie_embeddings == src.model.tie_embeddings);
+    CHECK(block_layout(c.model) == block_layout(src.model));
+    CHECK(parse_config(config_to_toml(c), "again.toml") == c);
+    {
+      Trainer t(c, false);
+      for (const ParamSpec& p : m->params().table().entries())
+        CHECK(std::memcmp(t.model().params().weight(p.name).data, m->params().weight(p.name).data,
+                          static_cast<size_t>(p.shape.numel()) * 4) == 0);
+      CHECK(std::isfinite(t.train_step().loss));
+    }
+    check_mentions(error_of([&] { parse_config(base + k.disagree, "init.toml"); }), k.mentions);
+    // Training coefficients may differ from the folder's.
+    if (k.family == std::string("mixtral")) {
+      const Config d = parse_config(base + "moe_aux_loss_coef = 0.5\nmoe_z_loss_coef = 0.001\n", "init.toml");
+      CHECK(d.model.moe_aux_loss_coef == 0.5);
+      CHECK(d.model.moe_z_loss_coef == 0.001);
+      CHECK(d.model.num_experts == 3);
+    }
   }
 }
