@@ -35,6 +35,14 @@
 //   dA_log, dD, ddt_bias likewise through per-chunk-block partials. No float atomics: bitwise
 //   reproducible.
 // exp is ex2.approx with A pre-multiplied by log2(e); state and sums f32.
+// Measured on one H200 (8 x 4096 and 1 x 32768 tokens, Di 4096, N 16, chunk 64; csrc/bench/mamba.cpp):
+// forward 2.17 ms (1.98 T ex2/s over its two passes, about half the special-function units'
+// 16 per clock and multiprocessor; 11.6% of copy bandwidth on the bytes that must move),
+// backward 8.3 ms (5.3%). The bound is exp and instruction issue, not memory: one ex2 per
+// (token, channel, state) is 2.1G per pass, 0.55 ms at the units' peak, against 0.25 ms for the
+// forward's bytes at copy speed. Not done: moving part of the exps to the FMA pipes
+// (polynomial exp2), a single-pass forward where Di x documents threads suffice, prefetching in
+// the backward's passes (it runs at its 128-register cap).
 // Memory: x, dt, z, B, C, dy, dx, ddt, dz, dB, dC bf16 (column blocks, any alignment: scalar
 // loads); A_log, D, dt_bias bf16; chunk_states f32 (chunks, N, Di); dA_log, dD, ddt_bias f32 +=.
 // Limits: N <= 16, chunk_len <= 128, T < 2^31, Di < 2^31 / 16.
