@@ -9,6 +9,10 @@
 // per pass, two passes forward, three backward (see cuda/mamba/scan.cu), at 16 ex2 per clock and
 // multiprocessor. The last case is the whole layer (C = 2048, its GEMMs included) forward +
 // backward, for scale.
+// Measured on one H200 (both shapes within 1%): conv1d fwd 0.37 ms (34% of copy), bwd 0.89 ms
+// (21%); scan fwd 2.17 ms (11.6%), bwd 8.27 ms (5.3%); layer fwd+bwd 19.1 ms (1.71M tokens/s).
+// PyTorch on the same machine (scripts/bench_torch_mamba.py): the HF slow-path scan forward,
+// eager, 8 x 4096: 535 ms; conv1d fwd eager 1.80 ms, compiled 1.66 ms; fwd+bwd 5.0 / 4.5 ms.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

@@ -19,7 +19,9 @@ static __global__ void doc_start_bits_kernel(const int32_t* __restrict__ cu, int
   if (t >= 0 && t < tokens) atomicOr(&words[t >> 5], 1u << (t & 31));
 }
 
-// The bitmask of cu_seqlens (S + 1) i32 for `tokens` tokens, in a scratch buffer.
+// The bitmask of cu_seqlens (S + 1) i32 for `tokens` tokens, in a scratch buffer of
+// start_words(tokens) words.
+inline int64_t start_words(int64_t tokens) { return (tokens + 31) / 32; }
 static inline Owned doc_start_bits(const Tensor& cu_seqlens, int64_t tokens) {
   const int64_t words = (tokens + 31) / 32;
   Owned bits = empty({std::max<int64_t>(words, 1)}, DType::I32, Device::CUDA);
@@ -35,6 +37,28 @@ static inline Owned doc_start_bits(const Tensor& cu_seqlens, int64_t tokens) {
 
 __device__ __forceinline__ bool is_start(const uint32_t* __restrict__ words, int64_t t) {
   return (__ldg(&words[t >> 5]) >> (t & 31)) & 1u;
+}
+
+// Start bits of tokens [t, t + 64) (bit i: token t + i) from a bitmask of `count` words: kernels
+// test them in registers instead of loading a word per token.
+__device__ __forceinline__ uint64_t start_bits64(const uint32_t* __restrict__ words, int64_t count,
+                                                 int64_t t) {
+  const int64_t q = t >> 5;
+  const int s = static_cast<int>(t & 31);
+  const uint64_t w0 = q < count ? __ldg(&words[q]) : 0u, w1 = q + 1 < count ? __ldg(&words[q + 1]) : 0u,
+                 w2 = q + 2 < count ? __ldg(&words[q + 2]) : 0u;
+  const uint64_t lo = w0 | (w1 << 32);
+  return s == 0 ? lo : (lo >> s) | (w2 << (64 - s));
+}
+
+// Start bits of the up to 128 tokens of a chunk beginning at token t0.
+struct ChunkStarts {
+  uint64_t lo, hi;
+  __device__ __forceinline__ bool operator()(int i) const { return ((i < 64 ? lo : hi) >> (i & 63)) & 1u; }
+};
+__device__ __forceinline__ ChunkStarts chunk_starts(const uint32_t* __restrict__ words, int64_t count,
+                                                    int64_t t0) {
+  return {start_bits64(words, count, t0), start_bits64(words, count, t0 + 64)};
 }
 
 inline void expect_cu_seqlens(const Tensor& cu, const char* op) {
@@ -62,10 +86,27 @@ template <typename T> T* block_ptr(const ops::ColumnBlock& b) {
 
 __device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v); }
 
-__device__ __forceinline__ float sigmoid(float v) { return 1.f / (1.f + __expf(-v)); }
+// 1 / (1 + e^-v) with the fast exp and a correctly rounded reciprocal (0 when e^-v overflows).
+__device__ __forceinline__ float sigmoid(float v) { return __frcp_rn(1.f + __expf(-v)); }
 // d silu(v) / dv from s = sigmoid(v).
 __device__ __forceinline__ float dsilu(float v, float s) { return s * (1.f + v * (1.f - s)); }
-// log(1 + e^v); above 20 the correction is below f32 resolution.
-__device__ __forceinline__ float softplus(float v) { return v > 20.f ? v : log1pf(__expf(v)); }
+// log(1 + e^v): above 20 the correction is below f32 resolution; for e = e^v < 1/8 the series
+// e - e^2/2 + ... - e^8/8 (truncation < 1e-8 relative), else the fast log of 1 + e (error a few
+// 1e-7 absolute on a result >= 0.118). Cheaper than log1pf, which the scans call per token and
+// channel.
+__device__ __forceinline__ float softplus(float v) {
+  if (v > 20.f) return v;
+  const float e = __expf(v);
+  if (e >= 0.125f) return __logf(1.f + e);
+  float p = -1.f / 8;
+  p = fmaf(p, e, 1.f / 7);
+  p = fmaf(p, e, -1.f / 6);
+  p = fmaf(p, e, 1.f / 5);
+  p = fmaf(p, e, -1.f / 4);
+  p = fmaf(p, e, 1.f / 3);
+  p = fmaf(p, e, -1.f / 2);
+  p = fmaf(p, e, 1.f);
+  return p * e;
+}
 
 }  // namespace engine::cuda::mamba

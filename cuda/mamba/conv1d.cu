@@ -7,7 +7,7 @@
 // so every token row is read as runs of whole 32-byte sectors. The run length is chosen so that
 // about 2^18 threads exist (one wave on an H200 holds 270k). A thread issues the loads of
 // kGroup tokens together (bytes in flight), then walks them keeping the last K inputs in
-// registers; at a document start the window is cleared. The backward walks K - 1 tokens past its
+// registers (the group's document-start bits too); at a document start the window is cleared. The backward walks K - 1 tokens past its
 // run to finish dx of the run's last tokens: dx[s] is written once dpre[s + K - 1] is known, each
 // dpre of the window counted only when its token is in s's document (its tokens-since-start
 // count >= its distance from s).
@@ -29,7 +29,7 @@ namespace {
 
 constexpr int kThreads = 128;  // channels per block
 constexpr int kMaxK = 4;
-constexpr int kGroup = 8;      // tokens whose loads a thread issues together
+constexpr int kGroup = 16;     // tokens whose loads a thread issues together (<= 64)
 constexpr int64_t kTargetThreads = int64_t{1} << 18;
 
 struct ConvParams {
@@ -37,7 +37,8 @@ struct ConvParams {
   int64_t ldx;
   const bf16_t* w;       // (Di, K)
   const bf16_t* bias;    // (Di) or null
-  const uint32_t* starts;  // (ceil(T / 32)) document-start bits
+  const uint32_t* starts;  // (start_words) document-start bits
+  int64_t start_words;
   int64_t tokens;
   int channels;
   int64_t run;           // tokens per thread
@@ -76,7 +77,7 @@ __device__ __forceinline__ void load_history(const ConvParams& p, int64_t t0, in
 }
 
 template <int K>
-static __global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvParams p) {
+static __global__ void __launch_bounds__(kThreads, 6) conv_fwd_kernel(ConvParams p) {
   const int d = blockIdx.y * kThreads + threadIdx.x;
   if (d >= p.channels) return;
   const int64_t t0 = blockIdx.x * p.run, t1 = min(t0 + p.run, p.tokens);
@@ -90,6 +91,7 @@ static __global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvParams p)
     float xs[kGroup];
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) xs[i] = g + i < t1 ? mamba::bf(p.x[(g + i) * p.ldx + d]) : 0.f;
+    const uint64_t starts = mamba::start_bits64(p.starts, p.start_words, g);
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
       const int64_t t = g + i;
@@ -97,7 +99,7 @@ static __global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvParams p)
       if (t != t0) {
 #pragma unroll
         for (int k = 0; k + 1 < K; ++k) hist[k] = hist[k + 1];
-        if (mamba::is_start(p.starts, t)) {
+        if ((starts >> i) & 1u) {
 #pragma unroll
           for (int k = 0; k + 1 < K; ++k) hist[k] = 0.f;
         }
@@ -113,7 +115,7 @@ static __global__ void __launch_bounds__(kThreads) conv_fwd_kernel(ConvParams p)
 }
 
 template <int K>
-static __global__ void __launch_bounds__(kThreads) conv_bwd_kernel(ConvParams p) {
+static __global__ void __launch_bounds__(kThreads, 4) conv_bwd_kernel(ConvParams p) {
   const int d = blockIdx.y * kThreads + threadIdx.x;
   if (d >= p.channels) return;
   const int64_t t0 = blockIdx.x * p.run, t1 = min(t0 + p.run, p.tokens);
@@ -141,6 +143,7 @@ static __global__ void __launch_bounds__(kThreads) conv_bwd_kernel(ConvParams p)
       xs[i] = in ? mamba::bf(p.x[(g + i) * p.ldx + d]) : 0.f;
       gs[i] = in ? mamba::bf(p.dy[(g + i) * p.lddy + d]) : 0.f;
     }
+    const uint64_t starts = mamba::start_bits64(p.starts, p.start_words, g);
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
       const int64_t t = g + i;
@@ -151,7 +154,7 @@ static __global__ void __launch_bounds__(kThreads) conv_bwd_kernel(ConvParams p)
         if (t != t0) {
 #pragma unroll
           for (int k = 0; k + 1 < K; ++k) hist[k] = hist[k + 1];
-          if (mamba::is_start(p.starts, t)) {
+          if ((starts >> i) & 1u) {
             pos = 0;
 #pragma unroll
             for (int k = 0; k + 1 < K; ++k) hist[k] = 0.f;
@@ -234,6 +237,7 @@ ConvParams conv_params(const ConvShape& s, const ops::ColumnBlock& x, const Tens
   p.w = static_cast<const bf16_t*>(weight.data);
   p.bias = bias.data ? static_cast<const bf16_t*>(bias.data) : nullptr;
   p.starts = static_cast<const uint32_t*>(starts.t.data);
+  p.start_words = mamba::start_words(s.tokens);
   p.tokens = s.tokens;
   p.channels = s.channels;
   p.run = 32;  // about kTargetThreads threads, at least 32 tokens each
