@@ -2,6 +2,7 @@
 #   make            build ./train, ./bench and the test binary (CUDA kernels too when nvcc exists)
 #   make test       full CPU test suite (+ GPU cases when a GPU is present), one summary line
 #   make test-fast  the fast tier only (seconds)
+#   make test-slow  make test plus the long sweeps (opt-in)
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
 #   make demo       deps + build + demo data + a short tiny-llama training run + loss plot
 #   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
@@ -57,7 +58,7 @@ DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
 PROGRAMS := train bench
 
-.PHONY: all test test-fast deps clean demo fuzz
+.PHONY: all test test-fast test-slow deps clean demo fuzz
 all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests
 
 HEADER_DEPS := .deps/include/toml++/toml.h .deps/include/nlohmann/json.hpp
@@ -112,6 +113,10 @@ test: deps
 test-fast: deps
 	@$(MAKE) --no-print-directory all
 	PYTHON=$(PYTHON) scripts/run_tests.sh fast
+
+test-slow: deps
+	@$(MAKE) --no-print-directory all
+	PYTHON=$(PYTHON) scripts/run_tests.sh slow
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -2,7 +2,7 @@
 # What runs on the GPU machine: build, the full test suite (GPU cases run there), kernel and
 # end-to-end training benchmarks, and the PyTorch reference for the same shapes. Every step
 # writes its log under $OUT (the device tool's output folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [tp] [pp] [torch]   (default: build test bench train)
+# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [tp] [pp] [torch] [families]   (default: build test bench train)
 #   dp, tp and pp need two GPUs (nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +64,15 @@ for step in "${steps[@]}"; do
       ;;
     torch)
       timeout 500 python3 scripts/bench_torch.py ${TORCH_WHAT:-} 2>&1 | tee "$out/torch.log"
+      ;;
+    families)  # mixture of experts and Mamba: kernels beside PyTorch, end-to-end hybrid and Mixtral
+      timeout 200 ./bench moe 2>&1 | tee "$out/moe.log"
+      timeout 200 python3 scripts/bench_torch_moe.py 2>&1 | tee -a "$out/moe.log"
+      timeout 200 ./bench mamba 2>&1 | tee "$out/mamba.log"
+      timeout 200 python3 scripts/bench_torch_mamba.py 2>&1 | tee -a "$out/mamba.log"
+      for c in configs/bench-hybrid-1b.toml configs/bench-mixtral-small.toml; do
+        timeout 300 ./bench train "$c" training.steps=6 2>&1 | grep -v "^\[" | tee -a "$out/train_families.log"
+      done
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test suites and ends with one summary line over all of them:
 #   tests: N passed, N failed, N skipped
-# usage: scripts/run_tests.sh fast|full [extra doctest args]
-#   fast: the default tier (seconds);  full: everything (CPU multi-rank runs included)
+# usage: scripts/run_tests.sh fast|full|slow|gpu [extra doctest args]
+#   fast: the default tier (seconds); full: + the "full" suite and the multi-rank runs (make test,
+#   CI); slow: full + the long "slow" sweeps (opt-in); gpu: the GPU cases alone (a GPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tier=${1:-fast}
@@ -34,13 +35,20 @@ run_suite() {  # name, command...
 }
 
 args=()
-[[ $tier == full ]] && args+=(--all)
+case $tier in
+  fast) ;;
+  full) args+=(--all) ;;
+  slow) args+=(--slow) ;;
+  gpu) args+=(-ts=gpu) ;;
+  *) echo "unknown tier $tier (fast, full, slow or gpu)"; exit 2 ;;
+esac
 start=$(date +%s)
 run_suite "unit and model tests" build/engine_tests "${args[@]}" "$@"
 
-# Multi-rank suites (full tier): the same runner under mpirun, CPU and MPI backend, one rank per
-# process with one OpenMP thread each. A hung collective fails by the timeout, never blocks CI.
-if [[ $tier == full ]]; then
+# Multi-rank suites (full and slow tiers): the same runner under mpirun, CPU and MPI backend, one
+# rank per process with one OpenMP thread each, every case of a world size in one launch. A hung
+# collective fails by the timeout, never blocks CI.
+if [[ $tier == full || $tier == slow ]]; then
   if command -v mpirun >/dev/null 2>&1; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers without ptrace/CMA

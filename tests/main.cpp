@@ -1,8 +1,11 @@
 // Test runner: doctest plus a listener that times every test case, counts skips (GPU cases on a
 // machine without a GPU), prints the slowest tests and one summary line
 //   tests: N passed, N failed, N skipped
-// Tiers: by default the fast tier runs (test cases in the "slow" suite are excluded); --all (or
-// TEST_TIER=full) runs everything. Other doctest flags pass through (-tc=, -ts=, ...).
+// Tiers (test suites): the default fast tier runs every case outside the "full" and "slow"
+// suites; --all (or TEST_TIER=full) adds the "full" suite (what `make test` and CI run); --slow
+// (or TEST_TIER=slow) adds the "slow" suite too: long sweeps whose smaller versions are in the
+// other tiers. GPU cases are in the "gpu" suite, in every tier (skipped without a GPU):
+// `-ts=gpu` runs the GPU tier alone. Other doctest flags pass through (-tc=, -ts=, ...).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -115,12 +118,12 @@ int main(int argc, char** argv) {
     if (engine::launch_info().rank != 0) setenv("TEST_SEED", std::to_string(seed).c_str(), 1);
   }
 #endif
-  bool all = false;
-  if (const char* tier = std::getenv("TEST_TIER")) all = std::strcmp(tier, "full") == 0;
+  int tier = 0;  // 0 fast, 1 full, 2 slow
+  if (const char* t = std::getenv("TEST_TIER")) tier = std::strcmp(t, "slow") == 0 ? 2 : std::strcmp(t, "full") == 0;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--all") == 0) {
-      all = true;
+    if (std::strcmp(argv[i], "--all") == 0 || std::strcmp(argv[i], "--slow") == 0) {
+      tier = std::max(tier, argv[i][2] == 's' ? 2 : 1);
       continue;
     }
     args.push_back(argv[i]);
@@ -128,7 +131,8 @@ int main(int argc, char** argv) {
   // Trainer logs stay quiet unless asked for (TEST_VERBOSE=1).
   if (!std::getenv("TEST_VERBOSE")) engine::log_set_level(engine::LogLevel::Warn);
   doctest::Context context;
-  if (!all) context.addFilter("test-suite-exclude", "slow");
+  if (tier < 1) context.addFilter("test-suite-exclude", "full");
+  if (tier < 2) context.addFilter("test-suite-exclude", "slow");
   context.setOption("no-intro", true);
   context.applyCommandLine(static_cast<int>(args.size()), args.data());
   // Only the reporting rank prints doctest's own summary; the others report failures alone.

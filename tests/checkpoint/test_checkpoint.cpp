@@ -377,7 +377,7 @@ TEST_CASE("checkpoint: resume errors name the problem") {
   }
 }
 
-TEST_CASE("GPU: a checkpoint restores the device state exactly; the resumed run follows the uninterrupted one") {
+TEST_CASE("GPU: a checkpoint restores the device state exactly; the resumed run follows the uninterrupted one" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   QuietLogs quiet;
   Trainer ref(run_config("gpu-ref", {"run.device=\"cuda\""}), false);

@@ -74,7 +74,7 @@ const std::vector<std::string> kSchedule = {"training.steps=6", "optimizer.warmu
 
 }  // namespace
 
-TEST_CASE("./train: 6 steps with checkpoint_every=3 equal 3 steps + resume 3, bitwise" * doctest::test_suite("slow")) {
+TEST_CASE("./train: 6 steps with checkpoint_every=3 equal 3 steps + resume 3, bitwise" * doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   std::vector<std::string> o = kSchedule;
   o.push_back("training.checkpoint_every=3");
@@ -110,7 +110,7 @@ TEST_CASE("./train: 6 steps with checkpoint_every=3 equal 3 steps + resume 3, bi
 }
 
 TEST_CASE("./train: SIGTERM writes a checkpoint after the current step; resume = auto continues it" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string cfg = write_config("sigterm", "llama", {"training.steps=100000", "optimizer.warmup_steps=1",
                                                             "training.checkpoint_every=1000000"});
@@ -135,7 +135,7 @@ TEST_CASE("./train: SIGTERM writes a checkpoint after the current step; resume =
 }
 
 TEST_CASE("./train: a corrupted newest checkpoint: auto falls back naming the file; an explicit path fails" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   std::vector<std::string> o = kSchedule;
   o.push_back("training.checkpoint_every=2");
@@ -154,7 +154,7 @@ TEST_CASE("./train: a corrupted newest checkpoint: auto falls back naming the fi
 }
 
 TEST_CASE("./train --export-hf, model.init_from and --dump-logits: the export starts a run with the same logits" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   std::vector<std::string> o = kSchedule;
   o.push_back("training.checkpoint_every=3");
@@ -202,7 +202,7 @@ TEST_CASE("./train --export-hf, model.init_from and --dump-logits: the export st
 }
 
 TEST_CASE("scripts/hf_check.py: our logits equal transformers' (CPU, when torch and transformers are installed)" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const char* py = std::getenv("HF_CHECK_PYTHON");
   const std::string python = py ? py : (std::getenv("PYTHON") ? std::getenv("PYTHON") : "python3");

@@ -95,7 +95,7 @@ TEST_CASE("prepare_data.py: text and JSONL in, a .bin/.idx the C++ reader accept
   CHECK(printed.find("vocab: 257") != std::string::npos);
 }
 
-TEST_CASE("prepare_data.py: a bad input fails and leaves no output" * doctest::test_suite("slow")) {
+TEST_CASE("prepare_data.py: a bad input fails and leaves no output" * doctest::test_suite("full")) {
   std::string py = python_or_skip();
   if (py.empty()) return;
   std::string dir = data_testing::data_test_dir("prepare_bad");
@@ -114,7 +114,7 @@ TEST_CASE("prepare_data.py: a bad input fails and leaves no output" * doctest::t
   CHECK(files == 2);  // in.jsonl and log.txt: no temporary left behind
 }
 
-TEST_CASE("make_demo_corpus.py -> prepare_data.py: 3000 documents" * doctest::test_suite("slow")) {
+TEST_CASE("make_demo_corpus.py -> prepare_data.py: 3000 documents" * doctest::test_suite("full")) {
   std::string py = python_or_skip();
   if (py.empty()) return;
   std::string dir = data_testing::data_test_dir("demo_corpus");

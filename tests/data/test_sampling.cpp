@@ -324,7 +324,7 @@ TEST_CASE("sampling: configuration errors") {
   CHECK_THROWS_WITH_AS(make_sample_source(bad, Split::Valid, 5), doctest::Contains("at least 2 documents"), Error);
 }
 
-TEST_CASE("sampling: planning millions of tokens is fast" * doctest::test_suite("slow")) {
+TEST_CASE("sampling: planning millions of tokens is fast" * doctest::test_suite("full")) {
   std::string dir = data_testing::data_test_dir("large");
   auto w = make_token_dataset_writer(dir + "/big", 50000);
   std::vector<int32_t> doc;

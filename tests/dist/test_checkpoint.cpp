@@ -534,7 +534,7 @@ TEST_CASE("checkpoint: --export-hf from a pipeline-parallel checkpoint equals th
   }
 }
 
-TEST_CASE("GPUs with NCCL: pp2 and tp2 checkpoints save, and resume on the same layout and on one GPU") {
+TEST_CASE("GPUs with NCCL: pp2 and tp2 checkpoints save, and resume on the same layout and on one GPU" * doctest::test_suite("gpu")) {
   if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   QuietLogs quiet;
   SharedDir d("gpu");

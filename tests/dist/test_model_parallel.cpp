@@ -275,7 +275,7 @@ TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradi
   for (const Case& c : cases) compare_runs(c, world());
 }
 
-TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") {
+TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" * doctest::test_suite("gpu")) {
   if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   auto nccl = make_nccl_comm(world());
   for (const Case& c : std::vector<Case>{{"llama", 2, {}},
@@ -285,7 +285,7 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance") 
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 
-TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance") {
+TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance" * doctest::test_suite("gpu")) {
   if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   auto nccl = make_nccl_comm(world());
   for (const Case& c : std::vector<Case>{{"llama", 1, pp(2, 1, "breadth_first")},

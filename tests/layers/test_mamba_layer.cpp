@@ -186,7 +186,7 @@ TEST_CASE("mamba layer init: A_log, D, dt_bias, dt_proj as Hugging Face, layout 
   }
 }
 
-TEST_CASE("mamba layer on the GPU (bf16) matches the CPU layer within bf16 tolerance") {
+TEST_CASE("mamba layer on the GPU (bf16) matches the CPU layer within bf16 tolerance" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   layers::MambaConfig c;
   c.hidden = 64, c.d_inner = 96, c.d_state = 16, c.d_conv = 4, c.dt_rank = 4, c.conv_bias = true,

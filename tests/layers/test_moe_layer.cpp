@@ -77,7 +77,7 @@ TEST_CASE("layer gradients: mixture of experts (router, aux and z losses, expert
   }
 }
 
-TEST_CASE("GPU mixture-of-experts layer matches the f64 CPU layer on the same bf16 values") {
+TEST_CASE("GPU mixture-of-experts layer matches the f64 CPU layer on the same bf16 values" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     const char* name;

@@ -87,7 +87,7 @@ TEST_CASE("packed documents train exactly like documents alone (per-document los
   }
 }
 
-TEST_CASE("GPU: packed documents train like documents alone (bf16, flash attention path)") {
+TEST_CASE("GPU: packed documents train like documents alone (bf16, flash attention path)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   // head_dim 64 takes the tensor-core flash kernels; documents of 1, 17, 46 and 64 tokens.
   ModelConfig c = tiny_model(ModelFamily::Llama);

@@ -131,7 +131,7 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
   CHECK(fs::file_size(learnable_dataset() + ".idx") == idx_size);
 }
 
-TEST_CASE("./train: SIGINT stops the run cleanly after the current step" * doctest::test_suite("slow")) {
+TEST_CASE("./train: SIGINT stops the run cleanly after the current step" * doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string cfg = good_config("cli-signal");
   Result r = run("--help >/dev/null; exec timeout --preserve-status -s INT 1 " + std::string(std::getenv("TRAIN_BIN") ? std::getenv("TRAIN_BIN") : "./train") +
@@ -152,7 +152,7 @@ std::string python_with(const std::string& module) {
 }  // namespace
 
 TEST_CASE("demo data: the tiny configs (gpt2, llama, mixtral, mamba, hybrid) learn the demo corpus through ./train" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string python = python_with("json");
   if (python.empty()) {
@@ -205,7 +205,7 @@ TEST_CASE("plot_metrics.py overlays runs into a PNG") {
   CHECK(std::string(magic + 1, 3) == "PNG");
 }
 
-TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the message printed once" * doctest::test_suite("slow")) {
+TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the message printed once" * doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
     skip_test("no mpirun (make deps installs OpenMPI)");
@@ -234,7 +234,7 @@ TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the me
 }
 
 TEST_CASE("./train: a data file missing on one rank ends every rank with that rank's message" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary() || !has_mpirun()) return;
   const auto t0 = std::chrono::steady_clock::now();
   Result m = mpirun2("ENGINE_TEST_MISSING_DATA=1", good_config("cli-missing-rank"));
@@ -248,7 +248,7 @@ TEST_CASE("./train: a data file missing on one rank ends every rank with that ra
 }
 
 TEST_CASE("./train: a stuck rank ends the run with a message within distributed.timeout_s, never a hang" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string cfg = good_config("cli-stall") + " training.steps=4 distributed.timeout_s=2";
   {  // one process stalls at step 2: the watchdog ends it
@@ -311,7 +311,7 @@ std::map<int, double> metric_losses(const fs::path& run_dir) {
 }  // namespace
 
 TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses nothing; resume reproduces the losses" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary() || !has_mpirun()) return;
   auto mpirun = [](const std::string& kill, const std::string& args) {
     return mpirun2(kill.empty() ? "" : "ENGINE_TEST_KILL=" + kill, args);
@@ -353,7 +353,7 @@ TEST_CASE("./train: kill -9 of a rank mid-step or mid-checkpoint-write loses not
 }
 
 TEST_CASE("./train: a full disk (a small tmpfs) during a checkpoint fails the run cleanly; the previous one stays" *
-          doctest::test_suite("slow")) {
+          doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   // How big one checkpoint of this run is, from a run on the normal disk.
   const std::string steps = " training.steps=4 training.checkpoint_every=2";

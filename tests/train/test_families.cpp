@@ -38,7 +38,7 @@ TEST_CASE("tiny mixtral, mamba and hybrid models learn: the loss falls well belo
   }
 }
 
-TEST_CASE("GPU: a hybrid model (Mamba, MoE, attention) follows its CPU loss curve and learns") {
+TEST_CASE("GPU: a hybrid model (Mamba, MoE, attention) follows its CPU loss curve and learns" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   // head_dim 64: the flash kernels; Di 256 over the Mamba kernels; 4 experts, top 2.
   const std::vector<std::string> o = {"model.hybrid_layout=\"MEAM\"", "model.num_layers=4", "model.hidden_size=128",

@@ -12,7 +12,7 @@
 using namespace engine;
 using namespace engine::testing;
 
-TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, llama, mistral)") {
+TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, llama, mistral)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     std::string family;
@@ -52,7 +52,7 @@ TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, 
   }
 }
 
-TEST_CASE("GPU: no device allocation after the first step; peak memory is reported") {
+TEST_CASE("GPU: no device allocation after the first step; peak memory is reported" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Trainer t(tiny_run_config("llama", {"run.device=\"cuda\"", "model.hidden_size=128", "model.num_heads=2"}), false);
   t.train_step();

@@ -53,7 +53,7 @@ TEST_CASE("micro-sequences reproduce whole sequences: losses, gradients, weights
                   1e-5);  // three stages on one rank: chunks interleave with stages
 }
 
-TEST_CASE("micro-sequences on the GPU reproduce whole sequences (flash and fallback attention)") {
+TEST_CASE("micro-sequences on the GPU reproduce whole sequences (flash and fallback attention)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   // head_dim 64 takes the tensor-core kernels; 8 the fallback kernel.
   compare_chunked("llama",

@@ -39,7 +39,7 @@ Shape doubled_last(Shape s) {
 
 }  // namespace
 
-TEST_CASE("cuda gelu forward and backward match the f64 reference (bf16 and f32)") {
+TEST_CASE("cuda gelu forward and backward match the f64 reference (bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ShapeCase& k : kGeluCases) {
     SUBCASE(k.name().c_str()) {
@@ -76,7 +76,7 @@ TEST_CASE("cuda gelu forward and backward match the f64 reference (bf16 and f32)
   }
 }
 
-TEST_CASE("cuda swiglu forward and backward match the f64 reference (bf16 and f32)") {
+TEST_CASE("cuda swiglu forward and backward match the f64 reference (bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ShapeCase& k : kSwigluCases) {
     SUBCASE(k.name().c_str()) {
@@ -111,7 +111,7 @@ TEST_CASE("cuda swiglu forward and backward match the f64 reference (bf16 and f3
   }
 }
 
-TEST_CASE("cuda activation launchers reject mismatched dtypes and shapes") {
+TEST_CASE("cuda activation launchers reject mismatched dtypes and shapes" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned x = randn({4, 6}, DType::F32, "act.x");
   DeviceTensor gx = to_gpu(x, DType::BF16), gx32 = to_gpu(x, DType::F32);

@@ -171,14 +171,14 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("flash attention forward and backward match the f64 reference (bf16 inputs)") {
+TEST_CASE("flash attention forward and backward match the f64 reference (bf16 inputs)" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   for (const FlashCase& c : kCases) {
     SUBCASE(c.name().c_str()) { check_case(c); }
   }
 }
 
-TEST_CASE("flash attention: forward, dk and dv are deterministic; dq to atomics noise") {
+TEST_CASE("flash attention: forward, dk and dv are deterministic; dq to atomics noise" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   for (const FlashCase& c : {FlashCase{{300, 129, 17}, 8, 2, 128, true, 0},
                              FlashCase{{129, 300}, 6, 3, 64, false, 0},
@@ -196,7 +196,7 @@ TEST_CASE("flash attention: forward, dk and dv are deterministic; dq to atomics 
   }
 }
 
-TEST_CASE("flash attention launchers reject bad arguments, naming them") {
+TEST_CASE("flash attention launchers reject bad arguments, naming them" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   const Problem pr(FlashCase{{5, 9}, 4, 2, 64, true, 0});
   Owned out = empty({14, 4, 64}, DType::BF16, Device::CUDA);
@@ -279,7 +279,7 @@ const std::vector<KvCase> kKvCases = {
 
 }  // namespace
 
-TEST_CASE("flash attention with separate keys matches the f64 reference") {
+TEST_CASE("flash attention with separate keys matches the f64 reference" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   for (const KvCase& kc : kKvCases) {
     SUBCASE(kc.c.name().c_str()) {
@@ -330,7 +330,7 @@ TEST_CASE("flash attention with separate keys matches the f64 reference") {
   }
 }
 
-TEST_CASE("flash attention with separate keys equal to qkv's own gives the usual results") {
+TEST_CASE("flash attention with separate keys equal to qkv's own gives the usual results" * doctest::test_suite("gpu")) {
   // kv = qkv's k and v heads, cu_seqlens_k = cu_seqlens: the same arithmetic through other
   // pointers and strides, so out, lse, dk and dv are bitwise those of the usual call (dq up to
   // the order of its f32 atomics).
@@ -362,8 +362,7 @@ TEST_CASE("flash attention with separate keys equal to qkv's own gives the usual
   }
 }
 
-TEST_CASE(
-    "flash attention micro-sequences: chunks with their key prefix reproduce the whole batch") {
+TEST_CASE("flash attention micro-sequences: chunks with their key prefix reproduce the whole batch" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   // Documents of odd lengths (one of 1 token), cut inside documents and at a document boundary
   // (38 = 37 + 1); the keys of a chunk either start at its first document (slice_varlen) or are
@@ -430,7 +429,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("flash attention with separate keys: no queries at all zeroes dkv; argument checks") {
+TEST_CASE("flash attention with separate keys: no queries at all zeroes dkv; argument checks" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   const FlashCase c{{0, 0}, 4, 2, 64, true, 0};
   const Problem pr(c);  // T = 0 queries

@@ -255,7 +255,7 @@ const std::vector<EmuCase> kSlowCases = {
 
 }  // namespace
 
-TEST_CASE("flash kernels emulated on the CPU match the f64 reference" * doctest::test_suite("slow")) {
+TEST_CASE("flash kernels emulated on the CPU match the f64 reference" * doctest::test_suite("full")) {
   for (const auto& [c, mode] : kFastCases) {
     SUBCASE((c.name() + mode_name(mode)).c_str()) { run(c, mode); }
   }

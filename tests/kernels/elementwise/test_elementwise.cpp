@@ -33,7 +33,7 @@ const std::vector<Offsets> kOffsets = {{0, 0, 0}, {1, 1, 1}, {0, 3, 1}};
 
 }  // namespace
 
-TEST_CASE("cuda add, add_inplace and scale_inplace equal the CPU reference bit for bit") {
+TEST_CASE("cuda add, add_inplace and scale_inplace equal the CPU reference bit for bit" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (int64_t n : kSizes) {
     SUBCASE(("n = " + std::to_string(n)).c_str()) {
@@ -66,7 +66,7 @@ TEST_CASE("cuda add, add_inplace and scale_inplace equal the CPU reference bit f
   }
 }
 
-TEST_CASE("cuda cast between f32 and bf16 equals the reference bit for bit; f64 is rejected") {
+TEST_CASE("cuda cast between f32 and bf16 equals the reference bit for bit; f64 is rejected" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const int64_t n = 10007;
   Owned x = randn({n}, DType::F32, "ew.cast", 5.0);
@@ -106,7 +106,7 @@ TEST_CASE("cuda cast between f32 and bf16 equals the reference bit for bit; f64 
 
 // The bf16 -> f32 body converts 256-element warp spans, four spans per loop trip once a thread
 // has that many (over 8.6M elements on an H200); both loops, the head and the tail run here.
-TEST_CASE("cuda cast bf16 -> f32 over many spans equals the reference bit for bit") {
+TEST_CASE("cuda cast bf16 -> f32 over many spans equals the reference bit for bit" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (int64_t n : {int64_t{(1 << 24) + 777}, int64_t{(1 << 22) + 5}, int64_t{300}}) {
     for (int64_t offset : {0, 4}) {  // 4: both pointers 8 bytes past 16, a 4-element head
@@ -122,7 +122,7 @@ TEST_CASE("cuda cast bf16 -> f32 over many spans equals the reference bit for bi
   }
 }
 
-TEST_CASE("cuda sum and sum_squares match the reference's double sums and repeat bit for bit") {
+TEST_CASE("cuda sum and sum_squares match the reference's double sums and repeat bit for bit" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   std::vector<int64_t> sizes = kSizes;
   sizes.push_back((1 << 22) + 5);
@@ -150,7 +150,7 @@ TEST_CASE("cuda sum and sum_squares match the reference's double sums and repeat
   CHECK(ops::sum_squares(empty_t) == 0.0);
 }
 
-TEST_CASE("cuda count_nonfinite counts NaN, +inf and -inf, in the head, body and tail") {
+TEST_CASE("cuda count_nonfinite counts NaN, +inf and -inf, in the head, body and tail" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{70001}}) {
     for (DType dt : kDtypes)
@@ -172,7 +172,7 @@ TEST_CASE("cuda count_nonfinite counts NaN, +inf and -inf, in the head, body and
   }
 }
 
-TEST_CASE("cuda element-wise ops reject mismatched operands") {
+TEST_CASE("cuda element-wise ops reject mismatched operands" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned a = empty({8}, DType::F32, Device::CUDA), b16 = empty({8}, DType::BF16, Device::CUDA);
   Owned shorter = empty({7}, DType::F32, Device::CUDA), i32 = empty({8}, DType::I32, Device::CUDA);
@@ -184,7 +184,7 @@ TEST_CASE("cuda element-wise ops reject mismatched operands") {
   CHECK_THROWS_AS(ops::cast(a, shorter), Error);
 }
 
-TEST_CASE("cuda copy_columns equals the CPU reference bit for bit (=, +=, bf16 <-> f32)") {
+TEST_CASE("cuda copy_columns equals the CPU reference bit for bit (=, +=, bf16 <-> f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const int64_t rows = 37, cs = 40, cd = 24, width = 16;
   for (DType sd : kDtypes)

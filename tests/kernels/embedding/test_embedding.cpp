@@ -62,7 +62,7 @@ void check_error_mentions(F&& f, const std::vector<std::string>& parts) {
 
 }  // namespace
 
-TEST_CASE("cuda embedding forward gathers rows (= and +=, bf16 and f32)") {
+TEST_CASE("cuda embedding forward gathers rows (= and +=, bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const EmbCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -89,7 +89,7 @@ TEST_CASE("cuda embedding forward gathers rows (= and +=, bf16 and f32)") {
   }
 }
 
-TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, deterministically") {
+TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, deterministically" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const EmbCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -114,7 +114,7 @@ TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, de
   }
 }
 
-TEST_CASE("cuda embedding raises on an out-of-range id, naming the token position and id") {
+TEST_CASE("cuda embedding raises on an out-of-range id, naming the token position and id" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const int64_t t = 300, vocab = 17, c = 24;
   for (int32_t bad : {-1, static_cast<int32_t>(vocab), 1 << 30}) {

@@ -57,7 +57,7 @@ Owned rows_of(const Tensor& x, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-TEST_CASE("cuda sharded embedding forward: zero rows for other shards, shards sum to the lookup") {
+TEST_CASE("cuda sharded embedding forward: zero rows for other shards, shards sum to the lookup" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ShardCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -96,7 +96,7 @@ TEST_CASE("cuda sharded embedding forward: zero rows for other shards, shards su
   }
 }
 
-TEST_CASE("cuda sharded embedding backward: each shard gets its rows of the gradient, bitwise twice") {
+TEST_CASE("cuda sharded embedding backward: each shard gets its rows of the gradient, bitwise twice" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ShardCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -126,7 +126,7 @@ TEST_CASE("cuda sharded embedding backward: each shard gets its rows of the grad
   }
 }
 
-TEST_CASE("cuda sharded embedding checks ids against the whole vocabulary") {
+TEST_CASE("cuda sharded embedding checks ids against the whole vocabulary" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const int64_t t = 300, vocab = 17, c = 24, begin = 5, rows = 6;  // the shard holds [5, 11)
   for (int32_t bad : {-1, static_cast<int32_t>(vocab), 1 << 30}) {

@@ -102,7 +102,7 @@ void check_matmul(const Dims& d, bool ta, bool tb, const Variant& v, int64_t off
 
 }  // namespace
 
-TEST_CASE("cuda matmul matches the f64 reference: sizes x transposes x output dtype, alpha, beta, bias") {
+TEST_CASE("cuda matmul matches the f64 reference: sizes x transposes x output dtype, alpha, beta, bias" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const Dims& d : kDims) {
     SUBCASE(d.name().c_str()) {
@@ -118,7 +118,7 @@ TEST_CASE("cuda matmul matches the f64 reference: sizes x transposes x output dt
   }
 }
 
-TEST_CASE("cuda matmul with operands at odd element offsets (2-byte aligned pointers)") {
+TEST_CASE("cuda matmul with operands at odd element offsets (2-byte aligned pointers)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const Dims& d : {Dims{37, 53, 29}, Dims{64, 128, 96}, Dims{33, 40, 16}}) {
     SUBCASE(d.name().c_str()) {
@@ -134,7 +134,7 @@ TEST_CASE("cuda matmul with operands at odd element offsets (2-byte aligned poin
   }
 }
 
-TEST_CASE("cuda matmul rejects what the GPU does not take") {
+TEST_CASE("cuda matmul rejects what the GPU does not take" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned a = empty({4, 3}, DType::F32, Device::CUDA), b = empty({3, 5}, DType::BF16, Device::CUDA);
   Owned c = empty({4, 5}, DType::F32, Device::CUDA), a16 = empty({4, 3}, DType::BF16, Device::CUDA);
@@ -146,7 +146,7 @@ TEST_CASE("cuda matmul rejects what the GPU does not take") {
   CHECK_THROWS_AS(ops::matmul(a16, false, b, false, c64), Error);
 }
 
-TEST_CASE("cuda sum_rows matches f64 column sums, applies beta, and repeats bit for bit") {
+TEST_CASE("cuda sum_rows matches f64 column sums, applies beta, and repeats bit for bit" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     int64_t m, n;
@@ -185,7 +185,7 @@ TEST_CASE("cuda sum_rows matches f64 column sums, applies beta, and repeats bit 
 
 #ifdef ENGINE_CUDA
 
-TEST_CASE("cuda sum_columns (row sums) matches f64 and applies beta") {
+TEST_CASE("cuda sum_columns (row sums) matches f64 and applies beta" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {53, 37}, {300, 1000}, {9, 0}}) {
     for (DType dt : {DType::BF16, DType::F32})
@@ -226,7 +226,7 @@ struct FuseCount {
 
 }  // namespace
 
-TEST_CASE("cuda gemm bias gradients: dbias_a = sum_k op(A), dbias_b = sum_k op(B), fused and not") {
+TEST_CASE("cuda gemm bias gradients: dbias_a = sum_k op(A), dbias_b = sum_k op(B), fused and not" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   FuseCount count;
   for (const Dims& d : {Dims{37, 53, 29}, Dims{67, 131, 259}, Dims{256, 512, 128}, Dims{6, 5, 0}}) {
@@ -272,7 +272,7 @@ TEST_CASE("cuda gemm bias gradients: dbias_a = sum_k op(A), dbias_b = sum_k op(B
   count.print("bias gradients");
 }
 
-TEST_CASE("cuda gemm GELU epilogue with bias and saved input, fused and not") {
+TEST_CASE("cuda gemm GELU epilogue with bias and saved input, fused and not" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   FuseCount count;
   for (const Dims& d : {Dims{37, 53, 29}, Dims{64, 96, 80}, Dims{67, 136, 259}}) {
@@ -320,7 +320,7 @@ TEST_CASE("cuda gemm GELU epilogue with bias and saved input, fused and not") {
   count.print("GELU");
 }
 
-TEST_CASE("cuda gemm rejects inconsistent epilogue requests") {
+TEST_CASE("cuda gemm rejects inconsistent epilogue requests" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned a = empty({4, 3}, DType::BF16, Device::CUDA), b = empty({3, 5}, DType::BF16, Device::CUDA);
   Owned c = empty({4, 5}, DType::F32, Device::CUDA);

@@ -142,7 +142,7 @@ Outputs run_device(const Inputs& in, bool with_grad, float grad_scale, const Var
 
 }  // namespace
 
-TEST_CASE("cross_entropy cuda matches the f64 reference (shapes, dtypes, paths, grad on/off)") {
+TEST_CASE("cross_entropy cuda matches the f64 reference (shapes, dtypes, paths, grad on/off)" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   for (const Case& c : kCases) {
     SUBCASE(c.name().c_str()) {
@@ -193,7 +193,7 @@ TEST_CASE("cross_entropy cuda matches the f64 reference (shapes, dtypes, paths, 
   }
 }
 
-TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows for small ones") {
+TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows for small ones" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
 #ifdef ENGINE_CUDA
   auto plan = [](int64_t v, DType dt) { return *cuda::cross_entropy_plan(v, dt); };
@@ -215,7 +215,7 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
 #endif
 }
 
-TEST_CASE("cross_entropy cuda is deterministic (bitwise equal twice, every path)") {
+TEST_CASE("cross_entropy cuda is deterministic (bitwise equal twice, every path)" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   for (const Case& c :
        {Case{6, 128256, 0, 1, 0.25f}, Case{19, 50257, 0, 3, 1.f}, Case{33, 1000, 0, 1, 1.f}}) {
@@ -231,7 +231,7 @@ TEST_CASE("cross_entropy cuda is deterministic (bitwise equal twice, every path)
   }
 }
 
-TEST_CASE("cross_entropy cuda reports an out-of-range label where the mask is set (every path)") {
+TEST_CASE("cross_entropy cuda reports an out-of-range label where the mask is set (every path)" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   const Case c{8, 1000};
   for (const Variant& var : variants_for(c.v, DType::BF16)) {
@@ -257,7 +257,7 @@ TEST_CASE("cross_entropy cuda reports an out-of-range label where the mask is se
   }
 }
 
-TEST_CASE("cross_entropy cuda rejects bad dtypes, shapes and forced paths that cannot hold a row") {
+TEST_CASE("cross_entropy cuda rejects bad dtypes, shapes and forced paths that cannot hold a row" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   const int64_t t = 5, v = 7;
   Owned logits = zeros({t, v}, DType::BF16, Device::CUDA);
@@ -290,7 +290,7 @@ TEST_CASE("cross_entropy cuda rejects bad dtypes, shapes and forced paths that c
 // z lse^2 and eps (m - mean x), the gradient is a p - b - (label ? c : 0)), every path, against
 // the f64 reference with the same coefficients. Tolerances as above; the bf16 bound allows 1e-5
 // beyond 2x the rounding error, for the f32 error of elements where a p and eps / V nearly cancel.
-TEST_CASE("cross_entropy cuda with z-loss and label smoothing matches the f64 reference") {
+TEST_CASE("cross_entropy cuda with z-loss and label smoothing matches the f64 reference" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
   const std::vector<Case> cases = {
       {7, 29, 0, 1, 0.37f},     {33, 1000, 0, 1, 0.5f, 3}, {16, 50257, 0, 1, 0.37f},

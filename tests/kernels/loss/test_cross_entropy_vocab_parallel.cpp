@@ -150,7 +150,7 @@ double bf16_rounding_error(const Tensor& ref) {
 
 }  // namespace
 
-TEST_CASE("cross_entropy vocab-parallel cuda matches the f64 reference (partial, combine, grad)") {
+TEST_CASE("cross_entropy vocab-parallel cuda matches the f64 reference (partial, combine, grad)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c : kCases) {
     SUBCASE(c.name().c_str()) {
@@ -240,7 +240,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda matches the f64 reference (partial,
   }
 }
 
-TEST_CASE("cross_entropy vocab-parallel cuda with one shard agrees with the fused kernel") {
+TEST_CASE("cross_entropy vocab-parallel cuda with one shard agrees with the fused kernel" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c : {VpCase{33, 1000, {0, 1000}, 0, 1, 0.5f},
                           VpCase{8, 50257, {0, 50257}, 0, 1, 0.25f},
@@ -263,7 +263,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda with one shard agrees with the fuse
   }
 }
 
-TEST_CASE("cross_entropy vocab-parallel cuda is deterministic (bitwise equal twice)") {
+TEST_CASE("cross_entropy vocab-parallel cuda is deterministic (bitwise equal twice)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c : {VpCase{6, 128256, {0, 64128, 128256}, 0, 1, 0.25f},
                           VpCase{19, 50257, {0, 20000, 50257}, 0, 3},
@@ -278,7 +278,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda is deterministic (bitwise equal twi
   }
 }
 
-TEST_CASE("cross_entropy vocab-parallel cuda reports an out-of-range label where the mask is set") {
+TEST_CASE("cross_entropy vocab-parallel cuda reports an out-of-range label where the mask is set" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c : {VpCase{8, 1000, {0, 400, 1000}}, VpCase{8, 50257, {0, 25000, 50257}}}) {
     INFO(c.name());
@@ -316,7 +316,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda reports an out-of-range label where
   }
 }
 
-TEST_CASE("cross_entropy vocab-parallel cuda rejects bad dtypes, shapes and shards") {
+TEST_CASE("cross_entropy vocab-parallel cuda rejects bad dtypes, shapes and shards" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const int64_t t = 5, v = 7;
   Owned logits = zeros({t, v}, DType::BF16, Device::CUDA);
@@ -358,8 +358,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda rejects bad dtypes, shapes and shar
 // ---- z-loss and label smoothing: (4, T) stats (the shards' shares of the mean logit), combine
 // and grad with the coefficients, against the fused f64 reference; the mean row against the
 // reference partial; (3, T) stats still work with z-loss alone.
-TEST_CASE(
-    "cross_entropy vocab-parallel cuda with z-loss and label smoothing matches the reference") {
+TEST_CASE("cross_entropy vocab-parallel cuda with z-loss and label smoothing matches the reference" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const std::vector<VpCase> cases = {
       {7, 29, {0, 13, 29}, 0, 1, 0.37f},

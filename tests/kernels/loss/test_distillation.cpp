@@ -198,7 +198,7 @@ void check_grad(const Tensor& got, const Tensor& ref, DType dtype, const Distill
 
 }  // namespace
 
-TEST_CASE("distillation cuda matches the f64 reference (kinds, temperatures, paths, grad on/off)") {
+TEST_CASE("distillation cuda matches the f64 reference (kinds, temperatures, paths, grad on/off)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const Case& c : kCases) {
     SUBCASE(c.name().c_str()) {
@@ -245,7 +245,7 @@ TEST_CASE("distillation cuda matches the f64 reference (kinds, temperatures, pat
   }
 }
 
-TEST_CASE("distillation cuda picks Cluster up to 4 blocks per row, else BlockRows") {
+TEST_CASE("distillation cuda picks Cluster up to 4 blocks per row, else BlockRows" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
 #ifdef ENGINE_CUDA
   auto plan = [](int64_t v, DType dt, bool aligned) {
@@ -271,7 +271,7 @@ TEST_CASE("distillation cuda picks Cluster up to 4 blocks per row, else BlockRow
 #endif
 }
 
-TEST_CASE("distillation cuda is deterministic (bitwise equal twice, every path)") {
+TEST_CASE("distillation cuda is deterministic (bitwise equal twice, every path)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const Case& c : {Case{6, 128256, 0, 0, 1, 0.25f}, Case{19, 50257, 0, 0, 3, 1.f},
                         Case{33, 1000, 0, 0, 1, 1.f}}) {
@@ -292,7 +292,7 @@ TEST_CASE("distillation cuda is deterministic (bitwise equal twice, every path)"
   }
 }
 
-TEST_CASE("distillation cuda reports an out-of-range label with a label term (every path)") {
+TEST_CASE("distillation cuda reports an out-of-range label with a label term (every path)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const Case c{8, 5000};
   const DistillParams with_label{DistillKind::ForwardKL, 2.f, 0.5f, 0.5f, 0.f};
@@ -330,7 +330,7 @@ TEST_CASE("distillation cuda reports an out-of-range label with a label term (ev
   }
 }
 
-TEST_CASE("distillation cuda rejects bad dtypes, shapes, parameters and impossible paths") {
+TEST_CASE("distillation cuda rejects bad dtypes, shapes, parameters and impossible paths" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const int64_t t = 5, v = 7;
   Owned logits = zeros({t, v}, DType::BF16, Device::CUDA),
@@ -460,7 +460,7 @@ VpRun run_vp(const VpCase& c, const Inputs& in, const DistillParams& p, DType dt
 
 }  // namespace
 
-TEST_CASE("distillation vocab-parallel cuda matches the f64 reference (partial, combine, grad)") {
+TEST_CASE("distillation vocab-parallel cuda matches the f64 reference (partial, combine, grad)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c : kVpCases) {
     SUBCASE(c.name().c_str()) {
@@ -541,7 +541,7 @@ TEST_CASE("distillation vocab-parallel cuda matches the f64 reference (partial, 
   }
 }
 
-TEST_CASE("distillation vocab-parallel cuda with one shard agrees with the fused kernel") {
+TEST_CASE("distillation vocab-parallel cuda with one shard agrees with the fused kernel" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c :
        {VpCase{33, 1000, {0, 1000}, 0, 0, 1, 0.5f}, VpCase{8, 50257, {0, 50257}, 0, 0, 1, 0.25f},
@@ -564,7 +564,7 @@ TEST_CASE("distillation vocab-parallel cuda with one shard agrees with the fused
   }
 }
 
-TEST_CASE("distillation vocab-parallel cuda is deterministic (bitwise equal twice)") {
+TEST_CASE("distillation vocab-parallel cuda is deterministic (bitwise equal twice)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const VpCase& c : {VpCase{6, 128256, {0, 64128, 128256}, 0, 0, 1, 0.25f},
                           VpCase{33, 1000, {0, 333, 667, 1000}}}) {
@@ -579,7 +579,7 @@ TEST_CASE("distillation vocab-parallel cuda is deterministic (bitwise equal twic
   }
 }
 
-TEST_CASE("distillation vocab-parallel cuda: bad labels with a label term, and argument checks") {
+TEST_CASE("distillation vocab-parallel cuda: bad labels with a label term, and argument checks" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const VpCase c{8, 1000, {0, 400, 1000}};
   Inputs in = make_inputs(c.t, c.v, 0, 0, 1, 0, 0, DType::BF16);

@@ -97,7 +97,7 @@ std::vector<ConvCase> conv_cases() {
 
 }  // namespace
 
-TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference") {
+TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ConvCase& c : conv_cases()) {
     SUBCASE(c.name.c_str()) {
@@ -219,7 +219,7 @@ ScanProblem scan_problem(const ScanCase& c) {
 
 }  // namespace
 
-TEST_CASE("cuda mamba selective scan forward matches the f64 reference (outputs, chunk states)") {
+TEST_CASE("cuda mamba selective scan forward matches the f64 reference (outputs, chunk states)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ScanCase& c : scan_cases()) {
     SUBCASE(c.name.c_str()) {
@@ -238,7 +238,7 @@ TEST_CASE("cuda mamba selective scan forward matches the f64 reference (outputs,
   }
 }
 
-TEST_CASE("cuda mamba selective scan backward matches the f64 reference and accumulates") {
+TEST_CASE("cuda mamba selective scan backward matches the f64 reference and accumulates" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ScanCase& c : scan_cases()) {
     SUBCASE(c.name.c_str()) {
@@ -300,7 +300,7 @@ TEST_CASE("cuda mamba selective scan backward matches the f64 reference and accu
   }
 }
 
-TEST_CASE("cuda mamba ops reject what the kernels do not cover, naming it") {
+TEST_CASE("cuda mamba ops reject what the kernels do not cover, naming it" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   ScanProblem pb = scan_problem({"small", {5, 3}, 4, 3, 4});
   DeviceTensor gy = gpu_empty({pb.t, pb.di}, DType::BF16);

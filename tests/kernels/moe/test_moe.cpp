@@ -146,7 +146,7 @@ const std::vector<GemmCase> kGemmCases = {
 
 }  // namespace
 
-TEST_CASE("cuda moe routing: top-k, probabilities, weights, in place, ties") {
+TEST_CASE("cuda moe routing: top-k, probabilities, weights, in place, ties" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     int64_t T, E, k;
@@ -176,7 +176,7 @@ TEST_CASE("cuda moe routing: top-k, probabilities, weights, in place, ties") {
   }
 }
 
-TEST_CASE("cuda moe aux losses and route backward match the f64 reference") {
+TEST_CASE("cuda moe aux losses and route backward match the f64 reference" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     int64_t T, E, k;
@@ -222,7 +222,7 @@ TEST_CASE("cuda moe aux losses and route backward match the f64 reference") {
   }
 }
 
-TEST_CASE("cuda moe dispatch: bit-exact counts, offsets and stable rows") {
+TEST_CASE("cuda moe dispatch: bit-exact counts, offsets and stable rows" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     int64_t T, E, k;
@@ -251,7 +251,7 @@ TEST_CASE("cuda moe dispatch: bit-exact counts, offsets and stable rows") {
   }
 }
 
-TEST_CASE("cuda moe permute, unpermute and its backward match the reference") {
+TEST_CASE("cuda moe permute, unpermute and its backward match the reference" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     int64_t T, E, k, C, offset;
@@ -328,7 +328,7 @@ TEST_CASE("cuda moe permute, unpermute and its backward match the reference") {
 }
 
 #ifdef ENGINE_CUDA  // the kernel choice is a CUDA-only switch
-TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad (+=)") {
+TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad (+=)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const GemmCase& c : kGemmCases) {
     SUBCASE(c.name) {
@@ -384,7 +384,7 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
   }
 }
 
-TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
+TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   const std::vector<int32_t> counts = {512, 384, 0, 1000, 37};
   const int64_t E = 5, N = 768, K = 512;
@@ -434,7 +434,7 @@ TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert") {
 
 #endif  // ENGINE_CUDA
 
-TEST_CASE("cuda moe jitter matches the reference (bf16 and f32)") {
+TEST_CASE("cuda moe jitter matches the reference (bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (DType dt : {DType::BF16, DType::F32}) {
     INFO(dtype_name(dt));

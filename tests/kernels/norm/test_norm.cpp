@@ -52,8 +52,7 @@ const char* dname(DType d) { return dtype_name(d); }
 
 }  // namespace
 
-TEST_CASE(
-    "cuda layernorm forward matches the f64 reference (bf16 and f32, with and without bias)") {
+TEST_CASE("cuda layernorm forward matches the f64 reference (bf16 and f32, with and without bias)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const NormCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -82,7 +81,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("cuda rmsnorm forward matches the f64 reference (bf16 and f32)") {
+TEST_CASE("cuda rmsnorm forward matches the f64 reference (bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const NormCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -106,7 +105,7 @@ TEST_CASE("cuda rmsnorm forward matches the f64 reference (bf16 and f32)") {
 
 // Backward inputs: the statistics are the reference's, rounded to f32 (what the kernel takes),
 // and the reference runs on exactly those values.
-TEST_CASE("cuda layernorm backward matches the f64 reference and accumulates dweight, dbias") {
+TEST_CASE("cuda layernorm backward matches the f64 reference and accumulates dweight, dbias" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const NormCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -146,7 +145,7 @@ TEST_CASE("cuda layernorm backward matches the f64 reference and accumulates dwe
   }
 }
 
-TEST_CASE("cuda rmsnorm backward matches the f64 reference and accumulates dweight") {
+TEST_CASE("cuda rmsnorm backward matches the f64 reference and accumulates dweight" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const NormCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -174,7 +173,7 @@ TEST_CASE("cuda rmsnorm backward matches the f64 reference and accumulates dweig
   }
 }
 
-TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in place") {
+TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in place" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const NormCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -234,7 +233,7 @@ TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in pl
   }
 }
 
-TEST_CASE("cuda norm launchers reject mismatched dtypes and shapes") {
+TEST_CASE("cuda norm launchers reject mismatched dtypes and shapes" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned x = randn({4, 16}, DType::F32, "norm.x"), w = randn({16}, DType::F32, "norm.w");
   DeviceTensor gx = to_gpu(x, DType::BF16), gw32 = to_gpu(w, DType::F32),

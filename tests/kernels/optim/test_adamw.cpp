@@ -39,7 +39,7 @@ const std::vector<Case> kCases = {{1, 0, 0},   {3, 1, 1},      {1000, 0, 0},
 
 }  // namespace
 
-TEST_CASE("cuda adamw_step equals the CPU reference over several steps, with every copy kind") {
+TEST_CASE("cuda adamw_step equals the CPU reference over several steps, with every copy kind" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const Case& c : kCases) {
     for (DType copy_dt : {DType::U8, DType::BF16, DType::F32}) {  // U8: no copy
@@ -82,7 +82,7 @@ TEST_CASE("cuda adamw_step equals the CPU reference over several steps, with eve
   }
 }
 
-TEST_CASE("cuda adamw_step rejects wrong dtypes, lengths and steps") {
+TEST_CASE("cuda adamw_step rejects wrong dtypes, lengths and steps" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned p = zeros({16}, DType::F32, Device::CUDA), g = zeros({16}, DType::F32, Device::CUDA);
   Owned m = zeros({16}, DType::F32, Device::CUDA), v = zeros({16}, DType::F32, Device::CUDA);

@@ -55,7 +55,7 @@ bool unrotated_equal(const Tensor& a, const Tensor& b, int rotated) {
 
 }  // namespace
 
-TEST_CASE("cuda rope forward and backward match the f64 reference (bf16 and f32)") {
+TEST_CASE("cuda rope forward and backward match the f64 reference (bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const RopeCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -83,7 +83,7 @@ TEST_CASE("cuda rope forward and backward match the f64 reference (bf16 and f32)
   }
 }
 
-TEST_CASE("cuda rope backward undoes forward and is bitwise reproducible") {
+TEST_CASE("cuda rope backward undoes forward and is bitwise reproducible" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const RopeCase& k : kCases) {
     SUBCASE(k.name().c_str()) {
@@ -104,7 +104,7 @@ TEST_CASE("cuda rope backward undoes forward and is bitwise reproducible") {
   }
 }
 
-TEST_CASE("cuda rope launchers reject bad arguments") {
+TEST_CASE("cuda rope launchers reject bad arguments" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned x = randn({3, 4, 8}, DType::F32, "rope.x");
   Owned pos = randint({3}, 0, 10, "rope.pos"), pos2 = randint({2}, 0, 10, "rope.pos2");
