@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -71,8 +72,15 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
   const ModelConfig& m = c.model;
   const double params = static_cast<double>(model_param_table(c.model).num_parameters());  // the whole model
   const double embed = static_cast<double>(m.vocab_size) * m.hidden_size;  // a lookup, not a matmul
-  const double attn = 6.0 * m.num_layers * c.data.sequence_length * m.num_heads * m.head_dim;  // causal
-  const double flops_per_token = 6.0 * (params - embed) + attn;
+  // Attention scores only in attention blocks (A, E); a token's MoE block multiplies by top-k of
+  // the experts only; Mamba's scan and conv are element-wise (left out, like norms).
+  const std::string layout = block_layout(m);
+  const double attention_layers = static_cast<double>(std::count(layout.begin(), layout.end(), 'A') +
+                                                      std::count(layout.begin(), layout.end(), 'E'));
+  const double idle_experts = static_cast<double>(std::count(layout.begin(), layout.end(), 'E')) * 3.0 *
+                              (m.num_experts - m.experts_per_token) * m.ffn_hidden_size * m.hidden_size;
+  const double attn = 6.0 * attention_layers * c.data.sequence_length * m.num_heads * m.head_dim;  // causal
+  const double flops_per_token = 6.0 * (params - embed - idle_experts) + attn;
   const double tps = tokens / seconds;
   const MemoryStats mem = memory_stats(dev);
   const int ranks = world().size();

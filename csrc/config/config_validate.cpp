@@ -254,6 +254,9 @@ struct Checker {
       if (m.experts_per_token > m.num_experts)
         RAISE(c.where("model.experts_per_token"), "must be at most model.num_experts (", m.num_experts, "), got ",
               m.experts_per_token);
+      // The routing kernels' limits (ops/moe.h kMoeMaxTopK, kMoeMaxExperts).
+      if (m.experts_per_token > 8) RAISE(c.where("model.experts_per_token"), "must be at most 8, got ", m.experts_per_token);
+      if (m.num_experts > 1024) RAISE(c.where("model.num_experts"), "must be at most 1024, got ", m.num_experts);
       non_negative("model.moe_aux_loss_coef", m.moe_aux_loss_coef);
       non_negative("model.moe_z_loss_coef", m.moe_z_loss_coef);
       if (!(m.moe_jitter >= 0 && m.moe_jitter < 1))
@@ -272,6 +275,9 @@ struct Checker {
     if (mamba) {
       positive("model.mamba_d_state", m.mamba_d_state);
       positive("model.mamba_d_conv", m.mamba_d_conv);
+      // The CUDA kernels keep a channel's states and conv taps in registers (ops/mamba.h).
+      if (m.mamba_d_state > 16) RAISE(c.where("model.mamba_d_state"), "must be at most 16, got ", m.mamba_d_state);
+      if (m.mamba_d_conv > 4) RAISE(c.where("model.mamba_d_conv"), "must be at most 4, got ", m.mamba_d_conv);
       positive("model.mamba_expand", m.mamba_expand);
       if (set("model.mamba_dt_rank")) positive("model.mamba_dt_rank", m.mamba_dt_rank);
       else m.mamba_dt_rank = (m.hidden_size + 15) / 16;
@@ -326,7 +332,7 @@ struct Checker {
               ") unless model.head_dim is set, got ", m.num_heads);
       m.head_dim = m.hidden_size / m.num_heads;
     }
-    if (m.positions == PositionKind::Rope && m.head_dim % 2 != 0)
+    if (attention && m.positions == PositionKind::Rope && m.head_dim % 2 != 0)
       RAISE(c.where("model.head_dim"), "must be even with rope positions, got ", m.head_dim,
             set("model.head_dim") ? "" : " (hidden_size / num_heads)");
 
@@ -395,7 +401,7 @@ struct Checker {
     const bool attention = layout.find_first_of("AE") != std::string::npos, mamba = layout.find('M') != std::string::npos;
     const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
                                                      {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
-                                                     {"model.ffn_hidden_size", m.ffn_hidden_size},
+                                                     {"model.ffn_hidden_size", attention ? m.ffn_hidden_size : 0},
                                                      {"model.vocab_size", m.vocab_size},
                                                      {"model.mamba_expand x hidden_size",
                                                       mamba ? int64_t{m.mamba_expand} * m.hidden_size : 0}};

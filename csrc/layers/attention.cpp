@@ -84,6 +84,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
                       l.kv->slice(seg.row_begin, seg.row_begin + T).view({T, width}), 0, width);
   }
   ops::attention_forward(op_params(seg, s));
+  if (seg.kv && seg.kv_release) seg.kv->layers.erase(this);
   // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
   const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
   if (env.sp()) {

@@ -44,6 +44,9 @@ struct SegmentInfo {  // one micro-batch's varlen layout, on the compute device
   Tensor cu_seqlens_k = {};  // (S + 1) i32
   int max_seqlen_k = 0;
   int64_t row_begin = 0, key_begin = 0;
+  // A forward without backward (evaluation, a teacher) on the micro-batch's last chunk: each
+  // layer drops its keys and values once it has used them.
+  bool kv_release = false;
 };
 
 struct AttentionSaved {

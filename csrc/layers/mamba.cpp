@@ -99,6 +99,7 @@ ops::ScanArgs Mamba::scan_args(const MambaSaved& s, const Tensor& xc, const Segm
 
 void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const SegmentInfo& seg,
                     MambaSaved& s) const {
+  ENSURE(!seg.kv, "Mamba blocks cannot run on micro-sequences (the scan state would pass between chunks)");
   const int64_t T = full_rows(env, xn.size(0));
   s.xz = env.act_tensor({T, 2 * di_});
   {

@@ -28,9 +28,13 @@ struct MicroBatch {
   Owned cu_seqlens_k;  // (segments + 1) i32 offsets into rows [key_begin, row_begin + T)
   int max_seqlen_k = 0;
   std::shared_ptr<layers::KvChunks> kv;
+  uint64_t jitter_seed = 0;  // the MoE router jitter of this micro-batch (chunk) in training; 0: none
 
-  layers::SegmentInfo segments() const {
-    return {cu_seqlens, positions, max_seqlen, kv.get(), cu_seqlens_k, max_seqlen_k, row_begin, key_begin};
+  // forward_only: no backward follows (evaluation, a teacher): the last chunk releases the
+  // micro-batch's keys and values as it goes.
+  layers::SegmentInfo segments(bool forward_only = false) const {
+    return {cu_seqlens, positions,    max_seqlen, kv.get(),
+            cu_seqlens_k, max_seqlen_k, row_begin, key_begin, forward_only && chunk + 1 == chunks};
   }
 };
 

@@ -40,7 +40,8 @@ class Model {
   // A stage's Saved object lives from its forward to its backward (one per stage and
   // micro-batch in flight). forward_stage: `input` is the previous stage's output (undefined for
   // stage 0; the caller keeps it alive until the backward); returns the loss sum on the last
-  // stage, else 0, and leaves the output in stage_output(). backward_stage: `grad_output` is the
+  // stage (plus, with gradients, the MoE auxiliary losses of the stage's blocks weighted by the
+  // micro-batch's loss tokens, on any stage), and leaves the output in stage_output(). backward_stage: `grad_output` is the
   // gradient of that output (undefined for the last stage); the input's gradient is left in
   // stage_input_grad() (not for stage 0); grads_ready as in backward().
   virtual int num_stages() const = 0;

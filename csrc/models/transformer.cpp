@@ -62,7 +62,7 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
       store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity),
       env_{device, compute_dtype, layout.tp, layout.sequence_parallel} {
   blocks_.resize(static_cast<size_t>(c.num_layers));
-  forwards_.assign(plan_.size(), 0);
+  moe_aux_ = c.moe_aux_loss_coef > 0 || c.moe_z_loss_coef > 0;
   block_offsets_.assign(static_cast<size_t>(c.num_layers), -1);
   for (int s = 0; s < num_stages(); ++s) {
     if (!has_stage(s)) continue;
@@ -100,7 +100,7 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   ENSURE(stage >= 0 && stage < num_stages() && has_stage(stage), "stage ", stage, " is not on this rank");
   auto& s = static_cast<TSaved&>(saved);
   const StagePlan& p = plan_[static_cast<size_t>(stage)];
-  const layers::SegmentInfo seg = mb.segments();
+  const layers::SegmentInfo seg = mb.segments(!with_grad);
   const Tensor* x;
   if (p.embedding) {
     s.x0 = env_.act_tensor(stage_activation_shape(mb));
@@ -118,13 +118,13 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   // loss tokens: summed over the global batch and scaled by grad_scale (1 / its loss tokens)
   // they are the token-weighted mean of the micro-batches' auxiliary losses.
   s.aux_grad_scale = grad_scale * static_cast<float>(mb.loss_tokens);
-  const uint64_t jitter_seed = with_grad ? ++forwards_[static_cast<size_t>(stage)] : 0;
+  const uint64_t jitter_seed = with_grad ? mb.jitter_seed : 0;
   double aux = 0;
   for (int i = p.first_block; i < p.end_block; ++i) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
     block.forward(env_, *x, seg, s.blocks[k], jitter_seed);
-    if (with_grad && block.kind() == layers::BlockKind::Experts) aux += block.aux_loss(s.blocks[k]);
+    if (with_grad && moe_aux_ && block.kind() == layers::BlockKind::Experts) aux += block.aux_loss(s.blocks[k]);
     // Without gradients only the current block's output is needed: drop the rest at once.
     if (!with_grad && k > 0) s.blocks[k - 1] = layers::BlockSaved{};
     if (!with_grad && k == 0) s.x0 = Owned{};
@@ -222,7 +222,7 @@ void Transformer::backward(const MicroBatch& mb, Saved& saved, const GradsReady&
 void Transformer::vocab_logits(const MicroBatch& mb, const Tensor& out) {
   ENSURE(layout_.pipeline_size == 1, "vocab_logits runs every stage on one pipeline rank");
   expect_shape(out, {mb.num_tokens, head_->local_vocab()}, "vocab logits");
-  const layers::SegmentInfo seg = mb.segments();
+  const layers::SegmentInfo seg = mb.segments(true);
   Owned x = env_.act_tensor(stage_activation_shape(mb));
   embedding_.forward(env_, mb.tokens, mb.positions, x);
   for (const layers::Block& b : blocks_) {
@@ -243,7 +243,7 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   expect_shape(out, {T, V}, "logits");
   ENSURE(out.dtype == DType::F32 && out.device == env_.device, "logits: an f32 tensor on the model's device");
   ENSURE(env_.tp_size() == 1 && layout_.pipeline_size == 1, "logits of a parallel model: run it on one rank");
-  const layers::SegmentInfo seg = mb.segments();
+  const layers::SegmentInfo seg = mb.segments(true);
   Owned x = env_.act_tensor({T, config_.hidden_size});
   embedding_.forward(env_, mb.tokens, mb.positions, x);
   for (const layers::Block& b : blocks_) {

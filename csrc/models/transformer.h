@@ -67,7 +67,7 @@ class Transformer final : public Model {
   std::vector<layers::Block> blocks_;     // all num_layers; only this rank's are built
   std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
   std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter
-  std::vector<uint64_t> forwards_;        // forwards with gradients per stage: the MoE jitter seeds
+  bool moe_aux_ = false;                  // MoE auxiliary losses on (their values cost a host sync)
   Teacher teacher_;
   StatsRecorder* stats_ = nullptr;
   void record(const std::string& name, const Tensor& x) const;

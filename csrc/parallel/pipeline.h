@@ -23,7 +23,8 @@ class Pipeline {
 
   // Forward (and with_grad backward) of every micro-batch (with micro-sequences: every chunk of
   // every micro-batch, in order, all with the same `chunks`); returns the loss sum of the micro-
-  // batches on this rank (the last stage's rank; 0 on others). grads_ready (see Model) is called
+  // batches on this rank (the last stage's rank, plus MoE auxiliary losses of this rank's
+  // stages; see Model::forward_stage). grads_ready (see Model) is called
   // during the last backward of each of this rank's stages.
   double run(const std::vector<MicroBatch>& micro_batches, bool with_grad, float grad_scale,
              const Model::GradsReady& grads_ready = {});

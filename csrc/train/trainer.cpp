@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "core/rng.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/tools.h"
@@ -257,6 +258,10 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
       reader = std::make_unique<checkpoint::Reader>(d.teacher);
       tc = parse_config(reader->metadata().config_toml, d.teacher + "/metadata.json").model;
     }
+    if (config_.batch.micro_sequence_length > 0 && block_layout(tc).find('M') != std::string::npos)
+      RAISE(config_.where("distillation.teacher"), d.teacher, ": a teacher with Mamba blocks cannot run on ",
+            "micro-sequences (batch.micro_sequence_length = ", config_.batch.micro_sequence_length,
+            "): its scan state would have to pass from chunk to chunk");
     if (tc.vocab_size != config_.model.vocab_size)
       RAISE(config_.where("distillation.teacher"), d.teacher, ": the teacher's vocabulary (", tc.vocab_size,
             ") differs from model.vocab_size (", config_.model.vocab_size, ")");
@@ -391,6 +396,10 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
     for (MicroBatch& mb : make_micro_sequences(seqs, config_.data.sequence_length,
                                                config_.data.cross_document_attention, device_,
                                                config_.batch.micro_sequence_length)) {
+      // The MoE router jitter: a pure function of (seed, first sample, chunk), so any layout and
+      // a resumed run draw the same noise for the same tokens (0 means none: avoided).
+      const uint64_t sample = static_cast<uint64_t>(first + b);
+      mb.jitter_seed = splitmix64(config_.run.seed ^ splitmix64(sample * 1024 + static_cast<uint64_t>(mb.chunk))) | 1;
       log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), ") chunk ", mb.chunk,
                 "/", mb.chunks, ": ", mb.loss_tokens, " loss tokens, ", mb.cu_seqlens->numel() - 1,
                 " segments (longest ", mb.max_seqlen, ")");

@@ -6,8 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "checkpoint/tools.h"
 #include "core/buffer.h"
+#include "models/model.h"
+#include "tests/common/tiny.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
@@ -69,4 +73,51 @@ TEST_CASE("batch.micro_sequence_length: bad values are config errors naming the 
                     doctest::Contains("batch.micro_sequence_length: must divide data.sequence_length (20), got 7"));
   CHECK_THROWS_WITH(tiny_run_config("llama", {"batch.micro_sequence_length=-1"}),
                     doctest::Contains("batch.micro_sequence_length"));
+}
+
+TEST_CASE("micro-sequences: key/value buffers are released after the first chunk's backward, or the last "
+          "chunk's forward without gradients") {
+  Config c = tiny_run_config("llama");
+  auto model = make_model(c.model, Device::CPU, DType::F32);
+  model->params().init(3);
+  std::vector<Sample> samples;
+  for (int i = 0; i < 2; ++i) samples.push_back(make_sample({7, 13}, c.model.vocab_size, "kv" + std::to_string(i)));
+  const std::vector<const Sample*> seqs = {&samples[0], &samples[1]};
+  std::vector<MicroBatch> chunks = make_micro_sequences(seqs, 20, false, Device::CPU, 5);
+  REQUIRE(chunks.size() == 8);
+  const layers::KvChunks& kv = *chunks.front().kv;
+  // Without gradients: every layer drops its buffers during the last chunk's forward.
+  for (const MicroBatch& mb : chunks) {
+    auto saved = model->new_saved();
+    model->forward(mb, *saved, false, 1.f);
+    CHECK(kv.layers.size() == (mb.chunk + 1 < mb.chunks ? static_cast<size_t>(c.model.num_layers) : 0));
+  }
+  // With gradients: kept through the forwards, released by the first chunk's backward.
+  std::vector<std::unique_ptr<Model::Saved>> saved;
+  for (const MicroBatch& mb : chunks) {
+    saved.push_back(model->new_saved());
+    model->forward(mb, *saved.back(), true, 1.f);
+  }
+  CHECK(kv.layers.size() == static_cast<size_t>(c.model.num_layers));
+  for (size_t i = chunks.size(); i-- > 0;) {
+    model->backward(chunks[i], *saved[i]);
+    CHECK(kv.layers.size() == (i > 0 ? static_cast<size_t>(c.model.num_layers) : 0));
+  }
+}
+
+TEST_CASE("micro-sequences: a teacher with Mamba blocks is refused, naming the keys") {
+  const std::string dir =
+      (std::filesystem::path(learnable_dataset()).parent_path() / "mamba-teacher").string();
+  checkpoint::export_hf_from_config(tiny_run_config("mamba", {"model.mamba_d_state=4", "run.name=mamba-teacher"}), dir,
+                                    {});
+  try {
+    Trainer t(tiny_run_config("llama", {"batch.micro_sequence_length=5", "distillation.teacher=\"" + dir + "\""}),
+              false);
+    FAIL("no error");
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("distillation.teacher") != std::string::npos);
+    CHECK(m.find("micro-sequences (batch.micro_sequence_length = 5)") != std::string::npos);
+  }
 }
