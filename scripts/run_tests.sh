@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 tier=${1:-fast}
 shift || true
 export PYTHON=${PYTHON:-python3}
+# Two OpenMP threads (CI's two cores), or every core for the GPU tier (its f64 references).
+[[ $tier == gpu ]] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 passed=0 failed=0 skipped=0 status=0

@@ -55,7 +55,10 @@ double get(const Tensor& t, int64_t i) {
 Owned randn(Shape s, DType dtype, const std::string& name, double std) {
   Owned o = empty(s, dtype, Device::CPU);
   PhiloxKey key = test_key(name);
-  for (int64_t i = 0; i < o.t.numel(); ++i) set(o.t, i, std * philox_normal(key, i));
+  const int64_t n = o.t.numel();
+  // Element i is a pure function of (name, i): any thread split gives the same tensor.
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) set(o.t, i, std * philox_normal(key, i));
   return o;
 }
 
