@@ -130,6 +130,7 @@ struct TrainingConfig {
   int checkpoint_every = 0;  // steps between checkpoints (also one at the end and on SIGINT/SIGTERM); 0 = none
   int keep_checkpoints = 3;  // newest checkpoints kept; 0 = all
   std::string resume = "none";  // "none", "auto" (newest usable checkpoint of this run) or a path
+  bool recompute_activations = false;  // keep only block outputs; recompute each block in backward
   bool operator==(const TrainingConfig&) const = default;
 };
 

@@ -154,6 +154,7 @@ void visit_fields(C& c, V& v) {
   v.field("checkpoint_every", c.training.checkpoint_every);
   v.field("keep_checkpoints", c.training.keep_checkpoints);
   v.field("resume", c.training.resume);
+  v.field("recompute_activations", c.training.recompute_activations);
 
   v.section("distributed");
   v.field("zero_stage", c.distributed.zero_stage);

@@ -77,6 +77,9 @@ struct ModelLayout {
   bool sequence_parallel = false;
   int cross_entropy_splits = 1;
   int pipeline_rank = 0, pipeline_size = 1, stages_per_rank = 1;
+  // Activation recomputation: forward keeps only each block's output; backward runs the block's
+  // forward again before its backward (memory of one block's activations for one more forward).
+  bool recompute = false;
   int tp_rank() const { return tp ? tp->rank() : 0; }
   int tp_size() const { return tp ? tp->size() : 1; }
   int stages() const { return pipeline_size * stages_per_rank; }

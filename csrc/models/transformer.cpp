@@ -13,6 +13,7 @@ struct Transformer::TSaved : Model::Saved {
   layers::HeadSaved head;
   Owned input_grad;                       // the gradient of `input` after backward (stage > 0)
   float aux_grad_scale = 0.f;             // d(loss) / d(MoE auxiliary losses) of this micro-batch
+  uint64_t jitter_seed = 0;               // the MoE jitter of the forward (recomputed alike)
   std::vector<std::unique_ptr<TSaved>> stages;  // forward()/backward(): every stage's
 };
 
@@ -118,13 +119,18 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   // loss tokens: summed over the global batch and scaled by grad_scale (1 / its loss tokens)
   // they are the token-weighted mean of the micro-batches' auxiliary losses.
   s.aux_grad_scale = grad_scale * static_cast<float>(mb.loss_tokens);
-  const uint64_t jitter_seed = with_grad ? mb.jitter_seed : 0;
+  const uint64_t jitter_seed = s.jitter_seed = with_grad ? mb.jitter_seed : 0;
   double aux = 0;
   for (int i = p.first_block; i < p.end_block; ++i) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
     block.forward(env_, *x, seg, s.blocks[k], jitter_seed);
     if (with_grad && moe_aux_ && block.kind() == layers::BlockKind::Experts) aux += block.aux_loss(s.blocks[k]);
+    if (with_grad && layout_.recompute) {  // keep the output only (the next block's input)
+      Owned y = std::move(s.blocks[k].y);
+      s.blocks[k] = layers::BlockSaved{};
+      s.blocks[k].y = std::move(y);
+    }
     // Without gradients only the current block's output is needed: drop the rest at once.
     if (!with_grad && k > 0) s.blocks[k - 1] = layers::BlockSaved{};
     if (!with_grad && k == 0) s.x0 = Owned{};
@@ -172,7 +178,14 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
     const size_t k = static_cast<size_t>(i - p.first_block);
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
     Owned dx = env_.act_tensor(x.shape);
-    blocks_[static_cast<size_t>(i)].backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale);
+    const layers::Block& block = blocks_[static_cast<size_t>(i)];
+    if (layout_.recompute) {  // the block's activations again, from its kept input
+      layers::BlockSaved again;
+      block.forward(env_, x, seg, again, s.jitter_seed);
+      block.backward(env_, dy, x, seg, again, dx, s.aux_grad_scale);
+    } else {
+      block.backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale);
+    }
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy_owned = std::move(dx);
     dy = dy_owned.t;

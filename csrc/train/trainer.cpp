@@ -148,8 +148,8 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   // Pad the flat buffers so they split into equal, aligned shards over the dp ranks.
   const int64_t unit = 64 * int64_t{dp_size};
   const DistributedConfig& dist = config_.distributed;
-  ModelLayout layout{mesh_->tp(), dist.sequence_parallel, dist.cross_entropy_splits, mesh_->pp_rank(),
-                     mesh_->pp_size(), dist.stages_per_rank};
+  ModelLayout layout{mesh_->tp(),       dist.sequence_parallel, dist.cross_entropy_splits, mesh_->pp_rank(),
+                     mesh_->pp_size(), dist.stages_per_rank,  config_.training.recompute_activations};
   const int64_t table_size =
       model_param_table(config_.model, layout, mesh_->tp_rank(), mesh_->tp_size()).total_elements();
   const int64_t capacity = (table_size + unit - 1) / unit * unit;

@@ -142,7 +142,10 @@ std::vector<Case> pipeline_cases_for(int n) {
               {"llama", 1, pp(2, 1, "breadth_first", {"batch.micro_sequence_length=8"})},
               {"mistral", 1, pp(2, 2, "depth_first", {"model.sliding_window=7", "batch.micro_sequence_length=6"})},
               {"hybrid", 1, pp(2, 1, "breadth_first", {"model.hybrid_layout=\"MEAM\"", "model.num_experts=3",
-                                                       "model.moe_aux_loss_coef=0.01"})}};
+                                                       "model.moe_aux_loss_coef=0.01"})},
+              // activation recomputation with interleaved stages and micro-sequences
+              {"llama", 1, pp(2, 2, "breadth_first", {"training.recompute_activations=true",
+                                                      "batch.micro_sequence_length=12"})}};
     case 3:
       return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
     case 4:
