@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include "core/trace.h"
 #include "layers/linear.h"
 #include "ops/elementwise.h"
 
@@ -124,6 +125,7 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   for (int i = p.first_block; i < p.end_block; ++i) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
+    const TraceRange trace("block " + std::to_string(i) + " forward");
     block.forward(env_, *x, seg, s.blocks[k], jitter_seed);
     if (with_grad && moe_aux_ && block.kind() == layers::BlockKind::Experts) aux += block.aux_loss(s.blocks[k]);
     if (with_grad && layout_.recompute) {  // keep the output only (the next block's input)
@@ -144,6 +146,7 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
     teacher = env_.act_tensor({mb.num_tokens, head_->local_vocab()});
     teacher_(mb, teacher);
   }
+  const TraceRange trace("head and loss");
   const double loss = head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head, teacher);
   if (!with_grad) s.blocks.clear();
   return loss + aux_sum;
@@ -179,6 +182,7 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
     Owned dx = env_.act_tensor(x.shape);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
+    const TraceRange trace("block " + std::to_string(i) + " backward");
     if (layout_.recompute) {  // the block's activations again, from its kept input
       layers::BlockSaved again;
       block.forward(env_, x, seg, again, s.jitter_seed);

@@ -17,6 +17,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/rng.h"
+#include "core/trace.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/tools.h"
@@ -426,7 +427,11 @@ StepResult Trainer::train_step() {
     stats_->clear();
     model_->set_stats(stats_.get());
   }
-  const double loss_sum = run_batch(*train_data_, consumed_, gb, true, &loss_tokens);
+  double loss_sum;
+  {
+    const TraceRange trace("step " + std::to_string(step_ + 1) + " forward and backward");
+    loss_sum = run_batch(*train_data_, consumed_, gb, true, &loss_tokens);
+  }
   if (stats) {
     model_->set_stats(nullptr);
     write_stats(step_ + 1);
@@ -436,7 +441,11 @@ StepResult Trainer::train_step() {
   ++step_;
   if (kill_asked("step")) std::raise(SIGKILL);
   const double loss = loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
-  StepStats st = optimizer_->step(step_, !std::isfinite(loss));
+  StepStats st;
+  {
+    const TraceRange trace("optimizer step");
+    st = optimizer_->step(step_, !std::isfinite(loss));
+  }
   StepResult r;
   r.step = step_;
   r.loss = loss;
