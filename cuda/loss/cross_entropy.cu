@@ -175,8 +175,8 @@ __device__ __forceinline__ void cluster_merge(int C, bool smooth, Stat& st, floa
 }
 
 // The push exchange (ClusterExchange::Push): block r's (m, s, sum of x - x0) lands in slot r of
-// every block's PushSlots, completing on its barrier (armed by its own thread 0 for C x 16
-// bytes). Thread 0 initialises the barrier (push_init) before fence_mbar_init; every thread then
+// every block's PushSlots, completing on its barrier (armed by its own thread 0 for the
+// (C - 1) x 16 bytes of the other blocks; its own slot is a plain store before that arrival). Thread 0 initialises the barrier (push_init) before fence_mbar_init; every thread then
 // arrives once at the cluster barrier (cluster_arrive_relaxed), and cluster_push_merge waits on
 // that phase before pushing: every block's barrier is initialised by then.
 struct PushSlots {
@@ -197,11 +197,15 @@ __device__ __forceinline__ void cluster_push_merge(int C, int rank, bool smooth,
                                                    float& xsum, PushSlots& x) {
   const int tid = static_cast<int>(threadIdx.x);
   cluster_wait();  // every block's barrier is initialised
-  if (tid < C)     // thread r pushes this block's totals to block r
-    st_async(cluster_addr(&x.slot[rank], static_cast<uint32_t>(tid)),
-             make_uint4(__float_as_uint(st.m), __float_as_uint(st.s), __float_as_uint(xsum), 0u),
-             cluster_addr(&x.bar, static_cast<uint32_t>(tid)));
-  if (tid == 0) mbar_expect_tx(&x.bar, static_cast<uint32_t>(C) * 16u);
+  const uint4 mine =
+      make_uint4(__float_as_uint(st.m), __float_as_uint(st.s), __float_as_uint(xsum), 0u);
+  if (tid == 0) {  // this block's own slot: a plain store, released by the arrival
+    x.slot[rank] = mine;
+    mbar_expect_tx(&x.bar, static_cast<uint32_t>(C - 1) * 16u);
+  } else if (tid < C) {  // thread i pushes to block rank + i (mod C)
+    const uint32_t dst = static_cast<uint32_t>((rank + tid) % C);
+    st_async(cluster_addr(&x.slot[rank], dst), mine, cluster_addr(&x.bar, dst));
+  }
   // The exit guard: no block leaves before every block has pushed (the pushes into a block's
   // shared memory complete before it reads them, so it is alive while they land).
   cluster_arrive_relaxed();
