@@ -14,6 +14,8 @@
 // (Auto at 128256: two such rows need an 8-block cluster, which measured slower) reads both
 // twice. First H200 figures, 16384 x 128256 bf16, fwd+grad: forward/reverse KL 5.0 ms
 // BlockRows, 5.4-5.5 ms Cluster 8; with the label term and z-loss 6.4-6.7 ms (Cluster 8).
+// The tuning table also times the Cluster path with the push exchange and the Regs path (slices
+// in registers, cuda/loss/cross_entropy.cu) over its block shapes and cluster sizes.
 // Every case also reports the device memory the calls took beyond their inputs (the allocator's
 // peak over the timed calls less what was in use before): the bad-label flag, or nothing.
 #include <algorithm>
@@ -53,14 +55,23 @@ void fill_logits(const Tensor& logits) {
   }
 }
 
+// cluster4, cluster4-push, regs4-512x8 (slice in registers), regs2-512x8+smem61k-push (the
+// part of the slice beyond the registers in shared memory; pushed statistics).
 std::string variant_name(const cuda::CrossEntropyPlan& plan) {
+  const std::string push = plan.exchange == cuda::ClusterExchange::Push ? "-push" : "";
   switch (plan.path) {
     case cuda::CrossEntropyPath::WarpRows:
       return "warp-rows";
     case cuda::CrossEntropyPath::BlockRows:
       return "block-rows";
     case cuda::CrossEntropyPath::Cluster:
-      return "cluster" + std::to_string(plan.cluster);
+      return "cluster" + std::to_string(plan.cluster) + push;
+    case cuda::CrossEntropyPath::Regs:
+      return "regs" + std::to_string(plan.cluster) + "-" + std::to_string(plan.threads) + "x" +
+             std::to_string(plan.reg_vecs) +
+             (plan.slice_bytes ? "+smem" + std::to_string((plan.slice_bytes + 1023) / 1024) + "k"
+                               : "") +
+             push;
     case cuda::CrossEntropyPath::Auto:
       break;
   }
@@ -136,29 +147,44 @@ BENCH_CASES("loss") {
     const std::string shape = std::to_string(s.t) + " x " + std::to_string(s.v) + " bf16";
 
     struct Run {
-      CrossEntropyPath path;
-      int cluster;
+      cuda::CrossEntropyChoice choice;
       bool with_grad;
     };
-    std::vector<Run> runs = {{CrossEntropyPath::Auto, 0, true}, {CrossEntropyPath::Auto, 0, false}};
-    if (s.variants)
-      for (Run r :
-           {Run{CrossEntropyPath::BlockRows, 0, true}, Run{CrossEntropyPath::Cluster, 1, true},
-            Run{CrossEntropyPath::Cluster, 2, true}, Run{CrossEntropyPath::Cluster, 4, true},
-            Run{CrossEntropyPath::Cluster, 8, true}})
+    using cuda::ClusterExchange;
+    std::vector<Run> runs = {{{CrossEntropyPath::Auto}, true}, {{CrossEntropyPath::Auto}, false}};
+    if (s.variants) {
+      for (Run r : {Run{{CrossEntropyPath::BlockRows}, true}, Run{{CrossEntropyPath::Cluster, 1}, true},
+                    Run{{CrossEntropyPath::Cluster, 2}, true}, Run{{CrossEntropyPath::Cluster, 4}, true},
+                    Run{{CrossEntropyPath::Cluster, 8}, true}})
         runs.push_back(r);
+      for (int c : {2, 4, 8})
+        runs.push_back({{CrossEntropyPath::Cluster, c, 0, 0, ClusterExchange::Push}, true});
+      // Regs: every compiled shape and cluster size but those that leave half the registers
+      // idle or take over half a multiprocessor's shared memory (one block per SM); both
+      // exchanges where the cluster has more than one block.
+      const int64_t vecs = s.v * 2 / 16;
+      for (int c : {1, 2, 4, 8})
+        for (const auto& shape : cuda::cross_entropy_regs_shapes()) {
+          const int64_t slice = (vecs + c - 1) / c, regs = int64_t{shape.threads} * shape.reg_vecs;
+          if (regs >= 2 * slice || (slice - regs) * 16 > 113 * 1024) continue;
+          for (ClusterExchange x : {ClusterExchange::Barrier, ClusterExchange::Push})
+            if (c > 1 || x == ClusterExchange::Barrier)
+              runs.push_back({{CrossEntropyPath::Regs, c, shape.threads, shape.reg_vecs, x}, true});
+        }
+    }
     for (const Run& r : runs) {
-      const auto plan = cuda::cross_entropy_plan(s.v, DType::BF16, r.path, r.cluster);
+      const auto plan = cuda::cross_entropy_plan(s.v, DType::BF16, r.choice);
       if (!plan) continue;  // e.g. one block cannot hold a 128256-logit row
       const double ms = time_ms([&] {
-        cuda::cross_entropy(logits, labels, mask, losses, r.with_grad, scale, r.path, r.cluster);
+        cuda::cross_entropy(logits, labels, mask, losses, r.with_grad, scale, r.choice);
       });
       Result res;
+      const bool automatic = r.choice.path == CrossEntropyPath::Auto;
       res.name = "cross_entropy " + std::string(r.with_grad ? "fwd+grad " : "fwd ") + shape + " " +
-                 (r.path == CrossEntropyPath::Auto ? "auto=" : "") + variant_name(*plan);
+                 (automatic ? "auto=" : "") + variant_name(*plan);
       res.ms = ms;
       res.bytes = static_cast<double>(s.t) * row_bytes * (r.with_grad ? 2 : 1) + side;
-      if (r.path == CrossEntropyPath::Auto && r.with_grad) res.note = s.note;
+      if (automatic && r.with_grad) res.note = s.note;
       out.push_back(res);
     }
     if (s.v != 128256) continue;

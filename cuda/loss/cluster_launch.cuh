@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
+#include <vector>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -19,7 +19,7 @@ namespace engine::cuda::cluster_launch {
 // opt-in limit less each kernel's static shared memory), capped at `cap` and rounded down to a
 // multiple of `align`; raises each kernel's limit to it and prefers shared memory in the
 // L1/shared carveout. Call once per kernel family (the callers cache the result).
-inline int64_t raise_dynamic_smem(std::initializer_list<const void*> kernels, int64_t cap, int64_t align) {
+inline int64_t raise_dynamic_smem(const std::vector<const void*>& kernels, int64_t cap, int64_t align) {
   int device = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));

@@ -32,17 +32,35 @@
 //              C = 1 (98 KB, 2 blocks per SM) against 1.85 ms with C = 2 (49 KB, 4 per SM), and
 //              16384 x 128256 2.56 ms with C = 4 against 2.75 ms with C = 3 (2 per SM) and
 //              2.88 ms with C = 2; clusters of 5-7 blocks (4-6 per SM) were slower than 4 too.
+//   Regs       as Cluster (C in {1, 2, 4, 8} blocks per row, read B + write B), but each block
+//              holds its slice in registers: threads x kK 16-byte vectors, thread t's vector k
+//              at slice offset k * threads + t, all kK loads of a thread issued at once; the
+//              part of a slice beyond the registers goes to shared memory by bulk copies as in
+//              Cluster. Pure register shapes need shared memory only for the reductions, so the
+//              blocks per SM are set by registers (64-128 a thread, __launch_bounds__ minimum
+//              blocks); the shared part adds on-chip room beyond the register file. Shapes
+//              (threads x kK, blocks per SM): 1024 x 8 (1), 512 x 8 (2), 256 x 8 (4),
+//              256 x 12 (3), 128 x 24 (4): 128-192 KB of the row per SM in registers, none
+//              spilling (ptxas). A launch sets the kernel's shared-memory carveout to what its
+//              blocks take, so that the rest stays L1, where the register loads land.
+// Cluster exchange (C > 1): Barrier, each block writes its (m, s) to its shared memory, a
+// cluster barrier with release/acquire semantics (a GPU-scope MEMBAR before the arrive), every
+// block reads all C through distributed shared memory, and a second (release) arrive before the
+// gradient guards the exit; Push, each block stores its (m, s) into slot r of every block
+// (st.async, 16 bytes, completing on an mbarrier of the receiving block): no fence, and only
+// relaxed cluster-barrier arrivals (one after the barrier's initialisation, one as the exit
+// guard). Both merge the C values in rank order: bitwise the same results.
 // Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element; the up to
 // 2 x 7 elements before and after the vectors (rows of odd V are not aligned) are scalars,
 // one per thread. Masked rows read nothing but the mask and write zeros.
 //
 // Limits: logits bf16 or f32, contiguous, element-aligned; 0 < V <= 2^31 - 1; T * C < 2^31
-// blocks; Cluster slices up to the device's shared memory per block (227 KB on H100/H200:
-// V <= 8 x 227 KB / sizeof(logit)); larger rows take BlockRows. Results are deterministic
-// (fixed reduction order, no float atomics). A bad label makes that row's loss NaN and drops
-// its one-hot term; the launcher reads the flag back and raises. The per-device limits and
-// the cluster-occupancy answers are cached for the first device that asks (one GPU per
-// process).
+// blocks; Cluster slices (Regs: their part beyond the registers) up to the device's shared
+// memory per block (227 KB on H100/H200: V <= 8 x 227 KB / sizeof(logit)); larger rows take
+// BlockRows. Results are deterministic (fixed reduction order, no float atomics). A bad label
+// makes that row's loss NaN and drops its one-hot term; the launcher reads the flag back and
+// raises. The per-device limits and the cluster-occupancy answers are cached for the first
+// device that asks (one GPU per process).
 #include "cuda/loss/cross_entropy.cuh"
 
 #include <cooperative_groups.h>
@@ -52,6 +70,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
@@ -126,6 +148,76 @@ __device__ __forceinline__ float row_loss(const CeParams& p, Stat st, float x_la
 // The row's gradient coefficients (ce_device.cuh) from its (m, s).
 __device__ __forceinline__ GradCoef row_coef(const CeParams& p, Stat st) {
   return grad_coef(p.grad_scale, p.z_loss, st.m + log2f(st.s) * kLn2, p.eps, p.inv_vocab);
+}
+
+// Cluster paths (C > 1): the row's (m, s) and (label smoothing) sum of x - x0 from the block
+// totals `st` and `xsum` (the same in every thread) of the C blocks, merged in rank order through
+// distributed shared memory, the same in every thread of the cluster. Returns with this block
+// arrived at the cluster barrier: the caller waits on it (barrier_wait) before it exits, so that
+// no block leaves while another may still read its shared memory.
+__device__ __forceinline__ void cluster_merge(int C, bool smooth, Stat& st, float& xsum,
+                                              Stat* block_stat, float* block_xsum) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) {
+    *block_stat = st;
+    *block_xsum = xsum;
+  }
+  cluster.sync();  // release/acquire: every block's block_stat is visible
+  st = *cluster.map_shared_rank(block_stat, 0);
+  for (int r = 1; r < C; ++r) st = merge(st, *cluster.map_shared_rank(block_stat, r));
+  if (smooth) {
+    xsum = *cluster.map_shared_rank(block_xsum, 0);
+    for (int r = 1; r < C; ++r) xsum += *cluster.map_shared_rank(block_xsum, r);
+  }
+  // Done reading the other blocks' shared memory; the matching wait (before exit) keeps
+  // every block alive until all have read.
+  cluster.barrier_arrive();
+}
+
+// The push exchange (ClusterExchange::Push): block r's (m, s, sum of x - x0) lands in slot r of
+// every block's PushSlots, completing on its barrier (armed by its own thread 0 for the
+// (C - 1) x 16 bytes of the other blocks; its own slot is a plain store before that arrival). Thread 0 initialises the barrier (push_init) before fence_mbar_init; every thread then
+// arrives once at the cluster barrier (cluster_arrive_relaxed), and cluster_push_merge waits on
+// that phase before pushing: every block's barrier is initialised by then.
+struct PushSlots {
+  uint4 slot[8];
+  uint64_t bar;
+  float label_logit;  // Cluster: x[label] (rank 0), parked (see cluster_push_merge)
+};
+__device__ __forceinline__ void push_init(PushSlots& x) { mbar_init(&x.bar, 1); }
+
+// As cluster_merge (same merge order, so bitwise the same result), with pushes instead of reads
+// of the other blocks' shared memory after a fenced barrier. Returns with every thread arrived
+// at the next cluster barrier phase: the caller waits on it (cluster_wait) before it exits.
+// Without cluster_merge's fence, a read of another block's elements (x[label], x[0]) must have
+// its value used before the block's __syncthreads ahead of this call (stored to shared memory,
+// summed into a reduced value), so that it is complete before the pushes release the other
+// blocks to overwrite those elements with their gradient.
+__device__ __forceinline__ void cluster_push_merge(int C, int rank, bool smooth, Stat& st,
+                                                   float& xsum, PushSlots& x) {
+  const int tid = static_cast<int>(threadIdx.x);
+  cluster_wait();  // every block's barrier is initialised
+  const uint4 mine =
+      make_uint4(__float_as_uint(st.m), __float_as_uint(st.s), __float_as_uint(xsum), 0u);
+  if (tid == 0) {  // this block's own slot: a plain store, released by the arrival
+    x.slot[rank] = mine;
+    mbar_expect_tx(&x.bar, static_cast<uint32_t>(C - 1) * 16u);
+  } else if (tid < C) {  // thread i pushes to block rank + i (mod C)
+    const uint32_t dst = static_cast<uint32_t>((rank + tid) % C);
+    st_async(cluster_addr(&x.slot[rank], dst), mine, cluster_addr(&x.bar, dst));
+  }
+  // The exit guard: no block leaves before every block has pushed (the pushes into a block's
+  // shared memory complete before it reads them, so it is alive while they land).
+  cluster_arrive_relaxed();
+  mbar_wait_cluster(&x.bar, 0);
+  uint4 v = x.slot[0];
+  st = {__uint_as_float(v.x), __uint_as_float(v.y)};
+  if (smooth) xsum = __uint_as_float(v.z);
+  for (int r = 1; r < C; ++r) {
+    v = x.slot[r];
+    st = merge(st, {__uint_as_float(v.x), __uint_as_float(v.y)});
+    if (smooth) xsum += __uint_as_float(v.z);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
 // Cluster: C blocks per row, each holding slice [v0, v0 + n) of the row's vectors in shared
 // memory (dynamic, p.slice_vecs * 16 bytes), filled by bulk copies completing on mbarriers.
 
-template <typename T>
+template <typename T, bool kPush>
 __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CeParams p) {
   constexpr int kN = kVec<T>;
   constexpr int kPerThread = kChunkVecs / kClusterThreads;  // vectors per thread per chunk
@@ -225,6 +317,7 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   __shared__ float red_sum[kClusterThreads / 32];
   __shared__ Stat block_stat;   // this block's (m, s), read by the whole cluster
   __shared__ float block_xsum;  // this block's sum of x - x0 (label smoothing), likewise
+  __shared__ PushSlots push;    // kPush: the blocks' totals
 
   const int C = p.cluster;
   const int rank = C > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -250,9 +343,13 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   const int nchunks = (n + kChunkVecs - 1) / kChunkVecs;
   if (tid == 0) {
     for (int c = 0; c < nchunks; ++c) mbar_init(&bars[c], 1);
+    if constexpr (kPush)
+      if (C > 1) push_init(push);
     fence_mbar_init();
   }
   __syncthreads();
+  if constexpr (kPush)
+    if (C > 1) cluster_arrive_relaxed();  // cluster_push_merge waits on it
   if (tid == 0) {
     for (int c = 0; c < nchunks; ++c) {
       const uint32_t bytes = static_cast<uint32_t>(min(kChunkVecs, n - c * kChunkVecs)) * 16u;
@@ -262,7 +359,9 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   }
   const bool reporter = rank == 0 && tid == 0;
   const int label = checked_label(p, row, reporter);
-  const float x_label = reporter && label >= 0 ? to_float(x[label]) : 0.f;
+  float x_label = reporter && label >= 0 ? to_float(x[label]) : 0.f;
+  if constexpr (kPush)  // the value, hence the read, complete before the exchange (see there)
+    if (reporter) push.label_logit = x_label;
   const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
   const bool smooth = p.eps != 0.f;
   const float x0 = smooth ? to_float(x[0]) : 0.f;  // label smoothing's reference logit
@@ -291,22 +390,13 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   st = block_reduce<kClusterThreads>(st, red);
   if (smooth) xsum = block_sum<kClusterThreads>(xsum, red_sum);
   if (C > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-    if (tid == 0) {
-      block_stat = st;
-      block_xsum = xsum;
-    }
-    cluster.sync();  // release/acquire: every block's block_stat is visible
-    st = *cluster.map_shared_rank(&block_stat, 0);
-    for (int r = 1; r < C; ++r) st = merge(st, *cluster.map_shared_rank(&block_stat, r));
-    if (smooth) {
-      xsum = *cluster.map_shared_rank(&block_xsum, 0);
-      for (int r = 1; r < C; ++r) xsum += *cluster.map_shared_rank(&block_xsum, r);
-    }
-    // Done reading the other blocks' shared memory; the matching wait (before exit) keeps
-    // every block alive until all have read.
-    cluster.barrier_arrive();
+    if constexpr (kPush)
+      cluster_push_merge(C, rank, smooth, st, xsum, push);
+    else
+      cluster_merge(C, smooth, st, xsum, &block_stat, &block_xsum);
   }
+  if constexpr (kPush)
+    if (reporter) x_label = push.label_logit;
   if (reporter) p.losses[row] = row_loss(p, st, x_label, label, (st.m - x0) - xsum * p.inv_vocab);
 
   if (p.with_grad) {
@@ -317,7 +407,200 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
       body[v0 + i] = grad_vec<T>(slice[i], l.head + (v0 + i) * kN, label, st.m, l2s, coef);
     if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, coef));
   }
-  if (C > 1) cg::this_cluster().barrier_wait();
+  if (C > 1) cg::this_cluster().barrier_wait();  // (kPush too: the same barrier.cluster.wait)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regs: C blocks per row as Cluster, block r holding slice [v0, v0 + n) of the row's vectors
+// in registers: vector v0 + k kThreads + t in thread t's u[k] (k < kK), all kK 16-byte loads of
+// a thread in flight at once (coalesced: consecutive threads, consecutive vectors). A slice
+// longer than kThreads kK vectors keeps the rest in dynamic shared memory (p.slice_vecs -
+// kThreads kK vectors at most), filled by bulk copies as in Cluster, folded in one vector per
+// online step (batches of several cost registers the slice needs). Shared memory otherwise
+// only holds the reductions, so the blocks per multiprocessor are set by the registers
+// (kMinBlocks, the __launch_bounds__ that caps them) and, with the shared part, by its size.
+// Pass 1 takes the thread's max over its registers first (bf16: packed max.bf16x2), then one
+// sum of exp(x - max) with no rescaling; the shared part and the scalars fold in online.
+
+// Max over a thread's vectors (-inf padding included); as fmaxf, a NaN is dropped when the
+// other operand is not NaN.
+template <int kK>
+__device__ __forceinline__ float vec_max(const uint4 (&u)[kK], bf16_t) {
+  uint32_t m = u[0].x;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    const uint32_t w[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
+#pragma unroll
+    for (int j = k == 0 ? 1 : 0; j < 4; ++j) asm("max.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(w[j]));
+  }
+  return fmaxf(__uint_as_float(m << 16), __uint_as_float(m & 0xffff0000u));
+}
+template <int kK>
+__device__ __forceinline__ float vec_max(const uint4 (&u)[kK], float) {
+  float m = __uint_as_float(u[0].x);
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    if (k > 0) m = fmaxf(m, __uint_as_float(u[k].x));
+    m = fmaxf(m, fmaxf(__uint_as_float(u[k].y), fmaxf(__uint_as_float(u[k].z), __uint_as_float(u[k].w))));
+  }
+  return m;
+}
+
+template <typename T, int kThreads, int kK, int kMinBlocks, bool kPush>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) ce_regs_kernel(const CeParams p) {
+  constexpr int kN = kVec<T>;
+  constexpr int kRegVecs = kThreads * kK;                   // vectors a block holds in registers
+  constexpr int kPerThread = kChunkVecs / kThreads;         // shared vectors per thread per chunk
+  static_assert(kChunkVecs % kThreads == 0);
+  extern __shared__ __align__(128) uint4 slice[];  // the slice's vectors beyond the registers
+  __shared__ uint64_t bars[kMaxChunks];
+  __shared__ Stat red[kThreads / 32];
+  __shared__ float red_sum[kThreads / 32];
+  __shared__ Stat block_stat;   // this block's (m, s), read by the whole cluster
+  __shared__ float block_xsum;  // this block's sum of x - x0 (label smoothing), likewise
+  // Values needed only after the reductions, parked here so that the registers hold the slice:
+  __shared__ float label_logit;            // x[label] (rank 0)
+  __shared__ int extra_cols[2 * kN];       // the scalars' columns (rank 0), else -1
+  __shared__ float extra_vals[2 * kN];     // ... and values
+  __shared__ PushSlots push;               // kPush: the blocks' totals
+
+  const int C = p.cluster;
+  const int rank = C > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) / C;
+  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  const RowLayout l = row_layout(x, p.vocab);
+  const int v0 = min(rank * p.slice_vecs, l.nvec);
+  const int n = min(l.nvec - v0, p.slice_vecs);  // this block's vectors (0 for a trailing rank)
+  const int nreg = min(n, kRegVecs);             // ... in registers
+  const int nsh = n - nreg;                      // ... in shared memory
+  const int col0 = l.head + v0 * kN;             // the column of the slice's first element
+  uint4* mine = reinterpret_cast<uint4*>(x + col0);
+  const int ecol = rank == 0 && tid < l.head + l.tail ? extra_col<T>(tid, l) : -1;
+  static_assert(2 * kN <= kThreads);  // head + tail < 2 kN
+
+  // Masked: the whole cluster leaves here together, before any cluster barrier.
+  if (!p.mask[row]) {
+    if (rank == 0 && tid == 0) p.losses[row] = 0.f;
+    if (p.with_grad) {
+      for (int i = tid; i < n; i += kThreads) mine[i] = make_uint4(0, 0, 0, 0);
+      if (ecol >= 0) x[ecol] = from_float<T>(0.f);
+    }
+    return;
+  }
+
+  uint4 u[kK];
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    const int i = k * kThreads + tid;
+    u[k] = i < nreg ? mine[i] : neg_inf_vec<T>();
+  }
+  const int nchunks = (nsh + kChunkVecs - 1) / kChunkVecs;  // the same in the whole block
+  const bool pushing = kPush && C > 1;
+  if (nchunks > 0 || pushing) {
+    if (tid == 0) {
+      for (int c = 0; c < nchunks; ++c) mbar_init(&bars[c], 1);
+      if (pushing) push_init(push);
+      fence_mbar_init();
+    }
+    if (pushing) cluster_arrive_relaxed();  // cluster_push_merge waits on it
+  }
+  if (nchunks > 0) {
+    __syncthreads();  // the chunks' barriers are initialised before any thread waits on them
+    if (tid == 0) {
+      for (int c = 0; c < nchunks; ++c) {
+        const uint32_t bytes = static_cast<uint32_t>(min(kChunkVecs, nsh - c * kChunkVecs)) * 16u;
+        mbar_expect_tx(&bars[c], bytes);
+        bulk_load(slice + c * kChunkVecs, mine + nreg + c * kChunkVecs, bytes, &bars[c]);
+      }
+    }
+  }
+  const bool reporter = rank == 0 && tid == 0;
+  const int label = checked_label(p, row, reporter);
+  if (reporter) label_logit = label >= 0 ? to_float(x[label]) : 0.f;
+  const float xe = ecol >= 0 ? to_float(x[ecol]) : -INFINITY;
+  if (tid < 2 * kN) {
+    extra_cols[tid] = ecol;
+    extra_vals[tid] = xe;
+  }
+  const bool smooth = p.eps != 0.f;
+  const float x0 = smooth ? to_float(x[0]) : 0.f;  // label smoothing's reference logit
+  float xsum = smooth && ecol >= 0 ? xe - x0 : 0.f;
+
+  // Registers: the thread's max, then its sum of exp(x - max) (padding vectors skipped).
+  Stat st{vec_max(u, T{}), 0.f};
+  if (st.m != -INFINITY) {  // else only padding or -inf: nothing to add, and m = -inf stays legal
+    float acc[2] = {0.f, 0.f};  // independent partial sums for ILP
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      if (k * kThreads + tid >= nreg) continue;
+      float v[kN];
+      unpack(u[k], v, T{});
+#pragma unroll
+      for (int j = 0; j < kN; ++j) acc[j % 2] += ex2((v[j] - st.m) * kLog2e);
+    }
+    st.s = acc[0] + acc[1];
+  }
+  if (smooth) {
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      if (k * kThreads + tid >= nreg) continue;
+      float v[kN];
+      unpack(u[k], v, T{});
+#pragma unroll
+      for (int j = 0; j < kN; ++j) xsum += v[j] - x0;
+    }
+  }
+  // Shared memory: chunk by chunk as the copies land, kSub vectors per online step.
+  for (int c = 0; c < nchunks; ++c) {
+    mbar_wait(&bars[c], 0);
+#pragma unroll
+    for (int b = 0; b < kPerThread; ++b) {
+      const int i = c * kChunkVecs + b * kThreads + tid;
+      if (i >= nsh) break;  // the last chunk's end
+      float v[kN];
+      unpack(slice[i], v, T{});
+      accumulate(st, v);
+      if (smooth)
+#pragma unroll
+        for (int j = 0; j < kN; ++j) xsum += v[j] - x0;
+    }
+  }
+  {
+    const float e[1] = {xe};
+    accumulate(st, e);
+  }
+  st = block_reduce<kThreads>(st, red);
+  if (smooth) xsum = block_sum<kThreads>(xsum, red_sum);
+  if (pushing)
+    cluster_push_merge(C, rank, smooth, st, xsum, push);
+  else if (C > 1)
+    cluster_merge(C, smooth, st, xsum, &block_stat, &block_xsum);
+  if (reporter)  // (the parked values were written before block_reduce's __syncthreads)
+    p.losses[blockIdx.x / C] =
+        row_loss(p, st, label_logit, label, (st.m - x0) - xsum * p.inv_vocab);
+
+  if (p.with_grad) {
+    // The reads of x[label] and x[0] (other threads' elements) are ordered before these writes
+    // by block_reduce's __syncthreads and, across the cluster, cluster_merge's sync.
+    const float l2s = log2f(st.s);
+    const GradCoef coef = row_coef(p, st);
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      const int i = k * kThreads + tid;
+      if (i < nreg) mine[i] = grad_vec<T>(u[k], col0 + i * kN, label, st.m, l2s, coef);
+    }
+#pragma unroll 4
+    for (int i = tid; i < nsh; i += kThreads)
+      mine[nreg + i] = grad_vec<T>(slice[i], col0 + (nreg + i) * kN, label, st.m, l2s, coef);
+    if (tid < 2 * kN) {
+      const int e = extra_cols[tid];
+      if (e >= 0)
+        (reinterpret_cast<T*>(mine) - col0)[e] =
+            from_float<T>(grad_scalar(extra_vals[tid], e == label, st.m, l2s, coef));
+    }
+  }
+  if (C > 1) cluster_wait();  // the exit guard's phase (either exchange)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -325,17 +608,24 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
 
 using KernelFn = void (*)(CeParams);
 
-KernelFn cluster_kernel(DType dtype) {
-  return dtype == DType::BF16 ? ce_cluster_kernel<bf16_t> : ce_cluster_kernel<float>;
+KernelFn cluster_kernel(DType dtype, bool push = false) {
+  if (push) return dtype == DType::BF16 ? ce_cluster_kernel<bf16_t, true> : ce_cluster_kernel<float, true>;
+  return dtype == DType::BF16 ? ce_cluster_kernel<bf16_t, false> : ce_cluster_kernel<float, false>;
 }
 
 // Largest dynamic shared memory a Cluster block may take (the opt-in limit less the kernel's
-// static shared memory), after raising the kernels' limits to it once.
-int64_t max_slice_bytes() {
-  static const int64_t bytes = cluster_launch::raise_dynamic_smem(
-      {reinterpret_cast<const void*>(cluster_kernel(DType::BF16)), reinterpret_cast<const void*>(cluster_kernel(DType::F32))},
-      int64_t{kMaxChunks} * kChunkVecs * 16, 16);
-  return bytes;
+// static shared memory), after raising the kernels' limits to it once (per exchange).
+int64_t max_slice_bytes(bool push = false) {
+  auto raise = [](bool x) {
+    return cluster_launch::raise_dynamic_smem(
+        {reinterpret_cast<const void*>(cluster_kernel(DType::BF16, x)),
+         reinterpret_cast<const void*>(cluster_kernel(DType::F32, x))},
+        int64_t{kMaxChunks} * kChunkVecs * 16, 16);
+  };
+  static const int64_t barrier_bytes = raise(false);
+  if (!push) return barrier_bytes;
+  static const int64_t push_bytes = raise(true);
+  return push_bytes;
 }
 
 cudaLaunchConfig_t cluster_config(int64_t blocks, int cluster, int64_t slice_bytes,
@@ -344,10 +634,93 @@ cudaLaunchConfig_t cluster_config(int64_t blocks, int cluster, int64_t slice_byt
 }
 
 // Whether the device can run at least one cluster of this shape (cached).
-bool cluster_schedulable(DType dtype, int cluster, int64_t slice_bytes) {
-  max_slice_bytes();  // raises the dynamic shared-memory limits first
-  return cluster_launch::schedulable(reinterpret_cast<const void*>(cluster_kernel(dtype)), kClusterThreads, cluster,
-                                     slice_bytes);
+bool cluster_schedulable(DType dtype, bool push, int cluster, int64_t slice_bytes) {
+  max_slice_bytes(push);  // raises the dynamic shared-memory limits first
+  return cluster_launch::schedulable(reinterpret_cast<const void*>(cluster_kernel(dtype, push)),
+                                     kClusterThreads, cluster, slice_bytes);
+}
+
+// Regs: the compiled block shapes (threads, vectors per thread in registers), each with the
+// blocks per multiprocessor its register cap is set for (__launch_bounds__' minimum blocks:
+// 64 registers a thread for 1, 2 and 4 blocks, 80 for 3; 128 for 4 blocks of 128 threads).
+struct RegsShape {
+  int threads, vecs, min_blocks;
+};
+constexpr RegsShape kRegsShapes[] = {{1024, 8, 1}, {512, 8, 2}, {256, 8, 4}, {256, 12, 3},
+                                     {128, 24, 4}};
+constexpr int kRegsShapeCount = static_cast<int>(sizeof kRegsShapes / sizeof kRegsShapes[0]);
+
+template <typename T, bool kPush>
+KernelFn regs_kernel_of(int shape) {
+  static_assert(kRegsShapeCount == 5);
+  switch (shape) {
+    case 0:
+      return ce_regs_kernel<T, 1024, 8, 1, kPush>;
+    case 1:
+      return ce_regs_kernel<T, 512, 8, 2, kPush>;
+    case 2:
+      return ce_regs_kernel<T, 256, 8, 4, kPush>;
+    case 3:
+      return ce_regs_kernel<T, 256, 12, 3, kPush>;
+    default:
+      return ce_regs_kernel<T, 128, 24, 4, kPush>;
+  }
+}
+KernelFn regs_kernel(DType dtype, int shape, bool push) {
+  if (push)
+    return dtype == DType::BF16 ? regs_kernel_of<bf16_t, true>(shape)
+                                : regs_kernel_of<float, true>(shape);
+  return dtype == DType::BF16 ? regs_kernel_of<bf16_t, false>(shape)
+                              : regs_kernel_of<float, false>(shape);
+}
+int regs_shape_index(int threads, int vecs) {
+  for (int i = 0; i < kRegsShapeCount; ++i)
+    if (kRegsShapes[i].threads == threads && kRegsShapes[i].vecs == vecs) return i;
+  return -1;
+}
+
+// Largest dynamic shared memory a Regs block may take (as max_slice_bytes, for every shape).
+int64_t max_regs_smem_bytes() {
+  static const int64_t bytes = [] {
+    std::vector<const void*> kernels;
+    for (DType dt : {DType::BF16, DType::F32})
+      for (int i = 0; i < kRegsShapeCount; ++i)
+        for (bool push : {false, true})
+          kernels.push_back(reinterpret_cast<const void*>(regs_kernel(dt, i, push)));
+    return cluster_launch::raise_dynamic_smem(kernels, int64_t{kMaxChunks} * kChunkVecs * 16, 16);
+  }();
+  return bytes;
+}
+
+// The shared-memory carveout of a Regs launch: what as many blocks as the registers and threads
+// allow take (dynamic + static + the per-block reservation), in percent of the multiprocessor's
+// shared memory, which the driver rounds up to a supported size; the rest of the L1/shared array
+// stays L1, where the registers' global loads land (raise_dynamic_smem's maximal carveout would
+// leave ~28 KB of L1 for the 128-192 KB of loads a multiprocessor has in flight). Set only when
+// it changes (cached per kernel).
+void set_regs_carveout(KernelFn kernel, int threads, int64_t smem) {
+  static std::mutex mu;
+  static std::map<const void*, int> current;
+  const void* k = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  int device = 0, regs_sm = 0, threads_sm = 0, smem_sm = 0, reserved = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+  const int64_t warp_regs = ceil_div(int64_t{attr.numRegs} * 32, 256) * 256;  // 256-register units
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min<int64_t>({regs_sm / (warp_regs * (threads / 32)), threads_sm / threads, 32}));
+  const int64_t need = std::min<int64_t>(
+      smem_sm, blocks * (smem + static_cast<int64_t>(attr.sharedSizeBytes) + reserved));
+  const int percent =
+      static_cast<int>(std::clamp<int64_t>(ceil_div(need * 100, smem_sm), 1, 100));
+  if (auto it = current.find(k); it != current.end() && it->second == percent) return;
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+  current[k] = percent;
 }
 
 const char* path_name(CrossEntropyPath path) {
@@ -360,35 +733,95 @@ const char* path_name(CrossEntropyPath path) {
       return "BlockRows";
     case CrossEntropyPath::Cluster:
       return "Cluster";
+    case CrossEntropyPath::Regs:
+      return "Regs";
   }
   return "?";
 }
 
 }  // namespace
 
+std::vector<CrossEntropyRegsShape> cross_entropy_regs_shapes() {
+  std::vector<CrossEntropyRegsShape> out;
+  for (const RegsShape& r : kRegsShapes) out.push_back({r.threads, r.vecs});
+  return out;
+}
+
 std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
-                                                   CrossEntropyPath path, int cluster) {
+                                                   const CrossEntropyChoice& choice) {
   ENSURE(dtype == DType::BF16 || dtype == DType::F32, "cross_entropy: logits are ",
          dtype_name(dtype), ", expected bf16 or f32");
   ENSURE(vocab > 0 && vocab <= INT32_MAX, "cross_entropy: vocabulary of ", vocab,
          " outside [1, 2^31)");
+  const CrossEntropyPath path = choice.path;
+  const int cluster = choice.cluster;
+  const bool push = choice.exchange == ClusterExchange::Push;
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   const int64_t max_vecs = vocab * esize / 16;  // >= the vector count of any row
   auto slice = [&](int c) { return ceil_div(max_vecs, c) * 16; };
   auto fits = [&](int c) {
-    return slice(c) <= max_slice_bytes() && cluster_schedulable(dtype, c, slice(c));
+    return slice(c) <= max_slice_bytes(push) && cluster_schedulable(dtype, push, c, slice(c));
+  };
+  auto cluster_plan = [&](int c) {
+    CrossEntropyPlan plan{CrossEntropyPath::Cluster, c, slice(c)};
+    plan.exchange = choice.exchange;
+    return plan;
   };
   auto choose_cluster = [&]() -> std::optional<CrossEntropyPlan> {
-    if (slice(1) <= kAutoSoloBytes && fits(1))
-      return CrossEntropyPlan{CrossEntropyPath::Cluster, 1, slice(1)};
+    if (slice(1) <= kAutoSoloBytes && fits(1)) return cluster_plan(1);
     for (int c : {1, 2, 4, 8})
-      if (slice(c) <= kAutoSliceBytes && fits(c))
-        return CrossEntropyPlan{CrossEntropyPath::Cluster, c, slice(c)};
+      if (slice(c) <= kAutoSliceBytes && fits(c)) return cluster_plan(c);
     for (int c : {1, 2, 4, 8})
-      if (fits(c)) return CrossEntropyPlan{CrossEntropyPath::Cluster, c, slice(c)};
+      if (fits(c)) return cluster_plan(c);
     return std::nullopt;
   };
+  // Regs: shape i with cluster c, its shared part (bytes) beyond the registers; nullopt when
+  // that is over the limit or the device cannot schedule the cluster.
+  auto regs_plan = [&](int i, int c) -> std::optional<CrossEntropyPlan> {
+    const RegsShape& r = kRegsShapes[i];
+    const int64_t smem = std::max<int64_t>(0, slice(c) - int64_t{r.threads} * r.vecs * 16);
+    if (smem > max_regs_smem_bytes() ||
+        !cluster_launch::schedulable(reinterpret_cast<const void*>(regs_kernel(dtype, i, push)),
+                                     r.threads, c, smem))
+      return std::nullopt;
+    return CrossEntropyPlan{CrossEntropyPath::Regs, c, smem, r.threads, r.vecs, choice.exchange};
+  };
+  // Regs without a shape: the first (in kRegsShapes' order) that holds the whole slice in
+  // registers, else the first that fits with a shared part.
+  auto choose_regs = [&](int c) -> std::optional<CrossEntropyPlan> {
+    std::optional<CrossEntropyPlan> any;
+    for (int i = 0; i < kRegsShapeCount; ++i)
+      if (auto plan = regs_plan(i, c)) {
+        if (plan->slice_bytes == 0) return plan;
+        if (!any) any = plan;
+      }
+    return any;
+  };
+  const bool valid_cluster = cluster == 0 || cluster == 1 || cluster == 2 || cluster == 4 ||
+                             cluster == 8;
+  if (path != CrossEntropyPath::Regs && (choice.threads != 0 || choice.reg_vecs != 0))
+    return std::nullopt;
+  if (push && path != CrossEntropyPath::Regs && path != CrossEntropyPath::Cluster)
+    return std::nullopt;
   switch (path) {
+    case CrossEntropyPath::Regs: {
+      if (!valid_cluster) return std::nullopt;
+      int shape = -1;
+      if (choice.threads != 0) {
+        for (int i = 0; i < kRegsShapeCount && shape < 0; ++i)
+          if (kRegsShapes[i].threads == choice.threads &&
+              (choice.reg_vecs == 0 || kRegsShapes[i].vecs == choice.reg_vecs))
+            shape = i;
+        if (shape < 0) return std::nullopt;
+      } else if (choice.reg_vecs != 0) {
+        return std::nullopt;
+      }
+      for (int c : {1, 2, 4, 8}) {
+        if (cluster != 0 && c != cluster) continue;
+        if (auto plan = shape >= 0 ? regs_plan(shape, c) : choose_regs(c)) return plan;
+      }
+      return std::nullopt;
+    }
     case CrossEntropyPath::Auto:
       if (vocab * esize <= kWarpRowsMaxBytes)
         return CrossEntropyPlan{CrossEntropyPath::WarpRows, 1, 0};
@@ -396,9 +829,8 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
       return CrossEntropyPlan{CrossEntropyPath::BlockRows, 1, 0};
     case CrossEntropyPath::Cluster:
       if (cluster == 0) return choose_cluster();
-      if ((cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8) || !fits(cluster))
-        return std::nullopt;
-      return CrossEntropyPlan{CrossEntropyPath::Cluster, cluster, slice(cluster)};
+      if (!valid_cluster || !fits(cluster)) return std::nullopt;
+      return cluster_plan(cluster);
     case CrossEntropyPath::WarpRows:
     case CrossEntropyPath::BlockRows:
       if (cluster > 1) return std::nullopt;
@@ -408,8 +840,8 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
 }
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                   const Tensor& losses, bool with_grad, float grad_scale, CrossEntropyPath path,
-                   int cluster, float z_loss, float label_smoothing) {
+                   const Tensor& losses, bool with_grad, float grad_scale,
+                   const CrossEntropyChoice& choice, float z_loss, float label_smoothing) {
   ENSURE(logits.device == Device::CUDA, "cross_entropy: logits are on ", device_name(logits.device),
          ", expected cuda");
   ENSURE(logits.ndim() == 2, "cross_entropy: logits must be 2-D (T, V), got shape ",
@@ -425,15 +857,27 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
   expect_cuda(losses, DType::F32, {t}, "cross_entropy", "losses");
   ENSURE(reinterpret_cast<uintptr_t>(logits.data) % dtype_size(logits.dtype) == 0,
          "cross_entropy: logits are not aligned to their element size");
-  const std::optional<CrossEntropyPlan> plan = cross_entropy_plan(v, logits.dtype, path, cluster);
-  ENSURE(plan.has_value(), "cross_entropy: the ", path_name(path), " path with cluster size ",
-         cluster, " cannot run a row of ", v, " ", dtype_name(logits.dtype), " logits");
+  const std::optional<CrossEntropyPlan> plan = cross_entropy_plan(v, logits.dtype, choice);
+  ENSURE(plan.has_value(), "cross_entropy: the ", path_name(choice.path),
+         " path with cluster size ", choice.cluster,
+         choice.path == CrossEntropyPath::Regs
+             ? " and block shape " + std::to_string(choice.threads) + "x" +
+                   std::to_string(choice.reg_vecs)
+             : std::string(),
+         choice.exchange == ClusterExchange::Push ? " (push exchange)" : "",
+         " cannot run a row of ", v, " ", dtype_name(logits.dtype), " logits");
   if (t == 0) return;
   ENSURE(t * plan->cluster <= INT32_MAX, "cross_entropy: ", t, " rows x ", plan->cluster,
          " blocks exceed the grid");
 
   Owned flag = empty({1}, DType::I64, Device::CUDA);
   CUDA_CHECK(cudaMemsetAsync(flag.t.data, 0xff, sizeof(unsigned long long), stream()));
+  // Cluster: slice_bytes is the slice; Regs: the slice is ceil(vectors / C), slice_bytes only
+  // its part beyond the registers.
+  const int64_t slice_vecs =
+      plan->path == CrossEntropyPath::Regs
+          ? ceil_div(v * static_cast<int64_t>(dtype_size(logits.dtype)) / 16, plan->cluster)
+          : plan->slice_bytes / 16;
   const CeParams p{logits.data,
                    labels.ptr<int32_t>(),
                    mask.ptr<uint8_t>(),
@@ -442,13 +886,14 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
                    t,
                    static_cast<int32_t>(v),
                    plan->cluster,
-                   static_cast<int32_t>(plan->slice_bytes / 16),
+                   static_cast<int32_t>(slice_vecs),
                    grad_scale,
                    z_loss,
                    label_smoothing,
                    static_cast<float>(1.0 / static_cast<double>(v)),
                    with_grad};
   const bool bf = logits.dtype == DType::BF16;
+  const bool push = plan->exchange == ClusterExchange::Push;
   switch (plan->path) {
     case CrossEntropyPath::WarpRows: {
       constexpr int kRows = kWarpRowsThreads / 32;
@@ -466,12 +911,24 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
       break;
     }
     case CrossEntropyPath::Cluster: {
-      max_slice_bytes();  // raises the dynamic shared-memory limit once
+      max_slice_bytes(push);  // raises the dynamic shared-memory limit once
       cudaLaunchAttribute attr{};
       const cudaLaunchConfig_t cfg =
           cluster_config(t * plan->cluster, plan->cluster, plan->slice_bytes, &attr);
-      CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_kernel(logits.dtype), p));
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_kernel(logits.dtype, push), p));
       check_launch("cross_entropy (Cluster)");
+      break;
+    }
+    case CrossEntropyPath::Regs: {
+      max_regs_smem_bytes();  // raises the dynamic shared-memory limits once
+      const KernelFn kernel =
+          regs_kernel(logits.dtype, regs_shape_index(plan->threads, plan->reg_vecs), push);
+      set_regs_carveout(kernel, plan->threads, plan->slice_bytes);
+      cudaLaunchAttribute attr{};
+      const cudaLaunchConfig_t cfg = cluster_launch::config(
+          t * plan->cluster, plan->threads, plan->cluster, plan->slice_bytes, stream(), &attr);
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+      check_launch("cross_entropy (Regs)");
       break;
     }
     case CrossEntropyPath::Auto:

@@ -28,6 +28,8 @@
 
 using namespace engine;
 using namespace engine::testing;
+using engine::cuda::ClusterExchange;
+using engine::cuda::CrossEntropyChoice;
 using engine::cuda::CrossEntropyPath;
 
 namespace {
@@ -58,37 +60,55 @@ const std::vector<Case> kCases = {
 };
 
 struct Variant {
-  CrossEntropyPath path;
-  int cluster;
+  CrossEntropyChoice choice;
   std::string name() const {
-    const char* n[] = {"Auto", "WarpRows", "BlockRows", "Cluster"};
-    return std::string(n[static_cast<int>(path)]) + (cluster ? " C" + std::to_string(cluster) : "");
+    const char* n[] = {"Auto", "WarpRows", "BlockRows", "Cluster", "Regs"};
+    const CrossEntropyChoice& c = choice;
+    return std::string(n[static_cast<int>(c.path)]) +
+           (c.cluster ? " C" + std::to_string(c.cluster) : "") +
+           (c.threads ? " " + std::to_string(c.threads) + "x" + std::to_string(c.reg_vecs) : "") +
+           (c.exchange == ClusterExchange::Push ? " push" : "");
   }
 };
 
-// Every path and cluster size that can run a row of v logits of this dtype.
+// Every path and cluster size that can run a row of v logits of this dtype: the Regs block
+// shapes at cluster sizes that, over the cases' vocabularies, hold rows in registers only,
+// with a shared part, with idle threads and empty trailing blocks; both exchanges.
 std::vector<Variant> variants_for(int64_t v, DType dtype) {
   std::vector<Variant> out;
 #ifdef ENGINE_CUDA
-  const Variant all[] = {{CrossEntropyPath::Auto, 0},      {CrossEntropyPath::WarpRows, 0},
-                         {CrossEntropyPath::BlockRows, 0}, {CrossEntropyPath::Cluster, 1},
-                         {CrossEntropyPath::Cluster, 2},   {CrossEntropyPath::Cluster, 4},
-                         {CrossEntropyPath::Cluster, 8}};
-  for (const Variant& var : all)
-    if (cuda::cross_entropy_plan(v, dtype, var.path, var.cluster)) out.push_back(var);
+  using P = CrossEntropyPath;
+  constexpr ClusterExchange kBar = ClusterExchange::Barrier, kPush = ClusterExchange::Push;
+  const CrossEntropyChoice all[] = {
+      {P::Auto},           {P::WarpRows},       {P::BlockRows},
+      {P::Cluster, 1},     {P::Cluster, 2},     {P::Cluster, 4},
+      {P::Cluster, 8},     {P::Cluster, 2, 0, 0, kPush},
+      {P::Cluster, 4, 0, 0, kPush},              {P::Cluster, 8, 0, 0, kPush},
+      {P::Regs, 1, 512, 8, kBar},                {P::Regs, 1, 128, 24, kBar},
+      {P::Regs, 2, 1024, 8, kBar},               {P::Regs, 2, 256, 8, kBar},
+      {P::Regs, 4, 512, 8, kBar},                {P::Regs, 4, 256, 12, kBar},
+      {P::Regs, 4, 128, 24, kBar},               {P::Regs, 8, 256, 8, kBar},
+      {P::Regs, 2, 512, 8, kPush},               {P::Regs, 4, 256, 12, kPush},
+      {P::Regs, 4, 128, 24, kPush},              {P::Regs, 8, 256, 8, kPush},
+  };
+  for (const CrossEntropyChoice& c : all)
+    if (cuda::cross_entropy_plan(v, dtype, c)) out.push_back({c});
 #endif
   return out;
 }
 
 // Auto goes through the op's dispatch; forced paths call the launcher directly.
 void run_ce(const Tensor& logits, const Tensor& labels, const Tensor& mask, const Tensor& losses,
-            bool with_grad, float grad_scale, const Variant& var) {
-  if (var.path == CrossEntropyPath::Auto) {
-    ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale);
+            bool with_grad, float grad_scale, const Variant& var, float z_loss = 0.f,
+            float label_smoothing = 0.f) {
+  if (var.choice.path == CrossEntropyPath::Auto) {
+    ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss,
+                       label_smoothing);
     return;
   }
 #ifdef ENGINE_CUDA
-  cuda::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, var.path, var.cluster);
+  cuda::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, var.choice, z_loss,
+                      label_smoothing);
 #else
   FAIL("forced CUDA paths need a CUDA build");
 #endif
@@ -212,13 +232,66 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
       cuda::cross_entropy_plan(128256, DType::BF16, CrossEntropyPath::Cluster, 1).has_value());
   CHECK_FALSE(
       cuda::cross_entropy_plan(1000, DType::BF16, CrossEntropyPath::Cluster, 3).has_value());
+  // Regs: a slice that fits the registers takes no shared memory; the rest of a longer one does.
+  using P = CrossEntropyPath;
+  const auto regs4 = cuda::cross_entropy_plan(128256, DType::BF16, {P::Regs, 4, 512, 8});
+  REQUIRE(regs4.has_value());
+  CHECK(regs4->path == P::Regs);
+  CHECK(regs4->cluster == 4);
+  CHECK(regs4->slice_bytes == 0);  // 4008 vectors <= 512 x 8
+  const auto regs2 = cuda::cross_entropy_plan(128256, DType::BF16, {P::Regs, 2, 512, 8});
+  REQUIRE(regs2.has_value());
+  CHECK(regs2->slice_bytes == (8016 - 4096) * 16);
+  const auto chosen = cuda::cross_entropy_plan(128256, DType::BF16, {P::Regs});
+  REQUIRE(chosen.has_value());  // Regs without a shape or cluster size: some plan
+  CHECK(chosen->threads * chosen->reg_vecs > 0);
+  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16, {P::Regs, 4, 300, 8}).has_value());
+  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16, {P::Regs, 3, 512, 8}).has_value());
+  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16, {P::Cluster, 4, 512, 8}).has_value());
+  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16,
+                                       {P::BlockRows, 0, 0, 0, ClusterExchange::Push})
+                  .has_value());
+  for (const auto& shape : cuda::cross_entropy_regs_shapes())
+    CHECK(cuda::cross_entropy_plan(1000, DType::BF16, {P::Regs, 1, shape.threads, shape.reg_vecs})
+              .has_value());
 #endif
+}
+
+TEST_CASE("cross_entropy cuda: the push exchange gives bitwise the barrier exchange's results" * doctest::test_suite("gpu")) {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  using P = CrossEntropyPath;
+  constexpr ClusterExchange kBar = ClusterExchange::Barrier, kPush = ClusterExchange::Push;
+  const Case c{13, 50257, 0, 1, 0.5f, 1};
+  const Inputs in = make_inputs(c, DType::BF16);
+  const CrossEntropyChoice pairs[][2] = {
+      {{P::Cluster, 2, 0, 0, kBar}, {P::Cluster, 2, 0, 0, kPush}},
+      {{P::Cluster, 8, 0, 0, kBar}, {P::Cluster, 8, 0, 0, kPush}},
+      {{P::Regs, 4, 256, 12, kBar}, {P::Regs, 4, 256, 12, kPush}},
+      {{P::Regs, 2, 256, 8, kBar}, {P::Regs, 2, 256, 8, kPush}},
+  };
+  for (const auto& pair : pairs) {
+    const Variant a{pair[0]}, b{pair[1]};
+    INFO(a.name());
+    for (auto [z, eps] : {std::pair{0.f, 0.f}, std::pair{1e-4f, 0.1f}}) {
+      INFO("z ", z, " eps ", eps);
+      const DeviceTensor la = gpu_empty(in.logits.t.shape, DType::BF16, in.offset),
+                         lb = gpu_empty(in.logits.t.shape, DType::BF16, in.offset);
+      copy_tensor(la.t, in.logits.t);
+      copy_tensor(lb.t, in.logits.t);
+      Owned sa = empty({c.t}, DType::F32, Device::CUDA), sb = empty({c.t}, DType::F32, Device::CUDA);
+      run_ce(la.t, in.labels, in.mask, sa, true, c.grad_scale, a, z, eps);
+      run_ce(lb.t, in.labels, in.mask, sb, true, c.grad_scale, b, z, eps);
+      CHECK(bitwise_equal(to_host(sa, DType::F32), to_host(sb, DType::F32)));
+      CHECK(bitwise_equal(to_host(la.t, DType::BF16), to_host(lb.t, DType::BF16)));
+    }
+  }
 }
 
 TEST_CASE("cross_entropy cuda is deterministic (bitwise equal twice, every path)" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
-  for (const Case& c :
-       {Case{6, 128256, 0, 1, 0.25f}, Case{19, 50257, 0, 3, 1.f}, Case{33, 1000, 0, 1, 1.f}}) {
+  // The last case launches several waves of clusters of every size.
+  for (const Case& c : {Case{6, 128256, 0, 1, 0.25f}, Case{19, 50257, 0, 3, 1.f},
+                        Case{33, 1000, 0, 1, 1.f}, Case{600, 8200, 0, 1, 1.f / 600}}) {
     INFO(c.name());
     const Inputs in = make_inputs(c, DType::BF16);
     for (const Variant& var : variants_for(c.v, DType::BF16)) {
@@ -320,14 +393,7 @@ TEST_CASE("cross_entropy cuda with z-loss and label smoothing matches the f64 re
             copy_tensor(logits.t, in.logits.t);
             Owned losses = empty({c.t}, DType::F32, Device::CUDA);
             poison(losses);
-            if (var.path == CrossEntropyPath::Auto) {
-              ops::cross_entropy(logits.t, in.labels, in.mask, losses, true, c.grad_scale, z, eps);
-            } else {
-#ifdef ENGINE_CUDA
-              cuda::cross_entropy(logits.t, in.labels, in.mask, losses, true, c.grad_scale,
-                                  var.path, var.cluster, z, eps);
-#endif
-            }
+            run_ce(logits.t, in.labels, in.mask, losses, true, c.grad_scale, var, z, eps);
             CHECK_CLOSE(losses.t, ref_losses.t, dtype == DType::BF16 ? 1e-4 : 1e-5);
             const Comparison g = compare(logits.t, ref_grad, "gradient");
             INFO(g.report);
