@@ -124,8 +124,7 @@ BENCH_CASES("mamba") {
     const cuda::ScanVariant saved = cuda::scan_variant();
     for (cuda::ScanForward f : cuda::kScanForwards) {
       cuda::set_scan_variant({f, saved.backward});
-      const bool one_pass = f == cuda::ScanForward::kDocs2 || f == cuda::ScanForward::kDocs2Poly1 ||
-                            f == cuda::ScanForward::kDocs4;
+      const bool one_pass = cuda::one_pass(f);
       ms = time_ms([&] { ops::selective_scan_forward(a, y, states); });
       std::snprintf(note, sizeof note, "chunk states %.0f MB written; %.2f T exps/s (%d per element)",
                     state_bytes / 1e6, (one_pass ? 1 : 2) * exps / (ms * 1e-3) / 1e12, one_pass ? 1 : 2);

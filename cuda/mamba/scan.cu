@@ -40,9 +40,12 @@
 // 16 per clock and multiprocessor; 11.6% of copy bandwidth on the bytes that must move),
 // backward 8.3 ms (5.3%). The bound is exp and instruction issue, not memory: one ex2 per
 // (token, channel, state) is 2.1G per pass, 0.55 ms at the units' peak, against 0.25 ms for the
-// forward's bytes at copy speed. Not done: moving part of the exps to the FMA pipes
-// (polynomial exp2), a single-pass forward where Di x documents threads suffice, prefetching in
-// the backward's passes (it runs at its 128-register cap).
+// forward's bytes at copy speed. These are the ScanForward/ScanBackward::kChunked kernels of
+// scan.cuh (the default); its other variants (scan_lean.cu: the same steps in fewer instructions,
+// some exps on the FMA pipes; scan_docs.cu: a one-pass forward per document) share this file's
+// launchers, checks and reductions (scan_impl.cuh). Static instruction counts of the inner loops
+// per token and warp (cuobjdump -sass): output 199 (20 special-function ops, at 8 issue slots
+// each on the unit), summary 138; backward summary 187, pass F 406, pass R 487: issue bound.
 // Memory: x, dt, z, B, C, dy, dx, ddt, dz, dB, dC bf16 (column blocks, any alignment: scalar
 // loads); A_log, D, dt_bias bf16; chunk_states f32 (chunks, N, Di); dA_log, dD, ddt_bias f32 +=.
 // Limits: N <= 16, chunk_len <= 128, T < 2^31, Di < 2^31 / 16.
@@ -455,6 +458,7 @@ const char* scan_variant_name(ScanForward v) {
     case ScanForward::kLeanPoly1: return "lean-poly1";
     case ScanForward::kLeanPoly2: return "lean-poly2";
     case ScanForward::kLeanPoly4: return "lean-poly4";
+    case ScanForward::kLeanPoly2S: return "lean-poly2s";
     case ScanForward::kDocs2: return "docs2";
     case ScanForward::kDocs2Poly1: return "docs2-poly1";
     case ScanForward::kDocs4: return "docs4";
@@ -480,8 +484,7 @@ void selective_scan_forward(const ops::ScanArgs& a, const ops::ColumnBlock& y,
   if (s.tokens == 0) return;
   const ScanForward variant =
       int_strides({a.x.ld(), a.B.ld(), a.C.ld(), a.z.ld(), y.ld()}) ? g_variant.forward : ScanForward::kChunked;
-  const bool docs = variant == ScanForward::kDocs2 || variant == ScanForward::kDocs2Poly1 ||
-                    variant == ScanForward::kDocs4;
+  const bool docs = one_pass(variant);
   // The one-pass variant walks cu_seqlens itself: no start bits, no chunk sums.
   Owned starts = docs ? Owned() : mamba::doc_start_bits(a.cu_seqlens, s.tokens);
   Owned sums = docs ? Owned() : empty({s.chunks, s.channels}, DType::F32, Device::CUDA);
@@ -491,10 +494,11 @@ void selective_scan_forward(const ops::ScanArgs& a, const ops::ColumnBlock& y,
   p.cu = static_cast<const int32_t*>(a.cu_seqlens.data);
   p.segments = static_cast<int>(a.cu_seqlens.numel() - 1);
   switch (variant) {
-    case ScanForward::kLean: return forward_lean(p, 0);
-    case ScanForward::kLeanPoly1: return forward_lean(p, 1);
-    case ScanForward::kLeanPoly2: return forward_lean(p, 2);
-    case ScanForward::kLeanPoly4: return forward_lean(p, 4);
+    case ScanForward::kLean: return forward_lean(p, 0, 0);
+    case ScanForward::kLeanPoly1: return forward_lean(p, 1, 1);
+    case ScanForward::kLeanPoly2: return forward_lean(p, 2, 2);
+    case ScanForward::kLeanPoly4: return forward_lean(p, 4, 4);
+    case ScanForward::kLeanPoly2S: return forward_lean(p, 2, 0);
     case ScanForward::kDocs2: return forward_docs(p, 2, 0);
     case ScanForward::kDocs2Poly1: return forward_docs(p, 2, 1);
     case ScanForward::kDocs4: return forward_docs(p, 4, 0);

@@ -23,6 +23,7 @@ enum class ScanForward {
   kLeanPoly1,  // kLean with 1 of the 16 states' exps on the FMA pipes (cuda/mamba/poly_math.h)
   kLeanPoly2,  // kLean with 2 of 16 on the FMA pipes
   kLeanPoly4,  // kLean with 4 of 16 on the FMA pipes
+  kLeanPoly2S, // kLean with 2 of 16 on the FMA pipes in the chunk summary, none in the output step
   kDocs2,      // one pass along each document, 2 threads per channel (scan_docs.cu): one exp per
                // element instead of two, parallel over documents x channels only
   kDocs2Poly1, // kDocs2 with 1 of each thread's 8 states on the FMA pipes
@@ -38,14 +39,19 @@ struct ScanVariant {
   ScanForward forward = ScanForward::kChunked;
   ScanBackward backward = ScanBackward::kChunked;
 };
+// The one-pass forwards (one exp per element, parallel over documents x channels only).
+inline bool one_pass(ScanForward v) {
+  return v == ScanForward::kDocs2 || v == ScanForward::kDocs2Poly1 || v == ScanForward::kDocs4;
+}
 void set_scan_variant(ScanVariant v);
 ScanVariant scan_variant();
 // Short names ("chunked", "lean", "lean-poly2", ...), as the bench prints them.
 const char* scan_variant_name(ScanForward v);
 const char* scan_variant_name(ScanBackward v);
 inline constexpr ScanForward kScanForwards[] = {
-    ScanForward::kChunked,   ScanForward::kLean,  ScanForward::kLeanPoly1,   ScanForward::kLeanPoly2,
-    ScanForward::kLeanPoly4, ScanForward::kDocs2, ScanForward::kDocs2Poly1, ScanForward::kDocs4};
+    ScanForward::kChunked,     ScanForward::kLean,  ScanForward::kLeanPoly1,   ScanForward::kLeanPoly2,
+    ScanForward::kLeanPoly4,   ScanForward::kLeanPoly2S, ScanForward::kDocs2, ScanForward::kDocs2Poly1,
+    ScanForward::kDocs4};
 inline constexpr ScanBackward kScanBackwards[] = {ScanBackward::kChunked, ScanBackward::kLean,
                                                   ScanBackward::kLeanPoly1, ScanBackward::kLeanPoly2};
 

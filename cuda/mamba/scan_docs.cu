@@ -71,13 +71,14 @@ static __global__ void __launch_bounds__(kThreads, kDocsMinBlocks<kLanes>) docs_
   float pre[kPre];
   auto fetch = [&](int64_t s0) {
     const bf16_t* q = st_col + (s0 + warp) * st_ld;
+    const int64_t left = end - s0 - warp;
 #pragma unroll
     for (int r = 0; r < kPre; ++r, q += kWarps * st_ld)
-      pre[r] = st_ok && s0 + warp + kWarps * r < end ? mamba::bf(*q) : 0.f;
+      pre[r] = st_ok && kWarps * r < left ? mamba::bf(*q) : 0.f;
   };
   fetch(beg);
-  // dt, x, z of this thread's token of the next group (t0 + kLanes + grp), loaded one group
-  // ahead; the pointers are at the token to load next.
+  // dt, x, z of this thread's token of the next group, loaded one group ahead; the pointers are
+  // at the token to load next.
   const int sdt = kLanes * p.channels, sx = kLanes * static_cast<int>(p.ldx),
             sz = kLanes * static_cast<int>(p.ldz), sy = kLanes * static_cast<int>(p.ldy);
   const bf16_t* dtp = p.dt + (beg + grp) * p.channels + dc;
@@ -90,25 +91,26 @@ static __global__ void __launch_bounds__(kThreads, kDocsMinBlocks<kLanes>) docs_
   const int L = p.chunk;
   int64_t cb = beg / L + 1;               // next chunk_states entry on the way (state after token cb L - 1)
   int to_entry = static_cast<int>(cb * L - beg);  // tokens to process before writing it
-  int ts = 0;                             // position of t0 in the current stage
-  for (int64_t t0 = beg; t0 < end; t0 += kLanes) {
-    const int left = static_cast<int>(min(end - t0, int64_t{kLanes}));  // tokens of this group
+  int ts = 0;                             // position of the group in the current stage
+  const int count = static_cast<int>(end - beg);
+  for (int o = 0; o < count; o += kLanes) {  // the group of tokens beg + o + [0, kLanes)
+    const int left = min(count - o, kLanes);
     if (ts == 0) {  // uniform over the block
       __syncthreads();  // the previous stage's readers are done
 #pragma unroll
       for (int r = 0; r < kPre; ++r) sBC[tid + r * kThreads] = pre[r];
       __syncthreads();
-      if (t0 + kStage < end) fetch(t0 + kStage);
+      if (o + kStage < count) fetch(beg + o + kStage);
     }
     const float dtv = dt_n, xv = x_n, zv = z_n;
     dtp += sdt;
     xp += sx;
     zp += sz;
-    if (t0 + kLanes + grp < end) dt_n = mamba::bf(*dtp), x_n = mamba::bf(*xp), z_n = mamba::bf(*zp);
-    // Token t0 + grp's per-channel values (stale but finite past the document: never used).
+    if (o + kLanes + grp < count) dt_n = mamba::bf(*dtp), x_n = mamba::bf(*xp), z_n = mamba::bf(*zp);
+    // Token beg + o + grp's per-channel values (stale but finite past the document: never used).
     const float delta_g = softplus_fast(dtv + bias), du_g = delta_g * xv;
     const float gate_g = zv * sigmoid_fast(zv), dx_g = dd * xv;
-    float y_own = 0.f;  // y of token t0 + grp
+    float y_own = 0.f;  // y of token beg + o + grp
 #pragma unroll
     for (int k = 0; k < kLanes; ++k) {
       if (k >= left) break;  // uniform
@@ -129,7 +131,7 @@ static __global__ void __launch_bounds__(kThreads, kDocsMinBlocks<kLanes>) docs_
 #pragma unroll
       for (int m = kCh; m < 32; m <<= 1) part += __shfl_xor_sync(0xffffffffu, part, m);
       if (grp == k) y_own = (part + dx_g) * gate_g;
-      if (--to_entry == 0) {  // uniform: the state after token t0 + k is chunk_states[cb]
+      if (--to_entry == 0) {  // uniform: the state after token beg + o + k is chunk_states[cb]
         if (cb * L < p.tokens && active) {
           float* out = p.chunk_states + (cb * p.states + grp * kS) * p.channels + d;
 #pragma unroll

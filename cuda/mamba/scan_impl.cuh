@@ -254,8 +254,9 @@ inline unsigned channel_blocks(int channels) { return static_cast<unsigned>(ceil
 inline unsigned flat_blocks(int64_t items, int threads) { return static_cast<unsigned>(ceil_div(items, threads)); }
 
 // The variants' kernels (scan.cuh), launched by scan.cu's launchers after their checks.
-// scan_lean.cu: forward steps 1-3 with `poly` of the 16 states' exps on the FMA pipes.
-void forward_lean(const ScanParams& p, int poly);
+// scan_lean.cu: forward steps 1-3 with `poly_summary` of the 16 states' exps on the FMA pipes in
+// step 1 and `poly_output` in step 3 (0, 1, 2 or 4).
+void forward_lean(const ScanParams& p, int poly_summary, int poly_output);
 // scan_lean.cu: backward steps 1-2 (carry) with `poly` states' exps in the FMA pipes, then step 3.
 void backward_lean_carry(const ScanParams& p, int poly);
 void backward_lean_main(const ScanParams& p, unsigned chunk_blocks, unsigned groups);

@@ -13,7 +13,7 @@
 //   - pointers advance by a 32-bit stride per token instead of recomputing 64-bit offsets;
 //   - the backward's per-state arithmetic regrouped (pass F: v = gs h first, gy h = C v; pass R:
 //     the g b terms as one FMA each, q = du sum_n A2 g B; h's reset by a uniform branch);
-//   - the combine steps load 16 chunks ahead (scan.cu's wait on a load per chunk: 511 dependent
+//   - the combine steps load 32 chunks ahead (scan.cu's wait on a load per chunk: 511 dependent
 //     memory round trips at 32768 tokens).
 // With the forward then bound by the special-function unit (16 ex2 per state row at 8 issue
 // slots each against ~5 instructions per state), the kPoly template moves the first kPoly states'
@@ -85,7 +85,7 @@ static __global__ void __launch_bounds__(kThreads, 8) lean_summary_kernel(ScanPa
   p.sums[static_cast<int64_t>(c) * p.channels + d] = reset ? -1.f : sum;
 }
 
-constexpr int kAhead = 16;  // chunks whose inputs the combine steps load before using any
+constexpr int kAhead = 32;  // chunks whose inputs the combine steps load before using any
 
 // Step 2 (scan.cu's scan_chunk_combine_kernel): chunk_states[c] for every chunk, in place over
 // the summaries, one thread per (state, channel); the loads of the next kAhead chunks are issued
@@ -528,11 +528,11 @@ static __global__ void __launch_bounds__(kThreads, 4) lean_bwd_kernel(ScanParams
 
 }  // namespace
 
-void forward_lean(const ScanParams& p, int poly) {
+void forward_lean(const ScanParams& p, int poly_summary, int poly_output) {
   const dim3 summary_grid(p.chunks - 1, channel_blocks(p.channels));
   const dim3 grid(p.chunks, channel_blocks(p.channels));
   if (p.chunks > 1) {
-    switch (poly) {
+    switch (poly_summary) {
       case 0: lean_summary_kernel<0><<<summary_grid, kThreads, 0, stream()>>>(p); break;
       case 1: lean_summary_kernel<1><<<summary_grid, kThreads, 0, stream()>>>(p); break;
       case 2: lean_summary_kernel<2><<<summary_grid, kThreads, 0, stream()>>>(p); break;
@@ -544,7 +544,7 @@ void forward_lean(const ScanParams& p, int poly) {
   } else {
     CUDA_CHECK(cudaMemsetAsync(p.chunk_states, 0, sizeof(float) * p.states * p.channels, stream()));
   }
-  switch (poly) {
+  switch (poly_output) {
     case 0: lean_output_kernel<0><<<grid, kThreads, 0, stream()>>>(p); break;
     case 1: lean_output_kernel<1><<<grid, kThreads, 0, stream()>>>(p); break;
     case 2: lean_output_kernel<2><<<grid, kThreads, 0, stream()>>>(p); break;
