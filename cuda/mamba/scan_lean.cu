@@ -13,8 +13,8 @@
 //   - pointers advance by a 32-bit stride per token instead of recomputing 64-bit offsets;
 //   - the backward's per-state arithmetic regrouped (pass F: v = gs h first, gy h = C v; pass R:
 //     the g b terms as one FMA each, q = du sum_n A2 g B; h's reset by a uniform branch);
-//   - the combine steps load 32 chunks ahead (scan.cu's wait on a load per chunk: 511 dependent
-//     memory round trips at 32768 tokens).
+//   - the combine steps load 24 chunks' inputs at a time (scan.cu's wait on a load per chunk: 511
+//     dependent memory round trips at 32768 tokens).
 // With the forward then bound by the special-function unit (16 ex2 per state row at 8 issue
 // slots each against ~5 instructions per state), the kPoly template moves the first kPoly states'
 // exps to the FMA pipes (poly_math.h: 11 instructions for one ex2, within 1 ulp). Balance point,
@@ -85,12 +85,14 @@ static __global__ void __launch_bounds__(kThreads, 8) lean_summary_kernel(ScanPa
   p.sums[static_cast<int64_t>(c) * p.channels + d] = reset ? -1.f : sum;
 }
 
-constexpr int kAhead = 32;  // chunks whose inputs the combine steps load before using any
+constexpr int kAhead = 24;  // chunks whose inputs the combine steps load before using any
 
 // Step 2 (scan.cu's scan_chunk_combine_kernel): chunk_states[c] for every chunk, in place over
-// the summaries, one thread per (state, channel); the loads of the next kAhead chunks are issued
-// before this batch's stores, so the walk waits on one memory round trip per kAhead chunks.
-static __global__ void lean_combine_kernel(ScanParams p) {
+// the summaries, one thread per (state, channel); the inputs of kAhead chunks are loaded before
+// any is used, so the walk waits on one memory round trip per kAhead chunks (scan.cu's: one per
+// chunk). 128 registers (4 blocks of 128 per multiprocessor) keep the 65536 threads of Di 4096,
+// N 16 in one wave.
+static __global__ void __launch_bounds__(128, 4) lean_combine_kernel(ScanParams p) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= static_cast<int64_t>(p.states) * p.channels) return;
   const int n = static_cast<int>(i / p.channels), d = static_cast<int>(i % p.channels);
@@ -99,20 +101,14 @@ static __global__ void lean_combine_kernel(ScanParams p) {
   float* st = p.chunk_states + i;
   st[0] = 0.f;
   const int steps = p.chunks - 1;  // chunk c < steps: the state after it is chunk_states[c + 1]
-  float s[kAhead], m[kAhead];      // delta sum and summary of chunk c0 + j
-#pragma unroll
-  for (int j = 0; j < kAhead; ++j) {
-    s[j] = j < steps ? p.sums[static_cast<int64_t>(j) * p.channels + d] : 0.f;
-    m[j] = j < steps ? st[(j + 1) * stride] : 0.f;
-  }
   float state = 0.f;
   for (int c0 = 0; c0 < steps; c0 += kAhead) {
-    float sn[kAhead], mn[kAhead];
+    float s[kAhead], m[kAhead];  // delta sum and summary of chunk c0 + j
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-      const int c = c0 + kAhead + j;
-      sn[j] = c < steps ? p.sums[static_cast<int64_t>(c) * p.channels + d] : 0.f;
-      mn[j] = c < steps ? st[(c + 1) * stride] : 0.f;
+      const int c = c0 + j;
+      s[j] = c < steps ? p.sums[static_cast<int64_t>(c) * p.channels + d] : 0.f;
+      m[j] = c < steps ? st[(c + 1) * stride] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
@@ -122,14 +118,12 @@ static __global__ void lean_combine_kernel(ScanParams p) {
         st[(c + 1) * stride] = state;
       }
     }
-#pragma unroll
-    for (int j = 0; j < kAhead; ++j) s[j] = sn[j], m[j] = mn[j];
   }
 }
 
 // Step 3 (scan.cu's scan_output_kernel): each chunk from its entering state; writes y.
 template <int kPoly>
-static __global__ void __launch_bounds__(kThreads, 6) lean_output_kernel(ScanParams p) {
+static __global__ void __launch_bounds__(kThreads, 7) lean_output_kernel(ScanParams p) {
   __shared__ __align__(16) float sB[kMaxChunk * kN];
   __shared__ __align__(16) float sC[kMaxChunk * kN];
   __shared__ float2 sR[kMaxChunk];
@@ -245,30 +239,22 @@ static __global__ void __launch_bounds__(kThreads, 7) lean_bwd_summary_kernel(Sc
 }
 
 // Step 2 (scan.cu's scan_bwd_chunk_combine_kernel): carry[c] for c = chunks - 1 down to 0, in
-// place over the summaries, loading kAhead chunks ahead as lean_combine_kernel.
-static __global__ void lean_bwd_combine_kernel(ScanParams p) {
+// place over the summaries, kAhead chunks' inputs loaded at a time as lean_combine_kernel.
+static __global__ void __launch_bounds__(128, 4) lean_bwd_combine_kernel(ScanParams p) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= static_cast<int64_t>(p.states) * p.channels) return;
   const int n = static_cast<int>(i / p.channels), d = static_cast<int>(i % p.channels);
   const float a2 = -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e;
   const int64_t stride = static_cast<int64_t>(p.states) * p.channels;
   float* cr = p.carry + i;
-  const int last = p.chunks - 1;
-  float s[kAhead], m[kAhead];  // delta sum and summary of chunk c0 - j
-#pragma unroll
-  for (int j = 0; j < kAhead; ++j) {
-    const int c = last - j;
-    s[j] = c >= 1 ? p.sums[static_cast<int64_t>(c) * p.channels + d] : 0.f;
-    m[j] = c >= 1 ? cr[c * stride] : 0.f;
-  }
   float carry = 0.f;
-  for (int c0 = last; c0 >= 1; c0 -= kAhead) {
-    float sn[kAhead], mn[kAhead];
+  for (int c0 = p.chunks - 1; c0 >= 1; c0 -= kAhead) {
+    float s[kAhead], m[kAhead];  // delta sum and summary of chunk c0 - j
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-      const int c = c0 - kAhead - j;
-      sn[j] = c >= 1 ? p.sums[static_cast<int64_t>(c) * p.channels + d] : 0.f;
-      mn[j] = c >= 1 ? cr[c * stride] : 0.f;
+      const int c = c0 - j;
+      s[j] = c >= 1 ? p.sums[static_cast<int64_t>(c) * p.channels + d] : 0.f;
+      m[j] = c >= 1 ? cr[c * stride] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
@@ -278,8 +264,6 @@ static __global__ void lean_bwd_combine_kernel(ScanParams p) {
         carry = m[j] + (s[j] < 0.f ? 0.f : ex2(a2 * s[j]) * carry);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kAhead; ++j) s[j] = sn[j], m[j] = mn[j];
   }
   cr[0] = carry;
 }
