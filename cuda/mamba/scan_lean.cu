@@ -1,25 +1,30 @@
 // The chunked selective scan of scan.cu (same steps, same layout: a thread per channel with its
 // 16 states in registers, chunks of the packed batch in parallel) with fewer instructions per
 // (token, state), for the ScanForward::kLean* and ScanBackward::kLean* variants (scan.cuh).
-// scan.cu's inner loops issue more instructions than the special-function unit's exps take
-// (forward: ~200 instructions per token and warp in the output kernel for 19 ex2 at 8 issue slots
-// each, 137 in the summary; backward: ~1080 over its three passes), so they are issue bound, not
-// exp bound. Here:
+// scan.cu's inner loops issue more instructions than the special-function unit's work takes
+// (per token and warp, cuobjdump -sass: output 199 instructions for 20 special-function ops at 8
+// issue-slot equivalents each, summary 138; backward summary 187, pass F 406, pass R 487), so
+// they are issue bound, not exp bound. Here:
 //   - a document start no longer zeroes 16 states with 16 selects: the decay's argument gets -inf
-//     (decay(), scan_impl.cuh), so h = a h + b restarts by itself (one select per token);
-//   - exp, log, sigmoid in their one-instruction flush-to-zero forms (softplus_fast,
-//     sigmoid_fast) instead of the range-fixed __expf, __logf and the correctly rounded
-//     reciprocal (a call and a dozen instructions);
+//     (decay(), scan_impl.cuh; per token from a shared-memory row), so h = a h + b restarts by
+//     itself;
+//   - exp and sigmoid in their one-instruction flush-to-zero forms, softplus branch free with one
+//     exp (softplus_fast, sigmoid_fast) instead of __expf, __logf, a divergent series and the
+//     correctly rounded reciprocal (a call and a dozen instructions);
 //   - pointers advance by a 32-bit stride per token instead of recomputing 64-bit offsets;
-//   - the backward's per-state arithmetic regrouped (pass F: v = gs h first, gy h = C v; pass R:
-//     the g b terms as one FMA each, q = du sum_n A2 g B; h's reset by a uniform branch);
+//   - the backward's passes run over the chunk's document parts (resets once per part, not as
+//     selects per token and state), its per-state arithmetic is regrouped (pass F: v = gs h first,
+//     gy h = C v; pass R: the g b terms one FMA each, q = du sum_n A2 g B), and its per-state
+//     arrays are lane-permuted so that the dB/dC butterfly needs 6 selects instead of 30;
 //   - the combine steps load 24 chunks' inputs at a time (scan.cu's wait on a load per chunk: 511
 //     dependent memory round trips at 32768 tokens).
-// With the forward then bound by the special-function unit (16 ex2 per state row at 8 issue
-// slots each against ~5 instructions per state), the kPoly template moves the first kPoly states'
-// exps to the FMA pipes (poly_math.h: 11 instructions for one ex2, within 1 ulp). Balance point,
-// by instruction counts: 2 to 3 of 16 in the forward, the backward's carry summary alike; the
-// backward's main kernel stays on ex2 (it issues far more than its exps).
+// Per token and warp then: summary 104, output 145 (19 special-function ops), backward summary
+// 117, pass F 292, pass R 307. The forward kernels are then at the special-function unit's bound
+// (8 x 17 = 136 and 8 x 19 = 152 issue-slot equivalents), so the kPoly template moves the first
+// kPoly states' exps to the FMA pipes (poly_math.h: 11 instructions for one ex2, within 1 ulp):
+// by the counts, 2 of 16 balance the summaries (125 instructions against 120), none the output
+// step (poly 1: 156 against 144); the backward's main kernel stays on ex2 (it issues far more than
+// its exps).
 // Everything else (shapes, chunk_states, the partial buffers and their reductions) as scan.cu.
 #include <cmath>
 #include <cstdint>
