@@ -40,9 +40,12 @@
 // 16 per clock and multiprocessor; 11.6% of copy bandwidth on the bytes that must move),
 // backward 8.3 ms (5.3%). The bound is exp and instruction issue, not memory: one ex2 per
 // (token, channel, state) is 2.1G per pass, 0.55 ms at the units' peak, against 0.25 ms for the
-// forward's bytes at copy speed. Not done: moving part of the exps to the FMA pipes
-// (polynomial exp2), a single-pass forward where Di x documents threads suffice, prefetching in
-// the backward's passes (it runs at its 128-register cap).
+// forward's bytes at copy speed. These are the ScanForward/ScanBackward::kChunked kernels of
+// scan.cuh (the default); its other variants (scan_lean.cu: the same steps in fewer instructions,
+// some exps on the FMA pipes; scan_docs.cu: a one-pass forward per document) share this file's
+// launchers, checks and reductions (scan_impl.cuh). Static instruction counts of the inner loops
+// per token and warp (cuobjdump -sass): output 199 (20 special-function ops, at 8 issue slots
+// each on the unit), summary 138; backward summary 187, pass F 406, pass R 487: issue bound.
 // Memory: x, dt, z, B, C, dy, dx, ddt, dz, dB, dC bf16 (column blocks, any alignment: scalar
 // loads); A_log, D, dt_bias bf16; chunk_states f32 (chunks, N, Di); dA_log, dD, ddt_bias f32 +=.
 // Limits: N <= 16, chunk_len <= 128, T < 2^31, Di < 2^31 / 16.
@@ -50,111 +53,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
-#include "cuda/mamba/common.cuh"
+#include "cuda/mamba/scan_impl.cuh"
 
 namespace engine::cuda {
 
 namespace {
 
-constexpr int kN = 16;          // states per channel held in registers
-constexpr int kThreads = 128;   // channels per block
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxChunk = 128;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using namespace scan_impl;
 
-struct ScanParams {
-  const bf16_t* x;          // (T, ldx): channel d of token t at x[t * ldx + d]
-  int64_t ldx;
-  const bf16_t* dt;         // (T, Di)
-  const bf16_t* A_log;      // (Di, N)
-  const bf16_t* B;          // (T, ldb): state n of token t at B[t * ldb + n]
-  int64_t ldb;
-  const bf16_t* C;          // (T, ldc)
-  int64_t ldc;
-  const bf16_t* D;          // (Di)
-  const bf16_t* dt_bias;    // (Di)
-  const bf16_t* z;          // (T, ldz)
-  int64_t ldz;
-  const uint32_t* starts;   // (start_words) document-start bits
-  int64_t start_words;
-  int64_t tokens;
-  int channels, states, chunk, chunks;
-  float* chunk_states;      // (chunks, N, Di)
-  float* sums;              // (chunks, Di) scratch: delta summed over a chunk, -1: a document starts
-  bf16_t* y;                // forward: (T, ldy)
-  int64_t ldy;
-  const bf16_t* dy;         // backward: (T, lddy)
-  int64_t lddy;
-  float* carry;             // backward: (chunks, N, Di) scratch
-  bf16_t* dx;               // (T, lddx)
-  int64_t lddx;
-  bf16_t* ddt;              // (T, Di)
-  bf16_t* dz;               // (T, lddz)
-  int64_t lddz;
-  float* dbc_part;          // (channel groups, T, 2 kN): dB partials in [0, kN), dC in [kN, 2 kN)
-  float* param_part;        // (chunk blocks, kN + 2, Di): dA_log partials, then dD, ddt_bias
-  int chunks_per_block;
-};
-
-__device__ __forceinline__ float ex2(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
-// A[n] log2(e) for channel d (0 for missing states: they stay zero).
-__device__ __forceinline__ void load_a2(const ScanParams& p, int d, float (&a2)[kN]) {
-#pragma unroll
-  for (int n = 0; n < kN; ++n)
-    a2[n] = n < p.states ? -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e
-                         : 0.f;
-}
-
-// Shared-memory rows of the chunk's tokens [t0, t0 + len): s[i * kN + n] = M[t0 + i, n] (0 past N).
-__device__ __forceinline__ void load_rows(const bf16_t* m, int64_t ld, int64_t t0, int len,
-                                          int states, float* s) {
-  for (int i = threadIdx.x; i < len * kN; i += blockDim.x) {
-    const int r = i / kN, n = i % kN;
-    s[i] = n < states ? mamba::bf(m[(t0 + r) * ld + n]) : 0.f;
-  }
-}
-
-__device__ __forceinline__ mamba::ChunkStarts chunk_starts(const ScanParams& p, int64_t t0) {
-  return mamba::chunk_starts(p.starts, p.start_words, t0);
-}
-
-__device__ __forceinline__ void row16(const float* s, float (&v)[kN]) {
-  const float4* s4 = reinterpret_cast<const float4*>(s);
-#pragma unroll
-  for (int q = 0; q < kN / 4; ++q) {
-    const float4 f = s4[q];
-    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-  }
-}
-
-// Sum over the warp's 32 lanes of each of v[0..15]; lanes 2m and 2m + 1 return the sum of v[m].
-// Each step halves the values a lane keeps and doubles the lanes they sum: 8 + 4 + 2 + 1 + 1
-// shuffles instead of 16 x 5.
-__device__ __forceinline__ float warp_sum16(const float (&v)[kN], int lane) {
-  float a[8], b[4], c[2];
-  bool hi = lane & 16;
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    a[i] = (hi ? v[i + 8] : v[i]) + __shfl_xor_sync(0xffffffffu, hi ? v[i] : v[i + 8], 16);
-  hi = lane & 8;
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    b[i] = (hi ? a[i + 4] : a[i]) + __shfl_xor_sync(0xffffffffu, hi ? a[i] : a[i + 4], 8);
-  hi = lane & 4;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    c[i] = (hi ? b[i + 2] : b[i]) + __shfl_xor_sync(0xffffffffu, hi ? b[i] : b[i + 2], 4);
-  hi = lane & 2;
-  float r = (hi ? c[1] : c[0]) + __shfl_xor_sync(0xffffffffu, hi ? c[0] : c[1], 2);
-  return r + __shfl_xor_sync(0xffffffffu, r, 1);
-}
 
 // ---- forward ----
 
@@ -349,24 +257,6 @@ static __global__ void scan_bwd_chunk_combine_kernel(ScanParams p) {
   cr[0] = carry;
 }
 
-// Shared memory of the main backward kernel for chunks of `len` tokens: 56 KB for 64 tokens, so
-// 4 blocks (16 warps) fit a multiprocessor's 228 KB with their 1 KB reserves.
-inline size_t bwd_smem_bytes(int len) {
-  return sizeof(float) * (2 * len * kN + len * kThreads + kWarps * len * kN);
-}
-
-// Sums the block's per-warp partials red[w][i][n] and stores them for tokens t0 + i at
-// column offset `half` (0: dB, kN: dC) of this channel group's rows of dbc_part.
-__device__ __forceinline__ void store_bc_partial(const ScanParams& p, const float* red, int len,
-                                                 int64_t t0, int half) {
-  float* out = p.dbc_part + (static_cast<int64_t>(blockIdx.y) * p.tokens + t0) * (2 * kN) + half;
-  for (int j = threadIdx.x; j < len * kN; j += kThreads) {
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[w * len * kN + j];
-    out[(j / kN) * (2 * kN) + j % kN] = s;
-  }
-}
 
 static __global__ void __launch_bounds__(kThreads, 4) scan_bwd_kernel(ScanParams p) {
   extern __shared__ __align__(16) float smem[];
@@ -546,65 +436,45 @@ static __global__ void scan_param_reduce_kernel(const float* __restrict__ part, 
     ddt_bias[d] += s;
 }
 
-struct ScanShape {
-  int64_t tokens;
-  int channels, states, chunks;
-};
 
-ScanShape check_scan(const char* op, const ops::ScanArgs& a, const Tensor& chunk_states) {
-  expect_cuda(a.A_log, op, "A_log");
-  ENSURE(a.A_log.dtype == DType::BF16 && a.A_log.ndim() == 2, op, ": A_log must be (Di, N) bf16, got ",
-         dtype_name(a.A_log.dtype), " ", a.A_log.shape.str());
-  const int64_t di = a.A_log.size(0), n = a.A_log.size(1), t = a.x.rows();
-  ENSURE(n >= 1 && n <= kN, op, ": N = ", n, " states, the CUDA kernels hold 1 to ", kN);
-  ENSURE(di >= 1 && di < (int64_t{1} << 27), op, ": ", di, " channels");
-  ENSURE(t < (int64_t{1} << 31), op, ": T = ", t, " tokens");
-  ENSURE(a.chunk_len >= 1 && a.chunk_len <= kMaxChunk, op, ": chunk_len ", a.chunk_len,
-         " not in [1, ", kMaxChunk, "] (CUDA kernels)");
-  mamba::expect_block(a.x, t, di, op, "x");
-  expect_cuda(a.dt, DType::BF16, {t, di}, op, "dt");
-  mamba::expect_block(a.B, t, n, op, "B");
-  mamba::expect_block(a.C, t, n, op, "C");
-  expect_cuda(a.D, DType::BF16, {di}, op, "D");
-  expect_cuda(a.dt_bias, DType::BF16, {di}, op, "dt_bias");
-  mamba::expect_block(a.z, t, di, op, "z");
-  mamba::expect_cu_seqlens(a.cu_seqlens, op);
-  const int64_t chunks = ops::scan_num_chunks(t, a.chunk_len);
-  expect_cuda(chunk_states, DType::F32, {chunks, n, di}, op, "chunk_states");
-  return {t, static_cast<int>(di), static_cast<int>(n), static_cast<int>(chunks)};
+ScanVariant g_variant;  // set_scan_variant
+
+// The variants' kernels step pointers by 32-bit row strides.
+bool int_strides(std::initializer_list<int64_t> lds) {
+  for (int64_t ld : lds)
+    if (ld >= (int64_t{1} << 31)) return false;
+  return true;
 }
-
-ScanParams scan_params(const ScanShape& s, const ops::ScanArgs& a, const Tensor& chunk_states,
-                       const Owned& starts, const Owned& sums) {
-  ScanParams p{};
-  p.x = mamba::block_ptr<const bf16_t>(a.x);
-  p.ldx = a.x.ld();
-  p.dt = static_cast<const bf16_t*>(a.dt.data);
-  p.A_log = static_cast<const bf16_t*>(a.A_log.data);
-  p.B = mamba::block_ptr<const bf16_t>(a.B);
-  p.ldb = a.B.ld();
-  p.C = mamba::block_ptr<const bf16_t>(a.C);
-  p.ldc = a.C.ld();
-  p.D = static_cast<const bf16_t*>(a.D.data);
-  p.dt_bias = static_cast<const bf16_t*>(a.dt_bias.data);
-  p.z = mamba::block_ptr<const bf16_t>(a.z);
-  p.ldz = a.z.ld();
-  p.starts = static_cast<const uint32_t*>(starts.t.data);
-  p.start_words = mamba::start_words(s.tokens);
-  p.tokens = s.tokens;
-  p.channels = s.channels;
-  p.states = s.states;
-  p.chunk = static_cast<int>(a.chunk_len);
-  p.chunks = s.chunks;
-  p.chunk_states = static_cast<float*>(chunk_states.data);
-  p.sums = sums.ptr<float>();
-  return p;
-}
-
-unsigned channel_blocks(int channels) { return static_cast<unsigned>(ceil_div(channels, kThreads)); }
-unsigned flat_blocks(int64_t items, int threads) { return static_cast<unsigned>(ceil_div(items, threads)); }
 
 }  // namespace
+
+void set_scan_variant(ScanVariant v) { g_variant = v; }
+ScanVariant scan_variant() { return g_variant; }
+
+const char* scan_variant_name(ScanForward v) {
+  switch (v) {
+    case ScanForward::kChunked: return "chunked";
+    case ScanForward::kLean: return "lean";
+    case ScanForward::kLeanPoly1: return "lean-poly1";
+    case ScanForward::kLeanPoly2: return "lean-poly2";
+    case ScanForward::kLeanPoly4: return "lean-poly4";
+    case ScanForward::kLeanPoly2S: return "lean-poly2s";
+    case ScanForward::kDocs2: return "docs2";
+    case ScanForward::kDocs2Poly1: return "docs2-poly1";
+    case ScanForward::kDocs4: return "docs4";
+  }
+  return "?";
+}
+
+const char* scan_variant_name(ScanBackward v) {
+  switch (v) {
+    case ScanBackward::kChunked: return "chunked";
+    case ScanBackward::kLean: return "lean";
+    case ScanBackward::kLeanPoly1: return "lean-poly1";
+    case ScanBackward::kLeanPoly2: return "lean-poly2";
+  }
+  return "?";
+}
 
 void selective_scan_forward(const ops::ScanArgs& a, const ops::ColumnBlock& y,
                             const Tensor& chunk_states) {
@@ -612,11 +482,28 @@ void selective_scan_forward(const ops::ScanArgs& a, const ops::ColumnBlock& y,
   const ScanShape s = check_scan(op, a, chunk_states);
   mamba::expect_block(y, s.tokens, s.channels, op, "y");
   if (s.tokens == 0) return;
-  Owned starts = mamba::doc_start_bits(a.cu_seqlens, s.tokens);
-  Owned sums = empty({s.chunks, s.channels}, DType::F32, Device::CUDA);
+  const ScanForward variant =
+      int_strides({a.x.ld(), a.B.ld(), a.C.ld(), a.z.ld(), y.ld()}) ? g_variant.forward : ScanForward::kChunked;
+  const bool docs = one_pass(variant);
+  // The one-pass variant walks cu_seqlens itself: no start bits, no chunk sums.
+  Owned starts = docs ? Owned() : mamba::doc_start_bits(a.cu_seqlens, s.tokens);
+  Owned sums = docs ? Owned() : empty({s.chunks, s.channels}, DType::F32, Device::CUDA);
   ScanParams p = scan_params(s, a, chunk_states, starts, sums);
   p.y = mamba::block_ptr<bf16_t>(y);
   p.ldy = y.ld();
+  p.cu = static_cast<const int32_t*>(a.cu_seqlens.data);
+  p.segments = static_cast<int>(a.cu_seqlens.numel() - 1);
+  switch (variant) {
+    case ScanForward::kLean: return forward_lean(p, 0, 0);
+    case ScanForward::kLeanPoly1: return forward_lean(p, 1, 1);
+    case ScanForward::kLeanPoly2: return forward_lean(p, 2, 2);
+    case ScanForward::kLeanPoly4: return forward_lean(p, 4, 4);
+    case ScanForward::kLeanPoly2S: return forward_lean(p, 2, 0);
+    case ScanForward::kDocs2: return forward_docs(p, 2, 0);
+    case ScanForward::kDocs2Poly1: return forward_docs(p, 2, 1);
+    case ScanForward::kDocs4: return forward_docs(p, 4, 0);
+    case ScanForward::kChunked: break;
+  }
   if (s.chunks > 1) {
     scan_chunk_summary_kernel<<<dim3(s.chunks - 1, channel_blocks(s.channels)), kThreads, 0, stream()>>>(p);
     check_launch("scan_chunk_summary_kernel");
@@ -655,7 +542,14 @@ void selective_scan_backward(const ops::ScanArgs& a, const ops::ColumnBlock& dy,
   p.ddt = static_cast<bf16_t*>(g.ddt.data);
   p.dz = mamba::block_ptr<bf16_t>(g.dz);
   p.lddz = g.dz.ld();
-  if (s.chunks > 1) {
+  const ScanBackward variant =
+      int_strides({a.x.ld(), a.B.ld(), a.C.ld(), a.z.ld(), dy.ld(), g.dx.ld(), g.dz.ld()})
+          ? g_variant.backward
+          : ScanBackward::kChunked;
+  const bool lean = variant != ScanBackward::kChunked;
+  if (s.chunks > 1 && lean) {
+    backward_lean_carry(p, variant == ScanBackward::kLeanPoly2 ? 2 : variant == ScanBackward::kLeanPoly1 ? 1 : 0);
+  } else if (s.chunks > 1) {
     scan_bwd_chunk_summary_kernel<<<dim3(s.chunks - 1, channel_blocks(s.channels)), kThreads, 0, stream()>>>(p);
     check_launch("scan_bwd_chunk_summary_kernel");
     scan_bwd_chunk_combine_kernel<<<flat_blocks(int64_t{s.states} * s.channels, 128), 128, 0, stream()>>>(p);
@@ -673,11 +567,15 @@ void selective_scan_backward(const ops::ScanArgs& a, const ops::ColumnBlock& dy,
   Owned param_part = empty({chunk_blocks, kN + 2, s.channels}, DType::F32, Device::CUDA);
   p.dbc_part = bc_part.ptr<float>();
   p.param_part = param_part.ptr<float>();
-  const size_t smem = bwd_smem_bytes(p.chunk);
-  CUDA_CHECK(cudaFuncSetAttribute(scan_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bwd_smem_bytes(kMaxChunk))));
-  scan_bwd_kernel<<<dim3(chunk_blocks, groups), kThreads, smem, stream()>>>(p);
-  check_launch("scan_bwd_kernel");
+  if (lean) {
+    backward_lean_main(p, static_cast<unsigned>(chunk_blocks), static_cast<unsigned>(groups));
+  } else {
+    const size_t smem = bwd_smem_bytes(p.chunk);
+    CUDA_CHECK(cudaFuncSetAttribute(scan_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bwd_smem_bytes(kMaxChunk))));
+    scan_bwd_kernel<<<dim3(chunk_blocks, groups), kThreads, smem, stream()>>>(p);
+    check_launch("scan_bwd_kernel");
+  }
   scan_bc_reduce_kernel<<<flat_blocks(s.tokens * 2 * kN, 256), 256, 0, stream()>>>(
       bc_part.ptr<float>(), groups, s.tokens, s.states, mamba::block_ptr<bf16_t>(g.dB), g.dB.ld(),
       mamba::block_ptr<bf16_t>(g.dC), g.dC.ld());

@@ -1,0 +1,267 @@
+// Shared by the selective scan's kernel files (scan.cu: the chunked kernels and the launchers;
+// scan_lean.cu, scan_docs.cu: the variants of scan.cuh): the kernels' parameters, device helpers
+// and launcher checks. .cu only.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/mamba/common.cuh"
+#include "cuda/mamba/poly_math.h"
+#include "cuda/mamba/scan.cuh"
+
+namespace engine::cuda::scan_impl {
+
+constexpr int kN = 16;          // states per channel held in registers
+constexpr int kThreads = 128;   // channels per block
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxChunk = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct ScanParams {
+  const bf16_t* x;          // (T, ldx): channel d of token t at x[t * ldx + d]
+  int64_t ldx;
+  const bf16_t* dt;         // (T, Di)
+  const bf16_t* A_log;      // (Di, N)
+  const bf16_t* B;          // (T, ldb): state n of token t at B[t * ldb + n]
+  int64_t ldb;
+  const bf16_t* C;          // (T, ldc)
+  int64_t ldc;
+  const bf16_t* D;          // (Di)
+  const bf16_t* dt_bias;    // (Di)
+  const bf16_t* z;          // (T, ldz)
+  int64_t ldz;
+  const uint32_t* starts;   // (start_words) document-start bits
+  int64_t start_words;
+  int64_t tokens;
+  int channels, states, chunk, chunks;
+  float* chunk_states;      // (chunks, N, Di)
+  float* sums;              // (chunks, Di) scratch: delta summed over a chunk, -1: a document starts
+  bf16_t* y;                // forward: (T, ldy)
+  int64_t ldy;
+  const bf16_t* dy;         // backward: (T, lddy)
+  int64_t lddy;
+  float* carry;             // backward: (chunks, N, Di) scratch
+  bf16_t* dx;               // (T, lddx)
+  int64_t lddx;
+  bf16_t* ddt;              // (T, Di)
+  bf16_t* dz;               // (T, lddz)
+  int64_t lddz;
+  float* dbc_part;          // (channel groups, T, 2 kN): dB partials in [0, kN), dC in [kN, 2 kN)
+  float* param_part;        // (chunk blocks, kN + 2, Di): dA_log partials, then dD, ddt_bias
+  int chunks_per_block;
+  const int32_t* cu;        // (segments + 1) cu_seqlens: the one-pass forward walks documents
+  int segments;
+};
+
+__device__ __forceinline__ float ex2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// ---- helpers of the lean and one-pass variants ----
+// The flush-to-zero special-function form: one instruction (__frcp_rn adds a dozen and a call,
+// __expf a range fix-up around its ex2, when denormals are kept, as this build does).
+__device__ __forceinline__ float rcp(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+// log(1 + e^v) = max(v, 0) + log1p(u), u = e^-|v| in (0, 1]: one exp (flushed to 0 below
+// 2^-126, where softplus is below 1e-38) and the polynomial log1p_q (poly_math.h), branch free;
+// within a few 1e-7 relative (the ex2's 2 ulp and log1p_q's 1.8e-7). mamba::softplus, which the
+// chunked kernels use, takes an exp and a log, or an exp and a series, by a branch that diverges
+// within a warp when channels' dt biases differ.
+__device__ __forceinline__ float softplus_fast(float v) {
+  const float u = ex2(fabsf(v) * -kLog2e);
+  return fmaf(u, mamba::log1p_q(u), fmaxf(v, 0.f));
+}
+// 1 / (1 + e^-v): 0 when e^-v overflows (rcp(inf) = 0), 1 when it underflows.
+__device__ __forceinline__ float sigmoid_fast(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
+// The decay 2^(delta a2 + rb) of one state: rb is 0, or -inf at a document's first token, which
+// makes the decay 0 (ex2) or 2^-126 (polynomial), so that h = a h + b restarts the state without
+// a select per state. kPoly: on the FMA pipes (poly_math.h).
+template <bool kPoly>
+__device__ __forceinline__ float decay(float delta, float a2, float rb) {
+  const float v = fmaf(delta, a2, rb);
+  if constexpr (kPoly)
+    return mamba::exp2_poly(v);
+  else
+    return ex2(v);
+}
+
+// The decay's reset argument: -inf at a document's first token, else 0.
+__device__ __forceinline__ float reset_arg(bool start) { return start ? -INFINITY : 0.f; }
+
+// decay() of state n, on the FMA pipes for the first kPoly states (n is a constant once the
+// state loops are unrolled, so one of the two branches remains).
+template <int kPoly>
+__device__ __forceinline__ float decay_n(int n, float delta, float a2, float rb) {
+  return n < kPoly ? decay<true>(delta, a2, rb) : decay<false>(delta, a2, rb);
+}
+
+// Four states [4q, 4q + 4) of a shared-memory row of kN floats.
+__device__ __forceinline__ float4 quad(const float* row, int q) {
+  return reinterpret_cast<const float4*>(row)[q];
+}
+__device__ __forceinline__ float at(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// A[n] log2(e) for channel d (0 for missing states: they stay zero).
+__device__ __forceinline__ void load_a2(const ScanParams& p, int d, float (&a2)[kN]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+    a2[n] = n < p.states ? -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e
+                         : 0.f;
+}
+
+// Shared-memory rows of the chunk's tokens [t0, t0 + len): s[i * kN + n] = M[t0 + i, n] (0 past N).
+__device__ __forceinline__ void load_rows(const bf16_t* m, int64_t ld, int64_t t0, int len,
+                                          int states, float* s) {
+  for (int i = threadIdx.x; i < len * kN; i += blockDim.x) {
+    const int r = i / kN, n = i % kN;
+    s[i] = n < states ? mamba::bf(m[(t0 + r) * ld + n]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ mamba::ChunkStarts chunk_starts(const ScanParams& p, int64_t t0) {
+  return mamba::chunk_starts(p.starts, p.start_words, t0);
+}
+
+// The reset arguments of a chunk's tokens [t0, t0 + len) in shared memory, so that the token
+// loops read one float2 instead of extracting a bit: r[i] = (-inf, 0) at a document's first token
+// (the decay's argument and the factor that restarts a running sum), else (0, 1). Returns whether
+// this thread's tokens hold a document start (the block's OR is __syncthreads_or of it).
+__device__ __forceinline__ bool load_resets(const ScanParams& p, int64_t t0, int len, float2* r) {
+  const mamba::ChunkStarts st = chunk_starts(p, t0);
+  bool any = false;
+  for (int i = threadIdx.x; i < len; i += blockDim.x) {
+    const bool s = st(i);
+    r[i] = s ? make_float2(-INFINITY, 0.f) : make_float2(0.f, 1.f);
+    any = any || s;
+  }
+  return any;
+}
+
+__device__ __forceinline__ void row16(const float* s, float (&v)[kN]) {
+  const float4* s4 = reinterpret_cast<const float4*>(s);
+#pragma unroll
+  for (int q = 0; q < kN / 4; ++q) {
+    const float4 f = s4[q];
+    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+  }
+}
+
+// Sum over the warp's 32 lanes of each of v[0..15]; lanes 2m and 2m + 1 return the sum of v[m].
+// Each step halves the values a lane keeps and doubles the lanes they sum: 8 + 4 + 2 + 1 + 1
+// shuffles instead of 16 x 5.
+__device__ __forceinline__ float warp_sum16(const float (&v)[kN], int lane) {
+  float a[8], b[4], c[2];
+  bool hi = lane & 16;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    a[i] = (hi ? v[i + 8] : v[i]) + __shfl_xor_sync(0xffffffffu, hi ? v[i] : v[i + 8], 16);
+  hi = lane & 8;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    b[i] = (hi ? a[i + 4] : a[i]) + __shfl_xor_sync(0xffffffffu, hi ? a[i] : a[i + 4], 8);
+  hi = lane & 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    c[i] = (hi ? b[i + 2] : b[i]) + __shfl_xor_sync(0xffffffffu, hi ? b[i] : b[i + 2], 4);
+  hi = lane & 2;
+  float r = (hi ? c[1] : c[0]) + __shfl_xor_sync(0xffffffffu, hi ? c[0] : c[1], 2);
+  return r + __shfl_xor_sync(0xffffffffu, r, 1);
+}
+
+// Shared memory of the main backward kernel for chunks of `len` tokens: 56 KB for 64 tokens, so
+// 4 blocks (16 warps) fit a multiprocessor's 228 KB with their 1 KB reserves.
+inline size_t bwd_smem_bytes(int len) {
+  return sizeof(float) * (2 * len * kN + len * kThreads + kWarps * len * kN);
+}
+
+// Sums the block's per-warp partials red[w][i][n] and stores them for tokens t0 + i at
+// column offset `half` (0: dB, kN: dC) of this channel group's rows of dbc_part.
+__device__ __forceinline__ void store_bc_partial(const ScanParams& p, const float* red, int len,
+                                                 int64_t t0, int half) {
+  float* out = p.dbc_part + (static_cast<int64_t>(blockIdx.y) * p.tokens + t0) * (2 * kN) + half;
+  for (int j = threadIdx.x; j < len * kN; j += kThreads) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[w * len * kN + j];
+    out[(j / kN) * (2 * kN) + j % kN] = s;
+  }
+}
+
+struct ScanShape {
+  int64_t tokens;
+  int channels, states, chunks;
+};
+
+inline ScanShape check_scan(const char* op, const ops::ScanArgs& a, const Tensor& chunk_states) {
+  expect_cuda(a.A_log, op, "A_log");
+  ENSURE(a.A_log.dtype == DType::BF16 && a.A_log.ndim() == 2, op, ": A_log must be (Di, N) bf16, got ",
+         dtype_name(a.A_log.dtype), " ", a.A_log.shape.str());
+  const int64_t di = a.A_log.size(0), n = a.A_log.size(1), t = a.x.rows();
+  ENSURE(n >= 1 && n <= kN, op, ": N = ", n, " states, the CUDA kernels hold 1 to ", kN);
+  ENSURE(di >= 1 && di < (int64_t{1} << 27), op, ": ", di, " channels");
+  ENSURE(t < (int64_t{1} << 31), op, ": T = ", t, " tokens");
+  ENSURE(a.chunk_len >= 1 && a.chunk_len <= kMaxChunk, op, ": chunk_len ", a.chunk_len,
+         " not in [1, ", kMaxChunk, "] (CUDA kernels)");
+  mamba::expect_block(a.x, t, di, op, "x");
+  expect_cuda(a.dt, DType::BF16, {t, di}, op, "dt");
+  mamba::expect_block(a.B, t, n, op, "B");
+  mamba::expect_block(a.C, t, n, op, "C");
+  expect_cuda(a.D, DType::BF16, {di}, op, "D");
+  expect_cuda(a.dt_bias, DType::BF16, {di}, op, "dt_bias");
+  mamba::expect_block(a.z, t, di, op, "z");
+  mamba::expect_cu_seqlens(a.cu_seqlens, op);
+  const int64_t chunks = ops::scan_num_chunks(t, a.chunk_len);
+  expect_cuda(chunk_states, DType::F32, {chunks, n, di}, op, "chunk_states");
+  return {t, static_cast<int>(di), static_cast<int>(n), static_cast<int>(chunks)};
+}
+
+inline ScanParams scan_params(const ScanShape& s, const ops::ScanArgs& a, const Tensor& chunk_states,
+                       const Owned& starts, const Owned& sums) {
+  ScanParams p{};
+  p.x = mamba::block_ptr<const bf16_t>(a.x);
+  p.ldx = a.x.ld();
+  p.dt = static_cast<const bf16_t*>(a.dt.data);
+  p.A_log = static_cast<const bf16_t*>(a.A_log.data);
+  p.B = mamba::block_ptr<const bf16_t>(a.B);
+  p.ldb = a.B.ld();
+  p.C = mamba::block_ptr<const bf16_t>(a.C);
+  p.ldc = a.C.ld();
+  p.D = static_cast<const bf16_t*>(a.D.data);
+  p.dt_bias = static_cast<const bf16_t*>(a.dt_bias.data);
+  p.z = mamba::block_ptr<const bf16_t>(a.z);
+  p.ldz = a.z.ld();
+  p.starts = static_cast<const uint32_t*>(starts.t.data);
+  p.start_words = mamba::start_words(s.tokens);
+  p.tokens = s.tokens;
+  p.channels = s.channels;
+  p.states = s.states;
+  p.chunk = static_cast<int>(a.chunk_len);
+  p.chunks = s.chunks;
+  p.chunk_states = static_cast<float*>(chunk_states.data);
+  p.sums = static_cast<float*>(sums.t.data);  // null for the one-pass forward
+  return p;
+}
+
+inline unsigned channel_blocks(int channels) { return static_cast<unsigned>(ceil_div(channels, kThreads)); }
+inline unsigned flat_blocks(int64_t items, int threads) { return static_cast<unsigned>(ceil_div(items, threads)); }
+
+// The variants' kernels (scan.cuh), launched by scan.cu's launchers after their checks.
+// scan_lean.cu: forward steps 1-3 with `poly_summary` of the 16 states' exps on the FMA pipes in
+// step 1 and `poly_output` in step 3 (0, 1, 2 or 4).
+void forward_lean(const ScanParams& p, int poly_summary, int poly_output);
+// scan_lean.cu: backward steps 1-2 (carry) with `poly` states' exps in the FMA pipes, then step 3.
+void backward_lean_carry(const ScanParams& p, int poly);
+void backward_lean_main(const ScanParams& p, unsigned chunk_blocks, unsigned groups);
+// scan_docs.cu: the one-pass forward, `lanes` threads per channel (2 or 4), `poly` of each
+// thread's states on the FMA pipes.
+void forward_docs(const ScanParams& p, int lanes, int poly);
+
+}  // namespace engine::cuda::scan_impl
