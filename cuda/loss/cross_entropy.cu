@@ -825,7 +825,15 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
     case CrossEntropyPath::Auto:
       if (vocab * esize <= kWarpRowsMaxBytes)
         return CrossEntropyPlan{CrossEntropyPath::WarpRows, 1, 0};
-      if (auto plan = choose_cluster()) return plan;
+      if (auto plan = choose_cluster()) {
+        // Clusters of several blocks exchange (m, s) by st.async pushes, without the GPU-scope
+        // fence of cluster.sync(): on one H200, 16384 x 128256 bf16 fwd+grad took 2.11 ms with
+        // C = 4 pushing against 2.56 ms with the barrier exchange (same results, bitwise).
+        const int c = plan->cluster;
+        if (c > 1 && slice(c) <= max_slice_bytes(true) && cluster_schedulable(dtype, true, c, slice(c)))
+          plan->exchange = ClusterExchange::Push;
+        return plan;
+      }
       return CrossEntropyPlan{CrossEntropyPath::BlockRows, 1, 0};
     case CrossEntropyPath::Cluster:
       if (cluster == 0) return choose_cluster();

@@ -224,6 +224,7 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
   CHECK(plan(50304, DType::BF16).cluster == 1);
   CHECK(plan(128256, DType::BF16).path == CrossEntropyPath::Cluster);
   CHECK(plan(128256, DType::BF16).cluster >= 2);
+  CHECK(plan(128256, DType::BF16).exchange == ClusterExchange::Push);  // no GPU-scope fence
   CHECK(plan(128256, DType::F32).path == CrossEntropyPath::Cluster);
   CHECK(plan(128256, DType::F32).cluster >= 4);
   // Beyond 8 slices of the shared memory: the streaming fallback.
