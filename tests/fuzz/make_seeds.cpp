@@ -168,6 +168,23 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "gpt2 config.json: %s\n", e.what());
     }
+    // The mixture-of-experts and Mamba families' config.json.
+    engine::ModelConfig x = c;
+    x.family = engine::ModelFamily::Mixtral;
+    x.num_experts = 4;
+    x.experts_per_token = 2;
+    x.moe_aux_loss_coef = 0.02;
+    engine::ModelConfig b = c;
+    b.family = engine::ModelFamily::Mamba;
+    b.tie_embeddings = true;
+    b.mamba_dt_rank = 1;
+    for (const auto& [name, cfg] : {std::pair<const char*, engine::ModelConfig>{"mixtral", x}, {"mamba", b}}) {
+      try {
+        put(h, name, engine::hf::hf_config_json(cfg, "BF16"));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s config.json: %s\n", name, e.what());
+      }
+    }
     put(h, "bad_type", "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": \"4\"}\n");
   }
   // Checkpoint metadata.json (versions 3, 2 and 1; fuzz_metadata fixes the checksum line).
