@@ -14,6 +14,8 @@
 #include "config/config.h"
 #include "config/config_fields.h"
 #include "core/check.h"
+#include "ops/mamba.h"
+#include "ops/moe.h"
 
 namespace engine {
 
@@ -247,6 +249,13 @@ struct Checker {
     }
     const std::string layout = block_layout(m);
     const bool moe = layout.find('E') != std::string::npos, mamba = layout.find('M') != std::string::npos;
+    // Keys of a block kind the model lacks: the effective config writes their defaults, so only
+    // other values are an error.
+    const ModelConfig d;
+    auto unused_keys = [&](std::initializer_list<std::pair<const char*, bool>> keys, const char* kind) {
+      for (const auto& [key, changed] : keys)
+        if (changed) RAISE(c.where(key), "set, but the model has no ", kind, " blocks");
+    };
     if (moe) {
       if (!set("model.num_experts")) m.num_experts = 8;
       positive("model.num_experts", m.num_experts);
@@ -254,44 +263,42 @@ struct Checker {
       if (m.experts_per_token > m.num_experts)
         RAISE(c.where("model.experts_per_token"), "must be at most model.num_experts (", m.num_experts, "), got ",
               m.experts_per_token);
-      // The routing kernels' limits (ops/moe.h kMoeMaxTopK, kMoeMaxExperts).
-      if (m.experts_per_token > 8) RAISE(c.where("model.experts_per_token"), "must be at most 8, got ", m.experts_per_token);
-      if (m.num_experts > 1024) RAISE(c.where("model.num_experts"), "must be at most 1024, got ", m.num_experts);
+      // The routing kernels' limits.
+      if (m.experts_per_token > ops::kMoeMaxTopK)
+        RAISE(c.where("model.experts_per_token"), "must be at most ", ops::kMoeMaxTopK, ", got ", m.experts_per_token);
+      if (m.num_experts > ops::kMoeMaxExperts)
+        RAISE(c.where("model.num_experts"), "must be at most ", ops::kMoeMaxExperts, ", got ", m.num_experts);
       non_negative("model.moe_aux_loss_coef", m.moe_aux_loss_coef);
       non_negative("model.moe_z_loss_coef", m.moe_z_loss_coef);
       if (!(m.moe_jitter >= 0 && m.moe_jitter < 1))
         RAISE(c.where("model.moe_jitter"), "must be in [0, 1), got ", m.moe_jitter);
-    } else {  // (the effective config writes the defaults: only other values are an error)
-      const ModelConfig d;
-      const std::pair<const char*, bool> keys[] = {
-          {"model.num_experts", m.num_experts != d.num_experts},
-          {"model.experts_per_token", m.experts_per_token != d.experts_per_token},
-          {"model.moe_aux_loss_coef", m.moe_aux_loss_coef != d.moe_aux_loss_coef},
-          {"model.moe_z_loss_coef", m.moe_z_loss_coef != d.moe_z_loss_coef},
-          {"model.moe_jitter", m.moe_jitter != d.moe_jitter}};
-      for (const auto& [k, changed] : keys)
-        if (changed) RAISE(c.where(k), "set, but the model has no mixture-of-experts (E) blocks");
+    } else {
+      unused_keys({{"model.num_experts", m.num_experts != d.num_experts},
+                   {"model.experts_per_token", m.experts_per_token != d.experts_per_token},
+                   {"model.moe_aux_loss_coef", m.moe_aux_loss_coef != d.moe_aux_loss_coef},
+                   {"model.moe_z_loss_coef", m.moe_z_loss_coef != d.moe_z_loss_coef},
+                   {"model.moe_jitter", m.moe_jitter != d.moe_jitter}},
+                  "mixture-of-experts (E)");
     }
     if (mamba) {
       positive("model.mamba_d_state", m.mamba_d_state);
       positive("model.mamba_d_conv", m.mamba_d_conv);
-      // The CUDA kernels keep a channel's states and conv taps in registers (ops/mamba.h).
-      if (m.mamba_d_state > 16) RAISE(c.where("model.mamba_d_state"), "must be at most 16, got ", m.mamba_d_state);
-      if (m.mamba_d_conv > 4) RAISE(c.where("model.mamba_d_conv"), "must be at most 4, got ", m.mamba_d_conv);
+      // The CUDA kernels keep a channel's states and conv taps in registers.
+      if (m.mamba_d_state > ops::kMambaMaxState)
+        RAISE(c.where("model.mamba_d_state"), "must be at most ", ops::kMambaMaxState, ", got ", m.mamba_d_state);
+      if (m.mamba_d_conv > ops::kMambaMaxConv)
+        RAISE(c.where("model.mamba_d_conv"), "must be at most ", ops::kMambaMaxConv, ", got ", m.mamba_d_conv);
       positive("model.mamba_expand", m.mamba_expand);
       if (set("model.mamba_dt_rank")) positive("model.mamba_dt_rank", m.mamba_dt_rank);
       else m.mamba_dt_rank = (m.hidden_size + 15) / 16;
     } else {
-      const ModelConfig d;
-      const std::pair<const char*, bool> keys[] = {
-          {"model.mamba_d_state", m.mamba_d_state != d.mamba_d_state},
-          {"model.mamba_d_conv", m.mamba_d_conv != d.mamba_d_conv},
-          {"model.mamba_expand", m.mamba_expand != d.mamba_expand},
-          {"model.mamba_dt_rank", m.mamba_dt_rank != d.mamba_dt_rank},
-          {"model.mamba_conv_bias", m.mamba_conv_bias != d.mamba_conv_bias},
-          {"model.mamba_proj_bias", m.mamba_proj_bias != d.mamba_proj_bias}};
-      for (const auto& [k, changed] : keys)
-        if (changed) RAISE(c.where(k), "set, but the model has no Mamba (M) blocks");
+      unused_keys({{"model.mamba_d_state", m.mamba_d_state != d.mamba_d_state},
+                   {"model.mamba_d_conv", m.mamba_d_conv != d.mamba_d_conv},
+                   {"model.mamba_expand", m.mamba_expand != d.mamba_expand},
+                   {"model.mamba_dt_rank", m.mamba_dt_rank != d.mamba_dt_rank},
+                   {"model.mamba_conv_bias", m.mamba_conv_bias != d.mamba_conv_bias},
+                   {"model.mamba_proj_bias", m.mamba_proj_bias != d.mamba_proj_bias}},
+                  "Mamba (M)");
     }
   }
 

@@ -55,6 +55,11 @@ struct ColumnBlock {
   int64_t ld() const { return base.ndim() == 2 ? base.size(1) : 0; }
 };
 
+// The CUDA kernels' limits (a channel's states and conv taps live in registers); the config
+// checks models against them.
+constexpr int kMambaMaxState = 16;  // N
+constexpr int kMambaMaxConv = 4;    // K
+
 // Chunk length the layer uses: 64 tokens keeps the backward's per-chunk shared memory small
 // enough for 4 blocks per multiprocessor, and chunk_states at T * Di * N / 64 floats.
 constexpr int64_t kScanChunk = 64;

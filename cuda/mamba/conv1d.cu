@@ -28,7 +28,7 @@ namespace engine::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // channels per block
-constexpr int kMaxK = 4;
+constexpr int kMaxK = ops::kMambaMaxConv;
 constexpr int kGroup = 16;     // tokens whose loads a thread issues together (<= 64)
 constexpr int64_t kTargetThreads = int64_t{1} << 18;
 

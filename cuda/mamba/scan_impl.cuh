@@ -11,7 +11,7 @@
 
 namespace engine::cuda::scan_impl {
 
-constexpr int kN = 16;          // states per channel held in registers
+constexpr int kN = ops::kMambaMaxState;  // states per channel held in registers
 constexpr int kThreads = 128;   // channels per block
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 128;
