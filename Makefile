@@ -86,7 +86,7 @@ train: $(BUILD)/obj/csrc/train/main_train.o $(LIB) $(FLAGS_STAMP)
 bench: $(BUILD)/obj/csrc/train/main_bench.o $(BENCH_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
-$(BUILD)/engine_tests: $(TEST_OBJ) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/engine_tests: $(TEST_OBJ) $(BUILD)/obj/csrc/bench/kernel_profile.o $(LIB) $(FLAGS_STAMP)
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
 $(BUILD)/obj/tests/main_dist.o: tests/main.cpp $(FLAGS_STAMP) | $(HEADER_DEPS)

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "bench/kernel_profile.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/buffer.h"
@@ -43,18 +44,25 @@ std::string synthetic_dataset(int64_t vocab, int64_t tokens, int sequence_length
 
 }  // namespace
 
-int run_train_bench(const std::string& config_path, const std::vector<std::string>& overrides) {
-  std::vector<std::string> o = overrides;
+int run_train_bench(const std::string& config_path, const std::vector<std::string>& args) {
+  std::vector<std::string> o;
+  bool profile = false;
+  for (const std::string& a : args) {
+    if (a == "--profile") profile = true;
+    else if (a.rfind("--", 0) == 0) RAISE("bench train: unknown option ", a, " (options: --profile)");
+    else o.push_back(a);
+  }
+  const int profile_steps = profile ? 2 : 0;
   o.push_back("optimizer.warmup_steps=1");  // the schedule is irrelevant to speed; steps may be few
   Config probe = load_config(config_path, o);
   const int warmup = 3;
-  const int64_t tokens_needed = int64_t{probe.training.steps + warmup + 1} * probe.batch.global_batch_size *
+  const int64_t tokens_needed = int64_t{probe.training.steps + warmup + profile_steps + 1} * probe.batch.global_batch_size *
                                 (probe.data.sequence_length + 1);
   o.push_back("data.train=[{path=\"" + synthetic_dataset(probe.model.vocab_size, tokens_needed, probe.data.sequence_length) + "\"}]");
   o.push_back("data.valid=[]");
   o.push_back("data.valid_fraction=0");
   o.push_back("training.eval_every=0");
-  o.push_back("training.steps=" + std::to_string(probe.training.steps + warmup));
+  o.push_back("training.steps=" + std::to_string(probe.training.steps + warmup + profile_steps));
   Config c = load_config(config_path, o);
   Trainer t(c, false);
   const Device dev = resolve_device(c.run.device);
@@ -94,6 +102,20 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
                 kPeakDenseBf16Tflops, format_bytes(static_cast<double>(mem.peak_in_use)).c_str(),
                 format_bytes(static_cast<double>(mem.peak_reserved)).c_str(), loss);
     if (ranks > 1) std::printf("  %d ranks: %.1f k tokens/s per rank (memory figures are rank 0's)\n", ranks, tps / ranks / 1e3);
+  }
+  if (profile) {  // after the timed steps, so the figures above are the unprofiled ones
+    KernelProfile kp;
+    std::string why;
+    if (dev == Device::CPU) why = "the run is on the CPU";
+    if (!why.empty() || !kp.start(&why)) {
+      if (world().rank() == 0) std::printf("  --profile: not available: %s\n", why.c_str());
+    } else {
+      for (int i = 0; i < profile_steps; ++i) t.train_step();
+      kp.stop();
+      if (world().rank() == 0)
+        std::printf("  kernel time, %d profiled steps (CUPTI; rank 0):\n%s", profile_steps,
+                    kp.table(profile_steps).c_str());
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("engine_bench." + std::to_string(getpid())), ec);

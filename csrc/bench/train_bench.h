@@ -7,6 +7,8 @@
 
 namespace engine::bench {
 
-int run_train_bench(const std::string& config_path, const std::vector<std::string>& overrides);
+// args: section.key=value overrides, and --profile: after the timed steps, two more steps under
+// CUPTI print the per-kernel time table (bench/kernel_profile.h).
+int run_train_bench(const std::string& config_path, const std::vector<std::string>& args);
 
 }  // namespace engine::bench

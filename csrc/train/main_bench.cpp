@@ -1,6 +1,7 @@
 // ./bench [area ...]            kernel benchmarks (all areas, or the named ones)
 // ./bench --list                the areas
-// ./bench train CONFIG [k=v ...] end-to-end training throughput of a config on synthetic data
+// ./bench train CONFIG [k=v ...] [--profile]  end-to-end training throughput of a config on synthetic
+//                                data; --profile adds the per-kernel time table of two more steps
 // Kernel cases print time, TFLOP/s or GB/s and the share of the H200 ceilings (DEVICE.md).
 #include <cstdio>
 #include <cstring>
@@ -19,13 +20,13 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
     if (!args.empty() && args[0] == "train") {
-      ENSURE(args.size() >= 2, "usage: bench train CONFIG.toml [section.key=value ...]");
+      ENSURE(args.size() >= 2, "usage: bench train CONFIG.toml [section.key=value ...] [--profile]");
       const int code = bench::run_train_bench(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
       launch_finalize();
       return code;
     }
     if (!args.empty() && (args[0] == "--list" || args[0] == "-h" || args[0] == "--help")) {
-      std::printf("usage: bench [area ...] | bench train CONFIG.toml [k=v ...]\nareas:");
+      std::printf("usage: bench [area ...] | bench train CONFIG.toml [k=v ...] [--profile]\nareas:");
       std::set<std::string> areas;
       for (const auto& r : bench::registered_cases()) areas.insert(r.area);
       for (const auto& a : areas) std::printf(" %s", a.c_str());
