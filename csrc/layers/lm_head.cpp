@@ -6,6 +6,7 @@
 #include "layers/linear.h"
 #include "layers/parallel.h"
 #include "ops/elementwise.h"
+#include "ops/gemm.h"
 #include "ops/loss.h"
 
 namespace engine::layers {
@@ -30,9 +31,11 @@ void LmHead::declare(ParamTable& t, const ModelConfig& c) {
 }
 
 void LmHead::loss(const Env& env, const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                  const Tensor& losses, bool with_grad, float grad_scale) const {
+                  const Tensor& losses, bool with_grad, float grad_scale, int64_t columns) const {
   if (env.tp_size() == 1)
-    return ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss_, label_smoothing_);
+    return ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss_, label_smoothing_,
+                              columns);
+  ENSURE(columns == 0 || columns == logits.size(1), "LmHead::loss: padded logits need the fused single-shard path");
   // Vocab-parallel: per-row (max, sum of exponentials, label logit, and with label smoothing
   // the mean logit's share) of this rank's columns, gathered from every rank and merged alike
   // on each, so all ranks hold the same losses.
@@ -96,17 +99,39 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
   const int64_t T = xin.size(0);
   Owned dxin = with_grad ? env.act_tensor({T, C}) : Owned{};
   Owned losses = env.stat_tensor({T});
+  // Rows of an odd number of logits start at every 16-byte phase, which sends cuBLASLt to slow
+  // unvectorised kernels (GPT-2's 50257 columns: the head's three GEMMs took 62 of 113 ms per
+  // step on an H200). The single-shard cross-entropy reads padded rows, so on CUDA the logits
+  // live in a (rows, round_up(V, 8)) buffer whose extra columns are never read or written.
+  const bool pad = xin.device == Device::CUDA && !distill_ && env.tp_size() == 1 && V % 8 != 0;
+  const int64_t width = pad ? (V + 7) / 8 * 8 : V;
   const int64_t chunk = std::max<int64_t>(1, (T + splits_ - 1) / splits_);
   for (int64_t a = 0; a < T; a += chunk) {
     const int64_t b = std::min(T, a + chunk);
-    Owned logits = env.act_tensor({b - a, V});
-    linear_forward(xin.slice(a, b), weight_.w(), {}, logits);
+    Owned logits = env.act_tensor({b - a, width});
+    if (pad) {
+      ops::MatmulOptions o;
+      o.c_cols = V;
+      ops::matmul(xin.slice(a, b), false, weight_.w(), true, logits, o);  // logits = x W^T
+    } else {
+      linear_forward(xin.slice(a, b), weight_.w(), {}, logits);
+    }
     if (distill_)
       distill(env, logits, teacher.slice(a, b), labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad,
               grad_scale);
     else
-      loss(env, logits, labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad, grad_scale);
-    if (with_grad) linear_backward(logits, xin.slice(a, b), weight_.w(), dxin->slice(a, b), weight_.g(), {});
+      loss(env, logits, labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad, grad_scale,
+           pad ? V : 0);
+    if (!with_grad) continue;
+    if (pad) {
+      ops::MatmulOptions o;
+      o.a_cols = V;
+      ops::matmul(logits, false, weight_.w(), false, dxin->slice(a, b), o);  // dx = dlogits W
+      o.beta = 1.f;
+      ops::matmul(logits, true, xin.slice(a, b), false, weight_.g(), o);     // dW += dlogits^T x
+    } else {
+      linear_backward(logits, xin.slice(a, b), weight_.w(), dxin->slice(a, b), weight_.g(), {});
+    }
   }
   const double loss_sum = ops::sum(losses);
   if (with_grad) {

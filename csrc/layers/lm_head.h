@@ -50,8 +50,10 @@ class LmHead {
                const Tensor& mask, const Tensor& losses, bool with_grad, float grad_scale) const;
 
   // Losses of one chunk of logits (rows, V / tp), and with_grad their gradient in place.
+  // columns > 0: logits are padded rows of which the first `columns` are the vocabulary
+  // (single shard only).
   void loss(const Env& env, const Tensor& logits, const Tensor& labels, const Tensor& mask,
-            const Tensor& losses, bool with_grad, float grad_scale) const;
+            const Tensor& losses, bool with_grad, float grad_scale, int64_t columns = 0) const;
 
   Norm norm_;
   Param weight_;

@@ -50,15 +50,15 @@ void check_distill_params(const DistillParams& p, const char* op) {
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
-                   float label_smoothing) {
+                   float label_smoothing, int64_t columns) {
   if (device_of("cross_entropy",
                 {{"logits", logits}, {"labels", labels}, {"mask", mask}, {"losses", losses}}) ==
       Device::CPU)
     return ref::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss,
-                              label_smoothing);
+                              label_smoothing, columns);
 #ifdef ENGINE_CUDA
   return cuda::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale,
-                             cuda::CrossEntropyPath::Auto, 0, z_loss, label_smoothing);
+                             cuda::CrossEntropyChoice{}, z_loss, label_smoothing, columns);
 #endif
   no_cuda_build("cross_entropy");
 }

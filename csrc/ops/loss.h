@@ -12,6 +12,10 @@
 // where the mask is set; mask (T) u8; losses (T) f32 (f64 when logits are f64). The caller sums
 // losses and divides by the number of loss tokens in the global batch (grad_scale = 1 / that).
 // Label smoothing averages over the logits: they must be finite (a -inf logit makes the loss inf).
+// columns > 0: only the first `columns` columns of each row are the vocabulary (V = columns),
+// the rest is row padding, never read or written (logits padded to a multiple of 8 columns keep
+// every row 16-byte aligned, which the GEMMs around the loss need for their fast kernels; see
+// layers/lm_head.cpp); 0: all of them.
 //
 // Vocabulary-parallel cross-entropy: the same loss and gradient when each of P ranks holds the
 // logits of a contiguous block of columns. logits (T, Vl) are the columns
@@ -101,7 +105,7 @@ namespace engine::ops {
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale, float z_loss = 0.f,
-                   float label_smoothing = 0.f);
+                   float label_smoothing = 0.f, int64_t columns = 0);
 
 // logits (T, Vl) are columns [vocab_begin, vocab_begin + Vl) of a vocabulary of vocab_total;
 // stats (3, T), or (4, T) to also collect what label smoothing needs.

@@ -57,12 +57,14 @@ double ce_row_loss(double lse, double z, double mean, double z_loss, double eps)
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
-                   float label_smoothing) {
+                   float label_smoothing, int64_t columns) {
   const char* op = "cross_entropy";
   expect_cpu(logits, op, "logits");
   expect_ndim(logits, 2, op, "logits");
   ops::check_loss_coefficients(z_loss, label_smoothing, op);
-  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(columns >= 0 && columns <= logits.size(1), op, ": columns = ", columns,
+         " outside [0, ", logits.size(1), "] (the logits' width)");
+  const int64_t t = logits.size(0), ld = logits.size(1), v = columns > 0 ? columns : ld;
   ENSURE(v > 0, op, ": logits has shape ", logits.shape.str(), ", the vocabulary is empty");
   check_labels(labels, mask, t, v, op);
   expect(losses, logits.dtype, {t}, op, "losses");
@@ -75,7 +77,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
     T* loss = losses.ptr<T>();
 #pragma omp parallel for schedule(static) if (t * v > (1 << 15))
     for (int64_t r = 0; r < t; ++r) {
-      T* row = x + r * v;
+      T* row = x + r * ld;
       if (!msk[r]) {
         loss[r] = T(0);
         if (with_grad) std::fill(row, row + v, T(0));

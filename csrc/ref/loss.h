@@ -13,7 +13,7 @@ namespace engine::ref {
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale, float z_loss = 0.f,
-                   float label_smoothing = 0.f);
+                   float label_smoothing = 0.f, int64_t columns = 0);
 
 void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                            int64_t vocab_begin, int64_t vocab_total, const Tensor& stats);

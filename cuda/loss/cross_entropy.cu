@@ -334,14 +334,17 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale,
-                   const CrossEntropyChoice& choice, float z_loss, float label_smoothing) {
+                   const CrossEntropyChoice& choice, float z_loss, float label_smoothing,
+                   int64_t columns) {
   ENSURE(logits.device == Device::CUDA, "cross_entropy: logits are on ", device_name(logits.device),
          ", expected cuda");
   ENSURE(logits.ndim() == 2, "cross_entropy: logits must be 2-D (T, V), got shape ",
          logits.shape.str());
   ENSURE(logits.dtype == DType::BF16 || logits.dtype == DType::F32, "cross_entropy: logits are ",
          dtype_name(logits.dtype), ", expected bf16 or f32");
-  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(columns >= 0 && columns <= logits.size(1), "cross_entropy: columns = ", columns,
+         " outside [0, ", logits.size(1), "] (the logits' width)");
+  const int64_t t = logits.size(0), ld = logits.size(1), v = columns > 0 ? columns : ld;
   ENSURE(v > 0, "cross_entropy: logits has shape ", logits.shape.str(),
          ", the vocabulary is empty");
   ops::check_loss_coefficients(z_loss, label_smoothing, "cross_entropy");
@@ -377,6 +380,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
                    losses.ptr<float>(),
                    static_cast<unsigned long long*>(flag.t.data),
                    t,
+                   ld,
                    static_cast<int32_t>(v),
                    plan->cluster,
                    static_cast<int32_t>(slice_vecs),

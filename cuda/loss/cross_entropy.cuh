@@ -82,13 +82,13 @@ inline std::optional<CrossEntropyPlan> cross_entropy_plan(
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale,
                    const CrossEntropyChoice& choice, float z_loss = 0.f,
-                   float label_smoothing = 0.f);
+                   float label_smoothing = 0.f, int64_t columns = 0);
 inline void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                           const Tensor& losses, bool with_grad, float grad_scale,
                           CrossEntropyPath path = CrossEntropyPath::Auto, int cluster = 0,
-                          float z_loss = 0.f, float label_smoothing = 0.f) {
+                          float z_loss = 0.f, float label_smoothing = 0.f, int64_t columns = 0) {
   cross_entropy(logits, labels, mask, losses, with_grad, grad_scale,
-                CrossEntropyChoice{path, cluster}, z_loss, label_smoothing);
+                CrossEntropyChoice{path, cluster}, z_loss, label_smoothing, columns);
 }
 
 }  // namespace engine::cuda

@@ -40,6 +40,7 @@ struct CeParams {
   float* losses;                  // (T)
   unsigned long long* bad_label;  // (1) min over bad rows of (row << 32 | label), else ~0
   int64_t rows;                   // T
+  int64_t ld;                     // row stride in elements (>= V: padded rows)
   int32_t vocab;                  // V
   int32_t cluster;                // Cluster: blocks per row (C), else 1
   int32_t slice_vecs;             // Cluster: 16-byte vectors per block, >= ceil(nvec / C)
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
   const int lane = static_cast<int>(threadIdx.x) % kGroup;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup) + threadIdx.x / kGroup;
   if (row >= p.rows) return;  // whole groups only: a block-wide group never leaves early here
-  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  T* x = static_cast<T*>(p.logits) + row * p.ld;
   const RowLayout l = row_layout(x, p.vocab);
   uint4* body = reinterpret_cast<uint4*>(x + l.head);
   const int ecol = lane < l.head + l.tail ? extra_col<T>(lane, l) : -1;
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
   const int rank = C > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t row = static_cast<int64_t>(blockIdx.x) / C;
-  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  T* x = static_cast<T*>(p.logits) + row * p.ld;
   const RowLayout l = row_layout(x, p.vocab);
   uint4* body = reinterpret_cast<uint4*>(x + l.head);
   const int v0 = min(rank * p.slice_vecs, l.nvec);
@@ -400,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ce_regs_kernel(const CeP
   const int rank = C > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t row = static_cast<int64_t>(blockIdx.x) / C;
-  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  T* x = static_cast<T*>(p.logits) + row * p.ld;
   const RowLayout l = row_layout(x, p.vocab);
   const int v0 = min(rank * p.slice_vecs, l.nvec);
   const int n = min(l.nvec - v0, p.slice_vecs);  // this block's vectors (0 for a trailing rank)

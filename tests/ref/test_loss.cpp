@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/elementwise.h"
 #include "ops/loss.h"
 #include "tests/common/testing.h"
 #include "tests/ref/helpers.h"
@@ -213,4 +214,29 @@ TEST_CASE("cross_entropy rejects a non-finite z_loss and label smoothing outside
       doctest::Contains("label_smoothing = 1.5 outside [0, 1]"), Error);
   CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, NAN, 0.f),
                        doctest::Contains("z_loss = nan is not finite"), Error);
+}
+
+TEST_CASE("cross_entropy over padded rows (columns < width): the same losses and gradient, padding untouched") {
+  const int64_t t = 9, v = 7, w = 8;
+  for (float eps : {0.f, 0.1f}) {
+    Owned pad = randn({t, w}, DType::F64, "ce.pad", 2.0);
+    for (int64_t r = 0; r < t; ++r) pad.ptr<double>()[r * w + v] = NAN;  // never read or written
+    Owned compact = empty({t, v}, DType::F64, Device::CPU);
+    ops::copy_columns(pad, 0, compact, 0, v);
+    Owned labels = randint({t}, 0, v, "ce.pad.labels");
+    Owned mask = empty({t}, DType::U8, Device::CPU);
+    for (int64_t r = 0; r < t; ++r) mask.ptr<uint8_t>()[r] = r != 4;
+    Owned l1 = empty({t}, DType::F64, Device::CPU), l2 = empty({t}, DType::F64, Device::CPU);
+    ops::cross_entropy(pad, labels, mask, l1, true, 0.5f, 1e-3f, eps, v);
+    ops::cross_entropy(compact, labels, mask, l2, true, 0.5f, 1e-3f, eps);
+    CHECK(bitwise_equal(l1, l2));
+    for (int64_t r = 0; r < t; ++r) {
+      CHECK(std::isnan(pad.ptr<double>()[r * w + v]));
+      for (int64_t c = 0; c < v; ++c) CHECK(pad.ptr<double>()[r * w + c] == compact.ptr<double>()[r * v + c]);
+    }
+  }
+  Owned x = randn({2, 4}, DType::F64, "ce.pad.bad");
+  Owned labels = randint({2}, 0, 3, "ce.pad.bad.labels"), mask = empty({2}, DType::U8, Device::CPU);
+  Owned l = empty({2}, DType::F64, Device::CPU);
+  CHECK_THROWS_WITH(ops::cross_entropy(x, labels, mask, l, false, 1.f, 0.f, 0.f, 5), doctest::Contains("columns = 5"));
 }

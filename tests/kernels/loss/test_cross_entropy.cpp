@@ -15,7 +15,9 @@
 //             at 30x scale), where the RMS of the rounding is set by those few. f32: 1e-5.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -100,15 +102,15 @@ std::vector<Variant> variants_for(int64_t v, DType dtype) {
 // Auto goes through the op's dispatch; forced paths call the launcher directly.
 void run_ce(const Tensor& logits, const Tensor& labels, const Tensor& mask, const Tensor& losses,
             bool with_grad, float grad_scale, const Variant& var, float z_loss = 0.f,
-            float label_smoothing = 0.f) {
+            float label_smoothing = 0.f, int64_t columns = 0) {
   if (var.choice.path == CrossEntropyPath::Auto) {
     ops::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss,
-                       label_smoothing);
+                       label_smoothing, columns);
     return;
   }
 #ifdef ENGINE_CUDA
   cuda::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, var.choice, z_loss,
-                      label_smoothing);
+                      label_smoothing, columns);
 #else
   FAIL("forced CUDA paths need a CUDA build");
 #endif
@@ -405,6 +407,53 @@ TEST_CASE("cross_entropy cuda with z-loss and label smoothing matches the f64 re
               CHECK(g.rel_rms <= 1e-5);
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("cross_entropy cuda over padded rows (columns < width) matches the f64 reference, padding untouched" * doctest::test_suite("gpu")) {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  // Rows of W = round_up(V, 8) (+8) elements of which the first V are the vocabulary; the
+  // padding holds NaN, so reading it would show in the losses, and must keep its bits.
+  for (auto [t, v] : {std::pair<int64_t, int64_t>{37, 50257}, {64, 257}, {19, 1000}, {5, 129}}) {
+    const int64_t w = (v + 7) / 8 * 8 + 8;
+    CAPTURE(t);
+    CAPTURE(v);
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      INFO("logits ", dtype_name(dtype));
+      Owned x = randn({t, w}, DType::F32, "ce.pad.logits", 2.0);
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t c = v; c < w; ++c) x.ptr<float>()[r * w + c] = NAN;
+      const DeviceTensor padded = to_gpu(x.t, dtype);
+      const Owned before = to_host(padded.t, dtype);
+      Owned labels_host = randint({t}, 0, v, "ce.pad.labels"), mask_host = empty({t}, DType::U8, Device::CPU);
+      for (int64_t r = 0; r < t; ++r) mask_host.ptr<uint8_t>()[r] = r % 5 != 3;
+      labels_host.ptr<int32_t>()[0] = static_cast<int32_t>(v - 1);
+      const Owned labels = to_device(labels_host.t, Device::CUDA), mask = to_device(mask_host.t, Device::CUDA);
+      // The reference on the compact (t, v) values the device holds.
+      Owned ref_grad = empty({t, v}, DType::F64, Device::CPU);
+      ops::copy_columns(to_host(padded.t, DType::F64), 0, ref_grad, 0, v);
+      Owned ref_losses = empty({t}, DType::F64, Device::CPU);
+      ref::cross_entropy(ref_grad, labels_host, mask_host, ref_losses, true, 0.5f, 1e-4f, 0.1f);
+      for (const Variant& var : variants_for(v, dtype)) {
+        INFO(var.name());
+        const DeviceTensor logits = gpu_empty({t, w}, dtype);
+        copy_tensor(logits.t, padded.t);
+        Owned losses = empty({t}, DType::F32, Device::CUDA);
+        poison(losses);
+        run_ce(logits.t, labels, mask, losses, true, 0.5f, var, 1e-4f, 0.1f, v);
+        CHECK_CLOSE(losses.t, ref_losses.t, dtype == DType::BF16 ? 1e-3 : 1e-5);
+        const Owned out = to_host(logits.t, dtype);
+        Owned grad = empty({t, v}, dtype, Device::CPU);
+        ops::copy_columns(out, 0, grad, 0, v);
+        CHECK_CLOSE(grad.t, ref_grad.t, dtype == DType::BF16 ? 1e-2 : 1e-5);
+        bool padding_kept = true;
+        const size_t es = dtype_size(dtype);
+        for (int64_t r = 0; r < t; ++r)
+          padding_kept &= std::memcmp(static_cast<const char*>(out->data) + (r * w + v) * es,
+                                      static_cast<const char*>(before->data) + (r * w + v) * es, (w - v) * es) == 0;
+        CHECK(padding_kept);
       }
     }
   }
