@@ -99,23 +99,28 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
   const int64_t T = xin.size(0);
   Owned dxin = with_grad ? env.act_tensor({T, C}) : Owned{};
   Owned losses = env.stat_tensor({T});
-  // Rows of an odd number of logits start at every 16-byte phase, which sends cuBLASLt to slow
-  // unvectorised kernels (GPT-2's 50257 columns: the head's three GEMMs took 62 of 113 ms per
-  // step on an H200). The single-shard cross-entropy reads padded rows, so on CUDA the logits
-  // live in a (rows, round_up(V, 8)) buffer whose extra columns are never read or written.
+  // A vocabulary that is not a multiple of 8 makes the contiguous dimension of the head's three
+  // GEMMs odd, which sends cuBLASLt to slow unvectorised kernels (GPT-2's 50257: they took 62 of
+  // 113 ms per step on an H200). On CUDA the single-shard head (the cross-entropy reads padded
+  // rows) therefore multiplies by a copy of the weight padded with zero rows to Vp = round_up(V,
+  // 8): logits (T, Vp) whose extra columns are 0 and never read by the loss, dx = dlogits Wp
+  // (the zero rows add nothing), and dWp into a scratch whose first V rows are added to the
+  // gradient. The copies move ~3 x Vp x C elements, against the GEMMs' T x Vp x C products.
   const bool pad = xin.device == Device::CUDA && !distill_ && env.tp_size() == 1 && V % 8 != 0;
   const int64_t width = pad ? (V + 7) / 8 * 8 : V;
+  Owned wp, dwp;
+  if (pad) {
+    wp = empty({width, C}, weight_.w().dtype, env.device);
+    copy_tensor(wp->slice(0, V), weight_.w());
+    zero_tensor(wp->slice(V, width));
+    if (with_grad) dwp = empty({width, C}, weight_.g().dtype, env.device);
+  }
+  const Tensor w = pad ? wp.t : weight_.w();
   const int64_t chunk = std::max<int64_t>(1, (T + splits_ - 1) / splits_);
   for (int64_t a = 0; a < T; a += chunk) {
     const int64_t b = std::min(T, a + chunk);
     Owned logits = env.act_tensor({b - a, width});
-    if (pad) {
-      ops::MatmulOptions o;
-      o.c_cols = V;
-      ops::matmul(xin.slice(a, b), false, weight_.w(), true, logits, o);  // logits = x W^T
-    } else {
-      linear_forward(xin.slice(a, b), weight_.w(), {}, logits);
-    }
+    linear_forward(xin.slice(a, b), w, {}, logits);
     if (distill_)
       distill(env, logits, teacher.slice(a, b), labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad,
               grad_scale);
@@ -124,13 +129,11 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
            pad ? V : 0);
     if (!with_grad) continue;
     if (pad) {
-      ops::MatmulOptions o;
-      o.a_cols = V;
-      ops::matmul(logits, false, weight_.w(), false, dxin->slice(a, b), o);  // dx = dlogits W
-      o.beta = 1.f;
-      ops::matmul(logits, true, xin.slice(a, b), false, weight_.g(), o);     // dW += dlogits^T x
+      ops::matmul(logits, false, w, false, dxin->slice(a, b));  // dx = dlogits Wp
+      ops::matmul(logits, true, xin.slice(a, b), false, dwp);   // dWp = dlogits^T x
+      ops::add_inplace(weight_.g(), dwp->slice(0, V));
     } else {
-      linear_backward(logits, xin.slice(a, b), weight_.w(), dxin->slice(a, b), weight_.g(), {});
+      linear_backward(logits, xin.slice(a, b), w, dxin->slice(a, b), weight_.g(), {});
     }
   }
   const double loss_sum = ops::sum(losses);

@@ -18,8 +18,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/buffer.h"
-#include "ops/elementwise.h"
 #include "ref/common.h"
 
 namespace engine::ref {
@@ -170,22 +168,6 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   expect_ndim(a, 2, op, "a");
   expect_ndim(b, 2, op, "b");
   expect_ndim(c, 2, op, "c");
-  if (options.a_cols > 0 || options.c_cols > 0) {
-    // Padded a or c: the same product over contiguous copies of the column windows.
-    ENSURE(options.a_cols <= a.size(1) && options.c_cols <= c.size(1), op, ": a_cols = ", options.a_cols,
-           ", c_cols = ", options.c_cols, " exceed the widths of a ", a.shape.str(), " and c ", c.shape.str());
-    const int64_t aw = options.a_cols > 0 ? options.a_cols : a.size(1);
-    const int64_t cw = options.c_cols > 0 ? options.c_cols : c.size(1);
-    Owned a2 = empty({a.size(0), aw}, a.dtype, Device::CPU);
-    Owned c2 = empty({c.size(0), cw}, c.dtype, Device::CPU);
-    ops::copy_columns(a, 0, a2, 0, aw, false);
-    if (options.beta != 0.f) ops::copy_columns(c, 0, c2, 0, cw, false);
-    ops::MatmulOptions o = options;
-    o.a_cols = o.c_cols = 0;
-    ref::matmul(a2.t, trans_a, b, trans_b, c2.t, o);
-    ops::copy_columns(c2, 0, c, 0, cw, false);
-    return;
-  }
   expect_dtype(b, a.dtype, op, "b (must match a)");
   expect_dtype(c, a.dtype, op, "c (must match a)");
   const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);

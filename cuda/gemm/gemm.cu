@@ -24,7 +24,6 @@
 
 #include <map>
 #include <mutex>
-#include <string>
 
 #include "cuda/common/launch.cuh"
 
@@ -66,7 +65,6 @@ uint32_t alignment(const void* p) {
 
 struct PlanKey {
   int64_t m = 0, n = 0, k = 0;
-  int64_t lda = 0, ldc = 0;  // row strides of a and c (elements)
   bool trans_a = false, trans_b = false;
   DType c_dtype = DType::F32;
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
@@ -94,12 +92,11 @@ void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
 }
 
-// A row-major (rows, cols) matrix with row stride ld (>= cols) as cuBLASLt's column-major
-// (cols, rows) with leading dimension ld.
-cublasLtMatrixLayout_t row_major_layout(DType t, int64_t rows, int64_t cols, int64_t ld) {
+// A row-major (rows, cols) matrix as cuBLASLt's column-major (cols, rows) with ld = cols.
+cublasLtMatrixLayout_t row_major_layout(DType t, int64_t rows, int64_t cols) {
   cublasLtMatrixLayout_t l = nullptr;
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(cols),
-                                          static_cast<uint64_t>(rows), ld));
+                                          static_cast<uint64_t>(rows), cols));
   return l;
 }
 
@@ -119,10 +116,9 @@ Plan make_plan(const PlanKey& key, const void* vec, const void* aux) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.n);
   }
-  const int64_t b_cols = key.trans_b ? key.k : key.n;
-  p.lt_a = row_major_layout(DType::BF16, key.trans_b ? key.n : key.k, b_cols, b_cols);
-  p.lt_b = row_major_layout(DType::BF16, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k, key.lda);
-  p.lt_c = row_major_layout(key.c_dtype, key.m, key.n, key.ldc);
+  p.lt_a = row_major_layout(DType::BF16, key.trans_b ? key.n : key.k, key.trans_b ? key.k : key.n);
+  p.lt_b = row_major_layout(DType::BF16, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k);
+  p.lt_c = row_major_layout(key.c_dtype, key.m, key.n);
 
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -187,23 +183,6 @@ __global__ void epilogue_kernel(T* c, int64_t m, int64_t n, float c_scale, const
   }
 }
 
-// c(i, j) = beta c(i, j) over the (m, n) window of a c with row stride ld (beta == 0 writes 0).
-template <typename T>
-__global__ void scale_window_kernel(T* c, int64_t m, int64_t n, int64_t ld, float beta) {
-  for (int64_t i = blockIdx.y; i < m; i += gridDim.y)
-    for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x)
-      c[i * ld + j] = beta != 0.f ? from_float<T>(beta * to_float(c[i * ld + j])) : from_float<T>(0.f);
-}
-
-template <typename T>
-void launch_scale_window(const Tensor& c, int64_t m, int64_t n, int64_t ld, float beta) {
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(n, kThreads), 64)),
-                  static_cast<unsigned>(std::min<int64_t>(m, 65535)));
-  scale_window_kernel<T><<<grid, kThreads, 0, stream()>>>(static_cast<T*>(c.data), m, n, ld, beta);
-  check_launch("gemm scale_window_kernel");
-}
-
 template <typename T>
 void launch_epilogue(const GemmParams& g, int64_t m, int64_t n, float c_scale) {
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(n, kThreads), 64)),
@@ -237,21 +216,14 @@ void gemm_impl(const GemmParams& g, const char* op) {
          dtype_name(g.a.dtype), ", b is ", dtype_name(g.b.dtype), "; the GPU GEMM takes bf16 inputs");
   ENSURE(g.c.dtype == DType::BF16 || g.c.dtype == DType::F32, op, ": c is ",
          dtype_name(g.c.dtype), ", expected bf16 or f32");
-  ENSURE(g.a_cols >= 0 && g.a_cols <= g.a.size(1) && g.c_cols >= 0 && g.c_cols <= g.c.size(1), op,
-         ": a_cols = ", g.a_cols, ", c_cols = ", g.c_cols, " outside the widths of a ", g.a.shape.str(),
-         " and c ", g.c.shape.str());
-  const int64_t a_w = g.a_cols > 0 ? g.a_cols : g.a.size(1), c_w = g.c_cols > 0 ? g.c_cols : g.c.size(1);
-  const int64_t m = g.trans_a ? a_w : g.a.size(0), k = g.trans_a ? g.a.size(0) : a_w;
+  const int64_t m = g.trans_a ? g.a.size(1) : g.a.size(0), k = g.trans_a ? g.a.size(0) : g.a.size(1);
   const int64_t kb = g.trans_b ? g.b.size(1) : g.b.size(0), n = g.trans_b ? g.b.size(0) : g.b.size(1);
   ENSURE(k == kb, op, ": inner dimensions differ: op(a) is (", m, ", ", k, "), op(b) is (", kb,
          ", ", n, ") [trans_a=", g.trans_a, ", trans_b=", g.trans_b, "]");
-  ENSURE(g.c.size(0) == m && c_w == n, op, ": c has shape ", g.c.shape.str(),
-         g.c_cols > 0 ? " (c_cols " + std::to_string(g.c_cols) + ")" : std::string(), ", expected (", m,
+  ENSURE(g.c.shape == Shape({m, n}), op, ": c has shape ", g.c.shape.str(), ", expected (", m,
          ", ", n, ")");
   const bool bias = g.bias.data != nullptr, aux = g.gelu_input.data != nullptr;
   const bool dbias_a = g.dbias_a.data != nullptr, dbias_b = g.dbias_b.data != nullptr;
-  ENSURE((g.a_cols == 0 && g.c_cols == 0) || !(bias || g.gelu || dbias_a || dbias_b), op,
-         ": a_cols / c_cols (padded a or c) cannot be combined with bias, gelu or a bias gradient");
   if (bias) expect_vector(g.bias, n, op, "bias");
   if (aux) {
     expect_cuda(g.gelu_input, op, "gelu_input");
@@ -276,7 +248,6 @@ void gemm_impl(const GemmParams& g, const char* op) {
   if (!degenerate) {
     PlanKey key;
     key.m = m, key.n = n, key.k = k;
-    key.lda = g.a.size(1), key.ldc = g.c.size(1);
     key.trans_a = g.trans_a, key.trans_b = g.trans_b;
     key.c_dtype = g.c.dtype;
     key.align_a = alignment(g.a.data), key.align_b = alignment(g.b.data);
@@ -314,12 +285,6 @@ void gemm_impl(const GemmParams& g, const char* op) {
   // Separate kernels: after the GEMM (c holds alpha AB + beta c), or instead of it (K = 0, or an
   // empty C: c = beta c + bias).
   g_last.fallback_kernels = true;
-  if (g.c_cols > 0 && m > 0 && n > 0 && degenerate) {  // K = 0 on a padded c: c = beta c
-    const int64_t ld = g.c.size(1);
-    if (g.c.dtype == DType::BF16) launch_scale_window<bf16_t>(g.c, m, n, ld, g.beta);
-    else launch_scale_window<float>(g.c, m, n, ld, g.beta);
-    return;
-  }
   if (m > 0 && n > 0 && (degenerate || bias || g.gelu)) {
     const float c_scale = degenerate ? g.beta : 1.f;
     if (g.c.dtype == DType::BF16) launch_epilogue<bf16_t>(g, m, n, c_scale);
@@ -352,8 +317,6 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   p.alpha = options.alpha;
   p.beta = options.beta;
   p.bias = options.bias;
-  p.a_cols = options.a_cols;
-  p.c_cols = options.c_cols;
   gemm_impl(p, "matmul");
 }
 

@@ -3,8 +3,6 @@
 // Row-major, contiguous, 2-D: A (M, K) or (K, M) with trans_a; B (K, N) or (N, K) with trans_b;
 // C (M, N). A and B bf16; C bf16 or f32; f32 accumulation (CUBLAS_COMPUTE_32F); beta = 1 into an
 // f32 C accumulates (parameter gradients). Any sizes, leading dimensions and pointer alignments.
-// a_cols / c_cols > 0: A (C) is the first a_cols (c_cols) columns of a padded a (c), whose
-// width is the row stride (ops/gemm.h); not combined with the epilogues.
 // matmul is ops::matmul for CUDA tensors (bias bf16 or f32); gemm is the richer launcher for
 // fused layers. sum_rows / sum_columns (cuda/gemm/sum_rows.cuh) are the bias-gradient reductions.
 #pragma once
@@ -17,11 +15,9 @@ namespace engine::cuda {
 struct GemmParams {
   Tensor a;              // (M, K), or (K, M) with trans_a; bf16
   bool trans_a = false;
-  int64_t a_cols = 0;    // > 0: A is a's first a_cols columns
   Tensor b;              // (K, N), or (N, K) with trans_b; bf16
   bool trans_b = false;
   Tensor c;              // (M, N) bf16 or f32: the output, and an input when beta != 0
-  int64_t c_cols = 0;    // > 0: C is c's first c_cols columns
   float alpha = 1.f;
   float beta = 0.f;      // c is not read when beta == 0
   Tensor bias;           // (N) bf16 or f32, or undefined: added to every row before the GELU

@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "core/buffer.h"
-#include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "tests/common/testing.h"
 #include "tests/ref/helpers.h"
@@ -205,46 +203,4 @@ TEST_CASE("matmul and sum_rows reject bad arguments, naming them") {
   Tensor fake_gpu(c->data, DType::F32, Device::CUDA, {4, 3});
   CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, fake_gpu),
                        doctest::Contains("share a device"), Error);
-}
-
-TEST_CASE("matmul on padded a and c (a_cols, c_cols): the windows' product, the padding untouched") {
-  // dlogits-like A (T, V) stored (T, W) with W > V, used plain (dgrad) and transposed (wgrad);
-  // logits-like C (T, V) stored (T, W).
-  const int64_t t = 13, v = 11, w = 16, d = 5;
-  Owned a_pad = randn({t, w}, DType::F64, "pad.a");
-  Owned b = randn({v, d}, DType::F64, "pad.b");
-  Owned x = randn({t, d}, DType::F64, "pad.x");
-  Owned a = empty({t, v}, DType::F64, Device::CPU);
-  ops::copy_columns(a_pad, 0, a, 0, v);
-  for (int64_t r = 0; r < t; ++r)
-    for (int64_t c = v; c < w; ++c) a_pad.ptr<double>()[r * w + c] = NAN;  // must not be read
-  ops::MatmulOptions pa;
-  pa.a_cols = v;
-  // dgrad: (T, d) = A (T, V) @ B (V, d)
-  Owned got = empty({t, d}, DType::F64, Device::CPU), want = empty({t, d}, DType::F64, Device::CPU);
-  ops::matmul(a_pad, false, b, false, got, pa);
-  ops::matmul(a, false, b, false, want);
-  CHECK(bitwise_equal(got, want));
-  // wgrad, accumulating: (V, d) += A^T x
-  Owned g1 = randn({v, d}, DType::F64, "pad.g"), g2 = empty({v, d}, DType::F64, Device::CPU);
-  copy_tensor(g2, g1);
-  pa.beta = 1.f;
-  ops::matmul(a_pad, true, x, false, g1, pa);
-  ops::matmul(a, true, x, false, g2, {1.f, 1.f, {}});
-  CHECK(bitwise_equal(g1, g2));
-  // forward into a padded C: (T, V) of (T, W) = x B^T; the padding keeps its bits
-  Owned c_pad = randn({t, w}, DType::F64, "pad.c"), c_before = empty({t, w}, DType::F64, Device::CPU);
-  copy_tensor(c_before, c_pad);
-  Owned c = empty({t, v}, DType::F64, Device::CPU);
-  ops::MatmulOptions pc;
-  pc.c_cols = v;
-  ops::matmul(x, false, b, true, c_pad, pc);
-  ops::matmul(x, false, b, true, c);
-  for (int64_t r = 0; r < t; ++r)
-    for (int64_t col = 0; col < w; ++col) {
-      const double g = c_pad.ptr<double>()[r * w + col];
-      CHECK(g == (col < v ? c.ptr<double>()[r * v + col] : c_before.ptr<double>()[r * w + col]));
-    }
-  pc.c_cols = w + 1;
-  CHECK_THROWS_WITH(ops::matmul(x, false, b, true, c_pad, pc), doctest::Contains("exceed the widths"));
 }
