@@ -42,7 +42,7 @@ TEST_CASE("GPU LM head matches the f64 CPU head, padded (odd) and plain vocabula
       copy_tensor(gpu.weights_flat(), to_host(cpu.weights_flat(), DType::BF16));
       copy_tensor(cpu.weights_flat(), to_host(gpu.weights_flat(), DType::F64));  // rounded
       layers::LmHead hc(cpu, c, k.splits), hg(gpu, c, k.splits);
-      Sample s0 = make_sample({40, 27}, c.vocab_size, "head gpu s0"), s1 = make_sample({70}, c.vocab_size, "head gpu s1");
+      Sample s0 = make_sample({40, 30}, c.vocab_size, "head gpu s0"), s1 = make_sample({70}, c.vocab_size, "head gpu s1");
       MicroBatch mc = make_micro_batch({&s0, &s1}, 70, false, Device::CPU);
       MicroBatch mg = make_micro_batch({&s0, &s1}, 70, false, Device::CUDA);
       auto [gx, x64] = device_input(randn({mc.num_tokens, c.hidden_size}, DType::F32, "head gpu x"), DType::BF16);
