@@ -9,12 +9,16 @@
 // GPT-2 shapes also time the bias epilogue (fwd + bias) and the fused bias gradient (wgrad +
 // dbias, cuda::gemm's dbias_a). Operands hold random bf16 values (a tile copied over the tensor:
 // GEMM power, hence clocks, depends on the data). sum_rows (bias gradient alone) is timed in GB/s.
+// The GPT-2 MLP's GELU both ways, as layers/mlp.cpp runs it (epilogues) and as separate kernels:
+//   fc fwd:     h = x W_in^T + b, a = gelu(h)         (GELU_AUX_BIAS)
+//   proj dgrad: dh = (dy W_out) * gelu'(h), db = sum dh (DGELU_BGRAD)
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "bench/bench.h"
 #include "core/buffer.h"
+#include "ops/activation.h"
 #include "ops/gemm.h"
 
 #ifdef ENGINE_CUDA
@@ -91,6 +95,45 @@ BENCH_CASES("gemm") {
       out.push_back({base + " sum_rows (dbias alone)", time_ms([&] { ops::sum_rows(y, dbias, 1.f); }), 0,
                      2.0 * s.t * s.out + 8.0 * s.out, ""});
     }
+  }
+  {  // the GPT-2 MLP's GELU: epilogues against separate kernels
+    const int64_t t = 32768, c = 768, f = 3072;
+    Owned x = empty({t, c}, DType::BF16, Device::CUDA), w_in = empty({f, c}, DType::BF16, Device::CUDA);
+    Owned w_out = empty({c, f}, DType::BF16, Device::CUDA), b_in = empty({f}, DType::BF16, Device::CUDA);
+    Owned h = empty({t, f}, DType::BF16, Device::CUDA), a = empty({t, f}, DType::BF16, Device::CUDA);
+    Owned dy = empty({t, c}, DType::BF16, Device::CUDA), dh = empty({t, f}, DType::BF16, Device::CUDA);
+    Owned db = zeros({f}, DType::F32, Device::CUDA);
+    fill_random(x, "mlp.x", 1.0);
+    fill_random(w_in, "mlp.w_in", 0.02);
+    fill_random(w_out, "mlp.w_out", 0.02);
+    fill_random(b_in, "mlp.b_in", 0.02);
+    fill_random(dy, "mlp.dy", 1.0);
+    const double flops = 2.0 * t * c * f;
+    const std::string base = "gpt2 mlp T=32768 768<->3072";
+    out.push_back({base + " fc fwd + bias, gelu kernel", time_ms([&] {
+                     ops::matmul(x, false, w_in, true, h, {1.f, 0.f, b_in});
+                     ops::gelu_forward(h, a);
+                   }),
+                   flops, 0, "separate"});
+    ops::MatmulOptions fo;
+    fo.bias = b_in;
+    fo.gelu = true;
+    fo.gelu_input = h;
+    const double fwd_ms = time_ms([&] { ops::matmul(x, false, w_in, true, a, fo); });
+    out.push_back({base + " fc fwd + bias + gelu epilogue", fwd_ms, flops, 0,
+                   cuda::gemm_last_call().fused_epilogue ? "fused GELU_AUX_BIAS" : "separate kernels (no fused algorithm)"});
+    out.push_back({base + " proj dgrad, gelu bwd + sum_rows", time_ms([&] {
+                     ops::matmul(dy, false, w_out, false, dh);
+                     ops::gelu_backward(dh, h, dh);
+                     ops::sum_rows(dh, db, 0.f);
+                   }),
+                   flops, 0, "separate"});
+    ops::MatmulOptions bo;
+    bo.dgelu_input = h;
+    bo.dbias = db;
+    const double bwd_ms = time_ms([&] { ops::matmul(dy, false, w_out, false, dh, bo); });
+    out.push_back({base + " proj dgrad + dgelu + dbias epilogue", bwd_ms, flops, 0,
+                   cuda::gemm_last_call().fused_epilogue ? "fused DGELU_BGRAD" : "separate kernels (no fused algorithm)"});
   }
 #endif
   return out;

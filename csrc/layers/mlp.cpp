@@ -6,6 +6,7 @@
 #include "layers/parallel.h"
 #include "ops/gemm.h"
 #include "ops/activation.h"
+#include "ops/elementwise.h"
 
 namespace engine::layers {
 
@@ -52,12 +53,18 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
   s.a = env.act_tensor({T, ffn_});
   Owned gathered;
-  linear_forward(column_input_forward(env, xn, gathered), w_in_.w(), b_in_.w(), s.h);
-  gathered = Owned{};
-  if (glu)
+  const Tensor x = column_input_forward(env, xn, gathered);
+  if (glu) {
+    linear_forward(x, w_in_.w(), b_in_.w(), s.h);
     ops::swiglu_forward(s.h, s.a);
-  else
-    ops::gelu_forward(s.h, s.a);
+  } else {  // h = x W_in^T + b_in and a = gelu(h) from one GEMM (the GELU in its epilogue)
+    ops::MatmulOptions o;
+    o.bias = b_in_.w();
+    o.gelu = true;
+    o.gelu_input = s.h;
+    ops::matmul(x.rows(), false, w_in_.w(), true, s.a, o);
+  }
+  gathered = Owned{};
   // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
   const Tensor bias = first_rank_ ? b_out_.w() : Tensor{};
   if (env.sp()) {
@@ -76,19 +83,26 @@ void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Mlp
   if (b_out_) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);  // this rank's rows (see Attention)
   Owned dy_storage;
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
-  Owned da = env.act_tensor(s.a->shape);
-  linear_backward(dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
-  dy_storage = Owned{};
   Owned dh = env.act_tensor(s.h->shape);
-  if (act_ == ActivationKind::SwiGLU)
+  const bool glu = act_ == ActivationKind::SwiGLU;
+  if (glu) {
+    Owned da = env.act_tensor(s.a->shape);
+    linear_backward(dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
     ops::swiglu_backward(da, s.h, dh);
-  else
-    ops::gelu_backward(da, s.h, dh);
-  da = Owned{};
+  } else {  // dW_out += dy^T a; dh = (dy W_out) * gelu'(h) and b_in's gradient from one GEMM
+    ops::matmul(dy_full.rows(), true, s.a->rows(), false, w_out_.g(), {1.f, 1.f, {}});
+    ops::MatmulOptions o;
+    o.dgelu_input = s.h;
+    Owned db;
+    if (b_in_) o.dbias = (db = empty({ffn_}, b_in_.g().dtype, env.device)).t;
+    ops::matmul(dy_full.rows(), false, w_out_.w(), false, dh, o);
+    if (b_in_) ops::add_inplace(b_in_.g(), db);
+  }
+  dy_storage = Owned{};
   Owned gathered, dx_storage;
   const Tensor x = column_input_forward(env, xn, gathered);
   const Tensor dx_full = env.sp() ? (dx_storage = env.act_tensor({T, xn.size(1)})).t : dxn;
-  linear_backward(dh, x, w_in_.w(), dx_full, w_in_.g(), b_in_.g());
+  linear_backward(dh, x, w_in_.w(), dx_full, w_in_.g(), glu ? b_in_.g() : Tensor{});
   column_input_backward(env, dx_full, dxn);
 }
 

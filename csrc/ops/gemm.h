@@ -13,6 +13,18 @@ struct MatmulOptions {
   float alpha = 1.f;
   float beta = 0.f;
   Tensor bias;  // (N) or undefined; added once per row after the product
+  // The MLP's GELU (tanh form, ops/activation.h) as epilogues, so that the GPU applies it while
+  // the product is still in registers (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD):
+  //   gelu:        c = gelu(pre), pre = alpha op(a) op(b) + beta c + bias; gelu_input (c's
+  //                shape and dtype, optional, not c) receives pre
+  //   dgelu_input: c = (alpha op(a) op(b)) * gelu'(dgelu_input) (the forward's pre; beta == 0,
+  //                no bias or gelu); dbias (N, optional) = column sums of that c, overwritten
+  // The results equal the separate ops (matmul, gelu_forward / gelu_backward, sum_rows) up to
+  // the rounding of the intermediate, which the GPU epilogue skips.
+  bool gelu = false;
+  Tensor gelu_input;
+  Tensor dgelu_input;
+  Tensor dbias;
 };
 
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/buffer.h"
+#include "ref/activation.h"
 #include "ref/common.h"
 
 namespace engine::ref {
@@ -177,11 +179,37 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   expect_shape(c, {m, n}, op, "c");
   const bool has_bias = options.bias.data != nullptr;
   if (has_bias) expect(options.bias, a.dtype, {n}, op, "bias");
+  const bool gelu_in = options.gelu_input.data != nullptr, dgelu = options.dgelu_input.data != nullptr;
+  const bool dbias = options.dbias.data != nullptr;
+  if (gelu_in) {
+    ENSURE(options.gelu, op, ": gelu_input is set but gelu is false");
+    expect(options.gelu_input, c.dtype, c.shape, op, "gelu_input");
+    ENSURE(options.gelu_input.data != c.data, op, ": gelu_input must not alias c");
+  }
+  if (dgelu) {
+    expect(options.dgelu_input, c.dtype, c.shape, op, "dgelu_input");
+    ENSURE(options.dgelu_input.data != c.data, op, ": dgelu_input must not alias c");
+    ENSURE(!has_bias && !options.gelu && options.beta == 0.f, op,
+           ": dgelu_input needs beta == 0 and no bias or gelu");
+  }
+  if (dbias) {
+    ENSURE(dgelu, op, ": dbias is the bias gradient of the GELU backward: it needs dgelu_input");
+    expect(options.dbias, c.dtype, {n}, op, "dbias");
+  }
   float_switch(a.dtype, op, "a", [&](auto tag) {
     using T = decltype(tag);
     gemm<T>(m, n, k, a.ptr<T>(), trans_a, b.ptr<T>(), trans_b, c.ptr<T>(), T(options.alpha),
             T(options.beta), has_bias ? options.bias.ptr<T>() : nullptr);
   });
+  // The epilogues as the separate ops they fuse, in place on c.
+  if (options.gelu) {
+    if (gelu_in) copy_tensor(options.gelu_input, c);
+    gelu_forward(gelu_in ? options.gelu_input : c, c);
+  }
+  if (dgelu) {
+    gelu_backward(c, options.dgelu_input, c);
+    if (dbias) sum_rows(c, options.dbias, 0.f);
+  }
 }
 
 // out(j) = beta * out(j) + sum_i x(i, j), summed over i in order in double, parallel over columns.

@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 
+#include "cuda/activation/activation.cuh"
 #include "cuda/common/launch.cuh"
 
 #define CUBLAS_CHECK(expr) \
@@ -240,11 +241,27 @@ void gemm_impl(const GemmParams& g, const char* op) {
     ENSURE(!bias && !g.gelu, op, ": a bias gradient cannot be combined with bias or gelu");
     ENSURE(g.alpha == 1.f, op, ": a bias gradient needs alpha == 1 (got ", g.alpha, ")");
   }
+  const bool dgelu = g.dgelu_input.data != nullptr, dbias_out = g.dbias_out.data != nullptr;
+  if (dgelu) {
+    expect_cuda(g.dgelu_input, op, "dgelu_input");
+    ENSURE(g.dgelu_input.dtype == g.c.dtype && g.dgelu_input.shape == g.c.shape, op, ": dgelu_input is ",
+           dtype_name(g.dgelu_input.dtype), " ", g.dgelu_input.shape.str(), ", expected c's ",
+           dtype_name(g.c.dtype), " ", g.c.shape.str());
+    ENSURE(g.dgelu_input.data != g.c.data, op, ": dgelu_input must not alias c");
+    ENSURE(!bias && !g.gelu && !aux && !dbias_a && !dbias_b, op,
+           ": dgelu_input cannot be combined with bias, gelu or dbias_a / dbias_b");
+    ENSURE(g.beta == 0.f, op, ": dgelu_input needs beta == 0 (got ", g.beta, ")");
+  }
+  if (dbias_out) {
+    ENSURE(dgelu, op, ": dbias_out is the bias gradient of the GELU backward: it needs dgelu_input");
+    expect_vector(g.dbias_out, n, op, "dbias_out");
+  }
 
   std::lock_guard<std::mutex> lock(g_mu);
   g_last = {};
   const bool degenerate = m == 0 || n == 0 || k == 0;
-  const bool epilogue = bias || g.gelu || dbias_a || dbias_b;
+  const bool epilogue = bias || g.gelu || dbias_a || dbias_b || dgelu;
+  const Tensor& aux_t = dgelu ? g.dgelu_input : g.gelu_input;  // cuBLASLt's auxiliary matrix
   if (!degenerate) {
     PlanKey key;
     key.m = m, key.n = n, key.k = k;
@@ -253,10 +270,11 @@ void gemm_impl(const GemmParams& g, const char* op) {
     key.align_a = alignment(g.a.data), key.align_b = alignment(g.b.data);
     key.align_c = alignment(g.c.data);
     // GELU's saved input needs a leading dimension divisible by 8 (cublasLt.h).
-    if (epilogue && g.fuse_epilogue && !(aux && n % 8 != 0)) {
+    if (epilogue && g.fuse_epilogue && !((aux || dgelu) && n % 8 != 0)) {
       PlanKey fused = key;
-      const Tensor& vec = dbias_a ? g.dbias_a : dbias_b ? g.dbias_b : g.bias;
-      if (dbias_a) fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      const Tensor& vec = dbias_a ? g.dbias_a : dbias_b ? g.dbias_b : dgelu ? g.dbias_out : g.bias;
+      if (dgelu) fused.epilogue = dbias_out ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+      else if (dbias_a) fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
       else if (dbias_b) fused.epilogue = CUBLASLT_EPILOGUE_BGRADA;
       else if (g.gelu && aux) fused.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
       else if (g.gelu) fused.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
@@ -265,11 +283,11 @@ void gemm_impl(const GemmParams& g, const char* op) {
         fused.vec_dtype = static_cast<int32_t>(cuda_type(vec.dtype));
         fused.align_vec = alignment(vec.data);
       }
-      fused.aux = aux;
-      if (aux) fused.align_aux = alignment(g.gelu_input.data);
-      Plan& plan = plan_for(fused, vec.data, g.gelu_input.data);
+      fused.aux = aux || dgelu;
+      if (fused.aux) fused.align_aux = alignment(aux_t.data);
+      Plan& plan = plan_for(fused, vec.data, aux_t.data);
       if (plan.found) {
-        run_plan(plan, g, vec.data, g.gelu_input.data);
+        run_plan(plan, g, vec.data, aux_t.data);
         g_last.fused_epilogue = true;
         return;
       }
@@ -289,6 +307,12 @@ void gemm_impl(const GemmParams& g, const char* op) {
     const float c_scale = degenerate ? g.beta : 1.f;
     if (g.c.dtype == DType::BF16) launch_epilogue<bf16_t>(g, m, n, c_scale);
     else launch_epilogue<float>(g, m, n, c_scale);
+  }
+  if (dgelu && m > 0 && n > 0) {  // c = c * gelu'(pre) in place, then its column sums
+    gelu_backward(g.c, g.dgelu_input, g.c);
+    if (dbias_out) sum_rows(g.c, g.dbias_out, 0.f);
+  } else if (dbias_out && n > 0) {
+    sum_rows(g.c, g.dbias_out, 0.f);  // no rows: zeros
   }
   // op(A)(i, k) summed over k: column sums of A stored (K, M), row sums of A stored (M, K).
   if (dbias_a) {
@@ -317,6 +341,10 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   p.alpha = options.alpha;
   p.beta = options.beta;
   p.bias = options.bias;
+  p.gelu = options.gelu;
+  p.gelu_input = options.gelu_input;
+  p.dgelu_input = options.dgelu_input;
+  p.dbias_out = options.dbias;
   gemm_impl(p, "matmul");
 }
 

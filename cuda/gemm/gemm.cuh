@@ -27,6 +27,11 @@ struct GemmParams {
   // most one of the two):
   Tensor dbias_a;        // (M) f32 or bf16: dbias_a(i) = sum_k op(A)(i, k)
   Tensor dbias_b;        // (N) f32 or bf16: dbias_b(j) = sum_k op(B)(k, j)
+  // GELU backward (needs beta == 0, no bias, gelu or dbias_a / dbias_b): c = (alpha op(A)
+  // op(B)) * gelu'(dgelu_input), dgelu_input (M, N) in c's dtype, not c: the forward's pre;
+  // dbias_out (N) f32 or bf16, optional: column sums of that c (overwritten).
+  Tensor dgelu_input;
+  Tensor dbias_out;
   // false: never ask cuBLASLt for a fused epilogue; the plain GEMM and the separate kernels
   // run instead (the path also taken when cuBLASLt has no algorithm for the epilogue). Tests.
   bool fuse_epilogue = true;
@@ -34,7 +39,7 @@ struct GemmParams {
 
 void gemm(const GemmParams& p);
 
-// ops::matmul on CUDA tensors: gemm() with the options' alpha, beta and bias.
+// ops::matmul on CUDA tensors: gemm() with the options' alpha, beta, bias and GELU epilogues.
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             const ops::MatmulOptions& options = {});
 

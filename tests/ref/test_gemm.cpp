@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/activation.h"
 #include "ops/gemm.h"
 #include "tests/common/testing.h"
 #include "tests/ref/helpers.h"
@@ -203,4 +204,44 @@ TEST_CASE("matmul and sum_rows reject bad arguments, naming them") {
   Tensor fake_gpu(c->data, DType::F32, Device::CUDA, {4, 3});
   CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, fake_gpu),
                        doctest::Contains("share a device"), Error);
+}
+
+TEST_CASE("matmul GELU epilogues equal the separate ops: gelu (+ saved input), dgelu (+ bias gradient)") {
+  const int64_t m = 11, n = 13, k = 7;
+  Owned a = randn({m, k}, DType::F64, "ep.a"), b = randn({n, k}, DType::F64, "ep.b");
+  Owned bias = randn({n}, DType::F64, "ep.bias"), h = randn({m, n}, DType::F64, "ep.h");
+  // forward: c = gelu(a b^T + bias), pre saved
+  Owned c = empty({m, n}, DType::F64, Device::CPU), pre = empty({m, n}, DType::F64, Device::CPU);
+  ops::MatmulOptions o;
+  o.bias = bias;
+  o.gelu = true;
+  o.gelu_input = pre;
+  ops::matmul(a, false, b, true, c, o);
+  Owned want_pre = empty({m, n}, DType::F64, Device::CPU), want = empty({m, n}, DType::F64, Device::CPU);
+  ops::matmul(a, false, b, true, want_pre, {1.f, 0.f, bias});
+  ops::gelu_forward(want_pre, want);
+  CHECK(bitwise_equal(pre, want_pre));
+  CHECK(bitwise_equal(c, want));
+  // backward: c = (0.5 a b^T) * gelu'(h), dbias = column sums
+  ops::MatmulOptions d;
+  d.alpha = 0.5f;
+  d.dgelu_input = h;
+  Owned db = empty({n}, DType::F64, Device::CPU), want_db = empty({n}, DType::F64, Device::CPU);
+  d.dbias = db;
+  ops::matmul(a, false, b, true, c, d);
+  Owned g = empty({m, n}, DType::F64, Device::CPU);
+  ops::matmul(a, false, b, true, g, {0.5f, 0.f, {}});
+  ops::gelu_backward(g, h, want);
+  ops::sum_rows(want, want_db, 0.f);
+  CHECK(bitwise_equal(c, want));
+  CHECK(bitwise_equal(db, want_db));
+  // what the epilogues do not take
+  d.beta = 1.f;
+  CHECK_THROWS_WITH(ops::matmul(a, false, b, true, c, d), doctest::Contains("beta == 0"));
+  ops::MatmulOptions e;
+  e.dbias = db;
+  CHECK_THROWS_WITH(ops::matmul(a, false, b, true, c, e), doctest::Contains("needs dgelu_input"));
+  ops::MatmulOptions f;
+  f.gelu_input = pre;
+  CHECK_THROWS_WITH(ops::matmul(a, false, b, true, c, f), doctest::Contains("gelu is false"));
 }

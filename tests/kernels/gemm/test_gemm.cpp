@@ -324,6 +324,56 @@ TEST_CASE("cuda gemm GELU epilogue with bias and saved input, fused and not" * d
   count.print("GELU");
 }
 
+TEST_CASE("cuda gemm GELU backward epilogue (dgelu_input) with and without its bias gradient, fused and not" * doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  // The MLP's backward: dh = (dy W) * gelu'(h), db = column sums of dh (DGELU_BGRAD).
+  FuseCount count;
+  for (const Dims& d : {Dims{37, 53, 29}, Dims{64, 96, 80}, Dims{67, 136, 259}, Dims{130, 3072, 64}}) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (DType cdt : {DType::BF16, DType::F32})
+          for (DType db_dt : {DType::U8, DType::F32})
+            for (int fuse = 0; fuse < 2; ++fuse) {
+              INFO(d.name(), " ta ", ta, " tb ", tb, " c ", dtype_name(cdt), " dbias ",
+                   db_dt == DType::U8 ? "none" : dtype_name(db_dt), " fuse ", fuse);
+              const std::string tag = d.name() + std::to_string(ta * 2 + tb);
+              const bool has_db = db_dt != DType::U8;
+              Owned a = randn(stored(d.m, d.k, ta), DType::BF16, "dgelu.a " + tag, 0.3);
+              Owned b = randn(stored(d.k, d.n, tb), DType::BF16, "dgelu.b " + tag, 0.3);
+              Owned h = randn({d.m, d.n}, cdt, "dgelu.h " + tag, 1.5);
+              DeviceTensor da = to_gpu(a), db = to_gpu(b), dh = to_gpu(h);
+              Owned c = empty({d.m, d.n}, cdt, Device::CUDA), dbias = empty({d.n}, DType::F32, Device::CUDA);
+              poison(c);
+              poison(dbias);
+              cuda::GemmParams p;
+              p.a = da.t, p.trans_a = ta, p.b = db.t, p.trans_b = tb, p.c = c.t;
+              p.alpha = 0.75f;
+              p.dgelu_input = dh.t;
+              if (has_db) p.dbias_out = dbias.t;
+              p.fuse_epilogue = fuse;
+              cuda::gemm(p);
+              count.note();
+
+              Owned a64 = to_host(a, DType::F64), b64 = to_host(b, DType::F64), h64 = to_host(h, DType::F64);
+              Owned want = empty({d.m, d.n}, DType::F64, Device::CPU);
+              ref::matmul(a64, ta, b64, tb, want, {0.75f, 0.f, {}});
+              for (int64_t i = 0; i < want.t.numel(); ++i) {
+                const double x = get(h64, i), th = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+                set(want, i, get(want, i) * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * 0.7978845608028654 *
+                                                                  (1 + 3 * 0.044715 * x * x)));
+              }
+              const bool fused = cuda::gemm_last_call().fused_epilogue;
+              CHECK_CLOSE(c.t, want.t, cdt == DType::BF16 ? 1e-2 : (fused ? 1e-3 : 1e-5));
+              if (has_db) {
+                Owned want_db = zeros({d.n}, DType::F64, Device::CPU);
+                ref::sum_rows(want, want_db, 0.f);
+                CHECK_CLOSE(dbias.t, want_db.t, cdt == DType::BF16 ? 1e-2 : (fused ? 1e-3 : 1e-5));
+              }
+            }
+  }
+  count.print("DGELU");
+}
+
 TEST_CASE("cuda gemm rejects inconsistent epilogue requests" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   Owned a = empty({4, 3}, DType::BF16, Device::CUDA), b = empty({3, 5}, DType::BF16, Device::CUDA);
