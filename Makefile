@@ -6,12 +6,14 @@
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
 #   make demo       deps + build + demo data + a short tiny-llama training run + loss plot
 #   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
+#   make CUDNN=0    leave cuDNN out (model.attention_backend = "cudnn" then fails at config check)
 #   make fuzz       libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/; opt-in, see scripts/fuzz.sh
 SHELL := /bin/bash
 BUILD ?= build
 CXX ?= g++
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA ?= $(if $(NVCC),1,0)
+CUDNN ?= 1
 SM ?= 90
 PYTHON ?= $(shell command -v /usr/bin/python3 2>/dev/null || command -v python3)
 
@@ -48,6 +50,14 @@ ifeq ($(CUDA),1)
   CPPFLAGS += -DENGINE_CUDA -I$(CUDA_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-I$(NCCL_HOME)/include)
   LDFLAGS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(if $(NCCL_LIB),-L$(NCCL_LIB) -Wl$(comma)-rpath$(comma)$(NCCL_LIB))
   LDLIBS += -l:libnccl.so.2 -lcublasLt -lcublas -lcudart
+  # cuDNN (optional: model.attention_backend = "cudnn"): ENGINE_CUDNN when its header and
+  # libcudnn.so.9 are found (CUDNN=0 leaves it out); without it the build has the flash kernels only.
+  CUDNN_LIB ?= $(firstword $(dir $(wildcard $(CUDNN_HOME)/lib64/libcudnn.so.9 $(CUDNN_HOME)/lib/libcudnn.so.9)))
+  ifeq ($(CUDNN)$(if $(wildcard $(CUDNN_HOME)/include/cudnn.h),$(if $(CUDNN_LIB),yes)),1yes)
+    CPPFLAGS += -DENGINE_CUDNN $(if $(filter-out $(CUDA_HOME),$(CUDNN_HOME)),-isystem $(CUDNN_HOME)/include)
+    LDFLAGS += $(if $(filter-out $(CUDA_HOME)/lib64/,$(CUDNN_LIB)),-L$(CUDNN_LIB) -Wl$(comma)-rpath$(comma)$(CUDNN_LIB))
+    LDLIBS += -l:libcudnn.so.9
+  endif
 endif
 comma := ,
 

@@ -8,10 +8,13 @@
 // against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
 // half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
-// Each case prints fwd, bwd and fwd+bwd.
+// Each case prints fwd, bwd and fwd+bwd, for each backend (ops::AttentionBackend) side by side:
+// [flash] the engine's kernels, [cudnn] cuDNN's fused attention (builds with cuDNN only). The
+// environment variable BENCH_ATTENTION_BACKENDS (e.g. "cudnn"; default "flash,cudnn") picks them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "ops/attention.h"
 
 #ifdef ENGINE_CUDA
+#include "cuda/attention/cudnn_sdpa.cuh"
 #include "cuda/common/device.cuh"
 #endif
 
@@ -37,7 +41,24 @@ struct AttnShape {
   std::string peer;  // the PyTorch figures, fwd / fwd+bwd
 };
 
-void run_shape(const AttnShape& s, std::vector<Result>& out) {
+struct Backend {
+  ops::AttentionBackend kind;
+  std::string tag;  // " [flash]"
+};
+
+// The backends to compare: flash, and cudnn where this binary has it; BENCH_ATTENTION_BACKENDS
+// ("flash", "cudnn" or both, comma-separated) narrows the list.
+std::vector<Backend> backends() {
+  const char* env = std::getenv("BENCH_ATTENTION_BACKENDS");
+  const std::string want = env && *env ? env : "flash,cudnn";
+  std::vector<Backend> out;
+  if (want.find("flash") != std::string::npos) out.push_back({ops::AttentionBackend::Flash, " [flash]"});
+  if (want.find("cudnn") != std::string::npos && cuda::cudnn_built())
+    out.push_back({ops::AttentionBackend::Cudnn, " [cudnn " + cuda::cudnn_version() + "]"});
+  return out;
+}
+
+void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out) {
   int64_t t = 0;
   double sq = 0;  // sum of L^2 / 2
   for (int l : s.lens) t += l, sq += 0.5 * l * static_cast<double>(l);
@@ -66,15 +87,16 @@ void run_shape(const AttnShape& s, std::vector<Result>& out) {
   p.head_dim = s.dim;
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(s.dim));
   p.causal = true;
+  p.backend = be.kind;
   const ops::AttentionBackwardParams bp{p, dout, dqkv};
   const double fwd_flops = 4.0 * sq * d * h;
 
   ops::attention_forward(p);  // out and lse for the backward-only timing
-  out.push_back({s.name + " fwd", time_ms([&] { ops::attention_forward(p); }), fwd_flops, 0,
+  out.push_back({s.name + " fwd" + be.tag, time_ms([&] { ops::attention_forward(p); }), fwd_flops, 0,
                  s.peer.empty() ? "" : "peer fwd / fwd+bwd: " + s.peer});
-  out.push_back({s.name + " bwd", time_ms([&] { ops::attention_backward(bp); }), 2.5 * fwd_flops, 0,
-                 ""});
-  out.push_back({s.name + " fwd+bwd", time_ms([&] {
+  out.push_back({s.name + " bwd" + be.tag, time_ms([&] { ops::attention_backward(bp); }), 2.5 * fwd_flops,
+                 0, ""});
+  out.push_back({s.name + " fwd+bwd" + be.tag, time_ms([&] {
                    ops::attention_forward(p);
                    ops::attention_backward(bp);
                  }),
@@ -83,7 +105,7 @@ void run_shape(const AttnShape& s, std::vector<Result>& out) {
 
 // One causal sequence of `len` tokens as `chunks` consecutive chunks, each chunk's queries against
 // the keys and values of all rows up to its end (separate kv), run in order.
-void run_chunks(const std::string& name, int len, int chunks, int heads, int dim,
+void run_chunks(const std::string& name, int len, int chunks, int heads, int dim, const Backend& be,
                 std::vector<Result>& out) {
   const int64_t h = heads, d = dim, n = len / chunks;
   Owned qkv = empty({len, 3 * h, d}, DType::BF16, Device::CUDA);
@@ -119,6 +141,7 @@ void run_chunks(const std::string& name, int len, int chunks, int heads, int dim
     p.head_dim = dim;
     p.softmax_scale = 1.f / std::sqrt(static_cast<float>(dim));
     p.causal = true;
+    p.backend = be.kind;
     p.kv = kv->slice(0, (c + 1) * n);
     p.cu_seqlens_k = Tensor(cu.ptr<int32_t>() + 2, DType::I32, Device::CUDA, {2});
     p.max_seqlen_k = static_cast<int>((c + 1) * n);
@@ -136,9 +159,9 @@ void run_chunks(const std::string& name, int len, int chunks, int heads, int dim
     for (const auto& b : calls) ops::attention_backward(b);
   };
   fwd();
-  out.push_back({name + " fwd", time_ms(fwd), fwd_flops, 0, ""});
-  out.push_back({name + " bwd", time_ms(bwd), 2.5 * fwd_flops, 0, ""});
-  out.push_back({name + " fwd+bwd", time_ms([&] {
+  out.push_back({name + " fwd" + be.tag, time_ms(fwd), fwd_flops, 0, ""});
+  out.push_back({name + " bwd" + be.tag, time_ms(bwd), 2.5 * fwd_flops, 0, ""});
+  out.push_back({name + " fwd+bwd" + be.tag, time_ms([&] {
                    fwd();
                    bwd();
                  }),
@@ -171,13 +194,16 @@ BENCH_CASES("attention") {
       {"causal hd128 B4 H16 S8192", equal(4, 8192), 16, 128, "flash 331 / 290, cuDNN 598 / 497"},
       {"causal hd64 B16 H32 S2048", equal(16, 2048), 32, 64, "flash 244 / 200, cuDNN 387 / 309"},
   };
-  for (const AttnShape& s : shapes) run_shape(s, out);
   const std::vector<int> docs = documents(32768);
-  run_shape({"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs,
-             16, 128, ""},
-            out);
-  run_shape({"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""}, out);
-  run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, out);
+  const std::vector<AttnShape> more = {
+      {"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs, 16, 128, ""},
+      {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
+  };
+  const std::vector<Backend> bes = backends();
+  for (const std::vector<AttnShape>* list : {&shapes, &more})
+    for (const AttnShape& s : *list)
+      for (const Backend& be : bes) run_shape(s, be, out);
+  for (const Backend& be : bes) run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, be, out);
 #endif
   return out;
 }

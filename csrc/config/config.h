@@ -16,6 +16,7 @@ enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Mixtral, Mamba, Hybrid };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
+enum class AttentionBackendKind { Flash, Cudnn };
 enum class DeviceChoice { Auto, CPU, CUDA };
 enum class DecayKind { Cosine, Linear, Constant };
 enum class ScheduleKind { BreadthFirst, DepthFirst };
@@ -55,6 +56,10 @@ struct ModelConfig {
   int max_position_embeddings = 0;  // learned positions: table size (default sequence_length)
   double rope_theta = 10000.0;
   int sliding_window = 0;     // 0 = full causal attention
+  // CUDA attention kernels: the engine's flash kernels (cuda/attention/flash*) or cuDNN's fused
+  // attention (cuda/attention/cudnn_sdpa, builds with cuDNN only). CPU tensors always run the
+  // reference (ref/attention), whatever this says.
+  AttentionBackendKind attention_backend = AttentionBackendKind::Flash;
   bool bias = false;          // biases in linear layers (and LayerNorm)
   bool qkv_bias = false;      // biases on the q, k, v projections only (Qwen2); implied by bias
   bool tie_embeddings = false;

@@ -35,6 +35,8 @@ inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", Activat
                                                                 {"swiglu", ActivationKind::SwiGLU}};
 inline constexpr EnumName<PositionKind> kPositionNames[] = {{"learned", PositionKind::Learned},
                                                             {"rope", PositionKind::Rope}};
+inline constexpr EnumName<AttentionBackendKind> kAttentionBackendNames[] = {
+    {"flash", AttentionBackendKind::Flash}, {"cudnn", AttentionBackendKind::Cudnn}};
 inline constexpr EnumName<DeviceChoice> kDeviceNames[] = {
     {"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::CPU}, {"cuda", DeviceChoice::CUDA}};
 inline constexpr EnumName<DecayKind> kDecayNames[] = {{"cosine", DecayKind::Cosine},
@@ -99,6 +101,7 @@ void visit_fields(C& c, V& v) {
   v.field("max_position_embeddings", c.model.max_position_embeddings);
   v.field("rope_theta", c.model.rope_theta);
   v.field("sliding_window", c.model.sliding_window);
+  v.choice("attention_backend", c.model.attention_backend, names_of(kAttentionBackendNames));
   v.field("bias", c.model.bias);
   v.field("qkv_bias", c.model.qkv_bias);
   v.field("tie_embeddings", c.model.tie_embeddings);

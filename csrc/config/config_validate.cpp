@@ -342,6 +342,17 @@ struct Checker {
     if (attention && m.positions == PositionKind::Rope && m.head_dim % 2 != 0)
       RAISE(c.where("model.head_dim"), "must be even with rope positions, got ", m.head_dim,
             set("model.head_dim") ? "" : " (hidden_size / num_heads)");
+    if (m.attention_backend == AttentionBackendKind::Cudnn) {
+#ifndef ENGINE_CUDNN
+      RAISE(c.where("model.attention_backend"),
+            "\"cudnn\" needs cuDNN and this binary was built without cuDNN (the Makefile found no cudnn.h "
+            "and libcudnn.so.9, or CUDNN=0): use \"flash\", or rebuild where cuDNN is installed");
+#endif
+      // cuDNN's fused attention engines take head dims that are multiples of 8, up to 256 (Hopper).
+      if (attention && (m.head_dim % 8 != 0 || m.head_dim > 256))
+        RAISE(c.where("model.attention_backend"), "\"cudnn\" needs head_dim a multiple of 8 and at most 256, got ",
+              m.head_dim, " (use \"flash\")");
+    }
 
     if (set("model.ffn_hidden_size")) {
       positive("model.ffn_hidden_size", m.ffn_hidden_size);

@@ -15,6 +15,8 @@ Attention::Attention(const ParamStore& store, const std::string& prefix, const M
     : heads_(c.num_heads / store.table().tp_size()), kv_heads_(c.num_kv_heads / store.table().tp_size()),
       head_dim_(c.head_dim),
       window_(c.sliding_window), rope_(c.positions == PositionKind::Rope),
+      backend_(c.attention_backend == AttentionBackendKind::Cudnn ? ops::AttentionBackend::Cudnn
+                                                                   : ops::AttentionBackend::Flash),
       theta_(static_cast<float>(c.rope_theta)) {
   wqkv_ = adjacent_rows(store, {prefix + ".wq", prefix + ".wk", prefix + ".wv"});
   wo_ = Param(store, prefix + ".wo");
@@ -52,6 +54,7 @@ ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const Attentio
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(head_dim_));
   p.causal = true;
   p.window = window_;
+  p.backend = backend_;
   if (seg.kv) {  // micro-sequences: keys and values of this chunk and the earlier ones
     const KvChunks::Layer& l = seg.kv->layers.at(this);
     const int64_t end = seg.row_begin + s.qkv->size(0);

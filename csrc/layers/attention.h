@@ -70,6 +70,7 @@ class Attention {
   ops::AttentionParams op_params(const SegmentInfo& seg, const AttentionSaved& s) const;
   int heads_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
   bool rope_ = false;
+  ops::AttentionBackend backend_ = ops::AttentionBackend::Flash;  // model.attention_backend
   float theta_ = 10000.f;
   Param wqkv_, bqkv_, wo_, bo_;
   bool first_rank_ = true;  // tensor-parallel rank 0: adds the row-parallel bias

@@ -1,11 +1,13 @@
 // Dispatch of ops/attention.h: CPU -> ref/attention, CUDA -> cuda/attention (flash attention:
-// mma.sync kernels for head dims 64 and 128, a simple f32 kernel for the others).
+// mma.sync kernels for head dims 64 and 128, a simple f32 kernel for the others; or cuDNN's
+// fused attention, cudnn_sdpa, when AttentionParams::backend says so).
 #include "ops/attention.h"
 
 #include "ops/dispatch.h"
 #include "ref/attention.h"
 
 #ifdef ENGINE_CUDA
+#include "cuda/attention/cudnn_sdpa.cuh"
 #include "cuda/attention/flash.cuh"
 #endif
 
@@ -20,6 +22,7 @@ void attention_forward(const AttentionParams& p) {
                                       {"cu_seqlens_k", p.cu_seqlens_k}}) == Device::CPU)
     return ref::attention_forward(p);
 #ifdef ENGINE_CUDA
+  if (p.backend == AttentionBackend::Cudnn) return cuda::cudnn_attention_forward(p);
   return cuda::attention_forward(p);
 #endif
   no_cuda_build("attention_forward");
@@ -37,6 +40,7 @@ void attention_backward(const AttentionBackwardParams& p) {
                                        {"dkv", p.dkv}}) == Device::CPU)
     return ref::attention_backward(p);
 #ifdef ENGINE_CUDA
+  if (p.fwd.backend == AttentionBackend::Cudnn) return cuda::cudnn_attention_backward(p);
   return cuda::attention_backward(p);
 #endif
   no_cuda_build("attention_backward");

@@ -22,6 +22,12 @@
 
 namespace engine::ops {
 
+// Which CUDA kernels run the op (CPU tensors always run the reference, ref/attention): the
+// engine's flash kernels (cuda/attention/flash*), or cuDNN's fused attention
+// (cuda/attention/cudnn_sdpa; bf16, head dims multiples of 8 up to 256; builds with cuDNN only,
+// otherwise an error). Both follow this contract, the backward of either accepts the lse of either.
+enum class AttentionBackend { Flash, Cudnn };
+
 struct AttentionParams {
   Tensor qkv;         // (T, H + 2*Hkv, D): q heads, then k heads, then v heads
   Tensor out;         // (T, H, D)
@@ -39,6 +45,7 @@ struct AttentionParams {
   Tensor cu_seqlens_k;   // (S + 1) i32, same device: key row offsets, cu_seqlens_k[S] == Tk,
                          // len_k(s) >= len_q(s) for every s
   int max_seqlen_k = 0;  // longest len_k (bounds every one; sizes the backward's grid)
+  AttentionBackend backend = AttentionBackend::Flash;
 
   // Whether kv is given (a default-constructed Tensor is not; an empty (0, ...) one is).
   bool separate_kv() const { return kv.data != nullptr || kv.ndim() != 0; }

@@ -460,3 +460,34 @@ TEST_CASE("config: every file in configs/ loads and its effective config round-t
   }
   CHECK(n >= 10);
 }
+
+TEST_CASE("config: model.attention_backend parses, round-trips and names itself in its errors") {
+  CHECK(parse(doc()).model.attention_backend == AttentionBackendKind::Flash);
+  CHECK(parse(doc("attention_backend = \"flash\"\n")).model.attention_backend == AttentionBackendKind::Flash);
+  std::string msg = error_of(doc("attention_backend = \"cudnn2\"\n"));
+  CHECK(msg.rfind("t.toml:2: model.attention_backend: ", 0) == 0);
+  CHECK(msg.find("unknown value \"cudnn2\", expected \"flash\" or \"cudnn\"") != std::string::npos);
+  msg = error_of(doc("attention_backend = 1\n"));
+  CHECK(msg.rfind("t.toml:2: model.attention_backend: ", 0) == 0);
+#ifdef ENGINE_CUDNN
+  const Config c = parse(doc("attention_backend = \"cudnn\"\n"));
+  CHECK(c.model.attention_backend == AttentionBackendKind::Cudnn);
+  CHECK(config_to_toml(c).find("attention_backend = \"cudnn\"") != std::string::npos);
+  CHECK(parse_config(config_to_toml(c), "again.toml") == c);
+  CHECK(parse(doc(), {"model.attention_backend=cudnn"}).model.attention_backend == AttentionBackendKind::Cudnn);
+  // Head dims cuDNN's fused attention does not take (multiples of 8 up to 256).
+  msg = error_of(doc("attention_backend = \"cudnn\"\nhead_dim = 20\n"));
+  INFO(msg);
+  CHECK(msg.rfind("t.toml:2: model.attention_backend: ", 0) == 0);
+  CHECK(msg.find("head_dim a multiple of 8") != std::string::npos);
+  // Without attention layers the key does not matter.
+  CHECK_NOTHROW(parse(doc("family = \"mamba\"\nattention_backend = \"cudnn\"\n")));
+#else
+  msg = error_of(doc("attention_backend = \"cudnn\"\n"));
+  INFO(msg);
+  CHECK(msg.rfind("t.toml:2: model.attention_backend: ", 0) == 0);
+  CHECK(msg.find("built without cuDNN") != std::string::npos);
+  msg = error_of(doc(), {"model.attention_backend=cudnn"});
+  CHECK(msg.rfind("<command line>: model.attention_backend: ", 0) == 0);
+#endif
+}
