@@ -10,6 +10,8 @@
 namespace engine::ops {
 
 struct MatmulOptions {
+  MatmulOptions() = default;
+  MatmulOptions(float alpha_, float beta_, Tensor bias_ = {}) : alpha(alpha_), beta(beta_), bias(bias_) {}
   float alpha = 1.f;
   float beta = 0.f;
   Tensor bias;  // (N) or undefined; added once per row after the product
