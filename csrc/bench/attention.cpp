@@ -8,7 +8,9 @@
 // against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
 // half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
-// Each case prints fwd, bwd and fwd+bwd.
+// Each case prints fwd, bwd and fwd+bwd, once per forward kernel ([mma.sync], and [sm90] where
+// the Hopper forward runs: cuda::set_attention_kernel; the backward is the same mma.sync kernel
+// in both), so the two run side by side in one call.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "ops/attention.h"
 
 #ifdef ENGINE_CUDA
+#include "cuda/attention/flash.cuh"
 #include "cuda/common/device.cuh"
 #endif
 
@@ -171,13 +174,23 @@ BENCH_CASES("attention") {
       {"causal hd128 B4 H16 S8192", equal(4, 8192), 16, 128, "flash 331 / 290, cuDNN 598 / 497"},
       {"causal hd64 B16 H32 S2048", equal(16, 2048), 32, 64, "flash 244 / 200, cuDNN 387 / 309"},
   };
-  for (const AttnShape& s : shapes) run_shape(s, out);
   const std::vector<int> docs = documents(32768);
-  run_shape({"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs,
-             16, 128, ""},
-            out);
-  run_shape({"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""}, out);
-  run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, out);
+  const cuda::AttentionKernel saved = cuda::attention_kernel();
+  std::vector<cuda::AttentionKernel> kernels = {cuda::AttentionKernel::kMmaSync};
+  if (cuda::attention_sm90_available(64) && cuda::attention_sm90_available(128))
+    kernels.push_back(cuda::AttentionKernel::kSm90);
+  for (const cuda::AttentionKernel k : kernels) {
+    cuda::set_attention_kernel(k);
+    const std::string tag = std::string("[") + cuda::attention_kernel_name(k) + "] ";
+    for (const AttnShape& s : shapes) run_shape({tag + s.name, s.lens, s.heads, s.dim, s.peer}, out);
+    run_shape({tag + "causal hd128 H16 packed " + std::to_string(docs.size()) +
+                   " docs 64..2047, T=32768",
+               docs, 16, 128, ""},
+              out);
+    run_shape({tag + "causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""}, out);
+  }
+  cuda::set_attention_kernel(saved);
+  run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix, mma.sync)", 8192, 4, 16, 128, out);
 #endif
   return out;
 }

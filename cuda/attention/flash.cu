@@ -186,10 +186,28 @@ bool nothing_to_do(const Launch& l, const ops::AttentionParams& p) {
 
 }  // namespace
 
+namespace {
+AttentionKernel g_kernel = AttentionKernel::kAuto;  // set_attention_kernel
+}  // namespace
+
+void set_attention_kernel(AttentionKernel k) { g_kernel = k; }
+AttentionKernel attention_kernel() { return g_kernel; }
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::kAuto: return "auto";
+    case AttentionKernel::kMmaSync: return "mma.sync";
+    case AttentionKernel::kSm90: return "sm90";
+  }
+  return "?";
+}
+bool attention_sm90_available(int head_dim) { return flash::flash_fwd_sm90_available(head_dim); }
+
 void attention_forward(const ops::AttentionParams& p) {
   const Launch l = make_params(p, "attention_forward");
   if (nothing_to_do(l, p)) return;
-  if (flash::has_mma_path(l.k.head_dim))
+  if (g_kernel != AttentionKernel::kMmaSync && flash::flash_fwd_sm90_eligible(l.k, l.g))
+    flash::run_flash_fwd_sm90(l.k, l.g, stream());
+  else if (flash::has_mma_path(l.k.head_dim))
     flash::head_dim_switch(l.k.head_dim, [&](auto d) {
       flash::run_flash_fwd<decltype(d)::value>(l.k, l.g, stream());
     });
