@@ -8,9 +8,9 @@
 // against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
 // half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
-// Each case prints fwd, bwd and fwd+bwd, once per forward kernel ([mma.sync], and [sm90] where
-// the Hopper forward runs: cuda::set_attention_kernel; the backward is the same mma.sync kernel
-// in both), so the two run side by side in one call.
+// Each case prints fwd, bwd and fwd+bwd, once per kernel choice ([mma.sync], and [sm90] where the
+// Hopper kernels run: cuda::set_attention_kernel; the sm90 backward is D = 128 only, D = 64 runs
+// the mma.sync backward in both), so the two run side by side in one call.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,7 +40,7 @@ struct AttnShape {
   std::string peer;  // the PyTorch figures, fwd / fwd+bwd
 };
 
-void run_shape(const AttnShape& s, std::vector<Result>& out) {
+void run_shape(const AttnShape& s, std::vector<Result>& out, bool fwd_only = false) {
   int64_t t = 0;
   double sq = 0;  // sum of L^2 / 2
   for (int l : s.lens) t += l, sq += 0.5 * l * static_cast<double>(l);
@@ -75,6 +75,7 @@ void run_shape(const AttnShape& s, std::vector<Result>& out) {
   ops::attention_forward(p);  // out and lse for the backward-only timing
   out.push_back({s.name + " fwd", time_ms([&] { ops::attention_forward(p); }), fwd_flops, 0,
                  s.peer.empty() ? "" : "peer fwd / fwd+bwd: " + s.peer});
+  if (fwd_only) return;
   out.push_back({s.name + " bwd", time_ms([&] { ops::attention_backward(bp); }), 2.5 * fwd_flops, 0,
                  ""});
   out.push_back({s.name + " fwd+bwd", time_ms([&] {
@@ -188,6 +189,14 @@ BENCH_CASES("attention") {
                docs, 16, 128, ""},
               out);
     run_shape({tag + "causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""}, out);
+    if (k == cuda::AttentionKernel::kSm90) {  // the forward with one block per q tile
+      cuda::set_attention_sm90_persistent(false);
+      for (const AttnShape& s : shapes)
+        run_shape({"[sm90, grid of q tiles] " + s.name, s.lens, s.heads, s.dim, ""}, out, true);
+      run_shape({"[sm90, grid of q tiles] causal hd128 H16 packed docs", docs, 16, 128, ""}, out,
+                true);
+      cuda::set_attention_sm90_persistent(true);
+    }
   }
   cuda::set_attention_kernel(saved);
   run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix, mma.sync)", 8192, 4, 16, 128, out);

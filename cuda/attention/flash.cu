@@ -201,6 +201,10 @@ const char* attention_kernel_name(AttentionKernel k) {
   return "?";
 }
 bool attention_sm90_available(int head_dim) { return flash::flash_fwd_sm90_available(head_dim); }
+bool attention_sm90_backward_available(int head_dim) {
+  return flash::flash_bwd_sm90_available(head_dim);
+}
+void set_attention_sm90_persistent(bool on) { flash::set_sm90_forward_persistent(on); }
 
 void attention_forward(const ops::AttentionParams& p) {
   const Launch l = make_params(p, "attention_forward");
@@ -265,7 +269,11 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   }
   flash::head_dim_switch(k.head_dim, [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
-    flash::run_flash_bwd<kD>(k, l.g, stream());
+    if (kD == 128 && g_kernel != AttentionKernel::kMmaSync &&
+        flash::flash_bwd_sm90_eligible(k, l.g))
+      flash::run_flash_bwd_sm90(k, l.g, stream());
+    else
+      flash::run_flash_bwd<kD>(k, l.g, stream());
     const dim3 grid(static_cast<unsigned>(ceil_div(t * (kD / 4), 256)),
                     static_cast<unsigned>(k.num_heads));
     dq_convert_kernel<kD><<<grid, 256, 0, stream()>>>(k.dq_accum, k.dq, t, k.q_row, k.scale);

@@ -19,19 +19,25 @@
 
 namespace engine::cuda {
 
-// Which forward kernel runs (a process-wide setting; the backward is always the mma.sync one):
-//   kAuto     the Hopper kernel where it is eligible (sm_90a build on a compute capability 9.0
-//             device, head dim 64 or 128, no separate kv, 16-byte aligned qkv), else kMmaSync
-//   kMmaSync  the portable mma.sync kernels (flash_fwd.cuh; the f32 fallback for other head
-//             dims), the reference the others are tested against
-//   kSm90     the Hopper kernel (flash_sm90.cu) where eligible, else as kMmaSync
+// Which kernels run (a process-wide setting, forward and backward alike):
+//   kAuto     the Hopper kernels where eligible (an sm_90a build on a compute capability 9.0
+//             device, no separate kv, 16-byte aligned qkv and dout; forward: head dim 64 or
+//             128; backward: head dim 128), else kMmaSync
+//   kMmaSync  the portable mma.sync kernels (flash_fwd.cuh, flash_bwd.cuh; the f32 fallback for
+//             other head dims), the reference the others are tested against
+//   kSm90     the Hopper kernels (flash_sm90.cu, flash_bwd_sm90.cu) where eligible, else as
+//             kMmaSync
 // (kAuto and kSm90 are the same today; kAuto may come to depend on the shape as measurements say.)
 enum class AttentionKernel { kAuto, kMmaSync, kSm90 };
 void set_attention_kernel(AttentionKernel k);
 AttentionKernel attention_kernel();
 const char* attention_kernel_name(AttentionKernel k);  // "auto", "mma.sync", "sm90"
-// Whether the Hopper forward can run on this device for head_dim (64 or 128).
+// Whether the Hopper forward (backward) can run on this device for head_dim (64 or 128; 128).
 bool attention_sm90_available(int head_dim);
+bool attention_sm90_backward_available(int head_dim);
+// The Hopper forward's grid: persistent (one block per SM walking the q tiles, longest first;
+// the default) or one block per q tile (for comparison in benchmarks).
+void set_attention_sm90_persistent(bool on);
 
 void attention_forward(const ops::AttentionParams& p);
 void attention_backward(const ops::AttentionBackwardParams& p);

@@ -264,6 +264,13 @@ void run_fallback_bwd(const Params& p, const Grid& g, cudaStream_t stream);  // 
 bool flash_fwd_sm90_available(int head_dim);
 bool flash_fwd_sm90_eligible(const Params& p, const Grid& g);
 void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
+// Persistent grid (one block per SM walking the q tiles; the default) or one block per q tile.
+void set_sm90_forward_persistent(bool on);
+// The Hopper backward (flash_bwd_sm90.cu), D = 128 only, the same conditions; replaces
+// run_flash_bwd<128> between flash.cu's dsum and dq_convert kernels.
+bool flash_bwd_sm90_available(int head_dim);
+bool flash_bwd_sm90_eligible(const Params& p, const Grid& g);
+void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
 
 // True for the head dims with an mma.sync kernel.
 constexpr bool has_mma_path(int d) { return d == 64 || d == 128; }

@@ -31,8 +31,12 @@
 //
 // Shared memory: Q 128 x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 80 KiB (D = 64)
 // + barriers; one block per SM (384 threads).
+#include <algorithm>
+#include <limits>
+
 #include "cuda/attention/flash_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/attention/flash_sm90.cuh"
 #include "cuda/common/sm90.cuh"
 
 namespace engine::cuda::flash {
@@ -40,17 +44,19 @@ namespace {
 
 template <int kD>
 struct Sm90Config {
-  static constexpr int kBlockM = 128, kBlockN = 128;
-  static constexpr int kConsumers = kBlockM / 64;  // warpgroups
+  static constexpr int kConsumers = kD == 64 ? 3 : 2;  // warpgroups of 64 query rows
+  static constexpr int kBlockM = 64 * kConsumers, kBlockN = 128;
   static constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
-  // Registers per thread after setmaxnreg (the block is compiled for 65536 / 384 = 168).
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Registers per thread after setmaxnreg (the block is compiled for 65536 / kThreads).
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
   static constexpr int kStages = 2;
-  static constexpr int kColBlocks = kD / 64;         // 64-column boxes per tile
+  static constexpr int kBoxRows = 64;        // rows per TMA box
+  static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile
   static constexpr uint32_t kQBytes = kBlockM * kD * 2, kKBytes = kBlockN * kD * 2;
   static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kKBytes;
-  static constexpr size_t kSmemBytes = kBarOffset + 8 * (1 + 4 * kStages) + 1024;  // + align slack
+  static constexpr size_t kSmemBytes = kBarOffset + 8 * (2 + 4 * kStages) + 1024;  // + align slack
 };
 
 // What the kernel reads besides the tensor map (by value, small).
@@ -61,59 +67,31 @@ struct Sm90Params {
   int num_heads, num_kv_heads;
   float scale;
   int window;
+  int num_seqs, m_blocks;  // S, q tiles of the longest sequence
   bool causal;
 };
 
+// Work item w (q tile of one q head of one sequence), in the order blocks take them: the last q
+// tiles (longest causal rows) of every (head, sequence) first, heads innermost.
+struct FwdItem {
+  int h, seq_begin, L, m0;
+};
+template <int kBlockM>
+__device__ __forceinline__ FwdItem fwd_item(const Sm90Params& p, int64_t w) {
+  const int64_t per_m = int64_t{p.num_heads} * p.num_seqs;
+  const int z = static_cast<int>(w / per_m);
+  const int rem = static_cast<int>(w - z * per_m);
+  const int seq = rem / p.num_heads;
+  FwdItem it;
+  it.h = rem - seq * p.num_heads;
+  it.seq_begin = p.cu_seqlens[seq];
+  it.L = p.cu_seqlens[seq + 1] - it.seq_begin;
+  it.m0 = (p.m_blocks - 1 - z) * kBlockM;
+  return it;
+}
+
 #ifdef ENGINE_SM90A
 using namespace sm90;
-
-// d (64 x 128 f32) (+)= A (64 x 16, descriptor a) B (16 x 128, descriptor b), both K-major in
-// shared memory; accumulate = 0 overwrites d.
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// d (64 x 128 f32) += A (64 x 16, bf16 pairs in registers: the accumulator layout of a k16 slice)
-// B (16 x 128, descriptor b, MN-major in shared memory: transposed).
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-// d (64 x 64 f32) += A (64 x 16, bf16 pairs in registers: the accumulator layout of a k16 slice)
-// B (16 x 64, descriptor b, MN-major in shared memory: transposed).
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
 
 template <int kD>
 __device__ __forceinline__ void wgmma_pv(float (&o)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
@@ -130,33 +108,32 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
 #ifdef ENGINE_SM90A
   using C = Sm90Config<kD>;
   constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kColBlocks = C::kColBlocks;
-  constexpr int kStages = C::kStages;
+  constexpr int kStages = C::kStages, kBoxRows = C::kBoxRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;
   auto sK = [&](int s) { return base + C::kQBytes + s * 2 * C::kKBytes; };
   auto sV = [&](int s) { return base + C::kQBytes + s * 2 * C::kKBytes + C::kKBytes; };
-  const uint32_t q_full = base + C::kBarOffset;
-  auto k_full = [&](int s) { return q_full + 8 + 8 * s; };
-  auto v_full = [&](int s) { return q_full + 8 + 8 * kStages + 8 * s; };
-  auto k_empty = [&](int s) { return q_full + 8 + 16 * kStages + 8 * s; };
-  auto v_empty = [&](int s) { return q_full + 8 + 24 * kStages + 8 * s; };
+  const uint32_t q_full = base + C::kBarOffset, q_empty = q_full + 8;
+  auto k_full = [&](int s) { return q_full + 16 + 8 * s; };
+  auto v_full = [&](int s) { return q_full + 16 + 8 * kStages + 8 * s; };
+  auto k_empty = [&](int s) { return q_full + 16 + 16 * kStages + 8 * s; };
+  auto v_empty = [&](int s) { return q_full + 16 + 24 * kStages + 8 * s; };
 
-  const int h = blockIdx.x, seq = blockIdx.y;
-  const int m_block = gridDim.z - 1 - blockIdx.z;  // the longest causal rows of all heads first
-  const int seq_begin = p.cu_seqlens[seq];
-  const int L = p.cu_seqlens[seq + 1] - seq_begin;
-  const int m0 = m_block * kBlockM;
-  if (m0 >= L) return;
-  const int H = p.num_heads, Hkv = p.num_kv_heads, kv = h / (H / Hkv);
-  const int key_lo = p.window > 0 ? max(0, m0 - p.window + 1) : 0;
-  const int key_hi = p.causal ? min(L, m0 + kBlockM) : L;
-  const int n_first = key_lo / kBlockN, n_last = (key_hi - 1) / kBlockN;
-  const int n_tiles = n_last - n_first + 1;
+  const int H = p.num_heads, Hkv = p.num_kv_heads;
+  const int64_t items = int64_t{H} * p.num_seqs * p.m_blocks;
+  // The visible key tiles of an item: [n_first, n_last].
+  auto tile_range = [&](const FwdItem& it, int& n_first, int& n_last) {
+    const int key_lo = p.window > 0 ? max(0, it.m0 - p.window + 1) : 0;
+    const int key_hi = p.causal ? min(it.L, it.m0 + kBlockM) : it.L;
+    n_first = key_lo / kBlockN;
+    n_last = (key_hi - 1) / kBlockN;
+  };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, C::kConsumers);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
@@ -171,21 +148,37 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   if (warp >= 4 * C::kConsumers) {  // producer warpgroup: warp 4 kConsumers, lane 0 issues
     setmaxnreg_dec<C::kProducerRegs>();
     if (warp == 4 * C::kConsumers && lane == 0) {
-      mbar_expect_tx(q_full, C::kQBytes);
-      for (int c = 0; c < kColBlocks; ++c)
-        tma_load_3d(sQ + c * kBlockM * 128, &map, 0, h * kColBlocks + c, seq_begin + m0, q_full);
-      const int k_col = (H + kv) * kColBlocks, v_col = (H + Hkv + kv) * kColBlocks;
-      for (int i = 0; i < n_tiles; ++i) {
-        const int s = i % kStages;
-        const int key0 = seq_begin + (n_last - i) * kBlockN;
-        if (i >= kStages) mbar_wait(k_empty(s), ((i / kStages) - 1) & 1);
-        mbar_expect_tx(k_full(s), C::kKBytes);
+      int kt = 0, j = 0;  // key tiles and items of this block so far
+      for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+        const FwdItem it = fwd_item<kBlockM>(p, w);
+        if (it.m0 >= it.L) continue;
+        int n_first, n_last;
+        tile_range(it, n_first, n_last);
+        const int kv = it.h / (H / Hkv);
+        if (j > 0) mbar_wait(q_empty, (j - 1) & 1);  // every consumer is done with the last Q
+        mbar_expect_tx(q_full, C::kQBytes);
         for (int c = 0; c < kColBlocks; ++c)
-          tma_load_3d(sK(s) + c * kBlockN * 128, &map, 0, k_col + c, key0, k_full(s));
-        if (i >= kStages) mbar_wait(v_empty(s), ((i / kStages) - 1) & 1);
-        mbar_expect_tx(v_full(s), C::kKBytes);
-        for (int c = 0; c < kColBlocks; ++c)
-          tma_load_3d(sV(s) + c * kBlockN * 128, &map, 0, v_col + c, key0, v_full(s));
+          for (int b = 0; b < kBlockM / kBoxRows; ++b)
+            tma_load_3d(sQ + (c * kBlockM + b * kBoxRows) * 128, &map, 0, it.h * kColBlocks + c,
+                        it.seq_begin + it.m0 + b * kBoxRows, q_full);
+        const int k_col = (H + kv) * kColBlocks, v_col = (H + Hkv + kv) * kColBlocks;
+        for (int n = n_last; n >= n_first; --n, ++kt) {
+          const int s = kt % kStages;
+          const int key0 = it.seq_begin + n * kBlockN;
+          if (kt >= kStages) mbar_wait(k_empty(s), ((kt / kStages) - 1) & 1);
+          mbar_expect_tx(k_full(s), C::kKBytes);
+          for (int c = 0; c < kColBlocks; ++c)
+            for (int b = 0; b < kBlockN / kBoxRows; ++b)
+              tma_load_3d(sK(s) + (c * kBlockN + b * kBoxRows) * 128, &map, 0, k_col + c,
+                          key0 + b * kBoxRows, k_full(s));
+          if (kt >= kStages) mbar_wait(v_empty(s), ((kt / kStages) - 1) & 1);
+          mbar_expect_tx(v_full(s), C::kKBytes);
+          for (int c = 0; c < kColBlocks; ++c)
+            for (int b = 0; b < kBlockN / kBoxRows; ++b)
+              tma_load_3d(sV(s) + (c * kBlockN + b * kBoxRows) * 128, &map, 0, v_col + c,
+                          key0 + b * kBoxRows, v_full(s));
+        }
+        ++j;
       }
     }
     return;
@@ -196,6 +189,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   const int wg = warp >> 2, wq = warp & 3;
   const int row_base = wg * 64 + wq * 16 + (lane >> 2);  // tile row of fragment rows hf = 0 (+ 8)
   const float c = p.scale * kLog2e;
+  const bool leader = (tid & 127) == 0;
   // Q of this warpgroup: column block kk / 4 at kk / 4 * kBlockM * 128, rows 64 wg on.
   auto q_desc = [&](int kk) {
     return smem_desc_sw128(sQ + (kk >> 2) * kBlockM * 128 + wg * 64 * 128 + (kk & 3) * 32, 16);
@@ -208,9 +202,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   float o[kD / 2];
   float sc[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+  float m_run[2], l_run[2];
 
   // S = Q K[s]^T, issued (not waited for).
   auto issue_s = [&](int s) {
@@ -225,9 +217,9 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_pv<kD>(o, pa[kk], v_desc(s, kk));
     wgmma_commit();
   };
-  // Masks tile n of S, softmax numerators into sc, returns alpha (per row half) via m_run / l_run
-  // updates; O is not touched (rescaled by the caller once P V is done).
-  auto softmax = [&](int n, float (&alpha)[2]) {
+  // Masks key tile n of S for the rows of item (L, m0), turns sc into the softmax numerators,
+  // updates m_run, l_run and returns the rescale factors of O (applied once P V is done).
+  auto softmax = [&](int n, int L, int m0, float (&alpha)[2]) {
     const int n0 = n * kBlockN;
     const bool need_mask = n0 + kBlockN > L || (p.causal && n0 + kBlockN - 1 > m0) ||
                            (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
@@ -278,70 +270,93 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
   };
-  const bool leader = (tid & 127) == 0;
 
-  mbar_wait(q_full, 0);
-  mbar_wait(k_full(0), 0);
-  issue_s(0);
-  wgmma_wait<0>();
-  reg_fence(sc);
-  if (leader) mbar_arrive(k_empty(0));
-  {
-    float alpha[2];
-    softmax(n_last, alpha);
-  }
-  to_p();
-  for (int i = 1; i < n_tiles; ++i) {
-    const int s = i % kStages, prev = (i - 1) % kStages;
-    mbar_wait(k_full(s), (i / kStages) & 1);
-    issue_s(s);
-    mbar_wait(v_full(prev), ((i - 1) / kStages) & 1);
-    issue_pv(prev);
-    wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
-    reg_fence(sc);
-    if (leader) mbar_arrive(k_empty(s));
-    float alpha[2];
-    softmax(n_last - i, alpha);
-    wgmma_wait<0>();
-    reg_fence(o);
+  int kt = 0, j = 0;  // key tiles and items of this block so far (as the producer counts them)
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const FwdItem it = fwd_item<kBlockM>(p, w);
+    if (it.m0 >= it.L) continue;
+    int n_first, n_last;
+    tile_range(it, n_first, n_last);
+    const int n_tiles = n_last - n_first + 1;
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
-    if (leader) mbar_arrive(v_empty(prev));
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      o[4 * j + 0] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+
+    mbar_wait(q_full, j & 1);
+    {
+      const int s = kt % kStages;
+      mbar_wait(k_full(s), (kt / kStages) & 1);
+      issue_s(s);
+      wgmma_wait<0>();
+      reg_fence(sc);
+      if (leader) {
+        mbar_arrive(k_empty(s));
+        if (n_tiles == 1) mbar_arrive(q_empty);  // the item's last use of Q
+      }
+      float alpha[2];
+      softmax(n_last, it.L, it.m0, alpha);
+      to_p();
     }
-    to_p();
-  }
-  {
-    const int last = (n_tiles - 1) % kStages;
-    mbar_wait(v_full(last), ((n_tiles - 1) / kStages) & 1);
-    issue_pv(last);
-    wgmma_wait<0>();
-    reg_fence(o);
+    for (int i = 1; i < n_tiles; ++i) {
+      const int g = kt + i, s = g % kStages, prev = (g - 1) % kStages;
+      mbar_wait(k_full(s), (g / kStages) & 1);
+      issue_s(s);
+      mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
+      issue_pv(prev);
+      wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
+      reg_fence(sc);
+      if (leader) {
+        mbar_arrive(k_empty(s));
+        if (i == n_tiles - 1) mbar_arrive(q_empty);
+      }
+      float alpha[2];
+      softmax(n_last - i, it.L, it.m0, alpha);
+      wgmma_wait<0>();
+      reg_fence(o);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
-  }
+      for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
+      if (leader) mbar_arrive(v_empty(prev));
+#pragma unroll
+      for (int jj = 0; jj < kD / 8; ++jj) {
+        o[4 * jj + 0] *= alpha[0];
+        o[4 * jj + 1] *= alpha[0];
+        o[4 * jj + 2] *= alpha[1];
+        o[4 * jj + 3] *= alpha[1];
+      }
+      to_p();
+    }
+    {
+      const int g = kt + n_tiles - 1, last = g % kStages;
+      mbar_wait(v_full(last), (g / kStages) & 1);
+      issue_pv(last);
+      wgmma_wait<0>();
+      reg_fence(o);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
+      if (leader) mbar_arrive(v_empty(last));
+    }
+    kt += n_tiles;
+    ++j;
 
-  // Epilogue: normalise, lse, store the rows inside the sequence.
+    // Epilogue: normalise, lse, store the rows inside the sequence (the producer already loads
+    // the next item's Q and keys meanwhile).
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float l = l_run[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int i = m0 + row_base + 8 * hf;
-    if (i < L) {
-      const int64_t t = seq_begin + static_cast<int64_t>(i);
-      if ((lane & 3) == 0) p.lse[t * H + h] = m_run[hf] * p.scale + logf(l);
-      bf16* dst = p.out + (t * H + h) * kD + 2 * (lane & 3);
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = l_run[hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int i = it.m0 + row_base + 8 * hf;
+      if (i < it.L) {
+        const int64_t t = it.seq_begin + static_cast<int64_t>(i);
+        if ((lane & 3) == 0) p.lse[t * H + it.h] = m_run[hf] * p.scale + logf(l);
+        bf16* dst = p.out + (t * H + it.h) * kD + 2 * (lane & 3);
 #pragma unroll
-      for (int j = 0; j < kD / 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-            pack_bf16(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+        for (int jj = 0; jj < kD / 8; ++jj)
+          *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
+              pack_bf16(o[4 * jj + 2 * hf] * inv, o[4 * jj + 2 * hf + 1] * inv);
+      }
     }
   }
 #endif  // ENGINE_SM90A
@@ -361,28 +376,41 @@ bool kernel_ready() {
   return ok;
 }
 
+bool g_persistent = true;  // set_sm90_forward_persistent
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return count;
+  }();
+  return n;
+}
+
 template <int kD>
 void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   using C = Sm90Config<kD>;
-  // qkv as (64 elements, column blocks of all heads, T tokens): strides in bytes.
-  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(p.q_row / 64),
-                              static_cast<cuuint64_t>(p.num_tokens)};
-  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(p.q_row) * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(C::kBlockM)};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  static_assert(C::kBlockM == C::kBlockN, "one box shape for Q, K and V tiles");
-  CUtensorMap map;
-  const CUresult r = sm90::tensor_map_encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(p.q), dims, strides, box, elem,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  ENSURE(r == CUDA_SUCCESS, "attention_forward (sm90): cuTensorMapEncodeTiled failed (",
-         static_cast<int>(r), ")");
-  const Sm90Params kp{p.out, p.lse, p.cu_seqlens_q, p.num_heads, p.num_kv_heads, p.scale,
-                      p.window, p.causal};
-  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.num_seqs),
-                  static_cast<unsigned>(ceil_div(g.max_seqlen_q, C::kBlockM)));
-  flash_fwd_sm90_kernel<kD><<<grid, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
+  const CUtensorMap map =
+      column_block_map(p.q, p.q_row, p.num_tokens, C::kBoxRows, "attention_forward (sm90)");
+  const int m_blocks = static_cast<int>(ceil_div(g.max_seqlen_q, C::kBlockM));
+  Sm90Params kp{};
+  kp.out = p.out;
+  kp.lse = p.lse;
+  kp.cu_seqlens = p.cu_seqlens_q;
+  kp.num_heads = p.num_heads;
+  kp.num_kv_heads = p.num_kv_heads;
+  kp.scale = p.scale;
+  kp.window = p.window;
+  kp.num_seqs = g.num_seqs;
+  kp.m_blocks = m_blocks;
+  kp.causal = p.causal;
+  const int64_t items = int64_t{p.num_heads} * g.num_seqs * m_blocks;
+  const int64_t blocks = g_persistent ? std::min<int64_t>(items, sm_count()) : items;
+  ENSURE(blocks <= std::numeric_limits<int32_t>::max(), "attention_forward (sm90): ", items,
+         " q tiles");
+  flash_fwd_sm90_kernel<kD><<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(
+      map, kp);
   check_launch("flash_fwd_sm90_kernel");
 }
 
@@ -397,9 +425,11 @@ bool flash_fwd_sm90_available(int head_dim) {
 bool flash_fwd_sm90_eligible(const Params& p, const Grid& g) {
   return (p.head_dim == 64 || p.head_dim == 128) && p.k == p.q + p.num_heads * p.head_dim &&
          p.kv_row == p.q_row && p.cu_seqlens_k == p.cu_seqlens_q &&
-         reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && ceil_div(g.max_seqlen_q, 128) <= 65535 &&
+         reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
          flash_fwd_sm90_available(p.head_dim);
 }
+
+void set_sm90_forward_persistent(bool on) { g_persistent = on; }
 
 void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
   if (p.head_dim == 64)

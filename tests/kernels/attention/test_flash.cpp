@@ -10,9 +10,10 @@
 // keys (kv, micro-sequences; at the end of the file).
 // Forward kernels: the table runs once with the mma.sync forward and, where it runs (an sm_90a
 // build on a compute capability 9.0 GPU), once with the Hopper forward (cuda/attention/
-// flash_sm90.cu; cuda::set_attention_kernel), whose own cases follow the table: more tiles per
-// sequence (pipeline stages wrap), odd document lengths, windows crossing tiles, and a
-// comparison with the mma.sync forward on larger batches.
+// flash_sm90.cu; cuda::set_attention_kernel; with it the Hopper backward, flash_bwd_sm90.cu, for
+// D = 128), whose own cases follow the table: more tiles per sequence (pipeline stages wrap),
+// odd document lengths, windows crossing tiles, and a comparison with the mma.sync kernels on
+// larger batches.
 //
 // Tolerances (relative RMS error over the whole tensor, err = rms(got - ref) / rms(ref)):
 //   out 1e-2:  out is rounded to bf16 (relative RMS 2^-9 / sqrt(3) ~ 1.1e-3) and P is rounded
@@ -242,45 +243,34 @@ TEST_CASE("flash attention forward and backward match the f64 reference (bf16 in
 
 // ---- The Hopper forward (flash_sm90.cu) -----------------------------------------------------------
 
-TEST_CASE("flash attention sm90 forward matches the f64 reference: many tiles, odd documents, windows" * doctest::test_suite("gpu")) {
+TEST_CASE("flash attention sm90 kernels match the f64 reference: many tiles, odd documents, windows" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
   const UseForwardKernel use("sm90");
-  // Tiles are 128 x 128: documents of 1 .. 1500 tokens give 1 .. 12 key tiles per q tile (the
-  // 2-stage ring wraps), tile-exact lengths (128, 256, 384), windows crossing tile boundaries,
-  // a non-causal window (q tiles whose first key tiles are invisible to some rows).
+  // Forward tiles 128 x 128, backward 128 keys x 64 queries: documents of 1 .. 1500 tokens give
+  // up to 12 key tiles per q tile and 24 q tiles per key tile (the 2-stage rings wrap),
+  // tile-exact lengths (128, 256, 384), windows crossing tile boundaries, a non-causal window
+  // (tiles whose first keys are invisible to some rows), GQA 2 and 4 (the backward's q-head
+  // loop). D = 64 runs the sm90 forward and the mma.sync backward.
   const std::vector<FlashCase> cases = {
       {{1, 7, 129, 300, 1000}, 8, 2, 128, true, 0},
-      {{1000, 7, 1, 300, 129}, 8, 2, 128, false, 0},
+      {{1000, 7, 1, 300, 129}, 4, 2, 128, false, 0},
       {{256, 128, 384, 1}, 4, 4, 128, true, 0},
       {{1500, 7}, 4, 4, 128, true, 300},
       {{700, 1, 64}, 4, 1, 128, false, 200},
       {{1, 7, 129, 300, 1000}, 6, 3, 64, true, 0},
       {{513, 2, 255}, 4, 4, 64, false, 129},
       {{1200}, 16, 2, 64, true, 0, 0.5f},  // peaked softmax
+      {{1200, 65}, 8, 2, 128, true, 0, 0.5f},
   };
   for (const FlashCase& c : cases) {
-    SUBCASE(c.name().c_str()) {
-      const Problem pr(c);
-      const int64_t t = c.rows(), h = c.heads;
-      Owned out = empty({t, h, c.dim}, DType::BF16, Device::CUDA),
-            lse = empty({t, h}, DType::F32, Device::CUDA);
-      poison(out);
-      poison(lse);
-      ops::attention_forward(pr.params(pr.qkv, out, lse, pr.cu));
-      Owned out_ref = empty({t, h, c.dim}, DType::F64, Device::CPU),
-            lse_ref = empty({t, h}, DType::F64, Device::CPU);
-      ops::attention_forward(pr.params(pr.qkv_ref, out_ref, lse_ref, pr.cu_host));
-      const double e_out = check_close(out, out_ref, 1e-2, "out");
-      const double e_lse = check_close(lse, lse_ref, 1e-3, "lse");
-      std::printf("flash [sm90] fwd %-58s out %.1e lse %.1e\n", c.name().c_str(), e_out, e_lse);
-    }
+    SUBCASE(c.name().c_str()) { check_case(c, "sm90"); }
   }
 }
 
-TEST_CASE("flash attention sm90 forward agrees with the mma.sync forward on larger batches" * doctest::test_suite("gpu")) {
+TEST_CASE("flash attention sm90 kernels agree with the mma.sync kernels on larger batches" * doctest::test_suite("gpu")) {
   // Both against each other (no CPU reference): thousands of tokens, 16 key tiles per q tile.
   // out differs by the two kernels' bf16 roundings of P and out (each ~3e-3 from the exact
-  // values), lse only by f32 summation order.
+  // values), lse only by f32 summation order, dqkv by the roundings of P, dS and dqkv.
   if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
   const std::vector<FlashCase> cases = {
       {{2048, 2048}, 8, 2, 128, true, 0},
@@ -291,21 +281,17 @@ TEST_CASE("flash attention sm90 forward agrees with the mma.sync forward on larg
   for (const FlashCase& c : cases) {
     SUBCASE(c.name().c_str()) {
       const Problem pr(c);
-      const int64_t t = c.rows(), h = c.heads;
-      Owned out[2], lse[2];
+      GpuResult r[2];
       const char* names[2] = {"mma.sync", "sm90"};
       for (int k = 0; k < 2; ++k) {
         const UseForwardKernel use(names[k]);
-        out[k] = empty({t, h, c.dim}, DType::BF16, Device::CUDA);
-        lse[k] = empty({t, h}, DType::F32, Device::CUDA);
-        poison(out[k]);
-        poison(lse[k]);
-        ops::attention_forward(pr.params(pr.qkv, out[k], lse[k], pr.cu));
+        r[k] = run_gpu(pr);
       }
-      const double e_out = check_close(out[1], out[0], 1e-2, "out sm90 vs mma.sync");
-      const double e_lse = check_close(lse[1], lse[0], 1e-5, "lse sm90 vs mma.sync");
-      std::printf("flash [sm90 vs mma.sync] %-50s out %.1e lse %.1e\n", c.name().c_str(), e_out,
-                  e_lse);
+      const double e_out = check_close(r[1].out, r[0].out, 1e-2, "out sm90 vs mma.sync");
+      const double e_lse = check_close(r[1].lse, r[0].lse, 1e-5, "lse sm90 vs mma.sync");
+      const double e_dqkv = check_close(r[1].dqkv, r[0].dqkv, 2e-2, "dqkv sm90 vs mma.sync");
+      std::printf("flash [sm90 vs mma.sync] %-50s out %.1e lse %.1e dqkv %.1e\n",
+                  c.name().c_str(), e_out, e_lse, e_dqkv);
     }
   }
 }

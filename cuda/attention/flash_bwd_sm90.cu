@@ -1,0 +1,366 @@
+// Flash attention backward on Hopper (sm_90a): wgmma, TMA and warp specialisation, head dim 128,
+// the contract and the surroundings of flash_bwd.cuh (same algorithm, same dq_accum layout and
+// bulk reduction; flash.cu runs dsum_kernel before and dq_convert_kernel after), for qkv's own
+// keys (no separate kv: the launcher keeps that case, and D = 64, on the mma.sync kernel).
+//
+// Block: kBlockN = 128 keys of one (kv head, sequence) (launch order as flash_bwd.cuh:
+// bwd_block), two consumer warpgroups owning keys [64 w, 64 w + 64) (warps 0-7, 240 registers
+// each by setmaxnreg) and a producer warpgroup (warps 8-11, 24 registers) of which warp 8 loads.
+// The producer loads K and V once (TMA), then for every (q head of the kv group, q tile of
+// kBlockM = 64 rows that sees any of the keys) the tile's Q and dO (TMA) and its lse (times
+// log2 e; +inf for rows past the sequence, whose P is then 0) and dsum (0 past the sequence)
+// (plain loads by the warp's 32 lanes into shared memory) into a 2-stage ring: q_full[s] (32
+// arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
+// Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
+//   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
+//   P^T = 2^(S^T c - lse log2 e) (0 where masked), dS^T = P^T (dP^T - dsum)   (registers)
+//   dV_w += P^T dO, dK_w += dS^T Q         wgmma m64n128k16, A = P^T / dS^T from registers (bf16),
+//                                          B = dO / Q MN-major (transposed) from shared memory
+//   dQ[:, 64 w .. 64 w + 63] = dS K[:, 64 w ..]   wgmma m64n64k16, A = dS from the dS^T tile
+//                                          (bf16, shared, written by both warpgroups: MN-major),
+//                                          B = K MN-major; over all 128 keys of the block
+// with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
+// layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
+// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). Named barrier 1 (the 256
+// consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
+// has read the staging tile: its issuing thread waits for that first), (d) the staging tile is
+// complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
+// Masks only where the tile crosses the diagonal, the window edge or the sequence end (keys past
+// the end get P = 0, so they add nothing to dQ; their dK, dV rows are never written). Blocks
+// whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 pairs
+// straight from the registers.
+//
+// Shared memory: K, V 128 x 128, Q, dO 2 stages of 64 x 128 (bf16), dS^T 128 x 64 bf16, dQ
+// staging 64 x 128 f32, lse and dsum 2 x 2 x 64 f32: 176 KiB + barriers; one block per SM.
+#include "cuda/attention/flash_common.cuh"
+#include "cuda/attention/flash_sm90.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/sm90.cuh"
+
+namespace engine::cuda::flash {
+namespace {
+
+struct BwdSm90Config {
+  static constexpr int kD = 128;
+  static constexpr int kBlockN = 128, kBlockM = 64;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kStages = 2;
+  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // 32 KiB: [2 column blocks][128][64]
+  static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // 16 KiB: [2 column blocks][64][64]
+  static constexpr uint32_t kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
+  static constexpr uint32_t kOffdO = kOffQ + kStages * kQBytes;
+  static constexpr uint32_t kOffdS = kOffdO + kStages * kQBytes;         // [128 keys][64 q] bf16
+  static constexpr uint32_t kOffdQ = kOffdS + kBlockN * kBlockM * 2;     // [64][128] f32
+  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * kD * 4;         // [stage][64] f32
+  static constexpr uint32_t kOffDsum = kOffLse + kStages * kBlockM * 4;  // [stage][64] f32
+  static constexpr uint32_t kOffBar = kOffDsum + kStages * kBlockM * 4;
+  static constexpr size_t kSmemBytes = kOffBar + 8 * (1 + 2 * kStages) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+};
+
+struct BwdSm90Params {
+  const float* lse;           // (T, H)
+  const float* dsum;          // (T, H)
+  float* dq_accum;            // (H, T, D), flash_layout.h
+  bf16* dk;                   // dqkv's k heads (row stride q_row); dv = dk + Hkv D
+  const int32_t* cu_seqlens;  // (S + 1)
+  int num_tokens, q_row;
+  int num_heads, num_kv_heads;
+  float scale;
+  int window;
+  int bwd_section;
+  bool causal;
+};
+
+__global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_qkv,
+                          const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
+#ifdef ENGINE_SM90A
+  using namespace sm90;
+  using C = BwdSm90Config;
+  constexpr int kD = C::kD, kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStages = C::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - smem_u32(smem_raw));
+  const uint32_t sK = base + C::kOffK, sV = base + C::kOffV, sdS = base + C::kOffdS,
+                 sdQ = base + C::kOffdQ;
+  auto sQ = [&](int s) { return base + C::kOffQ + s * C::kQBytes; };
+  auto sdO = [&](int s) { return base + C::kOffdO + s * C::kQBytes; };
+  float* sLse = reinterpret_cast<float*>(smem + C::kOffLse);
+  float* sDsum = reinterpret_cast<float*>(smem + C::kOffDsum);
+  const uint32_t kv_full = base + C::kOffBar;
+  auto q_full = [&](int s) { return kv_full + 8 + 8 * s; };
+  auto q_empty = [&](int s) { return kv_full + 8 + 8 * kStages + 8 * s; };
+
+  const int H = p.num_heads, Hkv = p.num_kv_heads, G = H / Hkv;
+  const int64_t linear =
+      blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
+  const BwdBlock blk = bwd_block(linear, static_cast<int>(gridDim.x),
+                                 int64_t{Hkv} * gridDim.z, p.bwd_section);
+  const int seq = static_cast<int>(blk.pair / Hkv), kv = static_cast<int>(blk.pair % Hkv);
+  const int seq_begin = p.cu_seqlens[seq];
+  const int L = p.cu_seqlens[seq + 1] - seq_begin;
+  const int n0 = blk.n_block * kBlockN;  // the block's first key
+  if (n0 >= L) return;
+  // q rows that see any key of the block: [i_lo, i_hi); q tiles [m_begin, m_end).
+  const int i_lo = p.causal ? n0 : 0;
+  const int i_hi = p.window > 0 ? min(L, n0 + kBlockN - 1 + p.window) : L;
+  const int m_begin = i_lo / kBlockM * kBlockM;
+  const int m_end = i_hi > i_lo ? (i_hi + kBlockM - 1) / kBlockM * kBlockM : m_begin;
+  const int tiles = (m_end - m_begin) / kBlockM;
+  const int n_iter = G * tiles;  // (q head, q tile) pairs, tiles inner
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(q_full(s), 32);
+      mbar_init(q_empty(s), C::kConsumers);
+    }
+    mbar_init_fence();
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (warp >= 4 * C::kConsumers) {  // producer warpgroup
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (warp != 4 * C::kConsumers) return;
+    const int k_col = (H + kv) * 2, v_col = (H + Hkv + kv) * 2;
+    if (lane == 0 && n_iter > 0) {  // (no loads when no tile is visited: the block ends at once)
+      mbar_expect_tx(kv_full, 2 * C::kKVBytes);
+      for (int c = 0; c < 2; ++c)
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t off = c * kBlockN * 128 + half * 64 * 128;
+          const int row = seq_begin + n0 + 64 * half;
+          tma_load_3d(sK + off, &map_qkv, 0, k_col + c, row, kv_full);
+          tma_load_3d(sV + off, &map_qkv, 0, v_col + c, row, kv_full);
+        }
+    }
+    for (int it = 0; it < n_iter; ++it) {
+      const int s = it % kStages;
+      const int h = kv * G + it / tiles, m0 = m_begin + (it % tiles) * kBlockM;
+      if (it >= kStages) mbar_wait(q_empty(s), ((it / kStages) - 1) & 1);
+      for (int r = lane; r < kBlockM; r += 32) {
+        const bool in = m0 + r < L;
+        const int64_t t = seq_begin + static_cast<int64_t>(in ? m0 + r : 0);
+        sLse[s * kBlockM + r] = in ? p.lse[t * H + h] * kLog2e : INFINITY;
+        sDsum[s * kBlockM + r] = in ? p.dsum[t * H + h] : 0.f;
+      }
+      if (lane == 0) {
+        mbar_expect_tx(q_full(s), 2 * C::kQBytes);
+        for (int c = 0; c < 2; ++c) {
+          tma_load_3d(sQ(s) + c * kBlockM * 128, &map_qkv, 0, h * 2 + c, seq_begin + m0,
+                      q_full(s));
+          tma_load_3d(sdO(s) + c * kBlockM * 128, &map_do, 0, h * 2 + c, seq_begin + m0,
+                      q_full(s));
+        }
+      } else {
+        mbar_arrive(q_full(s));
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<C::kConsumerRegs>();
+  const int wg = warp >> 2, wq = warp & 3;
+  const int key_row = wg * 64 + wq * 16 + (lane >> 2);  // block key of fragment row hf = 0 (+ 8)
+  const float c = p.scale * kLog2e;
+  const bool leader = (tid & 127) == 0;
+
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
+
+  // K-major operands: K / V rows 64 wg .. (A), Q / dO tile (B): column block kk / 4.
+  auto kv_desc = [&](uint32_t tile, int kk) {
+    return smem_desc_sw128(tile + (kk >> 2) * kBlockN * 128 + wg * 64 * 128 + (kk & 3) * 32, 16);
+  };
+  auto q_desc = [&](uint32_t tile, int kk) {
+    return smem_desc_sw128(tile + (kk >> 2) * kBlockM * 128 + (kk & 3) * 32, 16);
+  };
+
+  if (n_iter > 0) mbar_wait(kv_full, 0);
+  for (int it = 0; it < n_iter; ++it) {
+    const int s = it % kStages;
+    const int h = kv * G + it / tiles, m0 = m_begin + (it % tiles) * kBlockM;
+    mbar_wait(q_full(s), (it / kStages) & 1);
+
+    float st[kBlockM / 2], dpt[kBlockM / 2];  // S^T, dP^T: 64 keys x 64 queries
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_m64n64k16_ss(st, kv_desc(sK, kk), q_desc(sQ(s), kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_m64n64k16_ss(dpt, kv_desc(sV, kk), q_desc(sdO(s), kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dpt);
+
+    // P^T and dS^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
+    const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
+                           (p.causal && n0 + kBlockN - 1 > m0) ||
+                           (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
+    const float* lse_s = sLse + s * kBlockM;
+    const float* dsum_s = sDsum + s * kBlockM;
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int col = 8 * j + 2 * (lane & 3) + x;
+        const float l2 = lse_s[col], ds = dsum_s[col];
+        const int i = m0 + col;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int e = 4 * j + 2 * hf + x;
+          float pe = fast_exp2(fmaf(st[e], c, -l2));
+          if (need_mask) {
+            const int key = n0 + key_row + 8 * hf;
+            const bool visible = key < L && (!p.causal || key <= i) &&
+                                 (p.window == 0 || i - key < p.window);
+            if (!visible) pe = 0.f;
+          }
+          st[e] = pe;
+          dpt[e] = pe * (dpt[e] - ds);
+        }
+      }
+    uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        pa[kk][q] = pack_bf16(st[8 * kk + 2 * q], st[8 * kk + 2 * q + 1]);
+        da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
+      }
+    // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
+    // 16-byte chunk j, swizzled by the row). da[kk][q]: n8 block 2 kk + q / 2, row + 8 (q & 1).
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
+        const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kk][q]) : "memory");
+      }
+    fence_proxy_async();  // the dS^T stores, visible to wgmma (the async proxy)
+    if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
+    named_barrier_sync(1, 256);      // (a)
+
+    float dq[32];  // dQ[:, 64 wg .. 64 wg + 63] of this tile: 64 queries x 64 columns
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_m64n128k16_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_m64n128k16_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(sdS + kk * 2048, 16),
+                            smem_desc_sw128(sK + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    reg_fence(dq);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      reg_fence(pa[kk]);
+      reg_fence(da[kk]);
+    }
+    if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
+
+    // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wq * 16 + (lane >> 2) + 8 * hf;
+      const int64_t t = seq_begin + static_cast<int64_t>(m0) + r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wg * 64 + 8 * j + 2 * (lane & 3);
+        st_shared_f32x2(sdQ + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
+                        dq[4 * j + 2 * hf + 1]);
+      }
+    }
+    fence_proxy_async();
+    named_barrier_sync(1, 256);  // (d) staging complete; every dQ product of the tile retired
+    if (tid == 0) {
+      const int rows = min(kBlockM, L - m0);
+      float* dst = p.dq_accum + (int64_t{h} * p.num_tokens + seq_begin + m0) * kD;
+      bulk_reduce_add_f32(dst, sdQ, static_cast<uint32_t>(rows * kD * 4));
+      bulk_commit();
+    }
+  }
+  if (tid == 0 && n_iter > 0) bulk_wait();
+
+  // dK = scale dS^T Q and dV, rows inside the sequence.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = n0 + key_row + 8 * hf;
+    if (key >= L) continue;
+    bf16* dk_row = p.dk + (seq_begin + static_cast<int64_t>(key)) * p.q_row + kv * kD;
+    bf16* dv_row = dk_row + Hkv * kD;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = 8 * j + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          pack_bf16(dk[4 * j + 2 * hf] * p.scale, dk[4 * j + 2 * hf + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) =
+          pack_bf16(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+    }
+  }
+#endif  // ENGINE_SM90A
+}
+
+bool kernel_ready() {
+  static const bool ok = [] {
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_bwd_sm90_kernel)) ||
+        sm90::tensor_map_encoder() == nullptr)
+      return false;
+    CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(BwdSm90Config::kSmemBytes)));
+    return true;
+  }();
+  return ok;
+}
+
+}  // namespace
+
+bool flash_bwd_sm90_available(int head_dim) { return head_dim == 128 && kernel_ready(); }
+
+bool flash_bwd_sm90_eligible(const Params& p, const Grid& g) {
+  return p.head_dim == 128 && p.k == p.q + p.num_heads * p.head_dim && p.kv_row == p.q_row &&
+         p.cu_seqlens_k == p.cu_seqlens_q && p.dk == p.dq + p.num_heads * p.head_dim &&
+         reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.dout) % 16 == 0 &&
+         ceil_div(g.max_seqlen_k, BwdSm90Config::kBlockN) <= 65535 && kernel_ready();
+}
+
+void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
+  using C = BwdSm90Config;
+  const char* op = "attention_backward (sm90)";
+  const CUtensorMap map_qkv = column_block_map(p.q, p.q_row, p.num_tokens, 64, op);
+  const CUtensorMap map_do =
+      column_block_map(p.dout, int64_t{p.num_heads} * C::kD, p.num_tokens, 64, op);
+  // Launch order as run_flash_bwd: sections of (kv head, sequence) pairs whose q, dO and dQ
+  // rows take about 24 MB.
+  const int64_t pair_bytes = int64_t{g.max_seqlen_q} * (p.num_heads / p.num_kv_heads) * C::kD * 8;
+  const int64_t pairs = int64_t{p.num_kv_heads} * g.num_seqs;
+  int64_t section = 1;
+  while (section * 2 * pair_bytes <= (int64_t{24} << 20) && section < pairs) section *= 2;
+  const BwdSm90Params kp{p.lse,       p.dsum,         p.dq_accum,  p.dk,
+                         p.cu_seqlens_q, p.num_tokens, p.q_row,     p.num_heads,
+                         p.num_kv_heads, p.scale,      p.window,    static_cast<int>(section),
+                         p.causal};
+  const dim3 grid(static_cast<unsigned>(ceil_div(g.max_seqlen_k, C::kBlockN)),
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(g.num_seqs));
+  flash_bwd_sm90_kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_qkv, map_do, kp);
+  check_launch("flash_bwd_sm90_kernel");
+}
+
+}  // namespace engine::cuda::flash
