@@ -13,12 +13,14 @@
 // arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
 // Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
 //   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
-//   P^T = 2^(S^T c - lse log2 e) (0 where masked), dS^T = P^T (dP^T - dsum)   (registers)
-//   dV_w += P^T dO, dK_w += dS^T Q         wgmma m64n128k16, A = P^T / dS^T from registers (bf16),
-//                                          B = dO / Q MN-major (transposed) from shared memory
+//   P^T = 2^(S^T c - lse log2 e) (0 where masked)                             (registers)
+//   dV_w += P^T dO                         wgmma m64n128k16, A = P^T from registers (bf16), B = dO
+//                                          MN-major (transposed) from shared memory; runs while
+//   dS^T = P^T (dP^T - dsum)               is computed (registers) and stored (bf16, shared)
 //   dQ[:, 64 w .. 64 w + 63] = dS K[:, 64 w ..]   wgmma m64n64k16, A = dS from the dS^T tile
-//                                          (bf16, shared, written by both warpgroups: MN-major),
-//                                          B = K MN-major; over all 128 keys of the block
+//                                          (written by both warpgroups: MN-major), B = K MN-major;
+//                                          over all 128 keys of the block
+//   dK_w += dS^T Q                         as dV; runs while dQ goes to the staging tile
 // with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
 // layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
 // dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). Named barrier 1 (the 256
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
     reg_fence(st);
     reg_fence(dpt);
 
-    // P^T and dS^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
+    // P^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
     const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
                            (p.causal && n0 + kBlockN - 1 > m0) ||
                            (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int col = 8 * j + 2 * (lane & 3) + x;
-        const float l2 = lse_s[col], ds = dsum_s[col];
+        const float l2 = lse_s[col];
         const int i = m0 + col;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -225,19 +227,38 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
             if (!visible) pe = 0.f;
           }
           st[e] = pe;
-          dpt[e] = pe * (dpt[e] - ds);
         }
       }
+    // A fragments: pa[kk][q] / da[kk][q] hold n8 block 2 kk + q / 2, row + 8 (q & 1).
     uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        pa[kk][q] = pack_bf16(st[8 * kk + 2 * q], st[8 * kk + 2 * q + 1]);
-        da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
+      for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16(st[8 * kk + 2 * q], st[8 * kk + 2 * q + 1]);
+    // dV += P^T dO runs while dS^T is computed.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_m64n128k16_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
+    wgmma_commit();
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float ds = dsum_s[8 * j + 2 * (lane & 3) + x];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int e = 4 * j + 2 * hf + x;
+          dpt[e] = st[e] * (dpt[e] - ds);
+        }
       }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
     // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
-    // 16-byte chunk j, swizzled by the row). da[kk][q]: n8 block 2 kk + q / 2, row + 8 (q & 1).
+    // 16-byte chunk j, swizzled by the row).
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
@@ -250,29 +271,21 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
     if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
     named_barrier_sync(1, 256);      // (a)
 
-    float dq[32];  // dQ[:, 64 wg .. 64 wg + 63] of this tile: 64 queries x 64 columns
+    // dQ[:, 64 wg .. 64 wg + 63] of this tile (64 queries x 64 columns), then dK += dS^T Q; the
+    // dQ staging below runs while dK is in flight.
+    float dq[32];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      wgmma_m64n128k16_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      wgmma_m64n128k16_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(sdS + kk * 2048, 16),
                             smem_desc_sw128(sK + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(dv);
-    reg_fence(dk);
-    reg_fence(dq);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      reg_fence(pa[kk]);
-      reg_fence(da[kk]);
-    }
-    if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_m64n128k16_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ retired
+    reg_fence(dq);
 
     // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
 #pragma unroll
@@ -294,6 +307,15 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
       bulk_reduce_add_f32(dst, sdQ, static_cast<uint32_t>(rows * kD * 4));
       bulk_commit();
     }
+    wgmma_wait<0>();  // dK retired
+    reg_fence(dv);
+    reg_fence(dk);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      reg_fence(pa[kk]);
+      reg_fence(da[kk]);
+    }
+    if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
   }
   if (tid == 0 && n_iter > 0) bulk_wait();
 

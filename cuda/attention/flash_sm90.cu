@@ -2,19 +2,27 @@
 // style), head dims 64 and 128, the contract of flash_fwd.cuh (same out, same lse) for qkv's own
 // keys (no separate kv: the launcher keeps that case on the mma.sync kernel).
 //
-// Block: kBlockM = 128 query rows of one (q head h, sequence s): two consumer warpgroups of 64
-// rows each (warps 0-7, 240 registers per thread by setmaxnreg) and a producer warpgroup (warps
-// 8-11, 24 registers) of which one thread issues every copy. The producer loads the Q tile
-// once and then the K and V tiles of kBlockN = 128 keys, from the last visible key tile down to
-// the first (causal: the diagonal tile first), into a 2-stage ring, all by TMA; stage s has the
+// Work item: kBlockM query rows (a q tile) of one (q head h, sequence s); kBlockM = 64 per
+// consumer warpgroup: two at D = 128 (kBlockM 128, 240 registers per thread by setmaxnreg),
+// three at D = 64 (kBlockM 192, 160 registers), plus a producer warpgroup (24 / 32 registers) of
+// which one thread issues every copy. The grid is persistent (one block per SM; or one block per
+// item, set_sm90_forward_persistent): block b takes item b, then the next free item of a global
+// counter (atomicAdd by the producer), items ordered longest causal rows first (the last q
+// tiles of all (head, sequence) pairs first, heads innermost); the producer hands each item to
+// the consumers with its Q tile (the item index in shared memory, published by the q_full
+// arrival; -1 ends the block) and loads the next item's Q and first keys while the consumers
+// finish the last one (q_empty: every consumer has done its last S = Q K^T of the item).
+// The producer loads the Q tile once per item and then the K and V tiles of kBlockN = 128 keys,
+// from the last visible key tile down to the first (causal: the diagonal tile first), into a
+// 2-stage ring (stage and phase count key tiles across items), all by TMA; stage s has the
 // barriers k_full[s] and v_full[s] (the tile's bytes have landed), k_empty[s] and v_empty[s] (one
 // arrival per consumer warpgroup once its wgmma reading K[s], V[s] have retired): K[s] is free
 // again as soon as S is done, so the next K tile lands a whole tile ahead.
 // qkv is one 3-D tensor map: (64 elements, (H + 2 Hkv) D / 64 column blocks, T tokens), box
-// (64, 1, rows) in the 128-byte swizzle (cuda/common/sm90.cuh): a tile of `rows` tokens x D is
-// D / 64 boxes, column block c at c * rows * 128 bytes. Rows past T are zero-filled; rows past
-// the sequence's end inside T (the next sequence's) are loaded, their keys masked (-inf) and
-// their query rows never stored.
+// (64, 1, 64 rows) in the 128-byte swizzle (cuda/common/sm90.cuh): a tile of `rows` tokens x D is
+// D / 64 column blocks of rows / 64 boxes, column block c at c * rows * 128 bytes. Rows past T
+// are zero-filled; rows past the sequence's end inside T (the next sequence's) are loaded, their
+// keys masked (-inf) and their query rows never stored.
 //
 // Consumer warpgroup (64 rows; thread = the wgmma accumulator fragment: warp w of the group rows
 // 16 w + lane / 4 and + 8, columns 8 j + 2 (lane % 4) and + 1 of every n8 block j):
@@ -24,16 +32,17 @@
 //               fragment layout), B = V from shared memory MN-major (transposed), 128 / 16 steps
 // Within a warpgroup the S product of tile i + 1 is issued before the P V product of tile i and
 // the softmax of tile i + 1 runs while P V is in flight (only the rescale of O waits for it);
-// the two warpgroups overlap each other's softmax and products on the tensor cores as they come.
+// the warpgroups overlap each other's softmax and products on the tensor cores as they come.
 // Masks only where a tile crosses the diagonal, the window edge or the sequence's end; tiles
 // wholly invisible are never loaded. The epilogue stores O (bf16, rows inside the sequence) and
 // lse straight from the registers.
 //
-// Shared memory: Q 128 x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 80 KiB (D = 64)
-// + barriers; one block per SM (384 threads).
+// Shared memory: Q kBlockM x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 88 KiB
+// (D = 64) + barriers; one block per SM.
 #include <algorithm>
 #include <limits>
 
+#include "core/buffer.h"
 #include "cuda/attention/flash_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/attention/flash_sm90.cuh"
@@ -56,7 +65,7 @@ struct Sm90Config {
   static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile
   static constexpr uint32_t kQBytes = kBlockM * kD * 2, kKBytes = kBlockN * kD * 2;
   static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kKBytes;
-  static constexpr size_t kSmemBytes = kBarOffset + 8 * (2 + 4 * kStages) + 1024;  // + align slack
+  static constexpr size_t kSmemBytes = kBarOffset + 8 * (3 + 4 * kStages) + 1024;  // + align slack
 };
 
 // What the kernel reads besides the tensor map (by value, small).
@@ -68,6 +77,7 @@ struct Sm90Params {
   float scale;
   int window;
   int num_seqs, m_blocks;  // S, q tiles of the longest sequence
+  int* next_item;          // zeroed: items past the first gridDim.x are handed out from here
   bool causal;
 };
 
@@ -119,9 +129,14 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   auto v_full = [&](int s) { return q_full + 16 + 8 * kStages + 8 * s; };
   auto k_empty = [&](int s) { return q_full + 16 + 16 * kStages + 8 * s; };
   auto v_empty = [&](int s) { return q_full + 16 + 24 * kStages + 8 * s; };
+  // The item the producer hands the consumers with each Q tile (-1: no more), published by the
+  // arrival on q_full, read before the consumers release Q (q_empty).
+  volatile int64_t* s_item = reinterpret_cast<volatile int64_t*>(
+      smem_raw + (base - smem_u32(smem_raw)) + C::kBarOffset + 16 + 32 * kStages);
 
   const int H = p.num_heads, Hkv = p.num_kv_heads;
   const int64_t items = int64_t{H} * p.num_seqs * p.m_blocks;
+  (void)items;
   // The visible key tiles of an item: [n_first, n_last].
   auto tile_range = [&](const FwdItem& it, int& n_first, int& n_last) {
     const int key_lo = p.window > 0 ? max(0, it.m0 - p.window + 1) : 0;
@@ -149,13 +164,16 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     setmaxnreg_dec<C::kProducerRegs>();
     if (warp == 4 * C::kConsumers && lane == 0) {
       int kt = 0, j = 0;  // key tiles and items of this block so far
-      for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+      // Items in order: blockIdx.x first, then the next free one (dynamic: long items early).
+      for (int64_t w = blockIdx.x; w < items;
+           w = gridDim.x + static_cast<int64_t>(atomicAdd(p.next_item, 1))) {
         const FwdItem it = fwd_item<kBlockM>(p, w);
         if (it.m0 >= it.L) continue;
         int n_first, n_last;
         tile_range(it, n_first, n_last);
         const int kv = it.h / (H / Hkv);
         if (j > 0) mbar_wait(q_empty, (j - 1) & 1);  // every consumer is done with the last Q
+        *s_item = w;
         mbar_expect_tx(q_full, C::kQBytes);
         for (int c = 0; c < kColBlocks; ++c)
           for (int b = 0; b < kBlockM / kBoxRows; ++b)
@@ -180,6 +198,9 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
         }
         ++j;
       }
+      if (j > 0) mbar_wait(q_empty, (j - 1) & 1);
+      *s_item = -1;
+      mbar_arrive(q_full);
     }
     return;
   }
@@ -271,10 +292,12 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     }
   };
 
-  int kt = 0, j = 0;  // key tiles and items of this block so far (as the producer counts them)
-  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+  int kt = 0;  // key tiles of this block so far (as the producer counts them)
+  for (int j = 0;; ++j) {
+    mbar_wait(q_full, j & 1);
+    const int64_t w = *s_item;
+    if (w < 0) break;
     const FwdItem it = fwd_item<kBlockM>(p, w);
-    if (it.m0 >= it.L) continue;
     int n_first, n_last;
     tile_range(it, n_first, n_last);
     const int n_tiles = n_last - n_first + 1;
@@ -283,7 +306,6 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     m_run[0] = m_run[1] = -INFINITY;
     l_run[0] = l_run[1] = 0.f;
 
-    mbar_wait(q_full, j & 1);
     {
       const int s = kt % kStages;
       mbar_wait(k_full(s), (kt / kStages) & 1);
@@ -337,7 +359,6 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       if (leader) mbar_arrive(v_empty(last));
     }
     kt += n_tiles;
-    ++j;
 
     // Epilogue: normalise, lse, store the rows inside the sequence (the producer already loads
     // the next item's Q and keys meanwhile).
@@ -407,8 +428,11 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.causal = p.causal;
   const int64_t items = int64_t{p.num_heads} * g.num_seqs * m_blocks;
   const int64_t blocks = g_persistent ? std::min<int64_t>(items, sm_count()) : items;
-  ENSURE(blocks <= std::numeric_limits<int32_t>::max(), "attention_forward (sm90): ", items,
+  ENSURE(items <= std::numeric_limits<int32_t>::max(), "attention_forward (sm90): ", items,
          " q tiles");
+  Buffer next_item(sizeof(int), Device::CUDA);  // back to the caching allocator on return:
+  kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
+  CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));
   flash_fwd_sm90_kernel<kD><<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(
       map, kp);
   check_launch("flash_fwd_sm90_kernel");
