@@ -204,7 +204,7 @@ bool attention_sm90_available(int head_dim) { return flash::flash_fwd_sm90_avail
 bool attention_sm90_backward_available(int head_dim) {
   return flash::flash_bwd_sm90_available(head_dim);
 }
-void set_attention_sm90_persistent(bool on) { flash::set_sm90_forward_persistent(on); }
+void set_attention_sm90_persistent(bool on) { flash::set_sm90_persistent(on); }
 
 void attention_forward(const ops::AttentionParams& p) {
   const Launch l = make_params(p, "attention_forward");

@@ -35,8 +35,9 @@ const char* attention_kernel_name(AttentionKernel k);  // "auto", "mma.sync", "s
 // Whether the Hopper forward (backward) can run on this device for head_dim (64 or 128; 128).
 bool attention_sm90_available(int head_dim);
 bool attention_sm90_backward_available(int head_dim);
-// The Hopper forward's grid: persistent (one block per SM walking the q tiles, longest first;
-// the default) or one block per q tile (for comparison in benchmarks).
+// The Hopper kernels' grids: persistent (one block per SM taking work items, q tiles forward and
+// key tiles backward, from a counter; the default) or one block per item (for comparison in
+// benchmarks).
 void set_attention_sm90_persistent(bool on);
 
 void attention_forward(const ops::AttentionParams& p);

@@ -264,8 +264,11 @@ void run_fallback_bwd(const Params& p, const Grid& g, cudaStream_t stream);  // 
 bool flash_fwd_sm90_available(int head_dim);
 bool flash_fwd_sm90_eligible(const Params& p, const Grid& g);
 void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
-// Persistent grid (one block per SM walking the q tiles; the default) or one block per q tile.
-void set_sm90_forward_persistent(bool on);
+// The sm90 kernels' grids: persistent (one block per SM taking work items from a counter; the
+// default) or one block per item (q tile forward, key tile backward); the SM count.
+void set_sm90_persistent(bool on);
+bool sm90_persistent();
+int sm90_sm_count();
 // The Hopper backward (flash_bwd_sm90.cu), D = 128 only, the same conditions; replaces
 // run_flash_bwd<128> between flash.cu's dsum and dq_convert kernels.
 bool flash_bwd_sm90_available(int head_dim);

@@ -6,7 +6,7 @@
 // consumer warpgroup: two at D = 128 (kBlockM 128, 240 registers per thread by setmaxnreg),
 // three at D = 64 (kBlockM 192, 160 registers), plus a producer warpgroup (24 / 32 registers) of
 // which one thread issues every copy. The grid is persistent (one block per SM; or one block per
-// item, set_sm90_forward_persistent): block b takes item b, then the next free item of a global
+// item, set_sm90_persistent): block b takes item b, then the next free item of a global
 // counter (atomicAdd by the producer), items ordered longest causal rows first (the last q
 // tiles of all (head, sequence) pairs first, heads innermost); the producer hands each item to
 // the consumers with its Q tile (the item index in shared memory, published by the q_full
@@ -397,7 +397,7 @@ bool kernel_ready() {
   return ok;
 }
 
-bool g_persistent = true;  // set_sm90_forward_persistent
+bool g_persistent = true;  // set_sm90_persistent
 
 int sm_count() {
   static const int n = [] {
@@ -453,7 +453,9 @@ bool flash_fwd_sm90_eligible(const Params& p, const Grid& g) {
          flash_fwd_sm90_available(p.head_dim);
 }
 
-void set_sm90_forward_persistent(bool on) { g_persistent = on; }
+void set_sm90_persistent(bool on) { g_persistent = on; }
+bool sm90_persistent() { return g_persistent; }
+int sm90_sm_count() { return sm_count(); }
 
 void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
   if (p.head_dim == 64)
