@@ -19,7 +19,7 @@
 // the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
 // Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
 //   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
-//   P^T = 2^(S^T c - lse log2 e) (0 where masked)                             (registers)
+//   P^T = 2^(S^T c - lse log2 e) (0 where masked)   (registers; while dP^T runs)
 //   dV_w += P^T dO                         wgmma m64n128k16, A = P^T from registers (bf16), B = dO
 //                                          MN-major (transposed) from shared memory; runs while
 //   dS^T = P^T (dP^T - dsum)               is computed (registers) and stored (bf16, shared)
@@ -247,13 +247,13 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         wgmma_m64n64k16_ss(st, kv_desc(sK, kk), q_desc(sQ(s), kk), kk > 0);
+      wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         wgmma_m64n64k16_ss(dpt, kv_desc(sV, kk), q_desc(sdO(s), kk), kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
       reg_fence(st);
-      reg_fence(dpt);
 
       // P^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
       const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
@@ -294,6 +294,8 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
       for (int kk = 0; kk < kBlockM / 16; ++kk)
         wgmma_m64n128k16_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
       wgmma_commit();
+      wgmma_wait<1>();  // dP^T done (dV may still run)
+      reg_fence(dpt);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
