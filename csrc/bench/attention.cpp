@@ -9,8 +9,7 @@
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
 // half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
 // Each case prints fwd, bwd and fwd+bwd, once per kernel choice ([mma.sync], and [sm90] where the
-// Hopper kernels run: cuda::set_attention_kernel; the sm90 backward is D = 128 only, D = 64 runs
-// the mma.sync backward in both), so the two run side by side in one call.
+// Hopper kernels run: cuda::set_attention_kernel), so the two run side by side in one call.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -269,8 +269,7 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   }
   flash::head_dim_switch(k.head_dim, [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
-    if (kD == 128 && g_kernel != AttentionKernel::kMmaSync &&
-        flash::flash_bwd_sm90_eligible(k, l.g))
+    if (g_kernel != AttentionKernel::kMmaSync && flash::flash_bwd_sm90_eligible(k, l.g))
       flash::run_flash_bwd_sm90(k, l.g, stream());
     else
       flash::run_flash_bwd<kD>(k, l.g, stream());

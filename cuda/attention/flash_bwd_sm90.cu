@@ -1,7 +1,7 @@
-// Flash attention backward on Hopper (sm_90a): wgmma, TMA and warp specialisation, head dim 128,
-// the contract and the surroundings of flash_bwd.cuh (same algorithm, same dq_accum layout and
-// bulk reduction; flash.cu runs dsum_kernel before and dq_convert_kernel after), for qkv's own
-// keys (no separate kv: the launcher keeps that case, and D = 64, on the mma.sync kernel).
+// Flash attention backward on Hopper (sm_90a): wgmma, TMA and warp specialisation, head dims 64
+// and 128, the contract and the surroundings of flash_bwd.cuh (same algorithm, same dq_accum
+// layout and bulk reduction; flash.cu runs dsum_kernel before and dq_convert_kernel after), for
+// qkv's own keys (no separate kv: the launcher keeps that case on the mma.sync kernel).
 //
 // Work item: kBlockN = 128 keys (a key tile) of one (kv head, sequence), items in the launch
 // order of flash_bwd.cuh (bwd_block); the grid is persistent (one block per SM; or one block per
@@ -25,11 +25,13 @@
 //   dS^T = P^T (dP^T - dsum)               is computed (registers) and stored (bf16, shared)
 //   dQ[:, 64 w .. 64 w + 63] = dS K[:, 64 w ..]   wgmma m64n64k16, A = dS from the dS^T tile
 //                                          (written by both warpgroups: MN-major), B = K MN-major;
-//                                          over all 128 keys of the block
+//                                          over all 128 keys of the block (D = 128); D = 64:
+//                                          dQ_w = dS_w K_w over the warpgroup's own 64 keys
 //   dK_w += dS^T Q                         as dV; runs while dQ goes to the staging tile
 // with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
 // layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
-// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). Named barrier 1 (the 256
+// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32); D = 64: two staging tiles
+// (the partial sums of the two warpgroups), two reductions. Named barrier 1 (the 256
 // consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
 // has read the staging tile: its issuing thread waits for that first), (d) the staging tile is
 // complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
@@ -38,8 +40,9 @@
 // (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 pairs
 // straight from the registers.
 //
-// Shared memory: K, V 128 x 128, Q, dO 2 stages of 64 x 128 (bf16), dS^T 128 x 64 bf16, dQ
-// staging 64 x 128 f32, lse and dsum 2 x 2 x 64 f32: 176 KiB + barriers; one block per SM.
+// Shared memory: K, V 128 x D, Q, dO 2 stages of 64 x D (bf16), dS^T 128 x 64 bf16, dQ staging
+// 32 KiB f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 113 KiB (D = 64) + barriers; one
+// block per SM.
 #include <algorithm>
 #include <limits>
 
@@ -52,20 +55,26 @@
 namespace engine::cuda::flash {
 namespace {
 
-struct BwdSm90Config {
-  static constexpr int kD = 128;
-  static constexpr int kBlockN = 128, kBlockM = 64;
+struct BwdTiles {
+  static constexpr int kBlockN = 128, kBlockM = 64;  // keys per item, queries per q tile
+};
+
+template <int kHeadDim>
+struct BwdSm90Config : BwdTiles {
+  static constexpr int kD = kHeadDim;
+  static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kStages = 2;
-  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // 32 KiB: [2 column blocks][128][64]
-  static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // 16 KiB: [2 column blocks][64][64]
+  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // [column block][128][64]
+  static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // [column block][64][64]
   static constexpr uint32_t kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr uint32_t kOffdO = kOffQ + kStages * kQBytes;
   static constexpr uint32_t kOffdS = kOffdO + kStages * kQBytes;         // [128 keys][64 q] bf16
-  static constexpr uint32_t kOffdQ = kOffdS + kBlockN * kBlockM * 2;     // [64][128] f32
-  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * kD * 4;         // [stage][64] f32
+  // dQ staging, f32: [64][128] (D = 128) or 2 x [64][64] (D = 64)
+  static constexpr uint32_t kOffdQ = kOffdS + kBlockN * kBlockM * 2;
+  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * 128 * 4;      // [stage][64] f32
   static constexpr uint32_t kOffDsum = kOffLse + kStages * kBlockM * 4;  // [stage][64] f32
   static constexpr uint32_t kOffBar = kOffDsum + kStages * kBlockM * 4;
   static constexpr size_t kSmemBytes = kOffBar + 8 * (3 + 2 * kStages) + 1024;
@@ -95,7 +104,7 @@ struct BwdItem {
   int seq_begin, L, n0, kv, m_begin, tiles;  // q tiles [m_begin, m_begin + 64 tiles)
 };
 __device__ __forceinline__ BwdItem bwd_item(const BwdSm90Params& p, int64_t w) {
-  constexpr int kBlockN = BwdSm90Config::kBlockN, kBlockM = BwdSm90Config::kBlockM;
+  constexpr int kBlockN = BwdTiles::kBlockN, kBlockM = BwdTiles::kBlockM;
   const int Hkv = p.num_kv_heads;
   const BwdBlock blk = bwd_block(w, p.n_blocks, int64_t{Hkv} * p.num_seqs, p.bwd_section);
   const int seq = static_cast<int>(blk.pair / Hkv);
@@ -113,13 +122,25 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdSm90Params& p, int64_t w) {
   return b;
 }
 
-__global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
+template <int kHeadDim>
+__global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_qkv,
                           const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
 #ifdef ENGINE_SM90A
   using namespace sm90;
-  using C = BwdSm90Config;
+  using C = BwdSm90Config<kHeadDim>;
   constexpr int kD = C::kD, kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStages = C::kStages;
+  constexpr int kColBlocks = C::kColBlocks;
+  // dQ: D = 128 splits its columns over the warpgroups, D = 64 its keys (two partial tiles).
+  constexpr bool kSplitKeys = kD == 64;
+  constexpr int kDqSteps = kSplitKeys ? 64 / 16 : kBlockN / 16;
+  // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.
+  auto wgmma_rs = [](float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
+    if constexpr (kD == 128)
+      wgmma_m64n128k16_rs(d, a, b);
+    else
+      wgmma_m64n64k16_rs(d, a, b);
+  };
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - smem_u32(smem_raw));
@@ -164,8 +185,8 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
         if (lane == 0) {
           *s_item = w;
           mbar_expect_tx(kv_full, 2 * C::kKVBytes);
-          const int k_col = (H + b.kv) * 2, v_col = (H + Hkv + b.kv) * 2;
-          for (int c = 0; c < 2; ++c)
+          const int k_col = (H + b.kv) * kColBlocks, v_col = (H + Hkv + b.kv) * kColBlocks;
+          for (int c = 0; c < kColBlocks; ++c)
             for (int half = 0; half < 2; ++half) {
               const uint32_t off = c * kBlockN * 128 + half * 64 * 128;
               const int row = b.seq_begin + b.n0 + 64 * half;
@@ -186,11 +207,11 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
           }
           if (lane == 0) {
             mbar_expect_tx(q_full(s), 2 * C::kQBytes);
-            for (int c = 0; c < 2; ++c) {
-              tma_load_3d(sQ(s) + c * kBlockM * 128, &map_qkv, 0, h * 2 + c, b.seq_begin + m0,
-                          q_full(s));
-              tma_load_3d(sdO(s) + c * kBlockM * 128, &map_do, 0, h * 2 + c, b.seq_begin + m0,
-                          q_full(s));
+            for (int c = 0; c < kColBlocks; ++c) {
+              tma_load_3d(sQ(s) + c * kBlockM * 128, &map_qkv, 0, h * kColBlocks + c,
+                          b.seq_begin + m0, q_full(s));
+              tma_load_3d(sdO(s) + c * kBlockM * 128, &map_do, 0, h * kColBlocks + c,
+                          b.seq_begin + m0, q_full(s));
             }
           } else {
             mbar_arrive(q_full(s));
@@ -292,7 +313,7 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
-        wgmma_m64n128k16_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
+        wgmma_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
       wgmma_commit();
       wgmma_wait<1>();  // dP^T done (dV may still run)
       reg_fence(dpt);
@@ -326,40 +347,51 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
       if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
       named_barrier_sync(1, 256);      // (a)
 
-      // dQ[:, 64 wg .. 64 wg + 63] of this tile (64 queries x 64 columns), then dK += dS^T Q; the
-      // dQ staging below runs while dK is in flight.
+      // dQ of this tile, 64 queries x 64 columns per warpgroup: D = 128, columns 64 wg .. over all
+      // 128 keys (K column block wg); D = 64, all columns over the warpgroup's own 64 keys, its
+      // own staging tile (the two are added into dq_accum one after the other). Then dK +=
+      // dS^T Q; the dQ staging below runs while dK is in flight.
       float dq[32];
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(sdS + kk * 2048, 16),
-                              smem_desc_sw128(sK + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
+      for (int kk = 0; kk < kDqSteps; ++kk) {
+        const uint32_t a = kSplitKeys ? sdS + wg * 64 * 128 + kk * 2048 : sdS + kk * 2048;
+        const uint32_t bk = kSplitKeys ? sK + wg * 64 * 128 + kk * 2048
+                                       : sK + wg * kBlockN * 128 + kk * 2048;
+        wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16), smem_desc_sw128(bk, 16), kk > 0);
+      }
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
-        wgmma_m64n128k16_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
+        wgmma_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
       wgmma_commit();
       wgmma_wait<1>();  // dV and dQ retired
       reg_fence(dq);
 
       // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
+      {
+        const uint32_t tile = kSplitKeys ? sdQ + wg * kBlockM * kD * 4 : sdQ;
+        const int col0 = kSplitKeys ? 0 : wg * 64;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = wq * 16 + (lane >> 2) + 8 * hf;
-        const int64_t t = seq_begin + static_cast<int64_t>(m0) + r;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = wq * 16 + (lane >> 2) + 8 * hf;
+          const int64_t t = seq_begin + static_cast<int64_t>(m0) + r;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int col = wg * 64 + 8 * j + 2 * (lane & 3);
-          st_shared_f32x2(sdQ + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
-                          dq[4 * j + 2 * hf + 1]);
+          for (int j = 0; j < 8; ++j) {
+            const int col = col0 + 8 * j + 2 * (lane & 3);
+            st_shared_f32x2(tile + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
+                            dq[4 * j + 2 * hf + 1]);
+          }
         }
+        fence_proxy_async();
       }
-      fence_proxy_async();
       named_barrier_sync(1, 256);  // (d) staging complete; every dQ product of the tile retired
       if (tid == 0) {
         const int rows = min(kBlockM, L - m0);
         float* dst = p.dq_accum + (int64_t{h} * p.num_tokens + seq_begin + m0) * kD;
-        bulk_reduce_add_f32(dst, sdQ, static_cast<uint32_t>(rows * kD * 4));
+        for (int part = 0; part < (kSplitKeys ? 2 : 1); ++part)
+          bulk_reduce_add_f32(dst, sdQ + part * kBlockM * kD * 4,
+                              static_cast<uint32_t>(rows * kD * 4));
         bulk_commit();
       }
       wgmma_wait<0>();  // dK retired
@@ -395,40 +427,30 @@ __global__ void __launch_bounds__(BwdSm90Config::kThreads, 1)
 #endif  // ENGINE_SM90A
 }
 
+template <int kD>
 bool kernel_ready() {
   static const bool ok = [] {
-    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_bwd_sm90_kernel)) ||
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_bwd_sm90_kernel<kD>)) ||
         sm90::tensor_map_encoder() == nullptr)
       return false;
-    CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel,
+    CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel<kD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(BwdSm90Config::kSmemBytes)));
+                                    static_cast<int>(BwdSm90Config<kD>::kSmemBytes)));
     return true;
   }();
   return ok;
 }
 
-}  // namespace
-
-bool flash_bwd_sm90_available(int head_dim) { return head_dim == 128 && kernel_ready(); }
-
-bool flash_bwd_sm90_eligible(const Params& p, const Grid& g) {
-  return p.head_dim == 128 && p.k == p.q + p.num_heads * p.head_dim && p.kv_row == p.q_row &&
-         p.cu_seqlens_k == p.cu_seqlens_q && p.dk == p.dq + p.num_heads * p.head_dim &&
-         reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.dout) % 16 == 0 &&
-         kernel_ready();
-}
-
-void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
-  using C = BwdSm90Config;
+template <int kD>
+void launch(const Params& p, const Grid& g, cudaStream_t stream) {
+  using C = BwdSm90Config<kD>;
   const char* op = "attention_backward (sm90)";
   const CUtensorMap map_qkv = column_block_map(p.q, p.q_row, p.num_tokens, 64, op);
   const CUtensorMap map_do =
-      column_block_map(p.dout, int64_t{p.num_heads} * C::kD, p.num_tokens, 64, op);
+      column_block_map(p.dout, int64_t{p.num_heads} * kD, p.num_tokens, 64, op);
   // Launch order as run_flash_bwd: sections of (kv head, sequence) pairs whose q, dO and dQ
   // rows take about 24 MB.
-  const int64_t pair_bytes = int64_t{g.max_seqlen_q} * (p.num_heads / p.num_kv_heads) * C::kD * 8;
+  const int64_t pair_bytes = int64_t{g.max_seqlen_q} * (p.num_heads / p.num_kv_heads) * kD * 8;
   const int64_t pairs = int64_t{p.num_kv_heads} * g.num_seqs;
   int64_t section = 1;
   while (section * 2 * pair_bytes <= (int64_t{24} << 20) && section < pairs) section *= 2;
@@ -455,9 +477,32 @@ void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
   Buffer next_item(sizeof(int), Device::CUDA);  // back to the caching allocator on return:
   kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
   CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));
-  flash_bwd_sm90_kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(
-      map_qkv, map_do, kp);
+  flash_bwd_sm90_kernel<kD>
+      <<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(map_qkv, map_do,
+                                                                              kp);
   check_launch("flash_bwd_sm90_kernel");
+}
+
+}  // namespace
+
+bool flash_bwd_sm90_available(int head_dim) {
+  if (head_dim == 64) return kernel_ready<64>();
+  if (head_dim == 128) return kernel_ready<128>();
+  return false;
+}
+
+bool flash_bwd_sm90_eligible(const Params& p, const Grid& g) {
+  return (p.head_dim == 64 || p.head_dim == 128) && p.k == p.q + p.num_heads * p.head_dim &&
+         p.kv_row == p.q_row && p.cu_seqlens_k == p.cu_seqlens_q &&
+         p.dk == p.dq + p.num_heads * p.head_dim && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.dout) % 16 == 0 && flash_bwd_sm90_available(p.head_dim);
+}
+
+void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
+  if (p.head_dim == 64)
+    launch<64>(p, g, stream);
+  else
+    launch<128>(p, g, stream);
 }
 
 }  // namespace engine::cuda::flash

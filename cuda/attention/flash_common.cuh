@@ -269,8 +269,8 @@ void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
 void set_sm90_persistent(bool on);
 bool sm90_persistent();
 int sm90_sm_count();
-// The Hopper backward (flash_bwd_sm90.cu), D = 128 only, the same conditions; replaces
-// run_flash_bwd<128> between flash.cu's dsum and dq_convert kernels.
+// The Hopper backward (flash_bwd_sm90.cu), the same conditions (and a 16-byte aligned dout);
+// replaces run_flash_bwd<D> between flash.cu's dsum and dq_convert kernels.
 bool flash_bwd_sm90_available(int head_dim);
 bool flash_bwd_sm90_eligible(const Params& p, const Grid& g);
 void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);

@@ -76,7 +76,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// Barrier `id` (1 .. 15; 0 is __syncthreads) over `threads` threads (a multiple of 32) of the block.
+// Barrier `id` (1 .. 15; 0 is __syncthreads) over `threads` threads (a multiple of 32) of the
+// block.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -110,7 +111,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
-// ---- TMA: a box of a tensor map -> shared memory, completing `bytes` on the mbarrier -------------
+// ---- TMA: a box of a tensor map -> shared memory, completing its bytes on the mbarrier --------
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
                                             uint32_t bar) {
   asm volatile(

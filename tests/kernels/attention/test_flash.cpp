@@ -10,8 +10,8 @@
 // keys (kv, micro-sequences; at the end of the file).
 // Forward kernels: the table runs once with the mma.sync forward and, where it runs (an sm_90a
 // build on a compute capability 9.0 GPU), once with the Hopper forward (cuda/attention/
-// flash_sm90.cu; cuda::set_attention_kernel; with it the Hopper backward, flash_bwd_sm90.cu, for
-// D = 128), whose own cases follow the table: more tiles per sequence (pipeline stages wrap),
+// flash_sm90.cu; cuda::set_attention_kernel; with it the Hopper backward, flash_bwd_sm90.cu),
+// whose own cases follow the table: more tiles per sequence (pipeline stages wrap),
 // odd document lengths, windows crossing tiles, and a comparison with the mma.sync kernels on
 // larger batches.
 //
@@ -250,7 +250,7 @@ TEST_CASE("flash attention sm90 kernels match the f64 reference: many tiles, odd
   // up to 12 key tiles per q tile and 24 q tiles per key tile (the 2-stage rings wrap),
   // tile-exact lengths (128, 256, 384), windows crossing tile boundaries, a non-causal window
   // (tiles whose first keys are invisible to some rows), GQA 2 and 4 (the backward's q-head
-  // loop). D = 64 runs the sm90 forward and the mma.sync backward.
+  // loop).
   const std::vector<FlashCase> cases = {
       {{1, 7, 129, 300, 1000}, 8, 2, 128, true, 0},
       {{1000, 7, 1, 300, 129}, 4, 2, 128, false, 0},
