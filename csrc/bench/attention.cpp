@@ -8,9 +8,12 @@
 // against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
 // half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
-// Each case prints fwd, bwd and fwd+bwd, for each backend (ops::AttentionBackend) side by side:
-// [flash] the engine's kernels, [cudnn] cuDNN's fused attention (builds with cuDNN only). The
-// environment variable BENCH_ATTENTION_BACKENDS (e.g. "cudnn"; default "flash,cudnn") picks them.
+// Each case prints fwd, bwd and fwd+bwd for each kernel side by side: [flash mma.sync] and
+// [flash sm90] the engine's two flash kernels (cuda::set_attention_kernel; sm90 where the Hopper
+// kernels run), [cudnn] cuDNN's fused attention (ops::AttentionBackend::Cudnn, builds with cuDNN
+// only). The environment variable BENCH_ATTENTION_BACKENDS (comma-separated among "mma.sync",
+// "sm90", "cudnn"; default all) picks them. The sm90 kernels also run once with one block per
+// work item instead of their persistent grid (fwd and bwd only).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +28,7 @@
 
 #ifdef ENGINE_CUDA
 #include "cuda/attention/cudnn_sdpa.cuh"
+#include "cuda/attention/flash.cuh"
 #include "cuda/common/device.cuh"
 #endif
 
@@ -43,22 +47,42 @@ struct AttnShape {
 
 struct Backend {
   ops::AttentionBackend kind;
-  std::string tag;  // " [flash]"
+  cuda::AttentionKernel kernel;  // of the flash backend
+  std::string tag;               // " [flash sm90]"
+  bool persistent = true;        // sm90: persistent grid, or one block per work item
 };
 
-// The backends to compare: flash, and cudnn where this binary has it; BENCH_ATTENTION_BACKENDS
-// ("flash", "cudnn" or both, comma-separated) narrows the list.
+// Switches the process-wide flash kernel settings to a backend's for its lifetime.
+struct UseKernel {
+  cuda::AttentionKernel saved = cuda::attention_kernel();
+  explicit UseKernel(const Backend& be) {
+    cuda::set_attention_kernel(be.kernel);
+    cuda::set_attention_sm90_persistent(be.persistent);
+  }
+  ~UseKernel() {
+    cuda::set_attention_kernel(saved);
+    cuda::set_attention_sm90_persistent(true);
+  }
+};
+
+// The kernels to compare (see the top); BENCH_ATTENTION_BACKENDS narrows the list.
 std::vector<Backend> backends() {
   const char* env = std::getenv("BENCH_ATTENTION_BACKENDS");
-  const std::string want = env && *env ? env : "flash,cudnn";
+  const std::string want = env && *env ? env : "mma.sync,sm90,cudnn";
   std::vector<Backend> out;
-  if (want.find("flash") != std::string::npos) out.push_back({ops::AttentionBackend::Flash, " [flash]"});
+  using K = cuda::AttentionKernel;
+  if (want.find("mma.sync") != std::string::npos)
+    out.push_back({ops::AttentionBackend::Flash, K::kMmaSync, " [flash mma.sync]"});
+  if (want.find("sm90") != std::string::npos && cuda::attention_sm90_available(64) &&
+      cuda::attention_sm90_available(128))
+    out.push_back({ops::AttentionBackend::Flash, K::kSm90, " [flash sm90]"});
   if (want.find("cudnn") != std::string::npos && cuda::cudnn_built())
-    out.push_back({ops::AttentionBackend::Cudnn, " [cudnn " + cuda::cudnn_version() + "]"});
+    out.push_back({ops::AttentionBackend::Cudnn, K::kAuto, " [cudnn " + cuda::cudnn_version() + "]"});
   return out;
 }
 
-void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out) {
+void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, bool no_total = false) {
+  const UseKernel use(be);
   int64_t t = 0;
   double sq = 0;  // sum of L^2 / 2
   for (int l : s.lens) t += l, sq += 0.5 * l * static_cast<double>(l);
@@ -96,6 +120,7 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out) 
                  s.peer.empty() ? "" : "peer fwd / fwd+bwd: " + s.peer});
   out.push_back({s.name + " bwd" + be.tag, time_ms([&] { ops::attention_backward(bp); }), 2.5 * fwd_flops,
                  0, ""});
+  if (no_total) return;
   out.push_back({s.name + " fwd+bwd" + be.tag, time_ms([&] {
                    ops::attention_forward(p);
                    ops::attention_backward(bp);
@@ -107,6 +132,7 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out) 
 // the keys and values of all rows up to its end (separate kv), run in order.
 void run_chunks(const std::string& name, int len, int chunks, int heads, int dim, const Backend& be,
                 std::vector<Result>& out) {
+  const UseKernel use(be);
   const int64_t h = heads, d = dim, n = len / chunks;
   Owned qkv = empty({len, 3 * h, d}, DType::BF16, Device::CUDA);
   Owned kv = empty({len, 2 * h, d}, DType::BF16, Device::CUDA);
@@ -201,9 +227,16 @@ BENCH_CASES("attention") {
   };
   const std::vector<Backend> bes = backends();
   for (const std::vector<AttnShape>* list : {&shapes, &more})
-    for (const AttnShape& s : *list)
+    for (const AttnShape& s : *list) {
       for (const Backend& be : bes) run_shape(s, be, out);
-  for (const Backend& be : bes) run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, be, out);
+      for (const Backend& be : bes)
+        if (be.kernel == cuda::AttentionKernel::kSm90 && list == &shapes)
+          run_shape(s, {be.kind, be.kernel, " [flash sm90, block per item]", false}, out, true);
+    }
+  // The kv-prefix chunks run the mma.sync kernels under flash (the sm90 ones take no separate kv).
+  for (const Backend& be : bes)
+    if (be.kernel != cuda::AttentionKernel::kSm90)
+      run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, be, out);
 #endif
   return out;
 }

@@ -186,10 +186,32 @@ bool nothing_to_do(const Launch& l, const ops::AttentionParams& p) {
 
 }  // namespace
 
+namespace {
+AttentionKernel g_kernel = AttentionKernel::kAuto;  // set_attention_kernel
+}  // namespace
+
+void set_attention_kernel(AttentionKernel k) { g_kernel = k; }
+AttentionKernel attention_kernel() { return g_kernel; }
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::kAuto: return "auto";
+    case AttentionKernel::kMmaSync: return "mma.sync";
+    case AttentionKernel::kSm90: return "sm90";
+  }
+  return "?";
+}
+bool attention_sm90_available(int head_dim) { return flash::flash_fwd_sm90_available(head_dim); }
+bool attention_sm90_backward_available(int head_dim) {
+  return flash::flash_bwd_sm90_available(head_dim);
+}
+void set_attention_sm90_persistent(bool on) { flash::set_sm90_persistent(on); }
+
 void attention_forward(const ops::AttentionParams& p) {
   const Launch l = make_params(p, "attention_forward");
   if (nothing_to_do(l, p)) return;
-  if (flash::has_mma_path(l.k.head_dim))
+  if (g_kernel != AttentionKernel::kMmaSync && flash::flash_fwd_sm90_eligible(l.k, l.g))
+    flash::run_flash_fwd_sm90(l.k, l.g, stream());
+  else if (flash::has_mma_path(l.k.head_dim))
     flash::head_dim_switch(l.k.head_dim, [&](auto d) {
       flash::run_flash_fwd<decltype(d)::value>(l.k, l.g, stream());
     });
@@ -247,7 +269,10 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   }
   flash::head_dim_switch(k.head_dim, [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
-    flash::run_flash_bwd<kD>(k, l.g, stream());
+    if (g_kernel != AttentionKernel::kMmaSync && flash::flash_bwd_sm90_eligible(k, l.g))
+      flash::run_flash_bwd_sm90(k, l.g, stream());
+    else
+      flash::run_flash_bwd<kD>(k, l.g, stream());
     const dim3 grid(static_cast<unsigned>(ceil_div(t * (kD / 4), 256)),
                     static_cast<unsigned>(k.num_heads));
     dq_convert_kernel<kD><<<grid, 256, 0, stream()>>>(k.dq_accum, k.dq, t, k.q_row, k.scale);

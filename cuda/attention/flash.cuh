@@ -19,6 +19,27 @@
 
 namespace engine::cuda {
 
+// Which kernels run (a process-wide setting, forward and backward alike):
+//   kAuto     the Hopper kernels where eligible (an sm_90a build on a compute capability 9.0
+//             device, no separate kv, 16-byte aligned qkv and dout, head dim 64 or 128),
+//             else kMmaSync
+//   kMmaSync  the portable mma.sync kernels (flash_fwd.cuh, flash_bwd.cuh; the f32 fallback for
+//             other head dims), the reference the others are tested against
+//   kSm90     the Hopper kernels (flash_sm90.cu, flash_bwd_sm90.cu) where eligible, else as
+//             kMmaSync
+// (kAuto and kSm90 are the same today; kAuto may come to depend on the shape as measurements say.)
+enum class AttentionKernel { kAuto, kMmaSync, kSm90 };
+void set_attention_kernel(AttentionKernel k);
+AttentionKernel attention_kernel();
+const char* attention_kernel_name(AttentionKernel k);  // "auto", "mma.sync", "sm90"
+// Whether the Hopper forward (backward) can run on this device for head_dim (64 or 128).
+bool attention_sm90_available(int head_dim);
+bool attention_sm90_backward_available(int head_dim);
+// The Hopper kernels' grids: persistent (one block per SM taking work items, q tiles forward and
+// key tiles backward, from a counter; the default) or one block per item (for comparison in
+// benchmarks).
+void set_attention_sm90_persistent(bool on);
+
 void attention_forward(const ops::AttentionParams& p);
 void attention_backward(const ops::AttentionBackwardParams& p);
 

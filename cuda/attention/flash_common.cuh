@@ -257,6 +257,24 @@ extern template void run_flash_bwd<128>(const Params&, const Grid&, cudaStream_t
 void run_fallback_fwd(const Params& p, const Grid& g, cudaStream_t stream);
 void run_fallback_bwd(const Params& p, const Grid& g, cudaStream_t stream);  // needs p.dsum
 
+// The Hopper forward (flash_sm90.cu: wgmma, TMA, warp specialisation), sm_90a builds on
+// compute capability 9.0 devices only. available: the kernel of this head dim (64, 128) runs
+// here; eligible: available, and the call has no separate keys (k is qkv's, cu_seqlens_k is
+// cu_seqlens_q) and a 16-byte aligned qkv (out needs no alignment: 4-byte stores).
+bool flash_fwd_sm90_available(int head_dim);
+bool flash_fwd_sm90_eligible(const Params& p, const Grid& g);
+void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
+// The sm90 kernels' grids: persistent (one block per SM taking work items from a counter; the
+// default) or one block per item (q tile forward, key tile backward); the SM count.
+void set_sm90_persistent(bool on);
+bool sm90_persistent();
+int sm90_sm_count();
+// The Hopper backward (flash_bwd_sm90.cu), the same conditions (and a 16-byte aligned dout);
+// replaces run_flash_bwd<D> between flash.cu's dsum and dq_convert kernels.
+bool flash_bwd_sm90_available(int head_dim);
+bool flash_bwd_sm90_eligible(const Params& p, const Grid& g);
+void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
+
 // True for the head dims with an mma.sync kernel.
 constexpr bool has_mma_path(int d) { return d == 64 || d == 128; }
 

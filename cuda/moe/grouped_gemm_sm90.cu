@@ -13,14 +13,12 @@
 //   copies of step kt + 2, then 4 wgmma on stage kt, commit, and wait until at most one group
 //   (this step's) is in flight.
 // Rows past the expert's count are zero-filled and never stored; columns past N likewise.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cstdlib>
 #include <cstring>
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/sm90.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -39,23 +37,13 @@ constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024;  // + alignm
 static_assert(kBM == ops::kMoeRowAlign, "one row tile must never hold two experts");
 
 #ifdef MOE_WGMMA
-// Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  uint64_t d = (addr & 0x3FFFF) >> 4;
-  d |= uint64_t{1} << 16;            // leading byte offset (unused for swizzled K-major)
-  d |= uint64_t{1024 >> 4} << 32;    // stride byte offset
-  d |= uint64_t{1} << 62;            // 128-byte swizzle
-  return d;
-}
+using sm90::wgmma_commit;
+using sm90::wgmma_fence;
+using sm90::wgmma_wait;
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
+// Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return sm90::smem_desc_sw128(addr, 16); }
+
 // Keeps the compiler from moving accumulator reads / writes across the asynchronous wgmma.
 __device__ __forceinline__ void acc_fence(float (&d)[128]) {
 #pragma unroll
@@ -114,44 +102,13 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], gbf16* y, in
   }
 }
 
-// ---- mbarriers and the tensor memory accelerator (TMA) ----------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the barrier's phase `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
+// ---- mbarriers and the tensor memory accelerator (TMA): cuda/common/sm90.cuh -------------------
+using sm90::mbar_arrive;
+using sm90::mbar_expect_tx;
+using sm90::mbar_init;
+using sm90::mbar_wait;
+using sm90::tma_load_2d;
+using sm90::tma_load_3d;
 #endif  // MOE_WGMMA
 
 struct FwdParams {
@@ -451,20 +408,7 @@ bool available() {
 }
 
 // cuTensorMapEncodeTiled from the driver (no link against libcuda); nullptr where absent.
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() { return sm90::tensor_map_encoder(); }
 
 bool tma_available() {
   static const bool ok = [] {

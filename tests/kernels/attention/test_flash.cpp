@@ -8,6 +8,12 @@
 // in several sections (its launch order). Outputs are poisoned (NaN) first, so any element left
 // unwritten fails. Also: run-to-run determinism, and the launcher's argument checks; separate
 // keys (kv, micro-sequences; at the end of the file).
+// Forward kernels: the table runs once with the mma.sync forward and, where it runs (an sm_90a
+// build on a compute capability 9.0 GPU), once with the Hopper forward (cuda/attention/
+// flash_sm90.cu; cuda::set_attention_kernel; with it the Hopper backward, flash_bwd_sm90.cu),
+// whose own cases follow the table: more tiles per sequence (pipeline stages wrap),
+// odd document lengths, windows crossing tiles, and a comparison with the mma.sync kernels on
+// larger batches.
 //
 // Tolerances (relative RMS error over the whole tensor, err = rms(got - ref) / rms(ref)):
 //   out 1e-2:  out is rounded to bf16 (relative RMS 2^-9 / sqrt(3) ~ 1.1e-3) and P is rounded
@@ -29,6 +35,9 @@
 
 #include "ops/attention.h"
 #include "tests/common/attention_case.h"
+#ifdef ENGINE_CUDA
+#include "cuda/attention/flash.cuh"
+#endif
 #include "tests/common/testing.h"
 
 using namespace engine;
@@ -37,6 +46,55 @@ using namespace engine::testing;
 namespace {
 
 using FlashCase = testing::AttentionCase;
+
+// Selects the forward kernel by name ("mma.sync", "sm90") for its lifetime.
+class UseForwardKernel {
+ public:
+  explicit UseForwardKernel(const std::string& name) {
+#ifdef ENGINE_CUDA
+    saved_ = cuda::attention_kernel();
+    cuda::set_attention_kernel(name == "sm90" ? cuda::AttentionKernel::kSm90
+                                              : cuda::AttentionKernel::kMmaSync);
+#else
+    (void)name;
+#endif
+  }
+  ~UseForwardKernel() {
+#ifdef ENGINE_CUDA
+    cuda::set_attention_kernel(saved_);
+#endif
+  }
+  UseForwardKernel(const UseForwardKernel&) = delete;
+  UseForwardKernel& operator=(const UseForwardKernel&) = delete;
+
+ private:
+#ifdef ENGINE_CUDA
+  cuda::AttentionKernel saved_ = cuda::AttentionKernel::kAuto;
+#endif
+};
+
+// Whether the Hopper forward runs here (after gpu_available_or_skip); says so once when not.
+bool sm90_runs() {
+#ifdef ENGINE_CUDA
+  static const bool ok = [] {
+    const bool r = cuda::attention_sm90_available(64) && cuda::attention_sm90_available(128);
+    if (!r)
+      std::printf("flash: the sm90 forward does not run here (it needs an sm_90a build on a "
+                  "compute capability 9.0 GPU): its cases are skipped\n");
+    return r;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// The forward kernels every table case runs with.
+std::vector<std::string> forward_kernels() {
+  std::vector<std::string> k = {"mma.sync"};
+  if (sm90_runs()) k.push_back("sm90");
+  return k;
+}
 
 const std::vector<FlashCase> kCases = {
     // mma.sync, D = 128 (forward tiles 128 x 64, backward 64 x 128)
@@ -141,7 +199,7 @@ double check_close(const Tensor& got, const Tensor& ref, double tol, const std::
   return cmp.rel_rms;
 }
 
-void check_case(const FlashCase& c) {
+void check_case(const FlashCase& c, const std::string& kernel) {
   const Problem pr(c);
   const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads;
   GpuResult gpu = run_gpu(pr);
@@ -160,8 +218,8 @@ void check_case(const FlashCase& c) {
       check_close(heads_of(gpu.dqkv, h, hkv), heads_of(dqkv_ref, h, hkv), 2e-2, "dk");
   const double e_dv =
       check_close(heads_of(gpu.dqkv, h + hkv, hkv), heads_of(dqkv_ref, h + hkv, hkv), 2e-2, "dv");
-  std::printf("flash %-62s out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", c.name().c_str(), e_out,
-              e_lse, e_dq, e_dk, e_dv);
+  std::printf("flash [%s] %-62s out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", kernel.c_str(),
+              c.name().c_str(), e_out, e_lse, e_dq, e_dk, e_dv);
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -173,8 +231,68 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 
 TEST_CASE("flash attention forward and backward match the f64 reference (bf16 inputs)" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
-  for (const FlashCase& c : kCases) {
-    SUBCASE(c.name().c_str()) { check_case(c); }
+  for (const std::string& k : forward_kernels())
+    for (const FlashCase& c : kCases) {
+      if (k == "sm90" && c.dim != 64 && c.dim != 128) continue;  // the same fallback run again
+      SUBCASE((k + ": " + c.name()).c_str()) {
+        const UseForwardKernel use(k);
+        check_case(c, k);
+      }
+    }
+}
+
+// ---- The Hopper forward (flash_sm90.cu) -----------------------------------------------------------
+
+TEST_CASE("flash attention sm90 kernels match the f64 reference: many tiles, odd documents, windows" * doctest::test_suite("gpu")) {
+  if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
+  const UseForwardKernel use("sm90");
+  // Forward tiles 128 x 128, backward 128 keys x 64 queries: documents of 1 .. 1500 tokens give
+  // up to 12 key tiles per q tile and 24 q tiles per key tile (the 2-stage rings wrap),
+  // tile-exact lengths (128, 256, 384), windows crossing tile boundaries, a non-causal window
+  // (tiles whose first keys are invisible to some rows), GQA 2 and 4 (the backward's q-head
+  // loop).
+  const std::vector<FlashCase> cases = {
+      {{1, 7, 129, 300, 1000}, 8, 2, 128, true, 0},
+      {{1000, 7, 1, 300, 129}, 4, 2, 128, false, 0},
+      {{256, 128, 384, 1}, 4, 4, 128, true, 0},
+      {{1500, 7}, 4, 4, 128, true, 300},
+      {{700, 1, 64}, 4, 1, 128, false, 200},
+      {{1, 7, 129, 300, 1000}, 6, 3, 64, true, 0},
+      {{513, 2, 255}, 4, 4, 64, false, 129},
+      {{1200}, 16, 2, 64, true, 0, 0.5f},  // peaked softmax
+      {{1200, 65}, 8, 2, 128, true, 0, 0.5f},
+  };
+  for (const FlashCase& c : cases) {
+    SUBCASE(c.name().c_str()) { check_case(c, "sm90"); }
+  }
+}
+
+TEST_CASE("flash attention sm90 kernels agree with the mma.sync kernels on larger batches" * doctest::test_suite("gpu")) {
+  // Both against each other (no CPU reference): thousands of tokens, 16 key tiles per q tile.
+  // out differs by the two kernels' bf16 roundings of P and out (each ~3e-3 from the exact
+  // values), lse only by f32 summation order, dqkv by the roundings of P, dS and dqkv.
+  if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
+  const std::vector<FlashCase> cases = {
+      {{2048, 2048}, 8, 2, 128, true, 0},
+      {{2048, 33, 1700, 64, 2000}, 4, 4, 128, false, 0},
+      {{2048, 2048}, 8, 8, 64, true, 0},
+      {{4000, 95}, 4, 2, 64, true, 1000},
+  };
+  for (const FlashCase& c : cases) {
+    SUBCASE(c.name().c_str()) {
+      const Problem pr(c);
+      GpuResult r[2];
+      const char* names[2] = {"mma.sync", "sm90"};
+      for (int k = 0; k < 2; ++k) {
+        const UseForwardKernel use(names[k]);
+        r[k] = run_gpu(pr);
+      }
+      const double e_out = check_close(r[1].out, r[0].out, 1e-2, "out sm90 vs mma.sync");
+      const double e_lse = check_close(r[1].lse, r[0].lse, 1e-5, "lse sm90 vs mma.sync");
+      const double e_dqkv = check_close(r[1].dqkv, r[0].dqkv, 2e-2, "dqkv sm90 vs mma.sync");
+      std::printf("flash [sm90 vs mma.sync] %-50s out %.1e lse %.1e dqkv %.1e\n",
+                  c.name().c_str(), e_out, e_lse, e_dqkv);
+    }
   }
 }
 
@@ -333,8 +451,10 @@ TEST_CASE("flash attention with separate keys matches the f64 reference" * docte
 TEST_CASE("flash attention with separate keys equal to qkv's own gives the usual results" * doctest::test_suite("gpu")) {
   // kv = qkv's k and v heads, cu_seqlens_k = cu_seqlens: the same arithmetic through other
   // pointers and strides, so out, lse, dk and dv are bitwise those of the usual call (dq up to
-  // the order of its f32 atomics).
+  // the order of its f32 atomics). Separate keys run only on the mma.sync forward: the usual call
+  // takes it too here.
   if (!engine::testing::gpu_available_or_skip()) return;
+  const UseForwardKernel use("mma.sync");
   for (const FlashCase& c :
        {FlashCase{{300, 129, 17}, 8, 2, 128, true, 0}, FlashCase{{129, 300}, 6, 3, 64, false, 40},
         FlashCase{{129, 17}, 6, 3, 16, true, 0}}) {

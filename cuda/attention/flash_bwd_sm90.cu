@@ -1,0 +1,508 @@
+// Flash attention backward on Hopper (sm_90a): wgmma, TMA and warp specialisation, head dims 64
+// and 128, the contract and the surroundings of flash_bwd.cuh (same algorithm, same dq_accum
+// layout and bulk reduction; flash.cu runs dsum_kernel before and dq_convert_kernel after), for
+// qkv's own keys (no separate kv: the launcher keeps that case on the mma.sync kernel).
+//
+// Work item: kBlockN = 128 keys (a key tile) of one (kv head, sequence), items in the launch
+// order of flash_bwd.cuh (bwd_block); the grid is persistent (one block per SM; or one block per
+// item, set_sm90_persistent): block b takes item b, then the next free one of a global counter
+// (atomicAdd by the producer), and the producer hands each item to the consumers with its K and
+// V tiles (the item index in shared memory, published by the kv_full arrival; -1 ends the
+// block), loading the next item's K and V as soon as the consumers are done with the last ones
+// (kv_empty), while they store its dK and dV. Two consumer warpgroups own keys [64 w, 64 w + 64)
+// (warps 0-7, 240 registers each by setmaxnreg); of the producer warpgroup (warps 8-11, 24
+// registers) warp 8 loads. Per item the producer loads K and V once (TMA), then for every (q
+// head of the kv group, q tile of kBlockM = 64 rows that sees any of the keys) the tile's Q and
+// dO (TMA) and its lse (times log2 e; +inf for rows past the sequence, whose P is then 0) and
+// dsum (0 past the sequence) (plain loads by the warp's 32 lanes into shared memory) into a
+// 2-stage ring (stage and phase count q tiles across items): q_full[s] (32 arrivals, one with
+// the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
+// Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
+//   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
+//   P^T = 2^(S^T c - lse log2 e) (0 where masked)   (registers; while dP^T runs)
+//   dV_w += P^T dO                         wgmma m64n128k16, A = P^T from registers (bf16), B = dO
+//                                          MN-major (transposed) from shared memory; runs while
+//   dS^T = P^T (dP^T - dsum)               is computed (registers) and stored (bf16, shared)
+//   dQ[:, 64 w .. 64 w + 63] = dS K[:, 64 w ..]   wgmma m64n64k16, A = dS from the dS^T tile
+//                                          (written by both warpgroups: MN-major), B = K MN-major;
+//                                          over all 128 keys of the block (D = 128); D = 64:
+//                                          dQ_w = dS_w K_w over the warpgroup's own 64 keys
+//   dK_w += dS^T Q                         as dV; runs while dQ goes to the staging tile
+// with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
+// layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
+// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32); D = 64: two staging tiles
+// (the partial sums of the two warpgroups), two reductions. Named barrier 1 (the 256
+// consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
+// has read the staging tile: its issuing thread waits for that first), (d) the staging tile is
+// complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
+// Masks only where the tile crosses the diagonal, the window edge or the sequence end (keys past
+// the end get P = 0, so they add nothing to dQ; their dK, dV rows are never written). Blocks
+// (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 pairs
+// straight from the registers.
+//
+// Shared memory: K, V 128 x D, Q, dO 2 stages of 64 x D (bf16), dS^T 128 x 64 bf16, dQ staging
+// 32 KiB f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 113 KiB (D = 64) + barriers; one
+// block per SM.
+#include <algorithm>
+#include <limits>
+
+#include "core/buffer.h"
+#include "cuda/attention/flash_common.cuh"
+#include "cuda/attention/flash_sm90.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/sm90.cuh"
+
+namespace engine::cuda::flash {
+namespace {
+
+struct BwdTiles {
+  static constexpr int kBlockN = 128, kBlockM = 64;  // keys per item, queries per q tile
+};
+
+template <int kHeadDim>
+struct BwdSm90Config : BwdTiles {
+  static constexpr int kD = kHeadDim;
+  static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kStages = 2;
+  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // [column block][128][64]
+  static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // [column block][64][64]
+  static constexpr uint32_t kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
+  static constexpr uint32_t kOffdO = kOffQ + kStages * kQBytes;
+  static constexpr uint32_t kOffdS = kOffdO + kStages * kQBytes;         // [128 keys][64 q] bf16
+  // dQ staging, f32: [64][128] (D = 128) or 2 x [64][64] (D = 64)
+  static constexpr uint32_t kOffdQ = kOffdS + kBlockN * kBlockM * 2;
+  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * 128 * 4;      // [stage][64] f32
+  static constexpr uint32_t kOffDsum = kOffLse + kStages * kBlockM * 4;  // [stage][64] f32
+  static constexpr uint32_t kOffBar = kOffDsum + kStages * kBlockM * 4;
+  static constexpr size_t kSmemBytes = kOffBar + 8 * (3 + 2 * kStages) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+};
+
+struct BwdSm90Params {
+  const float* lse;           // (T, H)
+  const float* dsum;          // (T, H)
+  float* dq_accum;            // (H, T, D), flash_layout.h
+  bf16* dk;                   // dqkv's k heads (row stride q_row); dv = dk + Hkv D
+  const int32_t* cu_seqlens;  // (S + 1)
+  int num_tokens, q_row;
+  int num_heads, num_kv_heads;
+  float scale;
+  int window;
+  int bwd_section;
+  int n_blocks, num_seqs;  // key tiles of the longest sequence, S
+  int64_t items;           // n_blocks * Hkv * S
+  int* next_item;          // zeroed: items past the first gridDim.x are handed out from here
+  bool causal;
+};
+
+// Work item w: key tile n_block of one (kv head, sequence) pair in the launch order of
+// flash_bwd.cuh (bwd_block); valid when n0 < L.
+struct BwdItem {
+  int seq_begin, L, n0, kv, m_begin, tiles;  // q tiles [m_begin, m_begin + 64 tiles)
+};
+__device__ __forceinline__ BwdItem bwd_item(const BwdSm90Params& p, int64_t w) {
+  constexpr int kBlockN = BwdTiles::kBlockN, kBlockM = BwdTiles::kBlockM;
+  const int Hkv = p.num_kv_heads;
+  const BwdBlock blk = bwd_block(w, p.n_blocks, int64_t{Hkv} * p.num_seqs, p.bwd_section);
+  const int seq = static_cast<int>(blk.pair / Hkv);
+  BwdItem b;
+  b.kv = static_cast<int>(blk.pair % Hkv);
+  b.seq_begin = p.cu_seqlens[seq];
+  b.L = p.cu_seqlens[seq + 1] - b.seq_begin;
+  b.n0 = blk.n_block * kBlockN;  // the tile's first key
+  // q rows that see any key of the tile: [i_lo, i_hi); q tiles [m_begin, m_end).
+  const int i_lo = p.causal ? b.n0 : 0;
+  const int i_hi = p.window > 0 ? min(b.L, b.n0 + kBlockN - 1 + p.window) : b.L;
+  b.m_begin = i_lo / kBlockM * kBlockM;
+  const int m_end = i_hi > i_lo ? (i_hi + kBlockM - 1) / kBlockM * kBlockM : b.m_begin;
+  b.tiles = (m_end - b.m_begin) / kBlockM;
+  return b;
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_qkv,
+                          const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
+#ifdef ENGINE_SM90A
+  using namespace sm90;
+  using C = BwdSm90Config<kHeadDim>;
+  constexpr int kD = C::kD, kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStages = C::kStages;
+  constexpr int kColBlocks = C::kColBlocks;
+  // dQ: D = 128 splits its columns over the warpgroups, D = 64 its keys (two partial tiles).
+  constexpr bool kSplitKeys = kD == 64;
+  constexpr int kDqSteps = kSplitKeys ? 64 / 16 : kBlockN / 16;
+  // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.
+  auto wgmma_rs = [](float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
+    if constexpr (kD == 128)
+      wgmma_m64n128k16_rs(d, a, b);
+    else
+      wgmma_m64n64k16_rs(d, a, b);
+  };
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - smem_u32(smem_raw));
+  const uint32_t sK = base + C::kOffK, sV = base + C::kOffV, sdS = base + C::kOffdS,
+                 sdQ = base + C::kOffdQ;
+  auto sQ = [&](int s) { return base + C::kOffQ + s * C::kQBytes; };
+  auto sdO = [&](int s) { return base + C::kOffdO + s * C::kQBytes; };
+  float* sLse = reinterpret_cast<float*>(smem + C::kOffLse);
+  float* sDsum = reinterpret_cast<float*>(smem + C::kOffDsum);
+  const uint32_t kv_full = base + C::kOffBar;
+  auto q_full = [&](int s) { return kv_full + 8 + 8 * s; };
+  auto q_empty = [&](int s) { return kv_full + 8 + 8 * kStages + 8 * s; };
+
+  const uint32_t kv_empty = kv_full + 8 + 16 * kStages;
+  // The item the producer hands the consumers with each K, V tile (-1: no more), published by
+  // the kv_full arrival, read before the consumers release K and V (kv_empty).
+  volatile int64_t* s_item =
+      reinterpret_cast<volatile int64_t*>(smem + C::kOffBar + 16 + 16 * kStages);
+  const int H = p.num_heads, Hkv = p.num_kv_heads, G = H / Hkv;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    mbar_init(kv_empty, C::kConsumers);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(q_full(s), 32);
+      mbar_init(q_empty(s), C::kConsumers);
+    }
+    mbar_init_fence();
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (warp >= 4 * C::kConsumers) {  // producer warpgroup
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (warp != 4 * C::kConsumers) return;
+    int qt = 0, j = 0;  // q tiles and items of this block so far
+    for (int64_t w = blockIdx.x; w < p.items;) {
+      const BwdItem b = bwd_item(p, w);
+      if (b.n0 < b.L) {
+        if (j > 0) mbar_wait(kv_empty, (j - 1) & 1);  // every consumer is done with K and V
+        if (lane == 0) {
+          *s_item = w;
+          mbar_expect_tx(kv_full, 2 * C::kKVBytes);
+          const int k_col = (H + b.kv) * kColBlocks, v_col = (H + Hkv + b.kv) * kColBlocks;
+          for (int c = 0; c < kColBlocks; ++c)
+            for (int half = 0; half < 2; ++half) {
+              const uint32_t off = c * kBlockN * 128 + half * 64 * 128;
+              const int row = b.seq_begin + b.n0 + 64 * half;
+              tma_load_3d(sK + off, &map_qkv, 0, k_col + c, row, kv_full);
+              tma_load_3d(sV + off, &map_qkv, 0, v_col + c, row, kv_full);
+            }
+        }
+        const int n_iter = G * b.tiles;
+        for (int it = 0; it < n_iter; ++it, ++qt) {
+          const int s = qt % kStages;
+          const int h = b.kv * G + it / b.tiles, m0 = b.m_begin + (it % b.tiles) * kBlockM;
+          if (qt >= kStages) mbar_wait(q_empty(s), ((qt / kStages) - 1) & 1);
+          for (int r = lane; r < kBlockM; r += 32) {
+            const bool in = m0 + r < b.L;
+            const int64_t t = b.seq_begin + static_cast<int64_t>(in ? m0 + r : 0);
+            sLse[s * kBlockM + r] = in ? p.lse[t * H + h] * kLog2e : INFINITY;
+            sDsum[s * kBlockM + r] = in ? p.dsum[t * H + h] : 0.f;
+          }
+          if (lane == 0) {
+            mbar_expect_tx(q_full(s), 2 * C::kQBytes);
+            for (int c = 0; c < kColBlocks; ++c) {
+              tma_load_3d(sQ(s) + c * kBlockM * 128, &map_qkv, 0, h * kColBlocks + c,
+                          b.seq_begin + m0, q_full(s));
+              tma_load_3d(sdO(s) + c * kBlockM * 128, &map_do, 0, h * kColBlocks + c,
+                          b.seq_begin + m0, q_full(s));
+            }
+          } else {
+            mbar_arrive(q_full(s));
+          }
+        }
+        ++j;
+      }
+      int next = 0;  // the next free item (dynamic: the long key tiles of a section early)
+      if (lane == 0) next = atomicAdd(p.next_item, 1);
+      w = gridDim.x + static_cast<int64_t>(__shfl_sync(0xffffffffu, next, 0));
+    }
+    if (j > 0) mbar_wait(kv_empty, (j - 1) & 1);
+    if (lane == 0) {
+      *s_item = -1;
+      mbar_arrive(kv_full);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<C::kConsumerRegs>();
+  const int wg = warp >> 2, wq = warp & 3;
+  const int key_row = wg * 64 + wq * 16 + (lane >> 2);  // block key of fragment row hf = 0 (+ 8)
+  const float c = p.scale * kLog2e;
+  const bool leader = (tid & 127) == 0;
+
+  float dk[kD / 2], dv[kD / 2];
+
+  // K-major operands: K / V rows 64 wg .. (A), Q / dO tile (B): column block kk / 4.
+  auto kv_desc = [&](uint32_t tile, int kk) {
+    return smem_desc_sw128(tile + (kk >> 2) * kBlockN * 128 + wg * 64 * 128 + (kk & 3) * 32, 16);
+  };
+  auto q_desc = [&](uint32_t tile, int kk) {
+    return smem_desc_sw128(tile + (kk >> 2) * kBlockM * 128 + (kk & 3) * 32, 16);
+  };
+
+  int qt = 0;  // q tiles of this block so far (as the producer counts them)
+  for (int item = 0;; ++item) {
+    mbar_wait(kv_full, item & 1);
+    const int64_t w = *s_item;
+    if (w < 0) break;
+    const BwdItem b = bwd_item(p, w);
+    const int seq_begin = b.seq_begin, L = b.L, n0 = b.n0, kv = b.kv, tiles = b.tiles;
+    const int n_iter = G * tiles;
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
+    for (int it = 0; it < n_iter; ++it, ++qt) {
+      const int s = qt % kStages;
+      const int h = kv * G + it / tiles, m0 = b.m_begin + (it % tiles) * kBlockM;
+      mbar_wait(q_full(s), (qt / kStages) & 1);
+
+      float st[kBlockM / 2], dpt[kBlockM / 2];  // S^T, dP^T: 64 keys x 64 queries
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_m64n64k16_ss(st, kv_desc(sK, kk), q_desc(sQ(s), kk), kk > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_m64n64k16_ss(dpt, kv_desc(sV, kk), q_desc(sdO(s), kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
+      reg_fence(st);
+
+      // P^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
+      const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
+                             (p.causal && n0 + kBlockN - 1 > m0) ||
+                             (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
+      const float* lse_s = sLse + s * kBlockM;
+      const float* dsum_s = sDsum + s * kBlockM;
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const int col = 8 * j + 2 * (lane & 3) + x;
+          const float l2 = lse_s[col];
+          const int i = m0 + col;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int e = 4 * j + 2 * hf + x;
+            float pe = fast_exp2(fmaf(st[e], c, -l2));
+            if (need_mask) {
+              const int key = n0 + key_row + 8 * hf;
+              const bool visible = key < L && (!p.causal || key <= i) &&
+                                   (p.window == 0 || i - key < p.window);
+              if (!visible) pe = 0.f;
+            }
+            st[e] = pe;
+          }
+        }
+      // A fragments: pa[kk][q] / da[kk][q] hold n8 block 2 kk + q / 2, row + 8 (q & 1).
+      uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          pa[kk][q] = pack_bf16(st[8 * kk + 2 * q], st[8 * kk + 2 * q + 1]);
+      // dV += P^T dO runs while dS^T is computed.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        wgmma_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T done (dV may still run)
+      reg_fence(dpt);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const float ds = dsum_s[8 * j + 2 * (lane & 3) + x];
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int e = 4 * j + 2 * hf + x;
+            dpt[e] = st[e] * (dpt[e] - ds);
+          }
+        }
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
+      // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
+      // 16-byte chunk j, swizzled by the row).
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
+          const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kk][q]) : "memory");
+        }
+      fence_proxy_async();  // the dS^T stores, visible to wgmma (the async proxy)
+      if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
+      named_barrier_sync(1, 256);      // (a)
+
+      // dQ of this tile, 64 queries x 64 columns per warpgroup: D = 128, columns 64 wg .. over all
+      // 128 keys (K column block wg); D = 64, all columns over the warpgroup's own 64 keys, its
+      // own staging tile (the two are added into dq_accum one after the other). Then dK +=
+      // dS^T Q; the dQ staging below runs while dK is in flight.
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqSteps; ++kk) {
+        const uint32_t a = kSplitKeys ? sdS + wg * 64 * 128 + kk * 2048 : sdS + kk * 2048;
+        const uint32_t bk = kSplitKeys ? sK + wg * 64 * 128 + kk * 2048
+                                       : sK + wg * kBlockN * 128 + kk * 2048;
+        wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16), smem_desc_sw128(bk, 16), kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        wgmma_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ retired
+      reg_fence(dq);
+
+      // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
+      {
+        const uint32_t tile = kSplitKeys ? sdQ + wg * kBlockM * kD * 4 : sdQ;
+        const int col0 = kSplitKeys ? 0 : wg * 64;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = wq * 16 + (lane >> 2) + 8 * hf;
+          const int64_t t = seq_begin + static_cast<int64_t>(m0) + r;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int col = col0 + 8 * j + 2 * (lane & 3);
+            st_shared_f32x2(tile + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
+                            dq[4 * j + 2 * hf + 1]);
+          }
+        }
+        fence_proxy_async();
+      }
+      named_barrier_sync(1, 256);  // (d) staging complete; every dQ product of the tile retired
+      if (tid == 0) {
+        const int rows = min(kBlockM, L - m0);
+        float* dst = p.dq_accum + (int64_t{h} * p.num_tokens + seq_begin + m0) * kD;
+        for (int part = 0; part < (kSplitKeys ? 2 : 1); ++part)
+          bulk_reduce_add_f32(dst, sdQ + part * kBlockM * kD * 4,
+                              static_cast<uint32_t>(rows * kD * 4));
+        bulk_commit();
+      }
+      wgmma_wait<0>();  // dK retired
+      reg_fence(dv);
+      reg_fence(dk);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        reg_fence(pa[kk]);
+        reg_fence(da[kk]);
+      }
+      if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
+    }
+    if (leader) mbar_arrive(kv_empty);  // every product reading K and V of the item retired
+
+    // dK = scale dS^T Q and dV, rows inside the sequence.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int key = n0 + key_row + 8 * hf;
+      if (key >= L) continue;
+      bf16* dk_row = p.dk + (seq_begin + static_cast<int64_t>(key)) * p.q_row + kv * kD;
+      bf16* dv_row = dk_row + Hkv * kD;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int col = 8 * j + 2 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(dk_row + col) =
+            pack_bf16(dk[4 * j + 2 * hf] * p.scale, dk[4 * j + 2 * hf + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + col) =
+            pack_bf16(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
+  if (tid == 0) bulk_wait();  // the last reduction done before the block's shared memory goes
+#endif  // ENGINE_SM90A
+}
+
+template <int kD>
+bool kernel_ready() {
+  static const bool ok = [] {
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_bwd_sm90_kernel<kD>)) ||
+        sm90::tensor_map_encoder() == nullptr)
+      return false;
+    CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel<kD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(BwdSm90Config<kD>::kSmemBytes)));
+    return true;
+  }();
+  return ok;
+}
+
+template <int kD>
+void launch(const Params& p, const Grid& g, cudaStream_t stream) {
+  using C = BwdSm90Config<kD>;
+  const char* op = "attention_backward (sm90)";
+  const CUtensorMap map_qkv = column_block_map(p.q, p.q_row, p.num_tokens, 64, op);
+  const CUtensorMap map_do =
+      column_block_map(p.dout, int64_t{p.num_heads} * kD, p.num_tokens, 64, op);
+  // Launch order as run_flash_bwd: sections of (kv head, sequence) pairs whose q, dO and dQ
+  // rows take about 24 MB.
+  const int64_t pair_bytes = int64_t{g.max_seqlen_q} * (p.num_heads / p.num_kv_heads) * kD * 8;
+  const int64_t pairs = int64_t{p.num_kv_heads} * g.num_seqs;
+  int64_t section = 1;
+  while (section * 2 * pair_bytes <= (int64_t{24} << 20) && section < pairs) section *= 2;
+  BwdSm90Params kp{};
+  kp.lse = p.lse;
+  kp.dsum = p.dsum;
+  kp.dq_accum = p.dq_accum;
+  kp.dk = p.dk;
+  kp.cu_seqlens = p.cu_seqlens_q;
+  kp.num_tokens = p.num_tokens;
+  kp.q_row = p.q_row;
+  kp.num_heads = p.num_heads;
+  kp.num_kv_heads = p.num_kv_heads;
+  kp.scale = p.scale;
+  kp.window = p.window;
+  kp.bwd_section = static_cast<int>(section);
+  kp.n_blocks = static_cast<int>(ceil_div(g.max_seqlen_k, C::kBlockN));
+  kp.num_seqs = g.num_seqs;
+  kp.items = int64_t{kp.n_blocks} * p.num_kv_heads * g.num_seqs;
+  kp.causal = p.causal;
+  ENSURE(kp.items <= std::numeric_limits<int32_t>::max(), op, ": ", kp.items, " key tiles");
+  const int64_t blocks =
+      sm90_persistent() ? std::min<int64_t>(kp.items, sm90_sm_count()) : kp.items;
+  Buffer next_item(sizeof(int), Device::CUDA);  // back to the caching allocator on return:
+  kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
+  CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));
+  flash_bwd_sm90_kernel<kD>
+      <<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(map_qkv, map_do,
+                                                                              kp);
+  check_launch("flash_bwd_sm90_kernel");
+}
+
+}  // namespace
+
+bool flash_bwd_sm90_available(int head_dim) {
+  if (head_dim == 64) return kernel_ready<64>();
+  if (head_dim == 128) return kernel_ready<128>();
+  return false;
+}
+
+bool flash_bwd_sm90_eligible(const Params& p, const Grid& g) {
+  return (p.head_dim == 64 || p.head_dim == 128) && p.k == p.q + p.num_heads * p.head_dim &&
+         p.kv_row == p.q_row && p.cu_seqlens_k == p.cu_seqlens_q &&
+         p.dk == p.dq + p.num_heads * p.head_dim && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.dout) % 16 == 0 && flash_bwd_sm90_available(p.head_dim);
+}
+
+void run_flash_bwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {
+  if (p.head_dim == 64)
+    launch<64>(p, g, stream);
+  else
+    launch<128>(p, g, stream);
+}
+
+}  // namespace engine::cuda::flash
