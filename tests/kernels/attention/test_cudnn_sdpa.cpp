@@ -19,6 +19,7 @@
 
 #include "ops/attention.h"
 #include "tests/common/attention_case.h"
+#include "tests/common/attention_checks.h"
 #include "tests/common/testing.h"
 
 #ifdef ENGINE_CUDA
@@ -94,24 +95,6 @@ struct Problem {
     return p;
   }
 };
-
-Owned heads_of(const Tensor& x, int64_t h0, int64_t n) {
-  Owned host = to_host(x, DType::F64);
-  const int64_t t = x.size(0), nh = x.size(1), d = x.size(2);
-  Owned part = empty({t, n, d}, DType::F64, Device::CPU);
-  for (int64_t i = 0; i < t; ++i)
-    std::memcpy(part.ptr<double>() + i * n * d, host.ptr<double>() + (i * nh + h0) * d,
-                static_cast<size_t>(n * d) * sizeof(double));
-  return part;
-}
-
-double check_close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
-  const Comparison cmp = compare(got, ref, what);
-  INFO(cmp.report);
-  CHECK(cmp.nonfinite == 0);
-  CHECK(cmp.rel_rms <= tol);
-  return cmp.rel_rms;
-}
 
 struct Reference {
   Owned out, lse, dqkv;
@@ -208,12 +191,6 @@ Owned offsets_on(const std::vector<int>& lens, Device dev) {
   host.ptr<int32_t>()[0] = 0;
   for (size_t s = 0; s < lens.size(); ++s) host.ptr<int32_t>()[s + 1] = host.ptr<int32_t>()[s] + lens[s];
   return dev == Device::CPU ? std::move(host) : to_device(host, dev);
-}
-bool all_nan(const Tensor& x) {
-  Owned host = to_host(x, DType::F64);
-  for (int64_t i = 0; i < host->numel(); ++i)
-    if (!std::isnan(host.ptr<double>()[i])) return false;
-  return true;
 }
 
 struct KvCase {

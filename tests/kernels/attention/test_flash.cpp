@@ -35,6 +35,7 @@
 
 #include "ops/attention.h"
 #include "tests/common/attention_case.h"
+#include "tests/common/attention_checks.h"
 #ifdef ENGINE_CUDA
 #include "cuda/attention/flash.cuh"
 #endif
@@ -177,26 +178,6 @@ GpuResult run_gpu(const Problem& pr) {
   ops::attention_forward(p);
   ops::attention_backward({p, pr.dout, r.dqkv});
   return r;
-}
-
-// Heads [h0, h0 + n) of a (T, NH, D) tensor, as a CPU f64 (T, n, D) tensor.
-Owned heads_of(const Tensor& x, int64_t h0, int64_t n) {
-  Owned host = to_host(x, DType::F64);
-  const int64_t t = x.size(0), nh = x.size(1), d = x.size(2);
-  Owned part = empty({t, n, d}, DType::F64, Device::CPU);
-  for (int64_t i = 0; i < t; ++i)
-    std::memcpy(part.ptr<double>() + i * n * d, host.ptr<double>() + (i * nh + h0) * d,
-                static_cast<size_t>(n * d) * sizeof(double));
-  return part;
-}
-
-// CHECKs got against ref at tolerance tol (relative RMS, no NaN/inf); returns the error.
-double check_close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
-  const Comparison cmp = compare(got, ref, what);
-  INFO(cmp.report);
-  CHECK(cmp.nonfinite == 0);
-  CHECK(cmp.rel_rms <= tol);
-  return cmp.rel_rms;
 }
 
 void check_case(const FlashCase& c, const std::string& kernel) {
@@ -373,12 +354,6 @@ std::vector<int32_t> offsets_of(const std::vector<int>& lens) {
   std::vector<int32_t> cu = {0};
   for (int l : lens) cu.push_back(cu.back() + l);
   return cu;
-}
-bool all_nan(const Tensor& x) {
-  Owned host = to_host(x, DType::F64);
-  for (int64_t i = 0; i < host->numel(); ++i)
-    if (!std::isnan(host.ptr<double>()[i])) return false;
-  return true;
 }
 
 struct KvCase {
