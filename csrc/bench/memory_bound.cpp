@@ -1,8 +1,9 @@
 // Memory-bound kernels at training sizes: T = 16384 tokens, C = 2048 and 4096, bf16 activations
 // (rmsnorm, layernorm, rope, swiglu, gelu, embedding; forward and backward), and sum_rows (bias
-// gradients) at the GPT-2 and Llama widths. Each result carries the bytes the op must read +
-// write at least (statistics and parameter vectors included, scratch and cache traffic not), so
-// GB/s compares with the H200 copy bandwidth (bench.h).
+// gradients) at the GPT-2 and Llama widths; the norms with the residual add fused, against the
+// same work as separate kernels, at the Llama and GPT-2 shapes. Each result carries the bytes
+// the op must read + write at least (statistics and parameter vectors included, scratch and
+// cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h).
 // swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); embedding
 // draws ids uniformly from V = 32000 and counts the distinct rows it must touch.
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "core/buffer.h"
 #include "cuda/common/device.cuh"
 #include "ops/activation.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/norm.h"
@@ -143,6 +145,55 @@ BENCH_CASES("memory_bound") {
       results.push_back(
           {label("embedding bwd", kT, c), ms, 0, kT * 4.0 + act + 2 * rows * kF32, note});
     }
+  }
+  // Norms with the residual add fused (the blocks' norm2 forward, norm1 / norm2 backward), at the
+  // Llama (T = 16384, C = 2048) and GPT-2 (T = 32768, C = 768) shapes: forward reads x and the
+  // residual and writes sum and y; backward reads dy, x and dresidual and writes dx. The same
+  // work as the separate kernels (ops::add / add_inplace and the plain norm) is timed beside it,
+  // its GB/s on the fused form's bytes (so the two compare as times).
+  for (auto [t, c] : {std::pair<int64_t, int64_t>{16384, 2048}, {32768, 768}}) {
+    const double act = static_cast<double>(t) * c * kB16;
+    Owned x = device_random({t, c}, bf, 13), r = device_random({t, c}, bf, 14),
+          w = device_random({c}, bf, 15), b = device_random({c}, bf, 16),
+          dy = device_random({t, c}, bf, 17), dres = device_random({t, c}, bf, 18);
+    Owned sum = empty({t, c}, bf, Device::CUDA), y = empty({t, c}, bf, Device::CUDA),
+          dx = empty({t, c}, bf, Device::CUDA);
+    Owned mean = empty({t}, f32, Device::CUDA), rstd = empty({t}, f32, Device::CUDA);
+    Owned dw = zeros({c}, f32, Device::CUDA), db = zeros({c}, f32, Device::CUDA);
+    const double stat = t * kF32, vec = c * kB16, grad = 2 * c * kF32;
+    const double rms_fwd = 4 * act + stat + vec, rms_bwd = 4 * act + stat + vec + grad;
+    const double ln_fwd = 4 * act + 2 * stat + 2 * vec;
+    const double ln_bwd = 4 * act + 2 * stat + vec + 2 * grad;
+    const std::string sep = "add + norm as separate kernels";
+    double ms = time_ms([&] { ops::rmsnorm_residual_forward(x, r, w, 1e-5f, sum, y, rstd); });
+    results.push_back({label("rmsnorm+residual fwd", t, c), ms, 0, rms_fwd, "fused"});
+    ms = time_ms([&] {
+      ops::add(x, r, sum);
+      ops::rmsnorm_forward(sum, w, 1e-5f, y, rstd);
+    });
+    results.push_back({label("rmsnorm+residual fwd", t, c) + " separate", ms, 0, rms_fwd, sep});
+    ms = time_ms([&] { ops::rmsnorm_residual_backward(dy, sum, w, rstd, dres, dx, dw); });
+    results.push_back({label("rmsnorm+residual bwd", t, c), ms, 0, rms_bwd, "fused"});
+    ms = time_ms([&] {
+      ops::rmsnorm_backward(dy, sum, w, rstd, dx, dw);
+      ops::add_inplace(dx, dres);
+    });
+    results.push_back({label("rmsnorm+residual bwd", t, c) + " separate", ms, 0, rms_bwd, sep});
+    ms = time_ms([&] { ops::layernorm_residual_forward(x, r, w, b, 1e-5f, sum, y, mean, rstd); });
+    results.push_back({label("layernorm+residual fwd", t, c), ms, 0, ln_fwd, "fused"});
+    ms = time_ms([&] {
+      ops::add(x, r, sum);
+      ops::layernorm_forward(sum, w, b, 1e-5f, y, mean, rstd);
+    });
+    results.push_back({label("layernorm+residual fwd", t, c) + " separate", ms, 0, ln_fwd, sep});
+    ms = time_ms(
+        [&] { ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db); });
+    results.push_back({label("layernorm+residual bwd", t, c), ms, 0, ln_bwd, "fused"});
+    ms = time_ms([&] {
+      ops::layernorm_backward(dy, sum, w, mean, rstd, dx, dw, db);
+      ops::add_inplace(dx, dres);
+    });
+    results.push_back({label("layernorm+residual bwd", t, c) + " separate", ms, 0, ln_bwd, sep});
   }
   // sum_rows (the bias gradient of a linear layer): dY (T, N) bf16 column sums added into f32,
   // at the GPT-2 linears' widths (T = 32768) and one Llama-sized (T = 16384, N = 2048).

@@ -86,9 +86,8 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
   }
   s.h = env.act_tensor(shape);
   attn_.forward(env, s.xn1, seg, s.h, s.attn);
-  ops::add(s.h, x, s.h);  // h = x + attn
   s.xn2 = env.act_tensor(shape);
-  norm2_.forward(env, s.h, s.xn2, s.norm2);
+  norm2_.forward_residual(env, s.h, x, s.h, s.xn2, s.norm2);  // h = attn + x in place; norm2(h)
   s.y = env.act_tensor(shape);
   if (kind_ == BlockKind::Experts)
     moe_.forward(env, s.xn2, s.y, s.moe, jitter_seed);
@@ -103,8 +102,7 @@ void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const Se
   Owned dxn = env.act_tensor(shape);
   if (kind_ == BlockKind::Mamba) {
     mamba_.backward(env, dy, s.xn1, seg, s.mamba, dxn);
-    norm1_.backward(dxn, x, s.norm1, dx);
-    ops::add_inplace(dx, dy);  // residual: dx = dy + d(mamba branch)
+    norm1_.backward_residual(dxn, x, s.norm1, dy, dx);  // residual: dx = dy + d(mamba branch)
     return;
   }
   if (kind_ == BlockKind::Experts)
@@ -112,11 +110,9 @@ void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const Se
   else
     mlp_.backward(env, dy, s.xn2, s.mlp, dxn);
   Owned dh = env.act_tensor(shape);
-  norm2_.backward(dxn, s.h, s.norm2, dh);
-  ops::add_inplace(dh, dy);  // residual: dh = dy + d(norm2 branch)
+  norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh);  // residual: dh = dy + d(norm2 branch)
   attn_.backward(env, dh, s.xn1, seg, s.attn, dxn);
-  norm1_.backward(dxn, x, s.norm1, dx);
-  ops::add_inplace(dx, dh);  // residual: dx = dh + d(norm1 branch)
+  norm1_.backward_residual(dxn, x, s.norm1, dh, dx);  // residual: dx = dh + d(norm1 branch)
 }
 
 double Block::aux_loss(const BlockSaved& s) const {

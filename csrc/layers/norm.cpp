@@ -33,4 +33,28 @@ void Norm::backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const
     ops::rmsnorm_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dx.rows(), weight_.g());
 }
 
+void Norm::forward_residual(const Env& env, const Tensor& x, const Tensor& residual,
+                            const Tensor& sum, const Tensor& y, NormSaved& s) const {
+  const int64_t T = x.rows().size(0);
+  s.rstd = env.stat_tensor({T});
+  if (kind_ == NormKind::LayerNorm) {
+    s.mean = env.stat_tensor({T});
+    ops::layernorm_residual_forward(x.rows(), residual.rows(), weight_.w(), bias_.w(), eps_,
+                                    sum.rows(), y.rows(), s.mean, s.rstd);
+  } else {
+    ops::rmsnorm_residual_forward(x.rows(), residual.rows(), weight_.w(), eps_, sum.rows(),
+                                  y.rows(), s.rstd);
+  }
+}
+
+void Norm::backward_residual(const Tensor& dy, const Tensor& x, const NormSaved& s,
+                             const Tensor& dresidual, const Tensor& dx) const {
+  if (kind_ == NormKind::LayerNorm)
+    ops::layernorm_residual_backward(dy.rows(), x.rows(), weight_.w(), s.mean, s.rstd,
+                                     dresidual.rows(), dx.rows(), weight_.g(), bias_.g());
+  else
+    ops::rmsnorm_residual_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dresidual.rows(),
+                                   dx.rows(), weight_.g());
+}
+
 }  // namespace engine::layers

@@ -1,6 +1,11 @@
 // LayerNorm or RMSNorm over the hidden dimension (ops/norm.h has the formulas).
 // Saved: the statistics (mean for LayerNorm, rstd). The input x is kept by the caller.
 // Gradients: dx written (=); weight and bias gradients accumulated (+=).
+// Residual forms (pre-norm residual stream, ops/norm.h *_residual_*): forward_residual normalises
+// sum = x + residual and writes sum (the caller keeps it as the norm's input for backward);
+// backward_residual writes dx = (the norm's input gradient) + dresidual. Bitwise the separate
+// ops::add / add_inplace and the plain forms. sum may alias x or residual (y not sum); dx may
+// alias dresidual.
 #pragma once
 #include "config/config.h"
 #include "layers/common.h"
@@ -20,6 +25,10 @@ class Norm {
 
   void forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& s) const;
   void backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const Tensor& dx) const;
+  void forward_residual(const Env& env, const Tensor& x, const Tensor& residual, const Tensor& sum,
+                        const Tensor& y, NormSaved& s) const;
+  void backward_residual(const Tensor& dy, const Tensor& x, const NormSaved& s,
+                         const Tensor& dresidual, const Tensor& dx) const;
 
  private:
   NormKind kind_ = NormKind::RMSNorm;

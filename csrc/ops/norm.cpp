@@ -1,4 +1,4 @@
-// Dispatch of ops/norm.h: CPU -> ref/norm, CUDA -> cuda/norm.
+// Dispatch of ops/norm.h (plain and residual forms): CPU -> ref/norm, CUDA -> cuda/norm.
 #include "ops/norm.h"
 
 #include "ops/dispatch.h"
@@ -67,6 +67,77 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   return cuda::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 #endif
   no_cuda_build("rmsnorm_backward");
+}
+
+void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
+                                const Tensor& mean, const Tensor& rstd) {
+  if (device_of("layernorm_residual_forward", {{"x", x},
+                                               {"residual", residual},
+                                               {"weight", weight},
+                                               {"bias", bias},
+                                               {"sum", sum},
+                                               {"y", y},
+                                               {"mean", mean},
+                                               {"rstd", rstd}}) == Device::CPU)
+    return ref::layernorm_residual_forward(x, residual, weight, bias, eps, sum, y, mean, rstd);
+#ifdef ENGINE_CUDA
+  return cuda::layernorm_residual_forward(x, residual, weight, bias, eps, sum, y, mean, rstd);
+#endif
+  no_cuda_build("layernorm_residual_forward");
+}
+
+void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  if (device_of("layernorm_residual_backward", {{"dy", dy},
+                                                {"x", x},
+                                                {"weight", weight},
+                                                {"mean", mean},
+                                                {"rstd", rstd},
+                                                {"dresidual", dresidual},
+                                                {"dx", dx},
+                                                {"dweight", dweight},
+                                                {"dbias", dbias}}) == Device::CPU)
+    return ref::layernorm_residual_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight,
+                                            dbias);
+#ifdef ENGINE_CUDA
+  return cuda::layernorm_residual_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight,
+                                           dbias);
+#endif
+  no_cuda_build("layernorm_residual_backward");
+}
+
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
+  if (device_of("rmsnorm_residual_forward", {{"x", x},
+                                             {"residual", residual},
+                                             {"weight", weight},
+                                             {"sum", sum},
+                                             {"y", y},
+                                             {"rstd", rstd}}) == Device::CPU)
+    return ref::rmsnorm_residual_forward(x, residual, weight, eps, sum, y, rstd);
+#ifdef ENGINE_CUDA
+  return cuda::rmsnorm_residual_forward(x, residual, weight, eps, sum, y, rstd);
+#endif
+  no_cuda_build("rmsnorm_residual_forward");
+}
+
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                               const Tensor& dweight) {
+  if (device_of("rmsnorm_residual_backward", {{"dy", dy},
+                                              {"x", x},
+                                              {"weight", weight},
+                                              {"rstd", rstd},
+                                              {"dresidual", dresidual},
+                                              {"dx", dx},
+                                              {"dweight", dweight}}) == Device::CPU)
+    return ref::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight);
+#ifdef ENGINE_CUDA
+  return cuda::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight);
+#endif
+  no_cuda_build("rmsnorm_residual_backward");
 }
 
 }  // namespace engine::ops

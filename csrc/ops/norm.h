@@ -4,6 +4,17 @@
 // undefined (a LayerNorm without bias).
 //   layernorm: y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
 //   rmsnorm:   y = x * rstd * weight,                  rstd = 1 / sqrt(mean(x^2) + eps)
+//
+// Residual forms (the pre-norm residual stream, one pass instead of a separate add):
+//   *_residual_forward:  sum = x + residual (rounded to the dtype of x, exactly as ops::add),
+//                        then the norm of sum: y, mean, rstd as above with sum as its input.
+//                        residual, sum: (T, C), the dtype of x. sum may alias x or residual;
+//                        y may alias x or residual but not sum.
+//   *_residual_backward: dx = (the norm's input gradient, rounded to the dtype) + dresidual
+//                        (rounded again, exactly as ops::add_inplace after the plain backward).
+//                        x is the norm's input (the forward's sum). dresidual: (T, C), the dtype
+//                        of x. dx may alias dresidual (and, as in the plain form, dy or x).
+// Every result is bitwise that of the separate ops::add / add_inplace and the plain norm.
 #pragma once
 #include "core/tensor.h"
 
@@ -19,5 +30,18 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
                      const Tensor& rstd);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dweight);
+
+void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
+                                const Tensor& mean, const Tensor& rstd);
+void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd);
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                               const Tensor& dweight);
 
 }  // namespace engine::ops

@@ -4,6 +4,9 @@
 //   rmsnorm:   xhat = x * rstd,           y = xhat * w
 //              dx = rstd * (g - xhat * mean(g * xhat))
 //   dweight += sum_t dy * xhat,  dbias += sum_t dy
+// Residual forms: the row of x + residual is rounded to T into sum first and normalised from
+// there; dx is rounded to T, then dresidual added in T's arithmetic (float for f32) and rounded,
+// as ref::add does, so they are bitwise the separate add and the plain norm.
 // Rows run in parallel for y and dx; parameter gradients run in parallel over column chunks,
 // each summing the rows in order, so every result is independent of the thread count.
 #include "ref/norm.h"
@@ -29,12 +32,29 @@ NormShape check_x(const Tensor& x, const char* op) {
   return {x.size(0), x.size(1)};
 }
 
+// residual and sum both given (residual form, returns true) or both undefined (Tensor()); y must
+// not alias sum (the row of sum is read while y is written).
+bool check_residual_fwd(const Tensor& x, const Tensor& residual, const Tensor& sum,
+                        const Tensor& y, const char* op) {
+  if (!residual.defined() && !sum.defined()) return false;
+  expect(residual, x.dtype, x.shape, op, "residual");
+  expect(sum, x.dtype, x.shape, op, "sum");
+  ENSURE(y.data != sum.data || x.numel() == 0, op, ": y must not alias sum");
+  return true;
+}
+
+// res == nullptr: the plain norm of x; else sum = x + res, normalised.
 template <typename T>
-void norm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* rstd,
-                  int64_t rows, int64_t cols) {
+void norm_forward(const T* x, const T* res, T* sum, const T* w, const T* b, double eps, T* y,
+                  T* mean, T* rstd, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
   for (int64_t t = 0; t < rows; ++t) {
     const T* xr = x + t * cols;
+    if (res) {
+      T* sr = sum + t * cols;
+      for (int64_t j = 0; j < cols; ++j) sr[j] = static_cast<T>(xr[j] + res[t * cols + j]);
+      xr = sr;
+    }
     double mu = 0;
     if (mean) {
       for (int64_t j = 0; j < cols; ++j) mu += xr[j];
@@ -53,10 +73,11 @@ void norm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* mean,
   }
 }
 
-// mean == nullptr selects rmsnorm (mean 0); dbias may be null.
+// mean == nullptr selects rmsnorm (mean 0); dbias may be null; dres (may alias dx) is added to
+// dx when set.
 template <typename T>
-void norm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                   T* dw, T* db, int64_t rows, int64_t cols) {
+void norm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                   const T* dres, T* dx, T* dw, T* db, int64_t rows, int64_t cols) {
   const bool parallel = rows * cols > (1 << 15);
   // Parameter gradients first, so dx may alias dy.
 #pragma omp parallel for schedule(static) if (parallel)
@@ -92,17 +113,18 @@ void norm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* 
     if (!mean) g_mean = 0;
     for (int64_t j = 0; j < cols; ++j) {
       const double g = static_cast<double>(dyr[j]) * w[j], xhat = (xr[j] - mu) * rs;
-      dx[t * cols + j] = static_cast<T>(rs * (g - g_mean - xhat * gx_mean));
+      const T v = static_cast<T>(rs * (g - g_mean - xhat * gx_mean));
+      dx[t * cols + j] = dres ? static_cast<T>(v + dres[t * cols + j]) : v;
     }
   }
 }
 
-}  // namespace
-
-void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_forward";
+// Checks shared by the plain and residual forms; residual, sum, dresidual undefined: plain.
+void layernorm_fwd(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                   const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
+                   const Tensor& mean, const Tensor& rstd) {
   auto [rows, cols] = check_x(x, op);
+  const bool res = check_residual_fwd(x, residual, sum, y, op);
   expect(weight, x.dtype, {cols}, op, "weight");
   if (bias.data) expect(bias, x.dtype, {cols}, op, "bias");
   expect(y, x.dtype, x.shape, op, "y");
@@ -111,60 +133,118 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   ENSURE(eps >= 0.f, op, ": eps must be >= 0, got ", eps);
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using T = decltype(tag);
-    norm_forward<T>(x.ptr<T>(), weight.ptr<T>(), bias.data ? bias.ptr<T>() : nullptr, eps, y.ptr<T>(), mean.ptr<T>(),
-                    rstd.ptr<T>(), rows, cols);
+    norm_forward<T>(x.ptr<T>(), res ? residual.ptr<T>() : nullptr, res ? sum.ptr<T>() : nullptr,
+                    weight.ptr<T>(), bias.data ? bias.ptr<T>() : nullptr, eps, y.ptr<T>(),
+                    mean.ptr<T>(), rstd.ptr<T>(), rows, cols);
   });
 }
 
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                        const Tensor& dweight, const Tensor& dbias) {
-  const char* op = "layernorm_backward";
+void layernorm_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                   const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
   auto [rows, cols] = check_x(x, op);
   expect(dy, x.dtype, x.shape, op, "dy");
   expect(weight, x.dtype, {cols}, op, "weight");
   expect(mean, x.dtype, {rows}, op, "mean");
   expect(rstd, x.dtype, {rows}, op, "rstd");
+  if (dresidual.defined()) expect(dresidual, x.dtype, x.shape, op, "dresidual");
   expect(dx, x.dtype, x.shape, op, "dx");
   expect(dweight, x.dtype, {cols}, op, "dweight");
   if (dbias.data) expect(dbias, x.dtype, {cols}, op, "dbias");
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using T = decltype(tag);
     norm_backward<T>(dy.ptr<T>(), x.ptr<T>(), weight.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(),
-                     dx.ptr<T>(), dweight.ptr<T>(),
-                     dbias.data ? dbias.ptr<T>() : nullptr, rows, cols);
+                     dresidual.data ? dresidual.ptr<T>() : nullptr, dx.ptr<T>(),
+                     dweight.ptr<T>(), dbias.data ? dbias.ptr<T>() : nullptr, rows, cols);
   });
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                     const Tensor& rstd) {
-  const char* op = "rmsnorm_forward";
+void rmsnorm_fwd(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                 float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
   auto [rows, cols] = check_x(x, op);
+  const bool res = check_residual_fwd(x, residual, sum, y, op);
   expect(weight, x.dtype, {cols}, op, "weight");
   expect(y, x.dtype, x.shape, op, "y");
   expect(rstd, x.dtype, {rows}, op, "rstd");
   ENSURE(eps >= 0.f, op, ": eps must be >= 0, got ", eps);
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using T = decltype(tag);
-    norm_forward<T>(x.ptr<T>(), weight.ptr<T>(), nullptr, eps, y.ptr<T>(), nullptr, rstd.ptr<T>(),
-                    rows, cols);
+    norm_forward<T>(x.ptr<T>(), res ? residual.ptr<T>() : nullptr, res ? sum.ptr<T>() : nullptr,
+                    weight.ptr<T>(), nullptr, eps, y.ptr<T>(), nullptr, rstd.ptr<T>(), rows,
+                    cols);
   });
 }
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dweight) {
-  const char* op = "rmsnorm_backward";
+void rmsnorm_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                 const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                 const Tensor& dweight) {
   auto [rows, cols] = check_x(x, op);
   expect(dy, x.dtype, x.shape, op, "dy");
   expect(weight, x.dtype, {cols}, op, "weight");
   expect(rstd, x.dtype, {rows}, op, "rstd");
+  if (dresidual.defined()) expect(dresidual, x.dtype, x.shape, op, "dresidual");
   expect(dx, x.dtype, x.shape, op, "dx");
   expect(dweight, x.dtype, {cols}, op, "dweight");
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using T = decltype(tag);
     norm_backward<T>(dy.ptr<T>(), x.ptr<T>(), weight.ptr<T>(), nullptr, rstd.ptr<T>(),
-                     dx.ptr<T>(), dweight.ptr<T>(), nullptr, rows, cols);
+                     dresidual.data ? dresidual.ptr<T>() : nullptr, dx.ptr<T>(),
+                     dweight.ptr<T>(), nullptr, rows, cols);
   });
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  layernorm_fwd("layernorm_forward", x, Tensor(), weight, bias, eps, Tensor(), y, mean, rstd);
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dweight, const Tensor& dbias) {
+  layernorm_bwd("layernorm_backward", dy, x, weight, mean, rstd, Tensor(), dx, dweight, dbias);
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                     const Tensor& rstd) {
+  rmsnorm_fwd("rmsnorm_forward", x, Tensor(), weight, eps, Tensor(), y, rstd);
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight) {
+  rmsnorm_bwd("rmsnorm_backward", dy, x, weight, rstd, Tensor(), dx, dweight);
+}
+
+void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
+                                const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_residual_forward";
+  ENSURE(residual.defined() && sum.defined(), op, ": residual and sum must be given");
+  layernorm_fwd(op, x, residual, weight, bias, eps, sum, y, mean, rstd);
+}
+
+void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  const char* op = "layernorm_residual_backward";
+  ENSURE(dresidual.defined(), op, ": dresidual must be given");
+  layernorm_bwd(op, dy, x, weight, mean, rstd, dresidual, dx, dweight, dbias);
+}
+
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
+  const char* op = "rmsnorm_residual_forward";
+  ENSURE(residual.defined() && sum.defined(), op, ": residual and sum must be given");
+  rmsnorm_fwd(op, x, residual, weight, eps, sum, y, rstd);
+}
+
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                               const Tensor& dweight) {
+  const char* op = "rmsnorm_residual_backward";
+  ENSURE(dresidual.defined(), op, ": dresidual must be given");
+  rmsnorm_bwd(op, dy, x, weight, rstd, dresidual, dx, dweight);
 }
 
 }  // namespace engine::ref

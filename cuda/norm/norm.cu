@@ -15,13 +15,18 @@
 //     (fewer, fatter threads keep more bytes in flight per register), the next row's x and dy
 //     loaded before this row is reduced (a deeper prefetch measured slower: 46% against 71% of
 //     copy), the weight packs held in registers, the per-column sums in shared memory.
+// Residual forms (kResidual): the forward loads the residual's packs beside x's, adds them in f32
+// and rounds to T in registers (the add kernel's arithmetic), writes that pack to sum and
+// normalises it unchanged; the backward loads dresidual's packs before the row's block sum and
+// adds them to dx rounded to T (__fadd_rn: never contracted into an FMA, so f32 rounds as the
+// separate add does). The plain instantiations are the kernels as they were.
 // Every sum is f32 in a fixed order (shuffle trees, blocks in index order): bitwise reproducible.
 // Weight gradients without float atomics: each block keeps per-column partial sums of its rows
 // (shared memory or registers) and writes them to a scratch (blocks, C) f32 buffer taken from the
 // caching allocator; a second kernel adds the partials in block order into dweight / dbias.
 // Memory: x, weight, bias, y, dy, dx all bf16 or all f32; mean, rstd, dweight, dbias f32. Each
-// row is read by one warp or block before it writes that row, so y may alias x and dx may alias
-// dy or x.
+// row is read by one warp or block before it writes that row, so y may alias x (or residual),
+// sum may alias x or residual, and dx may alias dy, x or dresidual.
 // Limits: C <= 8192 (at most 16 vector elements or 8 scalar elements per thread, blocks of at
 // most 512 / 1024 threads), C >= 1, T < 2^31.
 #include "cuda/norm/norm.cuh"
@@ -78,6 +83,8 @@ static __device__ __forceinline__ void block_sum(float (&v)[M], float* smem, int
 template <typename T>
 struct NormFwdParams {
   const T* x;       // (rows, cols)
+  const T* residual;  // (rows, cols), residual form only (else nullptr)
+  T* sum;             // (rows, cols): x + residual rounded to T, residual form only
   const T* weight;  // (cols)
   const T* bias;    // (cols), nullptr: no bias
   T* y;             // (rows, cols)
@@ -94,6 +101,7 @@ struct NormBwdParams {
   const T* weight;    // (cols)
   const float* mean;  // (rows), nullptr for rmsnorm
   const float* rstd;  // (rows)
+  const T* dresidual;  // (rows, cols), residual form only (else nullptr): added to dx
   T* dx;              // (rows, cols)
   float* partial_dw;  // (gridDim.x, cols): sum of dy xhat over the rows of each block
   float* partial_db;  // (gridDim.x, cols) or nullptr: sum of dy over the rows of each block
@@ -112,19 +120,43 @@ static __device__ __forceinline__ void load_row(const T* base, int64_t row, int6
   }
 }
 
-// N: elements per pack (16-byte vector or 1); K: packs per thread; kCentered: layernorm.
+// x += r in f32, rounded to T: the add kernel's x + r (bf16: round to nearest even).
+template <typename T, int N>
+static __device__ __forceinline__ void add_rounded(Pack<T, N>& x, const Pack<T, N>& r) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) x.v[j] = from_float<T>(__fadd_rn(to_float(x.v[j]), to_float(r.v[j])));
+}
+
+// N: elements per pack (16-byte vector or 1); K: packs per thread; kCentered: layernorm;
+// kResidual: the row normalised is x + residual, rounded to T and written to sum.
 // The next row of the block is loaded before this row's reductions, so its latency overlaps them.
-template <typename T, int N, int K, bool kCentered>
+template <typename T, int N, int K, bool kCentered, bool kResidual>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_forward_kernel(const NormFwdParams<T> p) {
   __shared__ float smem[2 * 32];
   int phase = 0;
   const int64_t packs = p.cols / N;
   const float inv_cols = 1.f / static_cast<float>(p.cols);
-  Pack<T, N> cur[K], nxt[K];
+  constexpr int KR = kResidual ? K : 1;  // residual packs held (unused by the plain form)
+  Pack<T, N> cur[K], nxt[K], rcur[KR], rnxt[KR];
   load_row<T, N, K>(p.x, blockIdx.x, p.cols, packs, cur);  // the grid has at most one block per row
+  if constexpr (kResidual) load_row<T, N, K>(p.residual, blockIdx.x, p.cols, packs, rcur);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    if (row + gridDim.x < p.rows) load_row<T, N, K>(p.x, row + gridDim.x, p.cols, packs, nxt);
+    if (row + gridDim.x < p.rows) {
+      load_row<T, N, K>(p.x, row + gridDim.x, p.cols, packs, nxt);
+      if constexpr (kResidual) load_row<T, N, K>(p.residual, row + gridDim.x, p.cols, packs, rnxt);
+    }
+    if constexpr (kResidual) {
+      Pack<T, N>* sr = reinterpret_cast<Pack<T, N>*>(p.sum + row * p.cols);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (q < packs) {
+          add_rounded<T, N>(cur[k], rcur[k]);
+          sr[q] = cur[k];
+        }
+      }
+    }
     float v[K][N];
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -183,7 +215,10 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
       p.rstd[row] = rs;
     }
 #pragma unroll
-    for (int k = 0; k < K; ++k) cur[k] = nxt[k];
+    for (int k = 0; k < K; ++k) {
+      cur[k] = nxt[k];
+      if constexpr (kResidual) rcur[k] = rnxt[k];
+    }
   }
 }
 
@@ -191,7 +226,7 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
 // normalises row blockIdx.x * kWarpRowWarps + w; lane l holds packs l, l + 32, ... of the row as
 // raw vectors (all K loads in flight at once), and the sums are warp butterflies (no barrier).
 // Independent warps keep many rows in flight per multiprocessor while others reduce.
-template <typename T, int N, int K, bool kCentered>
+template <typename T, int N, int K, bool kCentered, bool kResidual>
 static __global__ void __launch_bounds__(kWarpRowWarps * 32)
     norm_forward_warp_kernel(const NormFwdParams<T> p) {
   const int lane = threadIdx.x & 31;
@@ -204,6 +239,20 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < packs) raw[k] = xr[lane + 32 * k];
+  if constexpr (kResidual) {
+    const Pack<T, N>* rr = reinterpret_cast<const Pack<T, N>*>(p.residual + row * p.cols);
+    Pack<T, N>* sr = reinterpret_cast<Pack<T, N>*>(p.sum + row * p.cols);
+    Pack<T, N> res[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < packs) res[k] = rr[lane + 32 * k];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < packs) {
+        add_rounded<T, N>(raw[k], res[k]);
+        sr[lane + 32 * k] = raw[k];
+      }
+  }
   const float inv_cols = 1.f / static_cast<float>(p.cols);
   float mu = 0.f;
   if constexpr (kCentered) {
@@ -258,7 +307,7 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
 // from the raw packs in the second pass rather than kept. kSmemAcc: the per-column sums of
 // dy xhat and dy live in shared memory (each thread owns its columns' float4 slots, so no barrier
 // or atomics) instead of registers, which leaves registers for more resident blocks.
-template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc>
+template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool kResidual>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_backward_kernel(const NormBwdParams<T> p) {
   constexpr int S = D + 1;  // ring stages
@@ -336,6 +385,10 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
         }
       }
     }
+    // kResidual: this row's dresidual packs, asked for before the block sum's barrier.
+    constexpr int KR = kResidual ? K : 1;
+    Pack<T, N> dr[KR];
+    if constexpr (kResidual) load_row<T, N, K>(p.dresidual, row, p.cols, packs, dr);
     block_sum(s, smem, phase);
     const float mg = kCentered ? s[0] * inv_cols : 0.f;
     const float mgx = s[1] * inv_cols;
@@ -349,6 +402,8 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
           const float xh = (to_float(xs[0][k].v[j]) - mu) * rs;
           const float gv = to_float(ds[0][k].v[j]) * to_float(w[k].v[j]);
           o[j] = rs * (gv - mg - xh * mgx);
+          if constexpr (kResidual)
+            o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
         }
         store_pack<T, N>(dxr + pack_of(k) * N, o);
       }
@@ -486,15 +541,16 @@ static int warp_row_packs(int64_t packs) {
   return 0;
 }
 
-template <typename T, int K, bool kCentered>
+template <typename T, int K, bool kCentered, bool kResidual>
 static void launch_forward_warp(const NormFwdParams<T>& p) {
   constexpr int V = 16 / sizeof(T);
   const auto grid = static_cast<unsigned>(ceil_div(p.rows, kWarpRowWarps));
-  norm_forward_warp_kernel<T, V, K, kCentered><<<grid, kWarpRowWarps * 32, 0, stream()>>>(p);
+  norm_forward_warp_kernel<T, V, K, kCentered, kResidual>
+      <<<grid, kWarpRowWarps * 32, 0, stream()>>>(p);
   check_launch(kCentered ? "layernorm_forward_kernel" : "rmsnorm_forward_kernel");
 }
 
-template <typename T, bool kCentered>
+template <typename T, bool kCentered, bool kResidual>
 static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
   constexpr int V = 16 / sizeof(T);
   // Layernorm: warp per row (its two reductions and the bias made the block-per-row kernel the
@@ -503,24 +559,25 @@ static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
   if constexpr (kCentered) {
     if (plan.vec) {
       switch (warp_row_packs(p.cols / V)) {
-        case 1: return launch_forward_warp<T, 1, kCentered>(p);
-        case 2: return launch_forward_warp<T, 2, kCentered>(p);
-        case 4: return launch_forward_warp<T, 4, kCentered>(p);
-        case 8: return launch_forward_warp<T, 8, kCentered>(p);
-        case 16: return launch_forward_warp<T, 16, kCentered>(p);
+        case 1: return launch_forward_warp<T, 1, kCentered, kResidual>(p);
+        case 2: return launch_forward_warp<T, 2, kCentered, kResidual>(p);
+        case 4: return launch_forward_warp<T, 4, kCentered, kResidual>(p);
+        case 8: return launch_forward_warp<T, 8, kCentered, kResidual>(p);
+        case 16: return launch_forward_warp<T, 16, kCentered, kResidual>(p);
         default: break;
       }
     }
   }
   plan_switch<T>(plan, "norm forward", [&](auto n, auto k) {
-    auto kernel = norm_forward_kernel<T, decltype(n)::value, decltype(k)::value, kCentered>;
+    auto kernel =
+        norm_forward_kernel<T, decltype(n)::value, decltype(k)::value, kCentered, kResidual>;
     const int grid = persistent_grid(kernel, plan.threads, 0, p.rows);
     kernel<<<grid, plan.threads, 0, stream()>>>(p);
     check_launch(kCentered ? "layernorm_forward_kernel" : "rmsnorm_forward_kernel");
   });
 }
 
-template <typename T, bool kCentered>
+template <typename T, bool kCentered, bool kResidual>
 static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias) {
   plan_switch<T>(plan, "norm backward", [&](auto n, auto k) {
     constexpr int N = decltype(n)::value, K = decltype(k)::value;
@@ -546,18 +603,26 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
     if constexpr (kPrefetch) {
       const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * (kCentered ? 2 : 1);
       if (acc_bytes <= kMaxAccSmem)
-        return run(norm_backward_kernel<T, N, K, 1, kCentered, true>, acc_bytes);
-      return run(norm_backward_kernel<T, N, K, 1, kCentered, false>, 0);
+        return run(norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual>, acc_bytes);
+      return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual>, 0);
     } else {
-      return run(norm_backward_kernel<T, N, K, 0, kCentered, false>, 0);
+      return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual>, 0);
     }
   });
 }
 
-// mean == nullptr: rmsnorm.
-static void norm_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor* bias,
-                         float eps, const Tensor& y, const Tensor* mean, const Tensor& rstd) {
+// mean == nullptr: rmsnorm. residual == nullptr: the plain form (sum unused), else both given.
+static void norm_forward(const char* op, const Tensor& x, const Tensor* residual,
+                         const Tensor& weight, const Tensor* bias, float eps, const Tensor* sum,
+                         const Tensor& y, const Tensor* mean, const Tensor& rstd) {
   auto [rows, cols] = check_x(x, op);
+  const bool res = residual != nullptr;
+  if (res) {
+    ENSURE(residual->defined() && sum && sum->defined(), op, ": residual and sum must be given");
+    expect_cuda(*residual, x.dtype, x.shape, op, "residual");
+    expect_cuda(*sum, x.dtype, x.shape, op, "sum");
+    ENSURE(y.data != sum->data || rows == 0, op, ": y must not alias sum");
+  }
   expect_cuda(weight, x.dtype, {cols}, op, "weight");
   const bool has_bias = bias && bias->data;
   if (has_bias) expect_cuda(*bias, x.dtype, {cols}, op, "bias");
@@ -567,12 +632,15 @@ static void norm_forward(const char* op, const Tensor& x, const Tensor& weight, 
   ENSURE(eps >= 0.f, op, ": eps must be >= 0, got ", eps);
   if (rows == 0) return;
   const bool aligned = aligned16(x.data) && aligned16(weight.data) && aligned16(y.data) &&
-                       (!has_bias || aligned16(bias->data));
+                       (!has_bias || aligned16(bias->data)) &&
+                       (!res || (aligned16(residual->data) && aligned16(sum->data)));
   const RowPlan plan = plan_rows(cols, static_cast<int>(16 / dtype_size(x.dtype)), aligned, op);
   float_switch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     NormFwdParams<T> p{};
     p.x = static_cast<const T*>(x.data);
+    p.residual = res ? static_cast<const T*>(residual->data) : nullptr;
+    p.sum = res ? static_cast<T*>(sum->data) : nullptr;
     p.weight = static_cast<const T*>(weight.data);
     p.bias = has_bias ? static_cast<const T*>(bias->data) : nullptr;
     p.y = static_cast<T*>(y.data);
@@ -581,17 +649,27 @@ static void norm_forward(const char* op, const Tensor& x, const Tensor& weight, 
     p.rows = rows;
     p.cols = cols;
     p.eps = eps;
-    if (mean)
-      launch_forward<T, true>(p, plan);
+    if (mean && res)
+      launch_forward<T, true, true>(p, plan);
+    else if (mean)
+      launch_forward<T, true, false>(p, plan);
+    else if (res)
+      launch_forward<T, false, true>(p, plan);
     else
-      launch_forward<T, false>(p, plan);
+      launch_forward<T, false, false>(p, plan);
   });
 }
 
+// dresidual == nullptr: the plain form.
 static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                          const Tensor* mean, const Tensor& rstd, const Tensor& dx,
-                          const Tensor& dweight, const Tensor* dbias) {
+                          const Tensor* mean, const Tensor& rstd, const Tensor* dresidual,
+                          const Tensor& dx, const Tensor& dweight, const Tensor* dbias) {
   auto [rows, cols] = check_x(x, op);
+  const bool res = dresidual != nullptr;
+  if (res) {
+    ENSURE(dresidual->defined(), op, ": dresidual must be given");
+    expect_cuda(*dresidual, x.dtype, x.shape, op, "dresidual");
+  }
   expect_cuda(dy, x.dtype, x.shape, op, "dy");
   expect_cuda(weight, x.dtype, {cols}, op, "weight");
   if (mean) expect_cuda(*mean, DType::F32, {rows}, op, "mean");
@@ -601,8 +679,8 @@ static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, con
   const bool has_dbias = dbias && dbias->data;
   if (has_dbias) expect_cuda(*dbias, DType::F32, {cols}, op, "dbias");
   if (rows == 0) return;  // dx is empty and the parameter gradients gain nothing
-  const bool aligned =
-      aligned16(x.data) && aligned16(dy.data) && aligned16(weight.data) && aligned16(dx.data);
+  const bool aligned = aligned16(x.data) && aligned16(dy.data) && aligned16(weight.data) &&
+                       aligned16(dx.data) && (!res || aligned16(dresidual->data));
   const RowPlan plan = plan_rows(cols, static_cast<int>(16 / dtype_size(x.dtype)), aligned, op,
                                  kBwdMinPacks);
   float_switch(x.dtype, [&](auto tag) {
@@ -613,37 +691,69 @@ static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, con
     p.weight = static_cast<const T*>(weight.data);
     p.mean = mean ? static_cast<const float*>(mean->data) : nullptr;
     p.rstd = static_cast<const float*>(rstd.data);
+    p.dresidual = res ? static_cast<const T*>(dresidual->data) : nullptr;
     p.dx = static_cast<T*>(dx.data);
     p.rows = rows;
     p.cols = cols;
     float* dw = static_cast<float*>(dweight.data);
     float* db = has_dbias ? static_cast<float*>(dbias->data) : nullptr;
-    if (mean)
-      launch_backward<T, true>(p, plan, dw, db);
+    if (mean && res)
+      launch_backward<T, true, true>(p, plan, dw, db);
+    else if (mean)
+      launch_backward<T, true, false>(p, plan, dw, db);
+    else if (res)
+      launch_backward<T, false, true>(p, plan, dw, nullptr);
     else
-      launch_backward<T, false>(p, plan, dw, nullptr);
+      launch_backward<T, false, false>(p, plan, dw, nullptr);
   });
 }
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  norm_forward("layernorm_forward", x, weight, &bias, eps, y, &mean, rstd);
+  norm_forward("layernorm_forward", x, nullptr, weight, &bias, eps, nullptr, y, &mean, rstd);
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias) {
-  norm_backward("layernorm_backward", dy, x, weight, &mean, rstd, dx, dweight, &dbias);
+  norm_backward("layernorm_backward", dy, x, weight, &mean, rstd, nullptr, dx, dweight, &dbias);
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
                      const Tensor& rstd) {
-  norm_forward("rmsnorm_forward", x, weight, nullptr, eps, y, nullptr, rstd);
+  norm_forward("rmsnorm_forward", x, nullptr, weight, nullptr, eps, nullptr, y, nullptr, rstd);
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dweight) {
-  norm_backward("rmsnorm_backward", dy, x, weight, nullptr, rstd, dx, dweight, nullptr);
+  norm_backward("rmsnorm_backward", dy, x, weight, nullptr, rstd, nullptr, dx, dweight, nullptr);
+}
+
+void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
+                                const Tensor& mean, const Tensor& rstd) {
+  norm_forward("layernorm_residual_forward", x, &residual, weight, &bias, eps, &sum, y, &mean,
+               rstd);
+}
+
+void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  norm_backward("layernorm_residual_backward", dy, x, weight, &mean, rstd, &dresidual, dx, dweight,
+                &dbias);
+}
+
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
+  norm_forward("rmsnorm_residual_forward", x, &residual, weight, nullptr, eps, &sum, y, nullptr,
+               rstd);
+}
+
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                               const Tensor& dweight) {
+  norm_backward("rmsnorm_residual_backward", dy, x, weight, nullptr, rstd, &dresidual, dx,
+                dweight, nullptr);
 }
 
 }  // namespace engine::cuda

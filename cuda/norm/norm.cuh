@@ -3,6 +3,10 @@
 // dweight, dbias: f32, accumulated (+=) by a deterministic two-pass reduction. bias / dbias may
 // be undefined (data == nullptr). C up to 8192 for any layout, larger when rows are 16-byte
 // vectors (C % 8 == 0 for bf16, C % 4 == 0 for f32, 16-byte aligned pointers).
+// Residual forms: residual, sum, dresidual in the dtype of x; sum = x + residual is rounded to it
+// before it is normalised, and dx is rounded before dresidual is added (then rounded again), so
+// the results are bitwise the separate add kernels' and the plain norm's. Aliasing: sum may alias
+// x or residual, y may alias x or residual (not sum), dx may alias dresidual, dy or x.
 #pragma once
 #include "core/tensor.h"
 
@@ -18,5 +22,18 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
                      const Tensor& rstd);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dweight);
+
+void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
+                                const Tensor& mean, const Tensor& rstd);
+void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+
+void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd);
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                               const Tensor& dweight);
 
 }  // namespace engine::cuda

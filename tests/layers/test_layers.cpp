@@ -2,12 +2,14 @@
 // all parameter gradients, on awkward sizes and packed documents of lengths 1, 5 and 7.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <functional>
 
 #include "layers/block.h"
 #include "layers/embedding.h"
 #include "layers/lm_head.h"
 #include "models/micro_batch.h"
+#include "ops/elementwise.h"
 #include "tests/common/gradcheck.h"
 #include "tests/common/tiny.h"
 
@@ -76,6 +78,58 @@ TEST_CASE("layer gradients: norms") {
     check_layer(store, {7, 11}, {7, 11}, "norm",
                 [&](const Tensor& x, const Tensor& y) { norm.forward(kEnv, x, y, saved); xin = x; },
                 [&](const Tensor& dy, const Tensor& dx) { norm.backward(dy, xin, saved, dx); });
+  }
+}
+
+// The block's fused residual norms (Norm::forward_residual / backward_residual) against the
+// separate ops::add / add_inplace around the plain forms, bitwise, in f32 and f64 activations,
+// on (B, T, C) tensors (the norm sees their rows), with sum in place of x as the block uses it.
+TEST_CASE("norm residual forms equal the separate adds and plain norm bitwise") {
+  struct Case {
+    NormKind kind;
+    bool bias;
+  };
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+  };
+  for (DType act : {DType::F32, DType::F64}) {
+    const layers::Env env{Device::CPU, act};
+    for (Case k : std::vector<Case>{{NormKind::LayerNorm, true}, {NormKind::LayerNorm, false}, {NormKind::RMSNorm, false}}) {
+      CAPTURE(dtype_name(act));
+      CAPTURE(static_cast<int>(k.kind));
+      CAPTURE(k.bias);
+      ParamTable t;
+      layers::Norm::declare(t, "n", 13, k.kind, k.bias);
+      ParamStore store(t, Device::CPU, act);
+      randomize_weights(store, "normres");
+      layers::Norm norm(store, "n", k.kind, 1e-5f, k.bias);
+      const Shape shape{2, 5, 13};
+      Owned x = randn(shape, act, "normres:x", 2.0), r = randn(shape, act, "normres:r");
+      Owned dy = randn(shape, act, "normres:dy"), dres = randn(shape, act, "normres:dres");
+
+      Owned h = env.act_tensor(shape), y = env.act_tensor(shape), dx = env.act_tensor(shape);
+      layers::NormSaved s;
+      ops::add(x, r, h);
+      norm.forward(env, h, y, s);
+      store.zero_grads();
+      norm.backward(dy, h, s, dx);
+      ops::add_inplace(dx, dres);
+      Owned grads = empty(store.grads_flat().shape, act, Device::CPU);
+      copy_tensor(grads, store.grads_flat());
+
+      Owned hf = empty(shape, act, Device::CPU), yf = env.act_tensor(shape), dxf = env.act_tensor(shape);
+      copy_tensor(hf, x);  // sum over x, as the block does
+      layers::NormSaved sf;
+      norm.forward_residual(env, hf, r, hf, yf, sf);
+      CHECK(same(hf, h));
+      CHECK(same(yf, y));
+      CHECK(same(sf.rstd, s.rstd));
+      if (k.kind == NormKind::LayerNorm) CHECK(same(sf.mean, s.mean));
+      store.zero_grads();
+      norm.backward_residual(dy, hf, sf, dres, dxf);
+      CHECK(same(dxf, dx));
+      CHECK(same(store.grads_flat(), grads));
+    }
   }
 }
 

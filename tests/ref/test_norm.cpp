@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/elementwise.h"
 #include "ops/norm.h"
 #include "tests/common/testing.h"
 #include "tests/ref/helpers.h"
@@ -187,4 +188,137 @@ TEST_CASE("norms reject bad arguments, naming them") {
   Owned mean2 = empty({2}, DType::F32, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::layernorm_forward(x, w, w, kEps, y, mean2, rstd),
                        doctest::Contains("mean has shape"), Error);
+}
+
+// ---- residual forms ---------------------------------------------------------------------------
+// *_residual_forward / *_residual_backward against ops::add / add_inplace and the plain forms,
+// bitwise (the reference rounds the sum and dx exactly as the separate ops do), including the
+// aliases the header allows: sum over x, y over residual, dx over dresidual.
+
+namespace {
+
+void residual_forward(bool layer, const Tensor& x, const Tensor& r, const Tensor& w,
+                      const Tensor& b, const Tensor& sum, const Tensor& y, const NormOut& stats) {
+  if (layer)
+    ops::layernorm_residual_forward(x, r, w, b, kEps, sum, y, stats.mean, stats.rstd);
+  else
+    ops::rmsnorm_residual_forward(x, r, w, kEps, sum, y, stats.rstd);
+}
+
+void plain_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const NormOut& f, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  if (layer)
+    ops::layernorm_backward(dy, x, w, f.mean, f.rstd, dx, dw, db);
+  else
+    ops::rmsnorm_backward(dy, x, w, f.rstd, dx, dw);
+}
+
+void residual_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const NormOut& f, const Tensor& dres, const Tensor& dx, const Tensor& dw,
+                       const Tensor& db) {
+  if (layer)
+    ops::layernorm_residual_backward(dy, x, w, f.mean, f.rstd, dres, dx, dw, db);
+  else
+    ops::rmsnorm_residual_backward(dy, x, w, f.rstd, dres, dx, dw);
+}
+
+NormOut poisoned_out(const Tensor& x) {
+  const int64_t t = x.size(0);
+  NormOut o{empty(x.shape, x.dtype, Device::CPU), empty({t}, x.dtype, Device::CPU),
+            empty({t}, x.dtype, Device::CPU)};
+  poison(o.y);
+  poison(o.mean);
+  poison(o.rstd);
+  return o;
+}
+
+void check_residual_forms(bool layer, bool with_bias) {
+  std::vector<NormCase> cases = kNormCases;
+  cases.push_back({130, 257});  // above the rows-in-parallel threshold
+  for (const NormCase& nc : cases) {
+    SUBCASE(nc.name().c_str()) {
+      for (DType dt : {DType::F32, DType::F64}) {
+        INFO(float_name(dt));
+        Owned x = randn({nc.t, nc.c}, dt, "normres.x", 2.0);
+        Owned r = randn({nc.t, nc.c}, dt, "normres.r");
+        for (int64_t i = 0; i < r->numel(); ++i) set(r, i, get(r, i) + 0.3);
+        Owned w = randn({nc.c}, dt, "normres.w"), b = randn({nc.c}, dt, "normres.b");
+        const Tensor bias = with_bias ? b.t : Tensor();
+
+        // Separate: sum = x + r, then the plain norm of sum.
+        Owned sum_sep = empty(x->shape, dt, Device::CPU);
+        ops::add(x, r, sum_sep);
+        NormOut sep = run_forward(layer, sum_sep, w, bias);
+
+        NormOut fused = poisoned_out(x);
+        Owned sum = empty(x->shape, dt, Device::CPU);
+        poison(sum);
+        residual_forward(layer, x, r, w, bias, sum, fused.y, fused);
+        CHECK(bitwise_equal(sum, sum_sep));
+        CHECK(bitwise_equal(fused.y, sep.y));
+        CHECK(bitwise_equal(fused.rstd, sep.rstd));
+        if (layer) CHECK(bitwise_equal(fused.mean, sep.mean));
+
+        // In place: sum over x, y over the residual.
+        Owned xa = clone(x), ra = clone(r);
+        NormOut alias = poisoned_out(x);
+        residual_forward(layer, xa, ra, w, bias, xa, ra, alias);
+        CHECK(bitwise_equal(xa, sum_sep));
+        CHECK(bitwise_equal(ra, sep.y));
+
+        // Backward: dx = norm backward + dresidual; dweight, dbias accumulate onto prefills.
+        Owned dy = randn({nc.t, nc.c}, dt, "normres.dy"), dres = randn({nc.t, nc.c}, dt, "normres.dres");
+        Owned dw0 = randn({nc.c}, dt, "normres.dw0"), db0 = randn({nc.c}, dt, "normres.db0");
+        Owned dx_sep = empty(x->shape, dt, Device::CPU), dw_sep = clone(dw0), db_sep = clone(db0);
+        plain_backward(layer, dy, sum_sep, w, sep, dx_sep, dw_sep, with_bias ? db_sep.t : Tensor());
+        ops::add_inplace(dx_sep, dres);
+
+        Owned dx = empty(x->shape, dt, Device::CPU), dwf = clone(dw0), dbf = clone(db0);
+        poison(dx);
+        residual_backward(layer, dy, sum_sep, w, sep, dres, dx, dwf, with_bias ? dbf.t : Tensor());
+        CHECK(bitwise_equal(dx, dx_sep));
+        CHECK(bitwise_equal(dwf, dw_sep));
+        CHECK(bitwise_equal(dbf, db_sep));
+
+        Owned dxa = clone(dres), dwa = clone(dw0), dba = clone(db0);  // dx over dresidual
+        residual_backward(layer, dy, sum_sep, w, sep, dxa, dxa, dwa, with_bias ? dba.t : Tensor());
+        CHECK(bitwise_equal(dxa, dx_sep));
+        CHECK(bitwise_equal(dwa, dw_sep));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layernorm residual forms are bitwise the separate add and layernorm (with bias)") {
+  check_residual_forms(true, true);
+}
+TEST_CASE("layernorm residual forms are bitwise the separate add and layernorm (without bias)") {
+  check_residual_forms(true, false);
+}
+TEST_CASE("rmsnorm residual forms are bitwise the separate add and rmsnorm") {
+  check_residual_forms(false, false);
+}
+
+TEST_CASE("norm residual forms reject bad arguments, naming them") {
+  Owned x = randn({3, 5}, DType::F32, "bad.x"), w = randn({5}, DType::F32, "bad.w");
+  Owned y = empty({3, 5}, DType::F32, Device::CPU), sum = empty({3, 5}, DType::F32, Device::CPU);
+  Owned r4 = empty({3, 4}, DType::F32, Device::CPU), r64 = empty({3, 5}, DType::F64, Device::CPU);
+  Owned rstd = empty({3}, DType::F32, Device::CPU), mean = empty({3}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, r4, w, kEps, sum, y, rstd),
+                       doctest::Contains("residual"), Error);
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, r64, w, kEps, sum, y, rstd),
+                       doctest::Contains("residual is f64"), Error);
+  CHECK_THROWS_WITH_AS(ops::layernorm_residual_forward(x, x, w, Tensor(), kEps, r4, y, mean, rstd),
+                       doctest::Contains("sum"), Error);
+  CHECK_THROWS_WITH_AS(ops::layernorm_residual_forward(x, x, w, Tensor(), kEps, y, y, mean, rstd),
+                       doctest::Contains("y must not alias sum"), Error);
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, Tensor(), w, kEps, sum, y, rstd),
+                       doctest::Contains("residual and sum must be given"), Error);
+  Owned dw = zeros({5}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_backward(x, x, w, rstd, r4, y, dw),
+                       doctest::Contains("dresidual"), Error);
+  CHECK_THROWS_WITH_AS(ops::layernorm_residual_backward(x, x, w, mean, rstd, Tensor(), y, dw, Tensor()),
+                       doctest::Contains("dresidual must be given"), Error);
 }

@@ -4,12 +4,14 @@
 // bf16, plus a floor of 1e-4 (the kernel computes in f32 and rounds once, so its error is that
 // rounding plus f32 noise); the reference runs on the same bf16-rounded inputs. f32 outputs
 // (all-f32 runs, statistics, weight gradients) within 1e-5. Weight gradients accumulate into
-// random prefills; results are bitwise reproducible; dx may alias dy.
+// random prefills; results are bitwise reproducible; dx may alias dy. The residual forms are
+// checked bitwise against the separate add kernels and plain norms, and against f64.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
+#include "ops/elementwise.h"
 #include "ops/norm.h"
 #include "tests/common/gpu_testing.h"
 
@@ -230,6 +232,148 @@ TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in pl
         }
       }
     }
+  }
+}
+
+// ---- residual forms ---------------------------------------------------------------------------
+// *_residual_forward / *_residual_backward against the separate path (ops::add / add_inplace
+// kernels around the plain norm kernels), bitwise: the fused kernels normalise the sum rounded to
+// the dtype and round dx before adding dresidual, as the separate kernels do. And against the
+// f64 reference: sum against x + residual exactly, y and the statistics against the reference
+// norm of the device's (rounded) sum, dx against the reference on the device's statistics.
+// Aliases: sum over x, y over residual, dx over dresidual. res_offset: the element offset of
+// residual and dresidual alone (1 with aligned others: the scalar kernels, chosen by them).
+
+namespace {
+
+void residual_forward(bool layer, const Tensor& x, const Tensor& r, const Tensor& w,
+                      const Tensor& b, const Tensor& sum, const Tensor& y, const Tensor& mean,
+                      const Tensor& rstd) {
+  if (layer)
+    ops::layernorm_residual_forward(x, r, w, b, kEps, sum, y, mean, rstd);
+  else
+    ops::rmsnorm_residual_forward(x, r, w, kEps, sum, y, rstd);
+}
+
+void plain_forward(bool layer, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                   const Tensor& mean, const Tensor& rstd) {
+  if (layer)
+    ops::layernorm_forward(x, w, b, kEps, y, mean, rstd);
+  else
+    ops::rmsnorm_forward(x, w, kEps, y, rstd);
+}
+
+void residual_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& mean, const Tensor& rstd, const Tensor& dres,
+                       const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  if (layer)
+    ops::layernorm_residual_backward(dy, x, w, mean, rstd, dres, dx, dw, db);
+  else
+    ops::rmsnorm_residual_backward(dy, x, w, rstd, dres, dx, dw);
+}
+
+void plain_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dw,
+                    const Tensor& db) {
+  if (layer)
+    ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+  else
+    ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+}
+
+void check_residual(const NormCase& k, int64_t res_offset) {
+  const Shape shape{k.t, k.c};
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (int variant : {0, 1, 2}) {  // layernorm with bias, layernorm without, rmsnorm
+      const bool layer = variant < 2, with_bias = variant == 0;
+      INFO(dname(dt), layer ? " layernorm" : " rmsnorm", with_bias ? " with bias" : "");
+      Owned xh = random_x(k), rh = randn(shape, DType::F32, "norm.res"),
+            dresh = randn(shape, DType::F32, "norm.dres"), dw0 = randn({k.c}, DType::F32, "norm.dw0"),
+            db0 = randn({k.c}, DType::F32, "norm.db0");
+      auto [gx, x64] = device_input(xh, dt, k.offset);
+      auto [gr, r64] = device_input(rh, dt, res_offset);
+      auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
+      auto [gb, b64] = device_input(randn({k.c}, DType::F32, "norm.b", 0.3), dt, k.offset);
+      auto [gdy, dy64] = device_input(randn(shape, DType::F32, "norm.dy"), dt, k.offset);
+      auto [gdres, dres64] = device_input(dresh, dt, res_offset);
+      const Tensor bias = with_bias ? gb.t : Tensor(), bias64 = with_bias ? b64.t : Tensor();
+
+      // Forward: separate, fused, fused in place.
+      DeviceTensor hs = gpu_poisoned(shape, dt, k.offset), ys = gpu_poisoned(shape, dt, k.offset),
+          means = gpu_poisoned({k.t}, DType::F32), rstds = gpu_poisoned({k.t}, DType::F32);
+      ops::add(gx.t, gr.t, hs.t);
+      plain_forward(layer, hs.t, gw.t, bias, ys.t, means.t, rstds.t);
+      DeviceTensor h = gpu_poisoned(shape, dt, k.offset), y = gpu_poisoned(shape, dt, k.offset),
+          mean = gpu_poisoned({k.t}, DType::F32), rstd = gpu_poisoned({k.t}, DType::F32);
+      residual_forward(layer, gx.t, gr.t, gw.t, bias, h.t, y.t, mean.t, rstd.t);
+      CHECK(bitwise_equal(h.t, hs.t));
+      CHECK(bitwise_equal(y.t, ys.t));
+      CHECK(bitwise_equal(rstd.t, rstds.t));
+      if (layer) CHECK(bitwise_equal(mean.t, means.t));
+      DeviceTensor xa = to_gpu(xh, dt, k.offset), ra = to_gpu(rh, dt, res_offset);
+      DeviceTensor mean2 = gpu_poisoned({k.t}, DType::F32), rstd2 = gpu_poisoned({k.t}, DType::F32);
+      residual_forward(layer, xa.t, ra.t, gw.t, bias, xa.t, ra.t, mean2.t, rstd2.t);
+      CHECK(bitwise_equal(xa.t, hs.t));
+      CHECK(bitwise_equal(ra.t, ys.t));
+
+      // Forward against f64: the sum exactly, the norm of the device's sum.
+      Owned s64 = empty(shape, DType::F64, Device::CPU);
+      for (int64_t i = 0; i < s64->numel(); ++i) set(s64, i, get(x64, i) + get(r64, i));
+      CHECK_CLOSE(h.t, s64.t, output_tol(dt, s64, kF32Tol));
+      Owned h64 = to_host(h.t, DType::F64);
+      Owned y64 = empty(shape, DType::F64, Device::CPU), mean64 = empty({k.t}, DType::F64, Device::CPU),
+            rstd64 = empty({k.t}, DType::F64, Device::CPU);
+      plain_forward(layer, h64, w64, bias64, y64, mean64, rstd64);
+      CHECK_CLOSE(y.t, y64.t, output_tol(dt, y64, kF32Tol));
+      CHECK_CLOSE(rstd.t, rstd64.t, kF32Tol);
+      if (layer) CHECK_CLOSE(mean.t, mean64.t, kF32Tol);
+
+      // Backward on the device's statistics: separate, fused, fused with dx over dresidual.
+      const Tensor gmean = layer ? mean.t : Tensor();
+      DeviceTensor dxs = gpu_poisoned(shape, dt, k.offset);
+      DeviceTensor dws = to_gpu(dw0, DType::F32), dbs = to_gpu(db0, DType::F32);
+      plain_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, dxs.t, dws.t, with_bias ? dbs.t : Tensor());
+      ops::add_inplace(dxs.t, gdres.t);
+      DeviceTensor dx = gpu_poisoned(shape, dt, k.offset);
+      DeviceTensor dwf = to_gpu(dw0, DType::F32), dbf = to_gpu(db0, DType::F32);
+      residual_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, gdres.t, dx.t, dwf.t,
+                        with_bias ? dbf.t : Tensor());
+      CHECK(bitwise_equal(dx.t, dxs.t));
+      CHECK(bitwise_equal(dwf.t, dws.t));
+      CHECK(bitwise_equal(dbf.t, dbs.t));
+      DeviceTensor dxa = to_gpu(dresh, dt, res_offset);
+      DeviceTensor dwa = to_gpu(dw0, DType::F32), dba = to_gpu(db0, DType::F32);
+      residual_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, dxa.t, dxa.t, dwa.t,
+                        with_bias ? dba.t : Tensor());
+      CHECK(bitwise_equal(dxa.t, dxs.t));
+      CHECK(bitwise_equal(dwa.t, dws.t));
+
+      // Backward against f64, on the values the device holds (sum, statistics).
+      Owned meanr = to_host(mean.t, DType::F64), rstdr = to_host(rstd.t, DType::F64);
+      Owned dx64 = empty(shape, DType::F64, Device::CPU);
+      Owned dw64 = to_host(dw0, DType::F64), db64 = to_host(db0, DType::F64);
+      residual_backward(layer, dy64, h64, w64, layer ? meanr.t : Tensor(), rstdr, dres64, dx64, dw64,
+                        with_bias ? db64.t : Tensor());
+      CHECK_CLOSE(dx.t, dx64.t, output_tol(dt, dx64, kF32Tol));
+      CHECK_CLOSE(dwf.t, dw64.t, kF32Tol);
+      if (with_bias) CHECK_CLOSE(dbf.t, db64.t, kF32Tol);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda residual norms are bitwise the separate add and norm and match the f64 reference" * doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : kCases) {
+    SUBCASE(k.name().c_str()) { check_residual(k, k.offset); }
+  }
+}
+
+TEST_CASE("cuda residual norms with only residual / dresidual misaligned take the scalar kernels" * doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  for (const NormCase& k : std::vector<NormCase>{{9, 768, 0}, {5, 4096, 0}}) {
+    SUBCASE(k.name().c_str()) { check_residual(k, 1); }
   }
 }
 
