@@ -132,8 +132,30 @@ BENCH_CASES("gemm") {
     bo.dgelu_input = h;
     bo.dbias = db;
     const double bwd_ms = time_ms([&] { ops::matmul(dy, false, w_out, false, dh, bo); });
-    out.push_back({base + " proj dgrad + dgelu + dbias epilogue", bwd_ms, flops, 0,
-                   cuda::gemm_last_call().fused_epilogue ? "fused DGELU_BGRAD" : "separate kernels (no fused algorithm)"});
+    const auto how = [] {
+      const cuda::GemmLastCall l = cuda::gemm_last_call();
+      return std::string(!l.fused_epilogue ? "separate kernels (no fused algorithm)"
+                         : l.fallback_kernels ? "fused DGELU, then the bias-gradient kernel"
+                                              : "fused DGELU_BGRAD");
+    };
+    out.push_back({base + " proj dgrad + dgelu + dbias epilogue", bwd_ms, flops, 0, how()});
+    // What cuBLASLt fuses: DGELU alone (the bias gradient by sum_rows after it), and
+    // DGELU_BGRAD with a bf16 bias gradient.
+    cuda::GemmParams g;
+    g.a = dy, g.b = w_out, g.c = dh, g.dgelu_input = h;
+    const double dgelu_ms = time_ms([&] { cuda::gemm(g); });
+    const bool dgelu_fused = cuda::gemm_last_call().fused_epilogue;
+    out.push_back({base + " proj dgrad + dgelu epilogue (no dbias)", dgelu_ms, flops, 0,
+                   dgelu_fused ? "fused DGELU" : "separate kernels (no fused algorithm)"});
+    out.push_back({base + " proj dgrad + dgelu epilogue, then sum_rows", time_ms([&] {
+                     cuda::gemm(g);
+                     ops::sum_rows(dh, db, 0.f);
+                   }),
+                   flops, 0, dgelu_fused ? "fused DGELU + sum kernel" : "separate kernels"});
+    Owned db16 = zeros({f}, DType::BF16, Device::CUDA);
+    g.dbias_out = db16;
+    const double bgrad16_ms = time_ms([&] { cuda::gemm(g); });
+    out.push_back({base + " proj dgrad + dgelu + bf16 dbias epilogue", bgrad16_ms, flops, 0, how()});
   }
 #endif
   return out;

@@ -3,8 +3,8 @@
 // Gradients: dx written (=); weight and bias gradients accumulated (+=).
 // Residual forms (pre-norm residual stream, ops/norm.h *_residual_*): forward_residual normalises
 // sum = x + residual and writes sum (the caller keeps it as the norm's input for backward);
-// backward_residual writes dx = (the norm's input gradient) + dresidual. Bitwise the separate
-// ops::add / add_inplace and the plain forms. sum may alias x or residual (y not sum); dx may
+// backward_residual writes dx = (the norm's input gradient) + dresidual. As the separate
+// ops::add / add_inplace and the plain forms (bitwise on the CPU; within f32 rounding on the GPU). sum may alias x or residual (y not sum); dx may
 // alias dresidual.
 #pragma once
 #include "config/config.h"

@@ -14,7 +14,9 @@
 //                        (rounded again, exactly as ops::add_inplace after the plain backward).
 //                        x is the norm's input (the forward's sum). dresidual: (T, C), the dtype
 //                        of x. dx may alias dresidual (and, as in the plain form, dy or x).
-// Every result is bitwise that of the separate ops::add / add_inplace and the plain norm.
+// On the CPU every result is bitwise that of the separate ops::add / add_inplace and the plain
+// norm; on the GPU the sum is, and the rest agree within f32 rounding (the fused kernels may
+// reduce in another order).
 #pragma once
 #include "core/tensor.h"
 

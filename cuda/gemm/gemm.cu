@@ -291,6 +291,20 @@ void gemm_impl(const GemmParams& g, const char* op) {
         g_last.fused_epilogue = true;
         return;
       }
+      if (dgelu && dbias_out) {  // no DGELU_BGRAD algorithm: DGELU alone, the bias gradient after it
+        PlanKey d = fused;
+        d.epilogue = CUBLASLT_EPILOGUE_DGELU;
+        d.vec_dtype = -1;
+        d.align_vec = 256;
+        Plan& dplan = plan_for(d, nullptr, aux_t.data);
+        if (dplan.found) {
+          run_plan(dplan, g, nullptr, aux_t.data);
+          g_last.fused_epilogue = true;
+          g_last.fallback_kernels = true;
+          sum_rows(g.c, g.dbias_out, 0.f);
+          return;
+        }
+      }
     }
     Plan& plan = plan_for(key, nullptr, nullptr);
     ENSURE(plan.found, op, ": cuBLASLt has no algorithm for (", m, " x ", k, ") @ (", k, " x ",

@@ -41,14 +41,20 @@ TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, 
       if (s < 6) CHECK(std::fabs(a.loss - b.loss) <= 0.03 * a.loss);
       // The gradient itself, before the two runs' weights drift apart.
       if (s < 3) CHECK(std::fabs(a.grad_norm - b.grad_norm) <= 0.05 * a.grad_norm);
+      // Weights while the runs are still the same run (the horizon of the loss check): Adam at
+      // lr 1e-2 moves every weight by ~lr per step whatever its gradient's size, so weights with
+      // near-zero gradients follow the sign of bf16 noise and the two runs' weights separate by
+      // ~lr per step from there on (after 12 steps 7e-2 was seen with hd64 on the Hopper
+      // kernels, its losses and gradient norms still matching).
+      if (s == 5) {
+        Owned cpu_w = to_host(cpu.optimizer().gather_master(), DType::F64);
+        Owned gpu_w = to_host(gpu.optimizer().gather_master(), DType::F64);
+        CHECK_CLOSE(gpu_w, cpu_w, 5e-2);
+      }
       if (s == 0) first = b.loss;
       last = b.loss;
     }
     CHECK(last < 0.9 * first);
-    // Weights after 12 steps: bf16 compute drifts from f32, but stays close.
-    Owned cpu_w = to_host(cpu.optimizer().gather_master(), DType::F64);
-    Owned gpu_w = to_host(gpu.optimizer().gather_master(), DType::F64);
-    CHECK_CLOSE(gpu_w, cpu_w, 5e-2);
   }
 }
 

@@ -5,7 +5,10 @@
 // rounding plus f32 noise); the reference runs on the same bf16-rounded inputs. f32 outputs
 // (all-f32 runs, statistics, weight gradients) within 1e-5. Weight gradients accumulate into
 // random prefills; results are bitwise reproducible; dx may alias dy. The residual forms are
-// checked bitwise against the separate add kernels and plain norms, and against f64.
+// checked against the separate add kernels and plain norms (the sum bitwise, the rest within the
+// tolerances above: the fused kernels reduce in another order when they take another path, and
+// the compiler contracts their arithmetic differently, so the bits are not the separate ops'),
+// and against f64.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -281,6 +284,10 @@ void plain_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor&
     ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
 }
 
+// Fused against separate: one bf16 rounding apart at most where their f32 values differ (1e-2
+// relative RMS, the bf16 output tolerance of the GEMM and loss tests), f32 within kF32Tol.
+double close_tol(DType dt) { return dt == DType::BF16 ? 1e-2 : kF32Tol; }
+
 void check_residual(const NormCase& k, int64_t res_offset) {
   const Shape shape{k.t, k.c};
   for (DType dt : {DType::BF16, DType::F32}) {
@@ -307,14 +314,15 @@ void check_residual(const NormCase& k, int64_t res_offset) {
           mean = gpu_poisoned({k.t}, DType::F32), rstd = gpu_poisoned({k.t}, DType::F32);
       residual_forward(layer, gx.t, gr.t, gw.t, bias, h.t, y.t, mean.t, rstd.t);
       CHECK(bitwise_equal(h.t, hs.t));
-      CHECK(bitwise_equal(y.t, ys.t));
-      CHECK(bitwise_equal(rstd.t, rstds.t));
-      if (layer) CHECK(bitwise_equal(mean.t, means.t));
+      const Owned ys64 = to_host(ys.t, DType::F64);
+      CHECK_CLOSE(y.t, ys64.t, close_tol(dt));
+      CHECK_CLOSE(rstd.t, rstds.t, kF32Tol);
+      if (layer) CHECK_CLOSE(mean.t, means.t, kF32Tol);
       DeviceTensor xa = to_gpu(xh, dt, k.offset), ra = to_gpu(rh, dt, res_offset);
       DeviceTensor mean2 = gpu_poisoned({k.t}, DType::F32), rstd2 = gpu_poisoned({k.t}, DType::F32);
       residual_forward(layer, xa.t, ra.t, gw.t, bias, xa.t, ra.t, mean2.t, rstd2.t);
       CHECK(bitwise_equal(xa.t, hs.t));
-      CHECK(bitwise_equal(ra.t, ys.t));
+      CHECK_CLOSE(ra.t, ys64.t, close_tol(dt));
 
       // Forward against f64: the sum exactly, the norm of the device's sum.
       Owned s64 = empty(shape, DType::F64, Device::CPU);
@@ -338,15 +346,16 @@ void check_residual(const NormCase& k, int64_t res_offset) {
       DeviceTensor dwf = to_gpu(dw0, DType::F32), dbf = to_gpu(db0, DType::F32);
       residual_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, gdres.t, dx.t, dwf.t,
                         with_bias ? dbf.t : Tensor());
-      CHECK(bitwise_equal(dx.t, dxs.t));
-      CHECK(bitwise_equal(dwf.t, dws.t));
-      CHECK(bitwise_equal(dbf.t, dbs.t));
+      const Owned dxs64 = to_host(dxs.t, DType::F64);
+      CHECK_CLOSE(dx.t, dxs64.t, close_tol(dt));
+      CHECK_CLOSE(dwf.t, dws.t, kF32Tol);
+      if (with_bias) CHECK_CLOSE(dbf.t, dbs.t, kF32Tol);
       DeviceTensor dxa = to_gpu(dresh, dt, res_offset);
       DeviceTensor dwa = to_gpu(dw0, DType::F32), dba = to_gpu(db0, DType::F32);
       residual_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, dxa.t, dxa.t, dwa.t,
                         with_bias ? dba.t : Tensor());
-      CHECK(bitwise_equal(dxa.t, dxs.t));
-      CHECK(bitwise_equal(dwa.t, dws.t));
+      CHECK(bitwise_equal(dxa.t, dx.t));  // dx over dresidual: the same kernel, the same bits
+      CHECK(bitwise_equal(dwa.t, dwf.t));
 
       // Backward against f64, on the values the device holds (sum, statistics).
       Owned meanr = to_host(mean.t, DType::F64), rstdr = to_host(rstd.t, DType::F64);
@@ -363,7 +372,7 @@ void check_residual(const NormCase& k, int64_t res_offset) {
 
 }  // namespace
 
-TEST_CASE("cuda residual norms are bitwise the separate add and norm and match the f64 reference" * doctest::test_suite("gpu")) {
+TEST_CASE("cuda residual norms match the separate add and norm and the f64 reference" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const NormCase& k : kCases) {
     SUBCASE(k.name().c_str()) { check_residual(k, k.offset); }
