@@ -233,6 +233,7 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
     std::string name;
     int64_t calls = 0;
     double ns = 0;
+    double idle_ns = 0;  // the GPU's idle time just before this kernel's calls started
   };
   std::map<std::string, Row> by_name;
   for (const KernelRecord& r : records) {
@@ -240,6 +241,18 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
     row.name = r.name;
     row.calls += 1;
     row.ns += static_cast<double>(r.end_ns - r.start_ns);
+  }
+  // Idle gaps, each charged to the record that ends it: in start order, a record starting after
+  // every earlier record has ended found the GPU idle since the latest of those ends.
+  std::vector<const KernelRecord*> by_start;
+  by_start.reserve(records.size());
+  for (const KernelRecord& r : records) by_start.push_back(&r);
+  std::sort(by_start.begin(), by_start.end(),
+            [](const KernelRecord* a, const KernelRecord* b) { return a->start_ns < b->start_ns; });
+  uint64_t frontier = 0;
+  for (const KernelRecord* r : by_start) {
+    if (frontier != 0 && r->start_ns > frontier) by_name[r->name].idle_ns += static_cast<double>(r->start_ns - frontier);
+    frontier = std::max(frontier, r->end_ns);
   }
   std::vector<Row> rows;
   double total_ns = 0;
@@ -263,7 +276,8 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
   const double wall_ms = wall_seconds * 1e3 / u;
   std::string out;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "  %-84s %8s %9s %6s %9s\n", "kernel (per step)", "calls", "ms", "%wall", "us/call");
+  std::snprintf(buf, sizeof buf, "  %-84s %8s %9s %6s %9s %9s\n", "kernel (per step)", "calls", "ms", "%wall", "us/call",
+                "idle ms");
   out += buf;
   double shown_ns = 0;
   const size_t n = std::min(rows.size(), static_cast<size_t>(std::max(top, 0)));
@@ -271,8 +285,8 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
     const Row& r = rows[i];
     shown_ns += r.ns;
     std::string name = r.name.size() > 84 ? r.name.substr(0, 81) + "..." : r.name;
-    std::snprintf(buf, sizeof buf, "  %-84s %8.1f %9.3f %6.1f %9.1f\n", name.c_str(), r.calls / u, r.ns / u / 1e6,
-                  100.0 * r.ns / u / 1e6 / wall_ms, r.ns / r.calls / 1e3);
+    std::snprintf(buf, sizeof buf, "  %-84s %8.1f %9.3f %6.1f %9.1f %9.3f\n", name.c_str(), r.calls / u,
+                  r.ns / u / 1e6, 100.0 * r.ns / u / 1e6 / wall_ms, r.ns / r.calls / 1e3, r.idle_ns / u / 1e6);
     out += buf;
   }
   if (rows.size() > n) {
@@ -288,6 +302,16 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
                 wall_ms, total_ns / u / 1e6, busy_ns / u / 1e6, wall_ms - busy_ns / u / 1e6,
                 100.0 * (1.0 - busy_ns / u / 1e6 / wall_ms));
   out += buf;
+  // Where the idle time is: the kernels that most often found the GPU waiting for them.
+  std::vector<Row> idle = rows;
+  std::sort(idle.begin(), idle.end(), [](const Row& a, const Row& b) { return a.idle_ns > b.idle_ns; });
+  std::string list;
+  for (size_t i = 0; i < idle.size() && i < 8 && idle[i].idle_ns > 0; ++i) {
+    std::snprintf(buf, sizeof buf, "%s%s %.3f", list.empty() ? "" : ", ", idle[i].name.substr(0, 60).c_str(),
+                  idle[i].idle_ns / u / 1e6);
+    list += buf;
+  }
+  if (!list.empty()) out += "  idle ms per step before: " + list + "\n";
   return out;
 }
 

@@ -39,7 +39,9 @@ class KernelProfile {
   double wall_seconds() const { return wall_seconds_; }
 
   // The table: rows by total time, `top` of them, the rest summed in one row; times per unit
-  // (a training step: units = number of steps profiled) against the recorded wall time.
+  // (a training step: units = number of steps profiled) against the recorded wall time. Each
+  // row's "idle ms" is the GPU's idle time just before that kernel's calls (the GPU waited for
+  // the host to launch them); a last line names the kernels with the most idle time before them.
   std::string table(int units, int top = 30) const { return kernel_table(records_, wall_seconds_, units, top); }
 
  private:

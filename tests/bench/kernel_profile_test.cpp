@@ -42,5 +42,8 @@ TEST_CASE("bench kernel profile: totals per step, overlapping records counted on
   CHECK(t.find("(1 other kernels)") != std::string::npos);  // norm, beyond top 2
   CHECK(t.find("wall 10.000 ms, kernels 7.000 ms (sum), GPU busy 6.000 ms (union), GPU idle 4.000 ms (40.0%)") !=
         std::string::npos);
-  CHECK(t.find("4.000   40.0    4000.0") != std::string::npos);  // gemm: ms, % of wall, us per call
+  CHECK(t.find("4.000   40.0    4000.0     1.500") != std::string::npos);  // gemm: ms, % of wall, us/call, idle
+  // The 1 ms gap between the all-reduce's end (5 ms) and the norm (6 ms) is charged to the norm;
+  // the step's first kernel (gemm) is charged the 3 ms between the previous norm and it, once.
+  CHECK(t.find("idle ms per step before: gemm 1.500, norm 1.000") != std::string::npos);
 }
