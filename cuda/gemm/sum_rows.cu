@@ -11,7 +11,9 @@
 //   so that there are few partials. With one chunk the block writes out; else it writes its
 //   partial(chunk, tile) and counts itself done on the tile's counter (after a fence), and the
 //   tile's last block adds the chunks' partials in a fixed order: thread group g of G adds
-//   chunks g, g + G, ... four columns at a time (8 loads in flight), then the G group sums are
+//   chunks g, g + G, ... four columns at a time (12 loads in flight, the last round predicated:
+//   at 32768 x 768, 88 chunks, two rounds where a remainder loop waited for 6 loads one by one),
+//   then the G group sums are
 //   added in group order, beta is applied, and the block resets the counter for the next call.
 //   Which block comes last changes nothing in the order; the chunk count depends on (M, N) and
 //   the device only.
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kTile = 32 * V;
   constexpr int kQuads = kTile / 4;             // 4-column groups of a tile
   constexpr int kGroups = kThreads / kQuads;    // threads per 4-column group in the combine
-  constexpr int kCombineUnroll = 8;             // combine: partial loads in flight per thread
+  constexpr int kCombineUnroll = 12;            // combine: partial loads in flight per thread
   static_assert(kGroups >= 1 && kGroups <= kWarps && kThreads % kQuads == 0);
   __shared__ float s[kWarps][kTile];
   __shared__ bool last;
@@ -166,16 +168,18 @@ __global__ void __launch_bounds__(kThreads)
       t4.z += v.z;
       t4.w += v.w;
     };
-    int c = g;
-    for (; c + (kCombineUnroll - 1) * kGroups < chunks; c += kCombineUnroll * kGroups) {
+    // Rounds of kCombineUnroll loads issued before any is added, the last round predicated (a
+    // remainder loop would wait for each load in turn: at 88 chunks, 6 of a group's 22 loads).
+    for (int c = g; c < chunks; c += kCombineUnroll * kGroups) {
       float4 v[kCombineUnroll];
 #pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u)
-        v[u] = __ldcg(reinterpret_cast<const float4*>(base + (c + u * kGroups) * ld));
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int cu = c + u * kGroups;
+        v[u] = cu < chunks ? __ldcg(reinterpret_cast<const float4*>(base + cu * ld)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
 #pragma unroll
       for (int u = 0; u < kCombineUnroll; ++u) add(v[u]);
     }
-    for (; c < chunks; c += kGroups) add(__ldcg(reinterpret_cast<const float4*>(base + c * ld)));
     s[g][4 * q] = t4.x;
     s[g][4 * q + 1] = t4.y;
     s[g][4 * q + 2] = t4.z;
