@@ -118,7 +118,7 @@ constexpr size_t kBufferBytes = 8 << 20;
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
-  *size = kBufferBytes;
+  *size = *buffer ? kBufferBytes : 0;  // no memory: CUPTI drops the records
   *max_records = 0;  // as many as fit
 }
 
@@ -176,19 +176,26 @@ bool KernelProfile::start(std::string* why) {
     return false;
   }
   ENSURE(!active_, "KernelProfile::start: already recording");
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    ENSURE(g_sink == nullptr, "KernelProfile::start: another profile is recording");
-    g_sink = &records_;
-  }
-  records_.clear();
   static const bool registered = [&] {
     cupti_check(c.register_callbacks(buffer_requested, buffer_completed), "register callbacks");
     return true;
   }();
   (void)registered;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  for (CUpti_ActivityKind k : kKinds) cupti_check(c.enable(k), "enable activity");
+  records_.clear();
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    ENSURE(g_sink == nullptr, "KernelProfile::start: another profile is recording");
+    g_sink = &records_;
+  }
+  try {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (CUpti_ActivityKind k : kKinds) cupti_check(c.enable(k), "enable activity");
+  } catch (...) {  // leave nothing recording into this object
+    for (CUpti_ActivityKind k : kKinds) c.disable(k);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_sink = nullptr;
+    throw;
+  }
   active_ = true;
   start_time_ = now();
   return true;
@@ -273,7 +280,7 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
     busy_ns += static_cast<double>(e - s);
   }
   const double u = std::max(units, 1);
-  const double wall_ms = wall_seconds * 1e3 / u;
+  const double wall_ms = std::max(wall_seconds * 1e3 / u, 1e-9);
   std::string out;
   char buf[512];
   std::snprintf(buf, sizeof buf, "  %-84s %8s %9s %6s %9s %9s\n", "kernel (per step)", "calls", "ms", "%wall", "us/call",

@@ -104,8 +104,8 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
   // 113 ms per step on an H200). On CUDA the single-shard head (the cross-entropy reads padded
   // rows) therefore multiplies by a copy of the weight padded with zero rows to Vp = round_up(V,
   // 8): logits (T, Vp) whose extra columns are 0 and never read by the loss, dx = dlogits Wp
-  // (the zero rows add nothing), and dWp into a scratch whose first V rows are added to the
-  // gradient. The copies move ~3 x Vp x C elements, against the GEMMs' T x Vp x C products.
+  // (the zero rows add nothing), and dWp summed over the chunks into a scratch whose first V
+  // rows are added to the gradient once. The copies move ~3 x Vp x C elements, against the GEMMs' T x Vp x C products.
   const bool pad = xin.device == Device::CUDA && !distill_ && env.tp_size() == 1 && V % 8 != 0;
   const int64_t width = pad ? (V + 7) / 8 * 8 : V;
   Owned wp, dwp;
@@ -113,7 +113,7 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
     wp = empty({width, C}, weight_.w().dtype, env.device);
     copy_tensor(wp->slice(0, V), weight_.w());
     zero_tensor(wp->slice(V, width));
-    if (with_grad) dwp = empty({width, C}, weight_.g().dtype, env.device);
+    if (with_grad) dwp = zeros({width, C}, weight_.g().dtype, env.device);
   }
   const Tensor w = pad ? wp.t : weight_.w();
   const int64_t chunk = std::max<int64_t>(1, (T + splits_ - 1) / splits_);
@@ -129,13 +129,13 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
            pad ? V : 0);
     if (!with_grad) continue;
     if (pad) {
-      ops::matmul(logits, false, w, false, dxin->slice(a, b));  // dx = dlogits Wp
-      ops::matmul(logits, true, xin.slice(a, b), false, dwp);   // dWp = dlogits^T x
-      ops::add_inplace(weight_.g(), dwp->slice(0, V));
+      ops::matmul(logits, false, w, false, dxin->slice(a, b));              // dx = dlogits Wp
+      ops::matmul(logits, true, xin.slice(a, b), false, dwp, {1.f, 1.f});  // dWp += dlogits^T x
     } else {
       linear_backward(logits, xin.slice(a, b), w, dxin->slice(a, b), weight_.g(), {});
     }
   }
+  if (pad && with_grad) ops::add_inplace(weight_.g(), dwp->slice(0, V));  // the chunks' sum, once
   const double loss_sum = ops::sum(losses);
   if (with_grad) {
     gathered = Owned{};

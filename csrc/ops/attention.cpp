@@ -3,6 +3,8 @@
 // fused attention, cudnn_sdpa, when AttentionParams::backend says so).
 #include "ops/attention.h"
 
+#include <algorithm>
+
 #include "ops/dispatch.h"
 #include "ref/attention.h"
 
@@ -13,6 +15,20 @@
 
 namespace engine::ops {
 
+#ifdef ENGINE_CUDA
+namespace {
+// A window at least as long as every sequence limits nothing: the kernels get 0 (unlimited),
+// which also keeps their 32-bit tile arithmetic (first key + tile + window) from overflowing
+// on windows such as INT_MAX meant as "no limit".
+AttentionParams kernel_params(const AttentionParams& p) {
+  AttentionParams q = p;
+  const int longest = std::max(p.max_seqlen, p.separate_kv() ? p.max_seqlen_k : 0);
+  if (q.window > 0 && q.window >= longest) q.window = 0;
+  return q;
+}
+}  // namespace
+#endif
+
 void attention_forward(const AttentionParams& p) {
   if (device_of("attention_forward", {{"qkv", p.qkv},
                                       {"out", p.out},
@@ -22,8 +38,9 @@ void attention_forward(const AttentionParams& p) {
                                       {"cu_seqlens_k", p.cu_seqlens_k}}) == Device::CPU)
     return ref::attention_forward(p);
 #ifdef ENGINE_CUDA
-  if (p.backend == AttentionBackend::Cudnn) return cuda::cudnn_attention_forward(p);
-  return cuda::attention_forward(p);
+  const AttentionParams q = kernel_params(p);
+  if (q.backend == AttentionBackend::Cudnn) return cuda::cudnn_attention_forward(q);
+  return cuda::attention_forward(q);
 #endif
   no_cuda_build("attention_forward");
 }
@@ -40,8 +57,10 @@ void attention_backward(const AttentionBackwardParams& p) {
                                        {"dkv", p.dkv}}) == Device::CPU)
     return ref::attention_backward(p);
 #ifdef ENGINE_CUDA
-  if (p.fwd.backend == AttentionBackend::Cudnn) return cuda::cudnn_attention_backward(p);
-  return cuda::attention_backward(p);
+  AttentionBackwardParams q = p;
+  q.fwd = kernel_params(p.fwd);
+  if (q.fwd.backend == AttentionBackend::Cudnn) return cuda::cudnn_attention_backward(q);
+  return cuda::attention_backward(q);
 #endif
   no_cuda_build("attention_backward");
 }

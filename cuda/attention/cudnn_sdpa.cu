@@ -48,6 +48,8 @@ int cudnn_attention_plans_built() { return 0; }
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/log.h"
+#include "cuda/attention/flash.cuh"
 #include "cuda/common/launch.cuh"
 
 namespace engine::cuda {
@@ -93,6 +95,7 @@ __global__ void stats_kernel(float* __restrict__ dense, float* __restrict__ lse,
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < int64_t{len} * H;
        i += int64_t{blockDim.x} * gridDim.x) {
     const int64_t s = i / H;
+    if (s >= Sq) break;  // a sequence longer than max_seqlen (a caller's error): stay in its slice
     const int h = static_cast<int>(i - s * H);
     float* d = dense + (int64_t{b} * H + h) * Sq + s;
     float* l = lse + (start + s) * H + h;
@@ -629,11 +632,9 @@ struct Call {
   const int32_t* cu_q = nullptr;
   const int32_t* cu_k = nullptr;
   Buffer tables;  // seq_q, seq_k (batch each), off_q, off_o, off_k (batch + 1 each), i32
-  int32_t* table(int i) const {
-    const int64_t b = key.batch;
-    const int64_t at[] = {0, b, 2 * b, 3 * b + 1, 4 * b + 2};
-    return static_cast<int32_t*>(tables.data()) + at[i];
-  }
+  // Each table starts 16 bytes aligned, as the tensors' declared alignment says.
+  static int64_t table_stride(int64_t batch) { return (batch + 1 + 3) / 4 * 4; }
+  int32_t* table(int i) const { return static_cast<int32_t*>(tables.data()) + i * table_stride(key.batch); }
   bool empty() const { return t == 0 || num_seqs == 0; }
 };
 
@@ -704,7 +705,7 @@ Call prepare(const ops::AttentionParams& p, bool backward, const char* op) {
   k.batch = bucket(c.num_seqs, 1);
   k.s_q = bucket(p.max_seqlen, 64);
   k.s_k = k.separate ? bucket(std::max(max_k, 1), 64) : k.s_q;
-  c.tables = Buffer(static_cast<size_t>(5 * int64_t{k.batch} + 3) * sizeof(int32_t), Device::CUDA);
+  c.tables = Buffer(static_cast<size_t>(5 * Call::table_stride(k.batch)) * sizeof(int32_t), Device::CUDA);
   SeqInfo a{c.cu_q, c.cu_k, c.num_seqs, k.batch, k.q_row, k.o_row, k.k_row,
             c.table(0), c.table(1), c.table(2), c.table(3), c.table(4)};
   seq_info_kernel<<<static_cast<unsigned>(ceil_div(k.batch + 1, 256)), 256, 0, stream()>>>(a);
@@ -771,12 +772,27 @@ void cudnn_attention_backward(const ops::AttentionBackwardParams& bp) {
   // may be skipped by cuDNN: their gradients start at zero.
   if (separate && bp.dkv.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(bp.dkv.data, 0, bp.dkv.nbytes(), stream()));
   if (c.empty()) return;
-  if (!separate && p.window > 0) CUDA_CHECK(cudaMemsetAsync(bp.dqkv.data, 0, bp.dqkv.nbytes(), stream()));
-  const cudnnHandle_t hd = handle();
-  Graph& g = plan_for(c.key, hd);
+  // (Without separate keys every key row is seen by its own query, window or not.)
   const Shape4& k = c.key;
   const size_t stats_bytes = static_cast<size_t>(k.batch) * k.heads * k.s_q * sizeof(float);
   const size_t accum_bytes = stats_bytes * static_cast<size_t>(k.dim);
+  // cuDNN's dQ accumulator is dense over (bucketed batch, heads, bucketed longest sequence, D):
+  // many short documents beside one long one make it far larger than the rows themselves (50
+  // documents of a 16k-token micro-batch, the longest 4096, at H 16 D 128: 2.1 GB for 134 MB of
+  // rows). Past 4x the rows and 256 MiB the flash backward runs instead (it takes either
+  // backend's lse), with a warning once.
+  const size_t rows_bytes = static_cast<size_t>(t) * static_cast<size_t>(h * d) * sizeof(float);
+  if (accum_bytes > 4 * rows_bytes && accum_bytes > (size_t{256} << 20)) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log_warn("model.attention_backend = \"cudnn\": a micro-batch of ", c.num_seqs, " sequences (longest ",
+               p.max_seqlen, ") would need a ", format_bytes(static_cast<double>(accum_bytes)),
+               " dQ accumulator in cuDNN's backward; the flash backward runs for such micro-batches");
+    });
+    return cuda::attention_backward(bp);  // the flash kernels
+  }
+  const cudnnHandle_t hd = handle();
+  Graph& g = plan_for(c.key, hd);
   Buffer scratch(2 * round_up(stats_bytes) + round_up(accum_bytes) + static_cast<size_t>(g.workspace()),
                  Device::CUDA);
   char* at = static_cast<char*>(scratch.data());
@@ -784,6 +800,8 @@ void cudnn_attention_backward(const ops::AttentionBackwardParams& bp) {
   float* softmax_sum = reinterpret_cast<float*>(at + round_up(stats_bytes));
   float* dq_accum = reinterpret_cast<float*>(at + 2 * round_up(stats_bytes));
   void* workspace = at + 2 * round_up(stats_bytes) + round_up(accum_bytes);
+  // cuDNN accumulates dQ into it: it starts at zero (memory from the cache holds anything).
+  CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, accum_bytes, stream()));
   stats_copy(false, stats, p.lse, c);
   bf16* dqkv = static_cast<bf16*>(bp.dqkv.data);
   bf16* dk = separate ? static_cast<bf16*>(bp.dkv.data) : dqkv + h * d;

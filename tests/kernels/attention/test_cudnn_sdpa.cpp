@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "ops/attention.h"
 #include "tests/common/attention_case.h"
 #include "tests/common/attention_checks.h"
+#include "tests/common/gpu_testing.h"
 #include "tests/common/testing.h"
 
 #ifdef ENGINE_CUDA
@@ -158,6 +160,62 @@ TEST_CASE("cudnn attention builds its plans once per bucketed shape" * doctest::
   check_case(c, ops::AttentionBackend::Cudnn, ops::AttentionBackend::Cudnn, "cudnn");
   CHECK(cuda::cudnn_attention_plans_built() == after_a + 2);
 #endif
+}
+
+namespace {
+// Forward and backward of one backend on pr's inputs (fresh poisoned outputs).
+struct Run {
+  Owned out, lse, dqkv;
+};
+Run run_backend(const Problem& pr, ops::AttentionBackend backend, int window) {
+  const int64_t t = pr.c.rows();
+  Run r{empty({t, pr.c.heads, pr.c.dim}, DType::BF16, Device::CUDA), empty({t, pr.c.heads}, DType::F32, Device::CUDA),
+        empty(pr.qkv->shape, DType::BF16, Device::CUDA)};
+  poison(r.out);
+  poison(r.lse);
+  poison(r.dqkv);
+  ops::AttentionParams p = pr.params(pr.qkv, r.out, r.lse, pr.cu, backend);
+  p.window = window;
+  ops::attention_forward(p);
+  ops::attention_backward({p, pr.dout, r.dqkv});
+  return r;
+}
+}  // namespace
+
+TEST_CASE("attention: a window at least as long as every sequence equals no window, INT_MAX included" * doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  // The kernels' tile arithmetic is 32-bit: first key + tile + window overflowed for INT_MAX and
+  // zeroed the gradients; ops clamps such windows to 0 (unlimited).
+  const Problem pr(Case{{300, 129, 17}, 4, 2, 128, true, 0});
+  std::vector<ops::AttentionBackend> backends = {ops::AttentionBackend::Flash};
+#ifdef ENGINE_CUDA
+  if (cuda::cudnn_built()) backends.push_back(ops::AttentionBackend::Cudnn);
+#endif
+  for (ops::AttentionBackend be : backends) {
+    CAPTURE(static_cast<int>(be));
+    const Run none = run_backend(pr, be, 0);
+    for (int window : {300, 1 << 30, std::numeric_limits<int>::max()}) {
+      CAPTURE(window);
+      const Run w = run_backend(pr, be, window);
+      CHECK(bitwise_equal(w.out, none.out));
+      CHECK(bitwise_equal(w.lse, none.lse));
+      check_close(w.dqkv, to_host(none.dqkv, DType::F64), 1e-2, "dqkv");  // dq: atomics order
+    }
+  }
+}
+
+TEST_CASE("cudnn attention: a micro-batch whose dense dQ accumulator would be huge runs the flash backward" * doctest::test_suite("gpu")) {
+  if (!cudnn_or_skip()) return;
+  // 64 sequences (bucket 64), the longest 4096 (bucket 4096): cuDNN's accumulator would be
+  // 64 x 16 x 4096 x 128 x 4 bytes = 2 GiB for 5104 rows (42 MB of f32 rows).
+  std::vector<int> lens(63, 16);
+  lens.push_back(4096);
+  const Problem pr(Case{lens, 16, 8, 128, true, 0});
+  const Run flash = run_backend(pr, ops::AttentionBackend::Flash, 0);
+  const Run cudnn = run_backend(pr, ops::AttentionBackend::Cudnn, 0);
+  check_close(cudnn.out, to_host(flash.out, DType::F64), 1e-2, "out");
+  check_close(cudnn.lse, to_host(flash.lse, DType::F64), 1e-5, "lse");
+  check_close(cudnn.dqkv, to_host(flash.dqkv, DType::F64), 2e-2, "dqkv");
 }
 
 TEST_CASE("cudnn attention rejects what cuDNN cannot run, naming it" * doctest::test_suite("gpu")) {
