@@ -2,7 +2,9 @@
 // Tokens of all sequences are concatenated: sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]).
 // q head h uses kv head h / (num_heads / num_kv_heads). For query i and key j of one sequence
 // (indices relative to the sequence start), j is visible iff (!causal || j <= i) and
-// (window == 0 || i - j < window). No token sees another sequence.
+// (window == 0 || i - j < window). No token sees another sequence. A window at least as long
+// as every sequence (max_seqlen, max_seqlen_k) limits nothing; the CUDA dispatch passes it to
+// the kernels as 0, whose 32-bit tile arithmetic it would otherwise overflow (INT_MAX).
 //   out_i = sum_j softmax_j(scale * q_i . k_j) v_j,   lse_i = log sum_j exp(scale * q_i . k_j)
 // Backward writes dqkv (=) from dout, recomputing probabilities from the saved lse.
 //
