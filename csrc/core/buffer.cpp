@@ -146,6 +146,19 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
 #endif
 }
 
+void upload_bytes(void* dst, Device dst_dev, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev == Device::CPU) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef ENGINE_CUDA
+  cuda::upload_bytes(dst, src, bytes);
+#else
+  RAISE("this build has no CUDA support (built without nvcc)");
+#endif
+}
+
 void fill_zero_bytes(void* dst, Device dev, size_t bytes) {
   if (bytes == 0) return;
   if (dev == Device::CPU) {

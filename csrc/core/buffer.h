@@ -46,6 +46,11 @@ Owned zeros(Shape s, DType dtype, Device device);
 
 // Byte copies and fills between any two devices (host <-> device transfers go through these).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+// Host bytes to dst without waiting for the device: the bytes are copied into pinned staging
+// memory at once (src may be freed on return) and reach a CUDA dst in compute-stream order,
+// behind the work already queued; so the host keeps running ahead of the GPU (copy_bytes from
+// host memory drains the stream first). A CPU dst is a plain memcpy.
+void upload_bytes(void* dst, Device dst_dev, const void* src, size_t bytes);
 void fill_zero_bytes(void* dst, Device dev, size_t bytes);
 // Whole-tensor copy; shapes must have the same element count and the dtypes must match.
 void copy_tensor(const Tensor& dst, const Tensor& src);

@@ -3,10 +3,13 @@
 namespace engine {
 
 namespace {
+// The host vector to `device` without waiting for the GPU (upload_bytes): a micro-batch's
+// uploads queue behind the previous step's kernels instead of draining the stream (the profile
+// of a GPT-2 step on an H200 showed the GPU idle 3 ms of its 60 before the synchronous uploads).
 template <typename T>
 Owned to_device(const std::vector<T>& v, Device device) {
   Owned o = empty({static_cast<int64_t>(v.size())}, dtype_of<T>(), device);
-  copy_bytes(o.t.data, device, v.data(), Device::CPU, v.size() * sizeof(T));
+  upload_bytes(o.t.data, device, v.data(), v.size() * sizeof(T));
   return o;
 }
 }  // namespace

@@ -2,6 +2,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
 #include "cuda/common/check.cuh"
 
 namespace engine::cuda {
@@ -46,6 +51,48 @@ void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_devi
   cudaStream_t s = static_cast<cudaStream_t>(compute_stream());
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
   if (!dst_on_device || !src_on_device) CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+namespace {
+// Pinned staging blocks for upload_bytes: each is reused only once the copy out of it has
+// completed (its event); a block still in flight is skipped, and a new one is made when every
+// block is busy or too small, so the host never waits for the GPU here.
+struct Staging {
+  void* host = nullptr;
+  size_t capacity = 0;
+  cudaEvent_t done = nullptr;
+};
+std::mutex g_staging_mutex;
+std::vector<Staging> g_staging;
+size_t g_staging_next = 0;
+}  // namespace
+
+void upload_bytes(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_staging_mutex);
+  Staging* slot = nullptr;
+  for (size_t i = 0; i < g_staging.size() && !slot; ++i) {
+    Staging& s = g_staging[(g_staging_next + i) % g_staging.size()];
+    if (s.capacity < bytes) continue;
+    const cudaError_t q = cudaEventQuery(s.done);
+    if (q == cudaSuccess) {
+      slot = &s;
+      g_staging_next = (g_staging_next + i + 1) % g_staging.size();
+    } else if (q != cudaErrorNotReady) {
+      CUDA_CHECK(q);
+    }
+  }
+  if (!slot) {
+    Staging s;
+    s.capacity = std::max<size_t>(bytes, size_t{1} << 16);
+    CUDA_CHECK(cudaHostAlloc(&s.host, s.capacity, cudaHostAllocDefault));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    g_staging.push_back(s);
+    slot = &g_staging.back();
+  }
+  std::memcpy(slot->host, src, bytes);
+  cudaStream_t st = static_cast<cudaStream_t>(compute_stream());
+  CUDA_CHECK(cudaMemcpyAsync(dst, slot->host, bytes, cudaMemcpyHostToDevice, st));
+  CUDA_CHECK(cudaEventRecord(slot->done, st));
 }
 
 void zero_bytes(void* dst, size_t bytes) {

@@ -13,6 +13,8 @@ void set_device(int device);
 void* device_alloc(size_t bytes);
 void device_free(void* p);
 void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes);
+// Host -> device through pinned staging, on the compute stream, without waiting (core/buffer.h).
+void upload_bytes(void* dst, const void* src, size_t bytes);
 void zero_bytes(void* dst, size_t bytes);
 
 }  // namespace engine::cuda

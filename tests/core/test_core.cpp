@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/check.h"
 #include "core/rng.h"
+#include "tests/common/gpu_testing.h"
 #include "tests/common/testing.h"
 
 using namespace engine;
@@ -78,4 +80,37 @@ TEST_CASE("Philox: known-answer vector and statistics of the normal draw") {
   std::set<uint64_t> seen;
   for (int i = 0; i < 1000; ++i) seen.insert(philox_below(k, i, 10));
   CHECK(seen.size() == 10);
+}
+
+TEST_CASE("upload_bytes to the CPU is a copy") {
+  std::vector<int32_t> src = {1, 2, 3, 4, 5};
+  std::vector<int32_t> dst(5, 0);
+  upload_bytes(dst.data(), Device::CPU, src.data(), src.size() * sizeof(int32_t));
+  CHECK(dst == src);
+}
+
+TEST_CASE("upload_bytes to the GPU: stream order behind queued work, the source freed at once, staging reused" * doctest::test_suite("gpu")) {
+  using namespace engine::testing;
+  if (!gpu_available_or_skip()) return;
+  // Busy the stream (device copies of 512 MiB), then many uploads of fresh host vectors that
+  // die at once: each must land intact, after the queued work, in its own buffer.
+  Owned big_a = zeros({int64_t{1} << 27}, DType::F32, Device::CUDA), big_b = empty({int64_t{1} << 27}, DType::F32, Device::CUDA);
+  std::vector<Owned> dst;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 4; ++i) copy_tensor(big_b, big_a);
+    for (int k = 0; k < 100; ++k) {
+      const int64_t n = 1 + (k * 7919) % 3000;
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) v[static_cast<size_t>(j)] = static_cast<int32_t>(round * 1000003 + k * 131 + j);
+      dst.push_back(empty({n}, DType::I32, Device::CUDA));
+      upload_bytes(dst.back()->data, Device::CUDA, v.data(), v.size() * sizeof(int32_t));
+    }  // v freed here, before its copy has run
+  }
+  for (int round = 0, at = 0; round < 3; ++round)
+    for (int k = 0; k < 100; ++k, ++at) {
+      const Owned h = to_host(dst[static_cast<size_t>(at)], DType::I32);
+      bool ok = true;
+      for (int64_t j = 0; j < h->numel(); ++j) ok &= h.ptr<int32_t>()[j] == round * 1000003 + k * 131 + j;
+      CHECK(ok);
+    }
 }
