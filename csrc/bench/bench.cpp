@@ -22,21 +22,25 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> ms;
 #ifdef ENGINE_CUDA
+  // Every repeat is queued behind the one before (no host wait between them), each between its
+  // own pair of events, so an event pair brackets fn's GPU work only: with a wait after each
+  // repeat the GPU would drain, and a kernel of ~10 us would be timed with the host's launch
+  // latency (several us) in front of it.
   cudaStream_t s = static_cast<cudaStream_t>(cuda::compute_stream());
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(reps));
+  for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(start, s));
+    CUDA_CHECK(cudaEventRecord(events[2 * i], s));
     fn();
-    CUDA_CHECK(cudaEventRecord(stop, s));
-    CUDA_CHECK(cudaEventSynchronize(stop));
+    CUDA_CHECK(cudaEventRecord(events[2 * i + 1], s));
+  }
+  CUDA_CHECK(cudaEventSynchronize(events.back()));
+  for (int i = 0; i < reps; ++i) {
     float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    CUDA_CHECK(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
     ms.push_back(t);
   }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
+  for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventDestroy(e));
 #else
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();

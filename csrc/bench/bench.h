@@ -23,7 +23,9 @@ struct Result {
 };
 
 // Median milliseconds of fn() over `reps` timed calls after `warmup` untimed ones, measured with
-// CUDA events on the compute stream (requires a GPU).
+// CUDA events on the compute stream (requires a GPU): the calls are queued back to back and each
+// is bracketed by its own events, so the figure is fn's GPU time, without the host's launch
+// latency (which a wait after every call would put in front of each kernel).
 double time_ms(const std::function<void()>& fn, int warmup = 3, int reps = 10);
 
 // Fills a bf16 or f32 tensor (any device) with N(0, std^2) values keyed by `name`: a tile of up
