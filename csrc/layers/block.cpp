@@ -89,11 +89,12 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
   s.xn2 = env.act_tensor(shape);
   norm2_.forward_residual(env, s.h, x, s.h, s.xn2, s.norm2);  // h = attn + x in place; norm2(h)
   s.y = env.act_tensor(shape);
-  if (kind_ == BlockKind::Experts)
+  if (kind_ == BlockKind::Experts) {
     moe_.forward(env, s.xn2, s.y, s.moe, jitter_seed);
-  else
-    mlp_.forward(env, s.xn2, s.y, s.mlp);
-  ops::add(s.y, s.h, s.y);  // y = h + mlp
+    ops::add(s.y, s.h, s.y);  // y = h + moe
+  } else {
+    mlp_.forward(env, s.xn2, s.y, s.mlp, s.h);  // y = h + mlp
+  }
 }
 
 void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,

@@ -4,9 +4,14 @@
 
 namespace engine::layers {
 
-void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) {
+void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
+                    const Tensor& addend) {
   ops::MatmulOptions o;
   o.bias = bias;
+  if (addend.data) {
+    o.addend = addend.rows();
+    o.beta = 1.f;
+  }
   ops::matmul(x.rows(), false, weight, true, y.rows(), o);
 }
 

@@ -8,7 +8,9 @@
 
 namespace engine::layers {
 
-void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y);
+// y = x W^T + bias (+ addend: c's shape, read in the GEMM's epilogue; may be y itself).
+void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
+                    const Tensor& addend = {});
 // dx may be undefined (first layer: no input gradient needed).
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
                      const Tensor& dweight, const Tensor& dbias);

@@ -47,7 +47,8 @@ void Mlp::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c
   }
 }
 
-void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s) const {
+void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s,
+                  const Tensor& residual) const {
   const int64_t T = full_rows(env, xn.size(0));
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
@@ -71,10 +72,14 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
     Owned partial = env.act_tensor({T, y.size(1)});
     linear_forward(s.a, w_out_.w(), bias, partial);
     row_output_forward(env, partial, y);
+  } else if (residual.data && env.tp_size() == 1) {  // no reduction: the residual in the epilogue
+    linear_forward(s.a, w_out_.w(), bias, y, residual);
+    return;
   } else {
     linear_forward(s.a, w_out_.w(), bias, y);
     row_output_forward(env, y, y);
   }
+  if (residual.data) ops::add(y, residual, y);
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,

@@ -22,7 +22,10 @@ class Mlp {
   Mlp(const ParamStore& store, const std::string& prefix, const ModelConfig& c);
   static void declare(ParamTable& t, const std::string& prefix, const ModelConfig& c);
 
-  void forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s) const;
+  // y = mlp(xn), or with a residual (x's shape, may not be y) y = residual + mlp(xn): inside the
+  // output GEMM's epilogue where the output needs no tensor-parallel reduction, else added after.
+  void forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s,
+               const Tensor& residual = {}) const;
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
                 const Tensor& dxn) const;
 

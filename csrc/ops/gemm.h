@@ -27,6 +27,10 @@ struct MatmulOptions {
   Tensor gelu_input;
   Tensor dgelu_input;
   Tensor dbias;
+  // Read in place of c where beta != 0 (c's shape and dtype; c itself, or not overlapping it):
+  // c = alpha op(a) op(b) + beta addend + bias, the residual add of a layer's output in the
+  // GEMM's epilogue (the GPU reads the addend while the product is in registers).
+  Tensor addend;
 };
 
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,

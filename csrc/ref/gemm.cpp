@@ -196,6 +196,8 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
     ENSURE(dgelu, op, ": dbias is the bias gradient of the GELU backward: it needs dgelu_input");
     expect(options.dbias, c.dtype, {n}, op, "dbias");
   }
+  // The addend (checked by ops::matmul) read in place of c: copied into c first.
+  if (options.addend.data && options.addend.data != c.data && options.beta != 0.f) copy_tensor(c, options.addend);
   float_switch(a.dtype, op, "a", [&](auto tag) {
     using T = decltype(tag);
     gemm<T>(m, n, k, a.ptr<T>(), trans_a, b.ptr<T>(), trans_b, c.ptr<T>(), T(options.alpha),

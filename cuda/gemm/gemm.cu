@@ -150,12 +150,14 @@ Plan& plan_for(const PlanKey& key, const void* vec, const void* aux) {
   return it->second;
 }
 
+// C (the input scaled by beta) is c_in where given, else c itself (D, the output).
 void run_plan(Plan& p, const GemmParams& g, const void* vec, const void* aux) {
   if (vec) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vec);
   if (aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   const Lt& l = lt();
+  const void* c_in = g.c_in.data ? g.c_in.data : g.c.data;
   CUBLAS_CHECK(cublasLtMatmul(l.handle, p.desc, &g.alpha, g.b.data, p.lt_a, g.a.data, p.lt_b,
-                              &g.beta, g.c.data, p.lt_c, g.c.data, p.lt_c, &p.algo, l.workspace,
+                              &g.beta, c_in, p.lt_c, g.c.data, p.lt_c, &p.algo, l.workspace,
                               kWorkspaceBytes, stream()));
 }
 
@@ -207,7 +209,8 @@ void expect_vector(const Tensor& t, int64_t len, const char* op, const char* nam
          len, ")");
 }
 
-void gemm_impl(const GemmParams& g, const char* op) {
+void gemm_impl(const GemmParams& params, const char* op) {
+  GemmParams g = params;
   expect_cuda(g.a, op, "a");
   expect_cuda(g.b, op, "b");
   expect_cuda(g.c, op, "c");
@@ -257,9 +260,22 @@ void gemm_impl(const GemmParams& g, const char* op) {
     expect_vector(g.dbias_out, n, op, "dbias_out");
   }
 
+  const bool degenerate = m == 0 || n == 0 || k == 0;
+  // c_in: dropped where it is c or unread (beta 0); copied into c where no GEMM runs (the
+  // epilogue kernel reads c); else cuBLASLt's C.
+  if (g.c_in.data && (g.c_in.data == g.c.data || g.beta == 0.f)) g.c_in = Tensor{};
+  if (g.c_in.data) {
+    expect_cuda(g.c_in, op, "c_in");
+    ENSURE(g.c_in.dtype == g.c.dtype && g.c_in.shape == g.c.shape, op, ": c_in is ", dtype_name(g.c_in.dtype),
+           " ", g.c_in.shape.str(), ", expected c's ", dtype_name(g.c.dtype), " ", g.c.shape.str());
+    if (degenerate) {
+      if (m > 0 && n > 0)
+        CUDA_CHECK(cudaMemcpyAsync(g.c.data, g.c_in.data, g.c.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+      g.c_in = Tensor{};
+    }
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   g_last = {};
-  const bool degenerate = m == 0 || n == 0 || k == 0;
   const bool epilogue = bias || g.gelu || dbias_a || dbias_b || dgelu;
   const Tensor& aux_t = dgelu ? g.dgelu_input : g.gelu_input;  // cuBLASLt's auxiliary matrix
   if (!degenerate) {
@@ -268,7 +284,7 @@ void gemm_impl(const GemmParams& g, const char* op) {
     key.trans_a = g.trans_a, key.trans_b = g.trans_b;
     key.c_dtype = g.c.dtype;
     key.align_a = alignment(g.a.data), key.align_b = alignment(g.b.data);
-    key.align_c = alignment(g.c.data);
+    key.align_c = std::min(alignment(g.c.data), g.c_in.data ? alignment(g.c_in.data) : 256u);
     // GELU's saved input needs a leading dimension divisible by 8 (cublasLt.h).
     if (epilogue && g.fuse_epilogue && !((aux || dgelu) && n % 8 != 0)) {
       PlanKey fused = key;
@@ -359,6 +375,7 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   p.gelu_input = options.gelu_input;
   p.dgelu_input = options.dgelu_input;
   p.dbias_out = options.dbias;
+  p.c_in = options.addend;
   gemm_impl(p, "matmul");
 }
 

@@ -18,6 +18,7 @@ struct GemmParams {
   Tensor b;              // (K, N), or (N, K) with trans_b; bf16
   bool trans_b = false;
   Tensor c;              // (M, N) bf16 or f32: the output, and an input when beta != 0
+  Tensor c_in;           // (M, N), c's dtype, or undefined: read in place of c when beta != 0
   float alpha = 1.f;
   float beta = 0.f;      // c is not read when beta == 0
   Tensor bias;           // (N) bf16 or f32, or undefined: added to every row before the GELU
@@ -39,7 +40,8 @@ struct GemmParams {
 
 void gemm(const GemmParams& p);
 
-// ops::matmul on CUDA tensors: gemm() with the options' alpha, beta, bias and GELU epilogues.
+// ops::matmul on CUDA tensors: gemm() with the options' alpha, beta, bias, GELU epilogues and
+// addend (as c_in).
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             const ops::MatmulOptions& options = {});
 

@@ -88,6 +88,37 @@ TEST_CASE("matmul matches the triple loop: 4 transpose combos, alpha, beta, bias
   }
 }
 
+TEST_CASE("matmul with an addend equals beta on c holding it; bad addends are named") {
+  for (const GemmCase& g : kGemmCases) {
+    SUBCASE(g.name().c_str()) {
+      Owned a = randn({g.m, g.k}, DType::F32, "gemm.a");
+      Owned b = randn({g.n, g.k}, DType::F32, "gemm.b");
+      Owned bias = randn({g.n}, DType::F32, "gemm.bias");
+      Owned r = randn({g.m, g.n}, DType::F32, "gemm.r");
+      Owned want = empty({g.m, g.n}, DType::F32, Device::CPU), got = empty({g.m, g.n}, DType::F32, Device::CPU);
+      copy_tensor(want, r);
+      ops::matmul(a, false, b, true, want, {g.alpha, 0.5f, g.bias ? bias.t : Tensor()});
+      poison(got);
+      ops::MatmulOptions o{g.alpha, 0.5f, g.bias ? bias.t : Tensor()};
+      o.addend = r.t;
+      ops::matmul(a, false, b, true, got, o);
+      CHECK(bitwise_equal(got, want));
+      copy_tensor(got, r);  // the addend may be c itself
+      o.addend = got.t;
+      ops::matmul(a, false, b, true, got, o);
+      CHECK(bitwise_equal(got, want));
+    }
+  }
+  Owned a = randn({4, 3}, DType::F32, "gemm.a"), b = randn({5, 3}, DType::F32, "gemm.b");
+  Owned c = empty({4, 5}, DType::F32, Device::CPU), big = empty({40}, DType::F32, Device::CPU);
+  ops::MatmulOptions o{1.f, 1.f, {}};
+  o.addend = big->slice(0, 20).view({5, 4});
+  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b, true, c, o), doctest::Contains("addend is f32 (5, 4)"), Error);
+  o.addend = big->slice(0, 20).view({4, 5});
+  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b, true, big->slice(10, 30).view({4, 5}), o),
+                       doctest::Contains("addend overlaps c"), Error);
+}
+
 TEST_CASE("matmul f32 agrees with f64 on the same inputs") {
   const GemmCase g{45, 77, 263, 1.f, 0.f, true};
   Owned a64 = randn({g.m, g.k}, DType::F64, "gemm.a"),

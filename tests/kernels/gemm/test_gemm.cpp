@@ -67,8 +67,9 @@ const std::vector<Variant> kVariants = {
 };
 
 // Runs ops::matmul on the GPU (operands at the given element offsets) and compares with
-// ref::matmul in f64 on the same rounded values.
-void check_matmul(const Dims& d, bool ta, bool tb, const Variant& v, int64_t offset) {
+// ref::matmul in f64 on the same rounded values. With `addend` C's initial values come as a
+// separate tensor (MatmulOptions::addend) and c itself starts poisoned.
+void check_matmul(const Dims& d, bool ta, bool tb, const Variant& v, int64_t offset, bool addend = false) {
   const std::string tag = d.name() + (ta ? "T" : "N") + (tb ? "T" : "N") + v.name();
   Owned a = randn(stored(d.m, d.k, ta), DType::BF16, "gemm.a " + tag);
   Owned b = randn(stored(d.k, d.n, tb), DType::BF16, "gemm.b " + tag);
@@ -78,8 +79,10 @@ void check_matmul(const Dims& d, bool ta, bool tb, const Variant& v, int64_t off
 
   DeviceTensor da = to_gpu(a, offset), db = to_gpu(b, offset), dc = to_gpu(c0, offset);
   DeviceTensor dbias = to_gpu(bias, offset);
-  if (v.beta == 0.f) poison(dc.t);  // beta = 0 must not read C
+  DeviceTensor dr = to_gpu(c0, offset);
+  if (v.beta == 0.f || addend) poison(dc.t);  // beta = 0 must not read C, nor an addend
   ops::MatmulOptions o{v.alpha, v.beta, has_bias ? dbias.t : Tensor{}};
+  if (addend) o.addend = dr.t;
   ops::matmul(da.t, ta, db.t, tb, dc.t, o);
 
   Owned a64 = to_host(a, DType::F64), b64 = to_host(b, DType::F64);
@@ -132,6 +135,22 @@ TEST_CASE("cuda matmul with operands at odd element offsets (2-byte aligned poin
             CAPTURE(tb);
             INFO(v.name());
             check_matmul(d, ta, tb, v, 1);
+          }
+    }
+  }
+}
+
+TEST_CASE("cuda matmul with an addend read in place of c (the residual epilogue), aligned and not" * doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  for (const Dims& d : kDims) {  // 5x3x0: no GEMM runs, the addend is copied first
+    SUBCASE(d.name().c_str()) {
+      for (int ta = 0; ta < 2; ++ta)
+        for (int64_t offset : {0, 1})
+          for (const Variant& v : {kVariants[1], kVariants[3], kVariants[5], kVariants[0]}) {
+            CAPTURE(ta);
+            CAPTURE(offset);
+            INFO(v.name());
+            check_matmul(d, ta, true, v, offset, true);
           }
     }
   }
