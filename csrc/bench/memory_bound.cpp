@@ -18,7 +18,6 @@
 #ifdef ENGINE_CUDA
 #include "core/buffer.h"
 #include "cuda/common/device.cuh"
-#include "cuda/gemm/sum_rows.cuh"
 #include "ops/activation.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -201,14 +200,9 @@ BENCH_CASES("memory_bound") {
   for (auto [t, n] : {std::pair<int64_t, int64_t>{32768, 768}, {32768, 2304}, {32768, 3072}, {16384, 2048}}) {
     Owned dy = device_random({t, n}, bf, 12);
     Owned db = zeros({n}, f32, Device::CUDA);
-    for (bool clusters : {true, false}) {  // partials added in thread-block clusters, or not
-      cuda::set_sum_rows_clusters(clusters);
-      const double ms = time_ms([&] { ops::sum_rows(dy, db, 1.f); });
-      results.push_back({"sum_rows T=" + std::to_string(t) + " N=" + std::to_string(n) +
-                             (clusters ? "" : " no clusters"),
-                         ms, 0, t * n * kB16 + 2 * n * kF32, "bias gradient, f32 +="});
-    }
-    cuda::set_sum_rows_clusters(true);
+    const double ms = time_ms([&] { ops::sum_rows(dy, db, 1.f); });
+    results.push_back({"sum_rows T=" + std::to_string(t) + " N=" + std::to_string(n), ms, 0,
+                       t * n * kB16 + 2 * n * kF32, "bias gradient, f32 +="});
   }
 #endif
   return results;

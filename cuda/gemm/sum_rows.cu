@@ -30,11 +30,7 @@
 // order.
 #include "cuda/gemm/sum_rows.cuh"
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <atomic>
-#include <type_traits>
 #include <utility>
 
 #include "core/buffer.h"
@@ -43,8 +39,6 @@
 
 namespace engine::cuda {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -114,7 +108,7 @@ __device__ __forceinline__ void accumulate_rows(const T* x, int64_t n, int64_t r
 
 // sum_rows (see the top of this file): block (tile, chunk); partial rows are ld floats apart (a
 // multiple of 4: 16-byte aligned), the columns of the last tile past n hold 0.
-template <typename T, bool kVec, typename Out, int R, int C>
+template <typename T, bool kVec, typename Out, int R>
 __global__ void __launch_bounds__(kThreads)
     column_sums_kernel(const T* x, int64_t m, int64_t n, int64_t rows_per_chunk, float* partial,
                        int64_t ld, unsigned* counters, Out* out, float beta) {
@@ -152,48 +146,15 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  // The partial of this block, or (clusters) of the C blocks of its cluster, added in rank
-  // order through distributed shared memory by rank 0, which writes it; the others are done.
-  int64_t pidx = blockIdx.y;
-  int combined = chunks;
-  if constexpr (C > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float block_sum[kTile];
-    for (int i = tid; i < kTile; i += kThreads) {
-      float t = 0.f;
+  for (int i = tid; i < kTile; i += kThreads) {
+    float t = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += s[w][i];
-      block_sum[i] = t;
-    }
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every block's block_sum is written and visible to the cluster
-    const bool leader = cluster.block_rank() == 0;
-    if (leader)
-      for (int i = tid; i < kTile; i += kThreads) {
-        float t = block_sum[i];
-#pragma unroll
-        for (int r = 1; r < C; ++r) t += cluster.map_shared_rank(block_sum, r)[i];
-        s[0][i] = t;
-      }
-    cluster.sync();  // the leader has read every block's shared memory before any block exits
-    if (!leader) return;
-    pidx = blockIdx.y / C;
-    combined = chunks / C;
-    for (int i = tid; i < kTile; i += kThreads) partial[pidx * ld + col0 + i] = col0 + i < n ? s[0][i] : 0.f;
-#else
-    __trap();  // the host launches clusters on compute capability 9.0 and above only
-#endif
-  } else {
-    for (int i = tid; i < kTile; i += kThreads) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += s[w][i];
-      partial[pidx * ld + col0 + i] = col0 + i < n ? t : 0.f;
-    }
+    for (int w = 0; w < kWarps; ++w) t += s[w][i];
+    partial[blockIdx.y * ld + col0 + i] = col0 + i < n ? t : 0.f;
   }
   __threadfence();  // this block's partials are visible device-wide before it counts itself
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == static_cast<unsigned>(combined - 1);
+  if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == static_cast<unsigned>(chunks - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();  // ... and every other block's, once the count says all are done
@@ -210,12 +171,12 @@ __global__ void __launch_bounds__(kThreads)
     };
     // Rounds of kCombineUnroll loads issued before any is added, the last round predicated (a
     // remainder loop would wait for each load in turn: at 88 chunks, 6 of a group's 22 loads).
-    for (int c = g; c < combined; c += kCombineUnroll * kGroups) {
+    for (int c = g; c < chunks; c += kCombineUnroll * kGroups) {
       float4 v[kCombineUnroll];
 #pragma unroll
       for (int u = 0; u < kCombineUnroll; ++u) {
         const int cu = c + u * kGroups;
-        v[u] = cu < combined ? __ldcg(reinterpret_cast<const float4*>(base + cu * ld)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = cu < chunks ? __ldcg(reinterpret_cast<const float4*>(base + cu * ld)) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < kCombineUnroll; ++u) add(v[u]);
@@ -261,22 +222,6 @@ __global__ void row_sum_kernel(const T* x, int64_t m, int64_t n, Out* out, float
     if (beta != 0.f) acc += beta * to_float(out[i]);
     out[i] = from_float<Out>(acc);
   }
-}
-
-// The cluster size for `chunks` chunks per column tile: 8, 4 or 2 chunks per cluster, the largest
-// whose multiple below `chunks` keeps at least 90% of them, where the device runs clusters
-// (compute capability 9.0 and above) and set_sum_rows_clusters has not turned them off; else 1.
-std::atomic<bool> g_clusters{true};
-
-int cluster_size(int64_t chunks) {
-  if (!g_clusters.load(std::memory_order_relaxed) || chunks < 4) return 1;
-  int dev = 0, major = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (major < 9) return 1;
-  for (int c : {8, 4, 2})
-    if (chunks >= 2 * c && 10 * (chunks - chunks % c) >= 9 * chunks) return c;
-  return 1;
 }
 
 float* partial_scratch(size_t count) {
@@ -326,54 +271,22 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
     const int64_t tiles = ceil_div(n, kTile);
     const bool vec = n % V == 0 && aligned16(x.data);
     // About kBlocksPerSM blocks per multiprocessor in all, at least kMinRowsPerChunk rows each.
-    int64_t want = std::clamp<int64_t>(int64_t{kBlocksPerSM} * sm_count() / tiles, 1,
-                                       std::max<int64_t>(1, m / kMinRowsPerChunk));
-    // Clusters of C chunks (C = 8, 4 or 2, the largest that keeps >= 90% of the chunks) add
-    // their partials on chip, so the tile's last block adds chunks / C partials, not chunks.
-    const int cluster = cluster_size(want);
-    if (cluster > 1) want -= want % cluster;
-    int64_t rows_per_chunk = std::max<int64_t>(1, ceil_div(m, want));
-    int64_t chunks = std::max<int64_t>(1, ceil_div(m, rows_per_chunk));
-    // Rounding rows up can leave fewer chunks than asked; the grid's chunks must fill clusters.
-    const int c_used = cluster > 1 && chunks % cluster == 0 ? cluster : 1;
+    const int64_t want = std::clamp<int64_t>(int64_t{kBlocksPerSM} * sm_count() / tiles, 1,
+                                             std::max<int64_t>(1, m / kMinRowsPerChunk));
+    const int64_t rows_per_chunk = std::max<int64_t>(1, ceil_div(m, want));
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(m, rows_per_chunk));
     const int64_t ld = tiles * kTile;
-    const int64_t partials = chunks / c_used;
-    float* partial = chunks > 1 ? partial_scratch(static_cast<size_t>(partials * ld)) : nullptr;
+    float* partial = chunks > 1 ? partial_scratch(static_cast<size_t>(chunks * ld)) : nullptr;
     unsigned* counters = chunks > 1 ? tile_counters(static_cast<size_t>(tiles)) : nullptr;
+    auto kernel = vec ? column_sums_kernel<T, true, Out, kVecRowsInFlight>
+                      : column_sums_kernel<T, false, Out, kRowsInFlight>;
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
-    const T* px = static_cast<const T*>(x.data);
-    Out* po = static_cast<Out*>(out.data);
-    auto launch = [&](auto kernel, int c) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(kThreads);
-      cfg.stream = stream();
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 1;
-      attr.val.clusterDim.y = static_cast<unsigned>(c);
-      attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = c > 1 ? 1 : 0;
-      CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, px, m, n, rows_per_chunk, partial, ld, counters, po, beta));
-    };
-    auto pick = [&](auto vec_tag) {
-      constexpr bool kV = decltype(vec_tag)::value;
-      constexpr int R = kV ? kVecRowsInFlight : kRowsInFlight;
-      switch (chunks > 1 ? c_used : 1) {
-        case 8: return launch(column_sums_kernel<T, kV, Out, R, 8>, 8);
-        case 4: return launch(column_sums_kernel<T, kV, Out, R, 4>, 4);
-        case 2: return launch(column_sums_kernel<T, kV, Out, R, 2>, 2);
-        default: return launch(column_sums_kernel<T, kV, Out, R, 1>, 1);
-      }
-    };
-    if (vec) pick(std::true_type{});
-    else pick(std::false_type{});
+    kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
+                                            partial, ld, counters, static_cast<Out*>(out.data),
+                                            beta);
     check_launch("column_sums_kernel");
   });
 }
-
-void set_sum_rows_clusters(bool on) { g_clusters = on; }
 
 void sum_columns(const Tensor& x, const Tensor& out, float beta) {
   const auto [m, n] = check_args(x, out, 0, "sum_columns");

@@ -12,9 +12,5 @@ namespace engine::cuda {
 
 void sum_rows(const Tensor& x, const Tensor& out, float beta);
 void sum_columns(const Tensor& x, const Tensor& out, float beta);
-// Whether sum_rows may add the partials of 2, 4 or 8 row chunks inside a thread-block cluster
-// (compute capability 9.0 and above; default on). Process-wide; tests and the benchmark run
-// both ways. The result is deterministic either way, but not the same bits.
-void set_sum_rows_clusters(bool on);
 
 }  // namespace engine::cuda
