@@ -170,8 +170,8 @@ TEST_CASE("cuda sum_rows matches f64 column sums, applies beta, and repeats bit 
   struct Case {
     int64_t m, n;
   };
-  const std::vector<Case> cases = {{1, 1},     {37, 53},  {1000, 257}, {16387, 77},
-                                   {3, 5000},  {0, 9},    {4096, 2048}, {777, 1024}};
+  const std::vector<Case> cases = {{1, 1},     {37, 53},  {1000, 257}, {16387, 77}, {200, 300},
+                                   {3, 5000},  {0, 9},    {4096, 2048}, {777, 1024}, {32768, 768}};
   for (const Case& cs : cases) {
     SUBCASE((std::to_string(cs.m) + "x" + std::to_string(cs.n)).c_str()) {
       for (DType dt : {DType::BF16, DType::F32}) {
