@@ -15,11 +15,6 @@
 // dtype, epilogue, vector dtype, pointer alignments), so each shape queries the heuristic once.
 // Pointer alignments are passed to the heuristic (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*), so
 // slices at any element offset and odd leading dimensions work.
-// Autotuning (on unless set_gemm_autotune(false) or ENGINE_GEMM_AUTOTUNE=0): a new plan takes
-// the heuristic's first kCandidates algorithms, times each on the first call's operands with
-// scratch outputs (the call's own outputs untouched), and keeps the fastest where it beats the
-// heuristic's first choice by more than 2%. The choice is made once per plan and process, so a
-// process repeats its results bit for bit; another process may choose otherwise.
 // Fallback: when cuBLASLt has no algorithm for an epilogue (or fuse_epilogue is false) the plain
 // GEMM runs and separate kernels add the bias / apply GELU (epilogue_kernel) or reduce the bias
 // gradient (cuda/gemm/sum_rows.cu); K = 0 needs no GEMM (c = beta c + bias).
@@ -27,10 +22,6 @@
 
 #include <cublasLt.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <mutex>
 
@@ -45,7 +36,6 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kThreads = 256;
-constexpr int kCandidates = 8;  // algorithms timed per new plan when autotuning
 
 // ---- cuBLASLt state and plans --------------------------------------------------------------
 
@@ -111,87 +101,9 @@ cublasLtMatrixLayout_t row_major_layout(DType t, int64_t rows, int64_t cols) {
   return l;
 }
 
-std::atomic<int> g_autotune{-1};  // -1: not yet read from ENGINE_GEMM_AUTOTUNE; 0 off; 1 on
-
-bool autotune_on() {
-  int v = g_autotune.load();
-  if (v < 0) {
-    const char* e = std::getenv("ENGINE_GEMM_AUTOTUNE");
-    v = e && std::strcmp(e, "0") == 0 ? 0 : 1;
-    g_autotune = v;
-  }
-  return v == 1;
-}
-
-// Device scratch for one autotuning, freed on scope exit; null where cudaMalloc fails (then
-// the heuristic's choice stands).
-struct Scratch {
-  void* p = nullptr;
-  explicit Scratch(size_t bytes) {
-    if (bytes && cudaMalloc(&p, bytes) != cudaSuccess) {
-      (void)cudaGetLastError();
-      p = nullptr;
-    }
-  }
-  ~Scratch() {
-    if (p) (void)cudaFree(p);
-  }
-};
-
-// Times the candidates on g's operands (outputs to scratch: D, and the bias-gradient vector or
-// GELU's saved input where the epilogue writes them) and keeps the fastest in p.algo where it
-// beats the heuristic's first choice by more than 2%.
-void tune_plan(Plan& p, const PlanKey& key, const cublasLtMatmulHeuristicResult_t* results, int count,
-               const GemmParams& g, const void* vec, const void* aux) {
-  const bool vec_out = key.epilogue == CUBLASLT_EPILOGUE_BGRADA || key.epilogue == CUBLASLT_EPILOGUE_BGRADB ||
-                       key.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
-  const bool aux_out = key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  const size_t c_bytes = static_cast<size_t>(key.m * key.n) * dtype_size(key.c_dtype);
-  Scratch d(c_bytes), v(vec_out ? static_cast<size_t>(std::max(key.m, key.n)) * 4 : 0),
-      a(aux_out ? c_bytes : 0);
-  if (!d.p || (vec_out && !v.p) || (aux_out && !a.p)) return;
-  const void* c_in = g.c_in.data ? g.c_in.data : g.c.data;  // read where beta != 0, never written
-  const void* tvec = vec_out ? v.p : vec;
-  const void* taux = aux_out ? a.p : aux;
-  if (tvec) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, tvec);
-  if (taux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, taux);
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  const Lt& l = lt();
-  auto time_algo = [&](const cublasLtMatmulAlgo_t& algo) {
-    auto once = [&] {
-      return cublasLtMatmul(l.handle, p.desc, &g.alpha, g.b.data, p.lt_a, g.a.data, p.lt_b, &g.beta, c_in,
-                            p.lt_c, d.p, p.lt_c, &algo, l.workspace, kWorkspaceBytes, stream());
-    };
-    constexpr int kReps = 3;
-    if (once() != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
-    CUDA_CHECK(cudaEventRecord(start, stream()));
-    for (int i = 0; i < kReps; ++i)
-      if (once() != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
-    CUDA_CHECK(cudaEventRecord(stop, stream()));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return ms / kReps;
-  };
-  const float first = time_algo(results[0].algo);
-  float best = first;
-  int pick = 0;
-  for (int i = 1; i < count; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    const float ms = time_algo(results[i].algo);
-    if (ms < best) best = ms, pick = i;
-  }
-  if (pick > 0 && best < 0.98f * first) p.algo = results[pick].algo;
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-}
-
 // The heuristic reads the vector and aux pointers' values for their alignment (cublasLt.h), so
-// they are set before the query; later calls overwrite them with their own pointers. g: the
-// call the plan is made for (its operands time the candidates when autotuning), or null.
-Plan make_plan(const PlanKey& key, const void* vec, const void* aux, const GemmParams* g) {
+// they are set before the query; later calls overwrite them with their own pointers.
+Plan make_plan(const PlanKey& key, const void* vec, const void* aux) {
   Plan p;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -216,16 +128,14 @@ Plan make_plan(const PlanKey& key, const void* vec, const void* aux, const GemmP
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
-  const bool tune = g && autotune_on();
   p.status = cublasLtMatmulAlgoGetHeuristic(lt().handle, p.desc, p.lt_a, p.lt_b, p.lt_c, p.lt_c,
-                                            pref, tune ? kCandidates : 1, results, &count);
+                                            pref, 1, &result, &count);
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  if (p.status == CUBLAS_STATUS_SUCCESS && count > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
-    p.algo = results[0].algo;
+  if (p.status == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    p.algo = result.algo;
     p.found = true;
-    if (tune && count > 1) tune_plan(p, key, results, count, *g, vec, aux);
   }
   return p;
 }
@@ -234,9 +144,9 @@ std::mutex g_mu;                  // guards the plans, the descriptors' pointers
 std::map<PlanKey, Plan> g_plans;  // kept for the process
 GemmLastCall g_last;
 
-Plan& plan_for(const PlanKey& key, const void* vec, const void* aux, const GemmParams& g) {
+Plan& plan_for(const PlanKey& key, const void* vec, const void* aux) {
   auto it = g_plans.find(key);
-  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(key, vec, aux, &g)).first;
+  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(key, vec, aux)).first;
   return it->second;
 }
 
@@ -391,7 +301,7 @@ void gemm_impl(const GemmParams& params, const char* op) {
       }
       fused.aux = aux || dgelu;
       if (fused.aux) fused.align_aux = alignment(aux_t.data);
-      Plan& plan = plan_for(fused, vec.data, aux_t.data, g);
+      Plan& plan = plan_for(fused, vec.data, aux_t.data);
       if (plan.found) {
         run_plan(plan, g, vec.data, aux_t.data);
         g_last.fused_epilogue = true;
@@ -402,7 +312,7 @@ void gemm_impl(const GemmParams& params, const char* op) {
         d.epilogue = CUBLASLT_EPILOGUE_DGELU;
         d.vec_dtype = -1;
         d.align_vec = 256;
-        Plan& dplan = plan_for(d, nullptr, aux_t.data, g);
+        Plan& dplan = plan_for(d, nullptr, aux_t.data);
         if (dplan.found) {
           run_plan(dplan, g, nullptr, aux_t.data);
           g_last.fused_epilogue = true;
@@ -412,7 +322,7 @@ void gemm_impl(const GemmParams& params, const char* op) {
         }
       }
     }
-    Plan& plan = plan_for(key, nullptr, nullptr, g);
+    Plan& plan = plan_for(key, nullptr, nullptr);
     ENSURE(plan.found, op, ": cuBLASLt has no algorithm for (", m, " x ", k, ") @ (", k, " x ",
            n, "), trans_a=", g.trans_a, ", trans_b=", g.trans_b, ", c ", dtype_name(g.c.dtype),
            ", alignments a/b/c ", key.align_a, "/", key.align_b, "/", key.align_c,
@@ -468,8 +378,6 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   p.c_in = options.addend;
   gemm_impl(p, "matmul");
 }
-
-void set_gemm_autotune(bool on) { g_autotune = on ? 1 : 0; }
 
 GemmLastCall gemm_last_call() {
   std::lock_guard<std::mutex> lock(g_mu);

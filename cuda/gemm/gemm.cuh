@@ -52,8 +52,4 @@ struct GemmLastCall {
 };
 GemmLastCall gemm_last_call();
 
-// Whether new plans time the heuristic's first algorithms on their first call and keep the
-// fastest (default on; ENGINE_GEMM_AUTOTUNE=0 turns it off). Plans made before keep their choice.
-void set_gemm_autotune(bool on);
-
 }  // namespace engine::cuda

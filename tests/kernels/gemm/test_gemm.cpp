@@ -4,10 +4,6 @@
 // dimensions), K = 0. The richer launcher cuda::gemm: bias gradients (fused BGRADA/BGRADB and the
 // fallback kernels), GELU with and without its saved input. sum_rows / sum_columns: f32 sums in
 // a fixed order, so two runs give the same bits.
-// Plans are autotuned (cuda::set_gemm_autotune, on by default) on their first call, which is
-// each case's call here: the candidates run into scratch outputs, so beta 1 into f32 (c read
-// and written), the poisoned outputs, GELU's saved input and the bias gradients also check that
-// tuning leaves the call's own outputs as the one real run writes them.
 // Tolerances (relative RMS vs the f64 reference): bf16 output 1e-2 (one bf16 rounding ~2e-3);
 // f32 output 1e-5 (f32 accumulation over K <= 1000 terms); GELU applied by cuBLASLt into f32
 // 1e-3 (its tanh may be a hardware approximation).
