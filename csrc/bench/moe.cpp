@@ -27,6 +27,7 @@
 //   other kernels: fwd mma.sync 348, fwd cp.async wgmma 438, dgrad mma.sync 288, wgrad mma.sync
 //   307 (balanced); layer fwd 5.18 ms (438), bwd 15.2 ms (298).
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -94,7 +95,7 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                      ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
                    }),
                    flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.n % 64 == 0)
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
     out.push_back({base + " fwd grouped wgmma TMA", time_ms([&] {
                      cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
@@ -112,12 +113,12 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
                  }),
                  flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.k % 64 == 0)
-    out.push_back({base + " dgrad grouped transpose + wgmma TMA", time_ms([&] {
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
+    out.push_back({base + " dgrad grouped wgmma TMA (W MN-major)", time_ms([&] {
                      cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
                    }),
-                   flops, 0, "incl. the weight transpose"});
+                   flops, 0, ""});
   cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " dgrad cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
@@ -131,11 +132,11 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                  }),
                  flops, 0, ""});
   if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
-    out.push_back({base + " wgrad grouped transposes + wgmma TMA f32+=", time_ms([&] {
+    out.push_back({base + " wgrad grouped wgmma TMA (dY, X MN-major) f32+=", time_ms([&] {
                      cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
                    }),
-                   flops, 0, "incl. the transposes of dY and X"});
+                   flops, 0, ""});
   cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " wgrad cuBLASLt loop f32+=", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor&, const Tensor& dwe) {
@@ -185,10 +186,17 @@ BENCH_CASES("moe") {
       {"skewed", skewed_counts(), 4096, 7168},
       {"small", std::vector<int32_t>(64, 80), 2048, 2816},
   };
+  // BENCH_MOE_CASES: a comma-separated subset of balanced, skewed, small, layer (default all).
+  const char* only = std::getenv("BENCH_MOE_CASES");
+  auto wanted = [&](const std::string& name) {
+    return only == nullptr || ("," + std::string(only) + ",").find("," + name + ",") != std::string::npos;
+  };
   for (const GroupedCase& c : cases)
-    for (Result& r : grouped_case(c)) out.push_back(std::move(r));
-  out.front().note = "peer: torch._grouped_mm 760 TFLOP/s (DEVICE.md)";
-  for (Result& r : layer_case()) out.push_back(std::move(r));
+    if (wanted(c.name))
+      for (Result& r : grouped_case(c)) out.push_back(std::move(r));
+  if (!out.empty()) out.front().note = "peer: torch._grouped_mm 760 TFLOP/s (DEVICE.md)";
+  if (wanted("layer"))
+    for (Result& r : layer_case()) out.push_back(std::move(r));
 #endif
   return out;
 }
