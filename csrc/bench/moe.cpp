@@ -1,12 +1,12 @@
-// Benchmarks of the mixture-of-experts grouped GEMM (cuda/moe/grouped_gemm.cu, the forward also
-// on wgmma: grouped_gemm_sm90.cu) against a loop of
+// Benchmarks of the mixture-of-experts grouped GEMM (cuda/moe/grouped_gemm.cu, on sm_90 the wgmma
+// kernels of grouped_gemm_sm90.cu) against a loop of
 // cuBLASLt GEMMs over the experts (ops::matmul on each expert's rows, host-known row counts), in
 // TFLOP/s of useful work (2 x rows x K x N, padding rows not counted), for the three products:
 //   fwd   Y_e = X_e W_e^T             (rows, K) x (N, K)^T -> (rows, N) bf16
 //   dgrad dX_e = dY_e W_e             (rows, N) x (N, K)   -> (rows, K) bf16 (mma.sync, and on
-//         sm_90 a transposed weight copy + the TMA forward kernel, the copy's time included)
+//         sm_90 the TMA wgmma kernel reading W_e MN-major)
 //   wgrad dW_e += dY_e^T X_e          f32 accumulation into (E, N, K) (mma.sync, and on sm_90
-//         transposed copies of dY and X + a TMA wgmma kernel, the copies' time included)
+//         the TMA wgmma kernel reading dY and X MN-major)
 // Shapes (scripts/bench_torch_moe.py times torch._grouped_mm and a torch.matmul loop on the same):
 //   balanced  8 experts sharing 32768 rows evenly (4096 each), 4096 -> 7168: the reading of
 //             ../shared/DEVICE.md's "8 experts, 32768 tokens, 4096 -> 7168" (torch._grouped_mm
@@ -17,16 +17,17 @@
 // E = 8, k = 2 (its GEMM FLOPs: 3 products of 2 T k C F each forward, twice that backward, plus
 // the router).
 //
-// Measured on one H200 (2026-11-30, this tree; torch 2.11 by scripts/bench_torch_moe.py the
-// same day), TFLOP/s, ours (Auto's kernel) / cuBLASLt loop / torch._grouped_mm:
-//   balanced  fwd 481 (TMA wgmma) / 787 / 764    dgrad 398 (transpose + TMA) / 785 / 762
-//             wgrad f32+= 414 (transposes + TMA) / 727 / 704 (torch: bf16 out)
-//   skewed    fwd 472 / 778 / 724                dgrad 393 / 780 / 725   wgrad 398 / 668 / 703
-//   small     fwd 237 / 100 / 207                dgrad 186 (mma.sync) / 95 / 219
-//             wgrad 40 (mma.sync; f32 dW read-modify-write bound) / 40 / 157 (bf16 out)
-//   other kernels: fwd mma.sync 348, fwd cp.async wgmma 438, dgrad mma.sync 288, wgrad mma.sync
-//   307 (balanced); layer fwd 5.18 ms (438), bwd 15.2 ms (298).
+// Measured on one H200 (2026-11-30, the persistent TMA kernel; torch 2.11 by
+// scripts/bench_torch_moe.py in the same call), TFLOP/s, ours (Auto's kernel) / torch._grouped_mm:
+//   balanced  fwd 733 / 760   dgrad 685 / 672   wgrad f32+= 626 / 675 (torch: bf16 out)
+//   skewed    fwd 731 / 693   dgrad 732 / 667   wgrad 618 / 660
+//   small     fwd 258 / 197   dgrad 266 / 228   wgrad 61 / 158 (f32 dW read-modify-write bound)
+//   (the default since: each k step retired before the next, balanced 739 / 733 / 636); other
+//   kernels: fwd mma.sync 349, fwd cp.async wgmma 426, dgrad mma.sync 296, wgrad mma.sync 302.
+//   BENCH_MOE_CASES=balanced,skewed,small,layer picks cases; the kernel's switches
+//   (ENGINE_MOE_NO_MULTICAST, ENGINE_MOE_RASTER, ENGINE_MOE_RETIRE_EACH): grouped_gemm_sm90.cu.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -94,7 +95,7 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                      ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
                    }),
                    flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.n % 64 == 0)
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
     out.push_back({base + " fwd grouped wgmma TMA", time_ms([&] {
                      cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
@@ -112,12 +113,12 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
                  }),
                  flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma) && c.k % 64 == 0)
-    out.push_back({base + " dgrad grouped transpose + wgmma TMA", time_ms([&] {
+  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
+    out.push_back({base + " dgrad grouped wgmma TMA (W MN-major)", time_ms([&] {
                      cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
                    }),
-                   flops, 0, "incl. the weight transpose"});
+                   flops, 0, ""});
   cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " dgrad cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
@@ -131,11 +132,11 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                  }),
                  flops, 0, ""});
   if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
-    out.push_back({base + " wgrad grouped transposes + wgmma TMA f32+=", time_ms([&] {
+    out.push_back({base + " wgrad grouped wgmma TMA (dY, X MN-major) f32+=", time_ms([&] {
                      cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
                      ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
                    }),
-                   flops, 0, "incl. the transposes of dY and X"});
+                   flops, 0, ""});
   cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
   out.push_back({base + " wgrad cuBLASLt loop f32+=", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor&, const Tensor& dwe) {
@@ -185,10 +186,17 @@ BENCH_CASES("moe") {
       {"skewed", skewed_counts(), 4096, 7168},
       {"small", std::vector<int32_t>(64, 80), 2048, 2816},
   };
+  // BENCH_MOE_CASES: a comma-separated subset of balanced, skewed, small, layer (default all).
+  const char* only = std::getenv("BENCH_MOE_CASES");
+  auto wanted = [&](const std::string& name) {
+    return only == nullptr || ("," + std::string(only) + ",").find("," + name + ",") != std::string::npos;
+  };
   for (const GroupedCase& c : cases)
-    for (Result& r : grouped_case(c)) out.push_back(std::move(r));
-  out.front().note = "peer: torch._grouped_mm 760 TFLOP/s (DEVICE.md)";
-  for (Result& r : layer_case()) out.push_back(std::move(r));
+    if (wanted(c.name))
+      for (Result& r : grouped_case(c)) out.push_back(std::move(r));
+  if (!out.empty()) out.front().note = "peer: torch._grouped_mm 760 TFLOP/s (DEVICE.md)";
+  if (wanted("layer"))
+    for (Result& r : layer_case()) out.push_back(std::move(r));
 #endif
   return out;
 }

@@ -1,7 +1,8 @@
 // Hopper (sm_90a) primitives shared by the wgmma kernels (.cu only): the warpgroup MMA fences and
 // group waits, shared-memory matrix descriptors for the 128-byte swizzle, mbarriers, and TMA bulk
 // tensor loads (cp.async.bulk.tensor) completing on an mbarrier; on the host, the driver's
-// cuTensorMapEncodeTiled (through the runtime's entry-point query: no link against libcuda).
+// cuTensorMapEncodeTiled (through the runtime's entry-point query: no link against libcuda);
+// thread block clusters: rank, cluster barrier, remote mbarrier arrivals, TMA multicast.
 // Users: cuda/moe/grouped_gemm_sm90.cu, cuda/attention/flash_sm90.cu.
 //
 // The device functions exist only where the sm_90a features are compiled in (ENGINE_SM90A, set
@@ -124,6 +125,48 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// ---- Clusters (thread block clusters of CTAs sharing distributed shared memory) ---------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster (exited threads aside) arrives, then waits: release /
+// acquire at cluster scope (e.g. mbarrier inits published to the peers, or no CTA leaving while a
+// peer may still write into its shared memory).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// The shared::cluster address of the variable at shared::cta address `addr` in CTA `rank`.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// One arrival on an mbarrier of any CTA of the cluster (a mapa_shared address). Default
+// semantics (release, CTA scope) as CUTLASS's cluster barrier uses for the consumer -> producer
+// "stage free" signal: the stage's readers are wgmma, already retired by wgmma_wait; the
+// .release.cluster form would add a GPU-wide memory barrier to every arrival.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// TMA multicast: the box lands at the same shared-memory offset `dst` in every CTA of `mask`
+// (bit r: cluster rank r) and completes its bytes on the mbarrier at offset `bar` of each.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0,
+                                                      int c1, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, int c0,
+                                                      int c1, int c2, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
       : "memory");
 }
 #endif  // ENGINE_SM90A

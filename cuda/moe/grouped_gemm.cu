@@ -19,11 +19,10 @@
 // atomics (deterministic); experts with no rows exit.
 // Weights may be S stacks (w (S, E, N/S, K), row n of W_e in stack n / (N/S)): every loaded or
 // stored weight row computes its own address, so stacks of any height work.
-// On sm_90 the launchers below hand the work to grouped_gemm_sm90.cu's wgmma kernels by default
-// (set_grouped_*_kernel in moe.cuh): the forward directly (TMA, or cp.async where N/S % 64 != 0),
-// the input gradient as that forward on a transposed copy of the weights, the weight gradient
-// on transposed copies of dy and x; these mma.sync kernels remain the path elsewhere and for
-// few rows per expert.
+// On sm_90 the launchers below hand the work to grouped_gemm_sm90.cu's persistent TMA wgmma
+// kernel by default (set_grouped_*_kernel in moe.cuh): all three products, the backward ones
+// reading their operands MN-major (no transposed copies); the cp.async wgmma forward where the
+// TMA kernel does not take the weight stacks. These mma.sync kernels remain the path elsewhere.
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -350,29 +349,29 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
   const int64_t R = dy.size(0);
   expect_rows(dy, R, g.n, op, "dy");
   expect_rows(dx, R, g.k, op, "dx");
-  // On sm_90: dx_rows(e) = dy_rows(e) (W_e^T)^T is the forward product with the weights
-  // W_e^T (K, N): transpose them into a scratch (E, K, N) (one pass over the weights, a small
-  // cost beside the GEMM) and run a wgmma forward kernel; else the mma.sync kernel reads W_e
-  // with ldmatrix.trans.
-  // Auto weighs the transpose (4 E N K bytes) against the GEMM time it saves (~ R N K): worth it
-  // from about 400 rows per expert (balanced 8 x 4096: yes; 64 experts x 80 rows: no).
+  // On sm_90 (Auto, WgmmaTma): the TMA wgmma kernel reading W_e MN-major (no copy) where it
+  // takes the weights' stacks; Wgmma: the cp.async forward kernel on a transposed copy of the
+  // weights (a scratch (E, K, N) for the call); else the mma.sync kernel (ldmatrix.trans).
   GroupedForwardKernel kernel = g_dgrad_kernel.load();
-  if (kernel == GroupedForwardKernel::Auto && R < 512 * g.experts) kernel = GroupedForwardKernel::MmaSync;
-  if (kernel != GroupedForwardKernel::MmaSync && R > 0 && g.k > 0 && g.n > 0) {
-    const ForwardArgs probe{nullptr, nullptr, nullptr, nullptr, nullptr,
-                            static_cast<int>(g.experts), R, g.k, g.n, g.k, 1};
-    const bool tma = kernel != GroupedForwardKernel::Wgmma && forward_sm90_eligible(probe, true);
-    ENSURE(kernel == GroupedForwardKernel::Auto || forward_sm90_eligible(probe, tma), op,
-           ": the requested wgmma kernel is not built for this device or does not take K = ", g.k);
-    if (forward_sm90_eligible(probe, tma)) {
+  const ForwardArgs a{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(w.data),
+                      static_cast<gbf16*>(dx.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
+                      static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
+  if (kernel == GroupedForwardKernel::WgmmaTma || kernel == GroupedForwardKernel::Auto) {
+    ENSURE(kernel == GroupedForwardKernel::Auto || dgrad_sm90_eligible(a), op,
+           ": the TMA wgmma kernel is not built for this device or needs N/S % 64 == 0");
+    if (dgrad_sm90(a)) return;
+  }
+  if (kernel == GroupedForwardKernel::Wgmma) {
+    ENSURE(forward_sm90_available(false), op, ": the wgmma kernel is not built for this device");
+    if (R > 0 && g.k > 0 && g.n > 0) {
       Owned wt = empty({g.experts, g.k, g.n}, DType::BF16, Device::CUDA);
       transpose_experts(w, g, wt);
-      const ForwardArgs a{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(wt->data),
+      const ForwardArgs t{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(wt->data),
                           static_cast<gbf16*>(dx.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
                           static_cast<int>(g.experts), R, g.k, g.n, g.k, 1};
-      forward_sm90(a, tma);
-      return;
+      forward_sm90(t, false);
     }
+    return;
   }
   launch_rows(true, dy, w, offsets, counts, dx, g);
 }
@@ -388,11 +387,9 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   const int64_t R = dy.size(0);
   expect_rows(dy, R, g.n, op, "dy");
   expect_rows(x, R, g.k, op, "x");
-  // Auto: the TMA kernel from ~512 rows per expert; below, the blocks' short reductions leave
-  // the f32 read-modify-write of dW to dominate, which the mma.sync kernel (two blocks per
-  // multiprocessor) does faster (64 experts x 80 rows, 2048 -> 2816: 1.46 ms vs 2.50 ms).
-  GroupedForwardKernel kernel = g_wgrad_kernel.load();
-  if (kernel == GroupedForwardKernel::Auto && R < 512 * g.experts) kernel = GroupedForwardKernel::MmaSync;
+  // Auto: the TMA kernel (on sm_90) at every size: balanced 8 x 4096 rows 684 TFLOP/s against
+  // 306 for mma.sync, 64 experts x 80 rows 0.97 ms against 1.44 ms (H200, 2026-11-30).
+  const GroupedForwardKernel kernel = g_wgrad_kernel.load();
   ENSURE(kernel == GroupedForwardKernel::Auto || kernel == GroupedForwardKernel::MmaSync ||
              forward_sm90_available(true),
          op, ": the TMA wgmma kernel is not built for this device");

@@ -105,24 +105,28 @@ __device__ __forceinline__ void raster(int block, int tiles_m, int tiles_n, int&
 }
 
 // The forward product on wgmma (grouped_gemm_sm90.cu), all arguments checked by the caller;
-// tma: the warp-specialised TMA kernel, else the cp.async one. Returns false when that kernel
-// is not built for this device or (TMA) does not take these shapes (N/S % 64 != 0): the caller
-// then runs another.
+// tma: the persistent clustered TMA kernel, else the cp.async one. Returns false when that kernel
+// is not built for this device or (TMA) does not take these shapes (S > 1 stacks whose N/S is
+// not a multiple of 64): the caller then runs another.
 struct ForwardArgs {
-  const gbf16* x;          // (R, K)
+  const gbf16* x;          // (R, K); dgrad: dy (R, N)
   const gbf16* w;          // (S, E, N/S, K)
-  gbf16* y;                // (R, N)
+  gbf16* y;                // (R, N); dgrad: dx (R, K)
   const int32_t* offsets;  // (E + 1)
   const int32_t* counts;   // (E)
   int experts;
-  int64_t rows, n, k, n_per_stack, stacks;
+  int64_t rows, n, k, n_per_stack, stacks;  // n, k: W_e is (N, K)
 };
 bool forward_sm90(const ForwardArgs& a, bool tma);
 bool forward_sm90_available(bool tma);
 bool forward_sm90_eligible(const ForwardArgs& a, bool tma);
+// The input gradient dx = dy W_e on the same TMA kernel, W_e read MN-major (no transposed
+// copy); the forward's shape rule. False when not available or not eligible.
+bool dgrad_sm90(const ForwardArgs& a);
+bool dgrad_sm90_eligible(const ForwardArgs& a);
 
-// The weight gradient on the TMA wgmma kernel, through transposed copies of dy and x (scratch
-// of their sizes for the call). Returns false when the kernel is not built for this device.
+// The weight gradient on the TMA kernel, dy and x read MN-major straight from the row buffers
+// (no copies). Returns false when the kernel is not built for this device.
 struct WgradArgs {
   const gbf16* dy;         // (R, N)
   const gbf16* x;          // (R, K)

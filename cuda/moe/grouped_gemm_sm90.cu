@@ -1,7 +1,10 @@
-// The forward grouped GEMM on Hopper's wgmma (sm_90a): y_rows(e) = x_rows(e) W_e^T, the same
-// contract and tile scheduling as grouped_gemm.cu's mma.sync kernel (which runs where this one is
-// not built, and for the two backward products).
-// Block: 128 x 256 output tile, two consumer warpgroups of 64 x 256 each (wgmma m64n256k16,
+// The grouped GEMMs on Hopper's wgmma (sm_90a), the contract of grouped_gemm.cu (whose mma.sync
+// kernels run where these are not built). Two kernels:
+//   - the persistent, clustered TMA kernel (below: forward, input gradient, weight gradient; the
+//     default on sm_90), and
+//   - the cp.async forward kernel (here; also the dgrad on a transposed weight copy when asked
+//     for by set_grouped_dgrad_kernel(Wgmma)): y_rows(e) = x_rows(e) W_e^T, one tile per block.
+// cp.async kernel. Block: 128 x 256 output tile, two consumer warpgroups of 64 x 256 each (wgmma m64n256k16,
 // 128 f32 accumulators per thread), k steps of 64. All 256 threads stream A (128 x 64) and B
 // (256 x 64) with cp.async into a 4-stage ring of 48 KiB stages, each operand tile in the
 // 128-byte swizzled K-major layout wgmma reads through a matrix descriptor (grouped_gemm_common.cuh
@@ -13,6 +16,7 @@
 //   copies of step kt + 2, then 4 wgmma on stage kt, commit, and wait until at most one group
 //   (this step's) is in flight.
 // Rows past the expert's count are zero-filled and never stored; columns past N likewise.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -168,223 +172,403 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
 }
 
 
-// ---- The warp-specialised TMA variant ----------------------------------------------------------
-// Same tile, stages and wgmma as above; the operands arrive by TMA instead: warp 8 (one thread)
-// is the producer, warps 0-7 the two consumer warpgroups. Stage s has a `full` barrier (the
-// producer's expect_tx; completes when the stage's bytes have landed) and an `empty` barrier
-// (one arrival per consumer warpgroup once the wgmma reading the stage has retired), so no
-// block-wide barrier runs in the k loop and the producer runs up to kStages steps ahead.
-// x is one 2-D map (K, R), box 64 x 128; w a 3-D map (K, N/S, S E), box 64 x 64 x 1, four
-// boxes per B tile (each inside one stack: needs N/S % 64 == 0), boxes wholly past N skipped.
-// Both in the 128-byte swizzle, which is the layout the descriptors above read. Rows and
-// columns past the tensors are zero-filled; rows of other experts inside a tile are loaded but
-// never stored.
-constexpr int kTmaThreads = 288;  // 2 consumer warpgroups + 1 producer warp
-constexpr int kBoxRows = 64;
-constexpr size_t kTmaSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * 8 + 1024;
+// ---- The persistent, clustered TMA kernel (forward, input gradient, weight gradient) ----------
+// One kernel for the three products, C (M x N tile of 128 x 256) = A B^T reduced in k steps of
+// 64, the tile and wgmma of the cp.async kernel above, operands by TMA in the 128-byte swizzle:
+//   forward  y = x W_e^T     A = x rows (K-major),       B = W_e rows n (K-major)
+//   dgrad    dx = dy W_e     A = dy rows (K-major),      B = W_e read MN-major (rows n of W_e are
+//                            the reduction, their 64-element runs along k the output columns)
+//   wgrad    dW_e += dy_e^T x_e   A = dy_e MN-major (token rows are the reduction, 64 n per
+//                            run), B = x_e MN-major; reduction over the expert's rows only
+// wgmma reads MN-major operands through its transpose bits, so no transposed copies are made.
+// Block: warps 0-7 two consumer warpgroups (64 x 256 each, 128 f32 accumulators per thread,
+// 224 registers by setmaxnreg), warps 8-11 the producer warpgroup (56 registers; one thread
+// issues every copy, its box coordinates computed once per unit: a 64-bit division per box and
+// step had held the forward at 638 TFLOP/s, 733 without). 4-stage ring, stage s = A (two 64-row
+// boxes or one 128-row box, 16 KiB) + B (four 64-row boxes, 32 KiB); barriers full[s] (the
+// producer's expect_tx; completes when the stage's 48 KiB have landed) and empty[s] (4
+// arrivals: both consumer warpgroups of both CTAs of the cluster, once their wgmma reading the
+// stage retired: by default each warpgroup waits for its step's wgmma and releases the stage
+// at once, the other warpgroup's wgmma keeping the tensor cores busy meanwhile).
+// Cluster of 2 CTAs on adjacent 128-row tiles of the same 256 columns (a "unit"): they need the
+// same B tile, so each loads half of it (two boxes) and multicasts it into both CTAs' stages,
+// halving the B traffic from L2 (the kernels without it were bound near 5.5 TB/s of L2 -> SM
+// reads). Where the two row tiles belong to different experts (forward, dgrad: an expert with an
+// odd number of tiles) each CTA loads its whole B itself for that unit. Both CTAs walk the same
+// units with the same k steps, so stage and phase counters agree; a CTA whose tile is past the
+// rows (odd tile counts, the static bound) computes it and stores nothing.
+// Persistent grid: as many clusters as fit at once, cluster c takes units c, c + clusters, ...;
+// the producer runs on into the next unit's loads while the consumers store the last one.
+// Units: forward / dgrad, 256-row pairs x 256 output columns in groups of 4 pairs with the
+// column outer (raster, L2 reuse); wgrad, (expert, pair of 128-row tiles of N, 256 columns of K),
+// experts with no rows skipped. Rows past an expert's count: forward / dgrad, loaded (another
+// expert's or padding) and never stored; wgrad, the last k step's token rows past the count are
+// zeroed in shared memory (both operands) before its wgmma. Rows and columns past the tensors
+// are TMA zero fill. Epilogues through a 16 KiB shared buffer per warpgroup, 16-byte chunks per
+// thread: bf16 stores (forward, dgrad), f32 += with the old values loaded together (wgrad; each
+// dW tile by one CTA, deterministic).
+constexpr int kTmaThreads = 384;  // 2 consumer warpgroups + 1 producer warpgroup
+// Registers per thread after setmaxnreg (the block is compiled for 65536 / 384 = 168).
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 65536, "register file");
+constexpr int kBox = 64;          // rows of a TMA box (each row 64 bf16 = 128 bytes)
+constexpr uint32_t kBoxBytes = kBox * kBK * 2;
+constexpr uint32_t kEpiBytes = 64 * 256;  // epilogue staging per consumer warpgroup
+constexpr uint32_t kEpiOffset = kStages * kStageBytes + 128;  // after the stages and barriers
+constexpr size_t kTmaSmemBytes = size_t{kEpiOffset} + 2 * kEpiBytes + 1024;  // + alignment slack
+static_assert(kATileBytes == 2 * kBoxBytes && kBTileBytes == 4 * kBoxBytes, "boxes per tile");
+
+enum Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
 
 struct TmaParams {
   const int32_t* offsets;  // (E + 1)
   const int32_t* counts;   // (E)
-  gbf16* y;                // (R, N)
+  void* out;               // forward y / dgrad dx (R, out_cols) bf16; wgrad dW (S, E, N/S, K) f32
   int experts;
-  int64_t n, k, n_per_stack;
-  int tiles_m, tiles_n;
+  int64_t out_cols;        // forward N, dgrad K, wgrad K
+  int64_t red;             // reduction: forward K, dgrad N (wgrad: the expert's rows)
+  int64_t m_rows;          // wgrad: N (rows of dW); forward, dgrad: R
+  int64_t n_per_stack;     // weight (dW) rows per stack
+  int64_t stacks;
+  int tiles_m, tiles_n, pairs_m;  // 128-row tiles, 256-column tiles, ceil(tiles_m / 2)
+  int units;
+  bool multicast;          // false: every CTA loads its whole B (ENGINE_MOE_NO_MULTICAST=1)
+  int group;               // raster: pairs of row tiles per group (ENGINE_MOE_RASTER, default 4)
+  bool retire_each;        // wait for each step's wgmma before the next (default; ENGINE_MOE_RETIRE_EACH=0: not)
 };
 
-static __global__ void __launch_bounds__(kTmaThreads, 1)
-    forward_tma_kernel(const __grid_constant__ CUtensorMap map_x,
-                       const __grid_constant__ CUtensorMap map_w, const TmaParams p) {
-#ifdef MOE_WGMMA
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
-  int tm, tn;
-  raster<8>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
-  const int64_t row0 = int64_t{tm} * kBM;
-  const TileExpert te = tile_expert(p.offsets, p.counts, p.experts, row0);
-  if (te.rows_valid <= 0) return;
-  const int64_t n0 = int64_t{tn} * kBN;
-  const int tid = threadIdx.x, warp = tid >> 5;
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 2);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    flash::fence_proxy_async();
-  }
-  __syncthreads();
-  const int nk = static_cast<int>(ceil_div(p.k, kBK));
+// raster<> with a run-time group height.
+__device__ __forceinline__ void raster_rt(int block, int group_m, int tiles_m, int tiles_n, int& tm,
+                                          int& tn) {
+  const int per_group = group_m * tiles_n;
+  const int group = block / per_group, in_group = block % per_group;
+  const int first_m = group * group_m;
+  const int group_size = min(tiles_m - first_m, group_m);
+  tm = first_m + in_group % group_size;
+  tn = in_group / group_size;
+}
 
-  if (warp == 8) {  // producer
-    if ((tid & 31) == 0) {
-      int boxes = 0;  // B boxes inside N (the rest are skipped)
-      for (int q = 0; q < kBN / kBoxRows; ++q) boxes += n0 + q * kBoxRows < p.n;
-      const uint32_t bytes = kATileBytes + boxes * kBoxRows * kBK * 2;
-      for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % kStages;
-        if (kt >= kStages) mbar_wait(empty0 + 8 * s, ((kt / kStages) - 1) & 1);
-        const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
-        mbar_expect_tx(full, bytes);
-        const int k0 = kt * kBK;
-        tma_load_2d(stage, &map_x, k0, static_cast<int>(row0), full);
-        for (int q = 0; q < boxes; ++q) {
-          const int64_t n = n0 + q * kBoxRows, st = n / p.n_per_stack;
-          tma_load_3d(stage + kATileBytes + q * kBoxRows * kBK * 2, &map_w, k0,
-                      static_cast<int>(n - st * p.n_per_stack),
-                      static_cast<int>(st * p.experts + te.e), full);
+struct Unit {
+  int e;
+  int m0, n0;          // this CTA's tile: first row (forward / dgrad: of R; wgrad: of N), column
+  int64_t rows_valid;  // forward / dgrad: rows of the tile its expert owns; wgrad: N - m0
+  int nk;              // k steps
+  int t0, count;       // wgrad: the expert's first row and row count
+  bool mcast, skip;
+};
+
+template <int kMode>
+__device__ __forceinline__ Unit unit_of(const TmaParams& p, int u, int rank) {
+  Unit w;
+  int pm, tn;
+  if constexpr (kMode == kWgrad) {
+    const int per_e = p.pairs_m * p.tiles_n;
+    w.e = u / per_e;
+    raster_rt(u - w.e * per_e, p.group, p.pairs_m, p.tiles_n, pm, tn);
+    w.count = p.counts[w.e];
+    w.t0 = p.offsets[w.e];
+    w.skip = w.count <= 0;
+    w.mcast = p.multicast;
+    w.m0 = (2 * pm + rank) * kBM;
+    w.rows_valid = p.m_rows - w.m0;
+    w.nk = (w.count + kBK - 1) / kBK;
+  } else {
+    raster_rt(u, p.group, p.pairs_m, p.tiles_n, pm, tn);
+    const int64_t r0 = int64_t{2 * pm} * kBM;
+    const TileExpert a = tile_expert(p.offsets, p.counts, p.experts, r0);
+    const TileExpert b = tile_expert(p.offsets, p.counts, p.experts, r0 + kBM);
+    const TileExpert& mine = rank ? b : a;
+    w.e = mine.e;
+    w.rows_valid = mine.rows_valid;
+    w.skip = a.rows_valid <= 0 && b.rows_valid <= 0;
+    w.mcast = p.multicast && a.rows_valid > 0 && b.rows_valid > 0 && a.e == b.e;
+    w.m0 = static_cast<int>(r0) + rank * kBM;
+    w.nk = static_cast<int>((p.red + kBK - 1) / kBK);
+    w.t0 = w.count = 0;
+  }
+  w.n0 = tn * kBN;
+  return w;
+}
+
+#ifdef MOE_WGMMA
+// wgmma m64n256k16 with the transpose bits: kTA / kTB = 1 reads A / B MN-major.
+template <int kTA, int kTB>
+__device__ __forceinline__ void wgmma_tt(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, 1, 1, 1, %130, %131;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "n"(kTA), "n"(kTB));
+}
+#endif  // MOE_WGMMA
+
+#ifdef MOE_WGMMA
+// The epilogue through shared memory: warpgroup wg's 64 x 256 accumulators (thread t of the
+// group: rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 j + 2 (t % 4) and + 1 of every n8
+// block j) go out in rounds of 256 bytes per row (bf16: 128 columns, 2 rounds; f32: 64 columns,
+// 4 rounds) through the warpgroup's 16 KiB buffer, row r at 256 r bytes, its 16-byte chunk c at
+// c ^ (r % 8) (conflict-free writes and reads); then each thread moves 16-byte chunks, a warp
+// covering two rows of 256 contiguous bytes of the output.
+__device__ __forceinline__ void epi_sync(int wg) { sm90::named_barrier_sync(2 + wg, 128); }
+
+// bf16 y (rows below rows_valid, columns below ld) of the warpgroup's 64 x 256 block at (m0, n0).
+__device__ __forceinline__ void epilogue_bf16(const float (&acc)[128], uint32_t buf, int wg, int t,
+                                              gbf16* y, int64_t ld, int64_t m0, int64_t n0,
+                                              int64_t rows_valid) {
+  const int lane = t & 31, r0 = (t >> 5) * 16 + (lane >> 2);
+  const int rr = t >> 4, c = t & 15;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r0 + 8 * half, j = 16 * h + jj;
+        const uint32_t addr = buf + r * 256 + 16 * (jj ^ (r & 7)) + 4 * (lane & 3);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
+                     "r"(flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]))
+                     : "memory");
+      }
+    epi_sync(wg);
+    const int64_t col = n0 + 128 * h + 8 * c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = rr + 8 * i;
+      uint32_t v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                   : "r"(buf + r * 256 + 16 * (c ^ (r & 7)))
+                   : "memory");
+      if (r < rows_valid && col < ld)
+        *reinterpret_cast<uint4*>(y + (m0 + r) * ld + col) = make_uint4(v0, v1, v2, v3);
+    }
+    epi_sync(wg);  // the buffer is read before the next round overwrites it
+  }
+}
+
+// f32 dW += the warpgroup's 64 x 256 block at (m0 of N, n0 of K), rows below `rows`, columns
+// below `cols`;
+// each thread loads its old values before adding (the loads in flight together).
+__device__ __forceinline__ void epilogue_f32_add(const float (&acc)[128], uint32_t buf, int wg, int t,
+                                                 const RowMatrix<float>& dw, int64_t rows, int64_t cols,
+                                                 int64_t m0, int64_t n0) {
+  const int lane = t & 31, r0 = (t >> 5) * 16 + (lane >> 2);
+  const int rr = t >> 4, c = t & 15;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r0 + 8 * half, j = 8 * q + jj;
+        const int chunk = 2 * jj + ((lane & 3) >> 1);
+        const uint32_t addr = buf + r * 256 + 16 * (chunk ^ (r & 7)) + 8 * (lane & 1);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[j * 4 + 2 * half]),
+                     "f"(acc[j * 4 + 2 * half + 1])
+                     : "memory");
+      }
+    epi_sync(wg);
+    const int64_t col = n0 + 64 * q + 4 * c;
+    {
+      constexpr int b = 0;
+      float4 old[8];
+      float* dst[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = rr + 8 * (8 * b + i);
+        const bool ok = m0 + r < rows && col < cols;
+        dst[i] = ok ? dw.row(m0 + r) + col : nullptr;
+        if (ok) {
+          const float2 lo = *reinterpret_cast<const float2*>(dst[i]);
+          const float2 hi = *reinterpret_cast<const float2*>(dst[i] + 2);
+          old[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = rr + 8 * (8 * b + i);
+        float4 v;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(buf + r * 256 + 16 * (c ^ (r & 7)))
+                     : "memory");
+        if (dst[i] != nullptr) {
+          *reinterpret_cast<float2*>(dst[i]) = make_float2(old[i].x + v.x, old[i].y + v.y);
+          *reinterpret_cast<float2*>(dst[i] + 2) = make_float2(old[i].z + v.z, old[i].w + v.w);
         }
       }
     }
-    return;
+    epi_sync(wg);
   }
-
-  const int wg = warp >> 2;  // consumer warpgroup 0 or 1
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  acc_fence(acc);
-  for (int kt = 0; kt < nk; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(full0 + 8 * s, (kt / kStages) & 1);
-    const uint32_t stage = base + s * kStageBytes;
-    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
-    wgmma_commit();
-    wgmma_wait<1>();  // step kt - 1 has retired: its stage goes back to the producer
-    if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % kStages));
-  }
-  wgmma_wait<0>();
-  acc_fence(acc);
-  store_tile(acc, p.y, p.n, row0, n0, te.rows_valid, wg, tid & 127);
-#endif
 }
+#endif  // MOE_WGMMA
 
-// ---- The weight gradient on the same machinery ---------------------------------------------------
-// dW_e (N, K) += dY_e^T X_e is, with dyt = dY^T (N, R') and xt = X^T (K, R') (the row-major
-// transposes, padding rows zeroed: see transpose_rows_kernel), the product dyt_e xt_e^T with
-// both operands K-major (the reduction runs along their rows): the forward kernel's form with a
-// per-expert reduction range. Block: tile (expert e, 128 rows of N, 256 of K) reducing over e's
-// rows [offsets_e, offsets_e + counts_e) in steps of 64 (past the count: the transposes' zero
-// columns, up to the 128-row padding); A box 64 x 128 of dyt, four 64 x 64 boxes of xt (those
-// wholly past K skipped). Epilogue: f32 += into dW_e (stacked rows), each tile by one block.
-struct WgradTmaParams {
-  const int32_t* offsets;  // (E + 1)
-  const int32_t* counts;   // (E)
-  float* dw;               // (S, E, N/S, K)
-  int experts;
-  int64_t n, k, n_per_stack, stacks;
-  int tiles_n, tiles_k;
-};
-
-static __global__ void __launch_bounds__(kTmaThreads, 1)
-    wgrad_tma_kernel(const __grid_constant__ CUtensorMap map_dyt,
-                     const __grid_constant__ CUtensorMap map_xt, const WgradTmaParams p) {
+template <int kMode>
+static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 1)
+    grouped_tma_kernel(const __grid_constant__ CUtensorMap map_a,
+                       const __grid_constant__ CUtensorMap map_b, const TmaParams p) {
 #ifdef MOE_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
-  const int per_expert = p.tiles_n * p.tiles_k;
-  const int e = blockIdx.x / per_expert, rem = blockIdx.x % per_expert;
-  const int64_t n0 = int64_t{rem / p.tiles_k} * kBM, c0 = int64_t{rem % p.tiles_k} * kBN;
-  const int count = p.counts[e];
-  if (count == 0) return;
-  const int r0 = p.offsets[e];
   const int tid = threadIdx.x, warp = tid >> 5;
+  const int rank = static_cast<int>(sm90::cluster_ctarank());
+  const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 2);
+      mbar_init(empty0 + 8 * s, 4);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    flash::fence_proxy_async();
+    sm90::mbar_init_fence();
   }
-  __syncthreads();
-  const int nk = (count + kBK - 1) / kBK;
+  sm90::cluster_sync();  // the peer's barriers are initialised before any multicast or arrival
 
-  if (warp == 8) {  // producer
-    if ((tid & 31) == 0) {
-      int boxes = 0;
-      for (int q = 0; q < kBN / kBoxRows; ++q) boxes += c0 + q * kBoxRows < p.k;
-      const uint32_t bytes = kATileBytes + boxes * kBoxRows * kBK * 2;
-      for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % kStages;
-        if (kt >= kStages) mbar_wait(empty0 + 8 * s, ((kt / kStages) - 1) & 1);
-        const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
-        mbar_expect_tx(full, bytes);
-        const int t0 = r0 + kt * kBK;
-        tma_load_2d(stage, &map_dyt, t0, static_cast<int>(n0), full);
-        for (int q = 0; q < boxes; ++q)
-          tma_load_2d(stage + kATileBytes + q * kBoxRows * kBK * 2, &map_xt, t0,
-                      static_cast<int>(c0 + q * kBoxRows), full);
+  if (warp >= 8) {  // producer warpgroup: warp 8, lane 0 issues every copy
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid == 256) {
+      int it = 0;  // k steps of this CTA so far (stage it % kStages)
+      for (int u = cluster; u < p.units; u += clusters) {
+        const Unit w = unit_of<kMode>(p, u, rank);
+        if (w.skip) continue;
+        const uint16_t mask = 3;
+        const int q0 = w.mcast ? 2 * rank : 0, q1 = w.mcast ? q0 + 2 : 4;
+        // Forward: the weight-row coordinates (row in stack, stack x E + e) of the B boxes, per
+        // unit (no divisions in the k loop).
+        int bc1[4] = {0, 0, 0, 0}, bc2[4] = {0, 0, 0, 0};
+        if constexpr (kMode == kFwd) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int64_t n = int64_t{w.n0} + q * kBox, st = n / p.n_per_stack;
+            bc1[q] = static_cast<int>(n - st * p.n_per_stack);
+            bc2[q] = static_cast<int>(st * p.experts + w.e);
+          }
+        }
+        const int nps = static_cast<int>(p.n_per_stack);
+        for (int kt = 0; kt < w.nk; ++kt, ++it) {
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1);
+          const uint32_t stage = base + s * kStageBytes, full = full0 + 8 * s;
+          mbar_expect_tx(full, kStageBytes);
+          const int k0 = kt * kBK;
+          if constexpr (kMode == kWgrad) {
+            tma_load_2d(stage, &map_a, w.m0, w.t0 + k0, full);
+            tma_load_2d(stage + kBoxBytes, &map_a, w.m0 + kBox, w.t0 + k0, full);
+          } else {
+            tma_load_2d(stage, &map_a, k0, w.m0, full);
+          }
+          // dgrad: the 64 weight rows k0 .. (the reduction) lie in one stack.
+          const int dst_stack = kMode == kDgrad ? k0 / nps : 0;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (q < q0 || q >= q1) continue;
+            const uint32_t dst = stage + kATileBytes + q * kBoxBytes;
+            if constexpr (kMode == kWgrad) {
+              if (w.mcast) sm90::tma_load_2d_multicast(dst, &map_b, w.n0 + q * kBox, w.t0 + k0, full, mask);
+              else tma_load_2d(dst, &map_b, w.n0 + q * kBox, w.t0 + k0, full);
+            } else {
+              // forward: box (64 of k, 64 weight rows n0 + 64 q); dgrad: box (64 output columns
+              // n0 + 64 q along k, 64 weight rows k0 = the reduction).
+              const int c0 = kMode == kFwd ? k0 : w.n0 + q * kBox;
+              const int c1 = kMode == kFwd ? bc1[q] : k0 - dst_stack * nps;
+              const int c2 = kMode == kFwd ? bc2[q] : dst_stack * p.experts + w.e;
+              if (w.mcast) sm90::tma_load_3d_multicast(dst, &map_b, c0, c1, c2, full, mask);
+              else tma_load_3d(dst, &map_b, c0, c1, c2, full);
+            }
+          }
+        }
       }
     }
-    return;
-  }
-
-  const int wg = warp >> 2;
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  acc_fence(acc);
-  for (int kt = 0; kt < nk; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(full0 + 8 * s, (kt / kStages) & 1);
-    const uint32_t stage = base + s * kStageBytes;
-    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk);
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % kStages));
-  }
-  wgmma_wait<0>();
-  acc_fence(acc);
-  const RowMatrix<float> DW = expert_weight(p.dw, e, p.experts, p.n_per_stack, p.k, p.stacks);
-  const int lane = tid & 31, wq = warp & 3;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t n = n0 + wg * 64 + wq * 16 + (lane >> 2) + 8 * half;
-    if (n >= p.n) continue;
-    float* row = DW.row(n);
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int64_t c = c0 + j * 8 + 2 * (lane & 3);
-      if (c < p.k) {
-        float2* d = reinterpret_cast<float2*>(row + c);
-        float2 v = *d;
-        v.x += acc[j * 4 + 2 * half];
-        v.y += acc[j * 4 + 2 * half + 1];
-        *d = v;
+  } else {
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    const int wg = warp >> 2;
+    const bool leader = (tid & 127) == 0;
+    const uint32_t peer_empty0 = sm90::mapa_shared(empty0, static_cast<uint32_t>(rank ^ 1));
+    // The stage of step j goes back to both producers.
+    auto release = [&](int j) {
+      if (leader) {
+        const int s = j % kStages;
+        mbar_arrive(empty0 + 8 * s);
+        sm90::mbar_arrive_cluster(peer_empty0 + 8 * s);
       }
+    };
+    constexpr int kTA = kMode == kWgrad ? 1 : 0, kTB = kMode == kFwd ? 0 : 1;
+    // Descriptor steps per k16: K-major +32 bytes, MN-major +2048 bytes (16 rows of 128).
+    constexpr uint64_t kStepA = kTA ? 2048 >> 4 : 32 >> 4, kStepB = kTB ? 2048 >> 4 : 32 >> 4;
+    int it = 0;
+    float acc[128];
+    for (int u = cluster; u < p.units; u += clusters) {
+      const Unit w = unit_of<kMode>(p, u, rank);
+      if (w.skip) continue;
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+      acc_fence(acc);
+      for (int kt = 0; kt < w.nk; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(full0 + 8 * s, (it / kStages) & 1);
+        const uint32_t stage = base + s * kStageBytes;
+        if constexpr (kMode == kWgrad) {
+          const int valid = w.count - kt * kBK;  // token rows of this step inside the expert
+          if (valid < kBK) {  // zero the rest in all six boxes (whole 128-byte rows: swizzle-free)
+            const int bad = kBK - valid;
+            for (int i = tid; i < 6 * bad * 8; i += 256) {
+              const int box = i / (bad * 8), r = valid + (i / 8) % bad, c = i % 8;
+              const uint32_t addr = stage + box * kBoxBytes + r * 128 + c * 16;
+              asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+            }
+            flash::fence_proxy_async();
+            sm90::named_barrier_sync(1, 256);
+          }
+        }
+        const uint64_t da = kTA ? sm90::smem_desc_sw128(stage + wg * kBoxBytes, 16)
+                                : sm90::smem_desc_sw128(stage + wg * 64 * 128, 16);
+        const uint64_t db = sm90::smem_desc_sw128(stage + kATileBytes, kTB ? kBoxBytes : 16);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_tt<kTA, kTB>(acc, da + kk * kStepA, db + kk * kStepB);
+        wgmma_commit();
+        if (p.retire_each) {
+          wgmma_wait<0>();  // this step has retired: its stage goes back at once
+          release(it);
+        } else {
+          wgmma_wait<1>();  // step it - 1 has retired: its stage goes back to the producers
+          if (kt > 0) release(it - 1);
+        }
+      }
+      wgmma_wait<0>();
+      acc_fence(acc);
+      if (!p.retire_each && w.nk > 0) release(it - 1);
+      const uint32_t buf = base + kEpiOffset + wg * kEpiBytes;
+      const int64_t wg_row = int64_t{w.m0} + 64 * wg;  // the warpgroup's first row of the tile
+      if constexpr (kMode == kWgrad)
+        epilogue_f32_add(acc, buf, wg, tid & 127,
+                         expert_weight(static_cast<float*>(p.out), w.e, p.experts, p.n_per_stack,
+                                       p.out_cols, p.stacks),
+                         p.m_rows, p.out_cols, wg_row, w.n0);
+      else
+        epilogue_bf16(acc, buf, wg, tid & 127, static_cast<gbf16*>(p.out), p.out_cols, wg_row, w.n0,
+                      w.rows_valid - 64 * wg);
     }
   }
+  sm90::cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
 #endif
-}
-
-// dst (C, ld) = src (R, C)^T with the rows outside every expert's range written as zeros (tiles
-// of 64 rows lie inside one expert's 128-row padded range; columns R .. ld - 1 are not written).
-static __global__ void transpose_rows_kernel(const uint16_t* src, uint16_t* dst, int64_t rows,
-                                             int64_t cols, int64_t ld, const int32_t* offsets,
-                                             const int32_t* counts, int experts) {
-  __shared__ uint16_t tile[64][66];  // bf16 bits
-  const int64_t c0 = int64_t{blockIdx.x} * 64, r0 = int64_t{blockIdx.y} * 64;
-  const int64_t valid = tile_expert(offsets, counts, experts, r0).rows_valid;
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
-    const int r = i / 64, c = i % 64;
-    const int64_t rr = r0 + r, cc = c0 + c;
-    if (rr < rows && cc < cols) tile[r][c] = r < valid ? src[rr * cols + cc] : uint16_t{0};
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
-    const int r = i / 64, c = i % 64;  // r along cols, c along rows
-    const int64_t cc = c0 + r, rr = r0 + c;
-    if (rr < rows && cc < cols) dst[cc * ld + rr] = tile[c][r];
-  }
 }
 
 // Built for this device (sm_90a code in the binary, a compute capability 9.0 GPU)?
@@ -413,10 +597,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() { return sm90::tensor_map_encoder(
 bool tma_available() {
   static const bool ok = [] {
     if (!available() || encode_fn() == nullptr) return false;
-    CUDA_CHECK(cudaFuncSetAttribute(forward_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kTmaSmemBytes)));
-    CUDA_CHECK(cudaFuncSetAttribute(wgrad_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kTmaSmemBytes)));
+    for (const void* k : {reinterpret_cast<const void*>(grouped_tma_kernel<kFwd>),
+                          reinterpret_cast<const void*>(grouped_tma_kernel<kDgrad>),
+                          reinterpret_cast<const void*>(grouped_tma_kernel<kWgrad>)})
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kTmaSmemBytes)));
     return true;
   }();
   return ok;
@@ -435,71 +620,162 @@ CUtensorMap tensor_map(const void* p, int rank, const cuuint64_t* dims, const cu
   return m;
 }
 
+// (rows, cols) row-major bf16 as the 2-D map (cols, rows), box (64, box_rows).
+CUtensorMap matrix_map(const void* p, int64_t rows, int64_t cols, cuuint32_t box_rows) {
+  const cuuint64_t d[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t st[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t b[2] = {kBK, box_rows};
+  return tensor_map(p, 2, d, st, b);
+}
+
+// w (S, E, N/S, K) as the 3-D map (K, N/S, S E), box (64, 64, 1).
+CUtensorMap weight_map(const void* w, int64_t k, int64_t n_per_stack, int64_t stacks, int experts) {
+  const cuuint64_t d[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n_per_stack),
+                           static_cast<cuuint64_t>(stacks * experts)};
+  const cuuint64_t st[2] = {static_cast<cuuint64_t>(k) * 2, static_cast<cuuint64_t>(n_per_stack * k) * 2};
+  const cuuint32_t b[3] = {kBK, kBox, 1};
+  return tensor_map(w, 3, d, st, b);
+}
+
+// The persistent launch: as many 2-CTA clusters as are resident at once (queried once per
+// kernel), at most one per unit.
+// Benchmark switches, read once: ENGINE_MOE_NO_MULTICAST=1 (no TMA multicast),
+// ENGINE_MOE_RASTER=G (G pairs of row tiles per raster group; default 4) and
+// ENGINE_MOE_RETIRE_EACH=0 (consumers keep one k step's wgmma in flight and release the stage
+// of the step before; the default waits for each step and releases its stage at once: the two
+// warpgroups keep the tensor cores busy between them, and a stage goes back one step earlier;
+// H200 balanced fwd / dgrad / wgrad 739 / 733 / 636 against 733 / 685 / 626 TFLOP/s).
+bool multicast_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ENGINE_MOE_NO_MULTICAST");
+    return v == nullptr || std::strcmp(v, "1") != 0;
+  }();
+  return on;
+}
+bool retire_each() {
+  static const bool on = [] {
+    const char* v = std::getenv("ENGINE_MOE_RETIRE_EACH");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+int raster_group() {
+  static const int g = [] {
+    const char* v = std::getenv("ENGINE_MOE_RASTER");
+    const int n = v ? std::atoi(v) : 0;
+    return n > 0 ? n : 4;
+  }();
+  return g;
+}
+
+template <int kMode>
+void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, TmaParams p, const char* name) {
+  p.multicast = multicast_enabled();
+  p.group = raster_group();
+  p.retire_each = retire_each();
+  static const int slots = [] {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(std::max(2, sms / 2 * 2)));
+    cfg.blockDim = dim3(kTmaThreads);
+    cfg.dynamicSmemBytes = kTmaSmemBytes;
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, grouped_tma_kernel<kMode>, &cfg));
+    ENSURE(n > 0, "grouped linear: no 2-CTA cluster of the TMA kernel fits on this device");
+    return n;
+  }();
+  if (p.units <= 0) return;
+  const unsigned grid = 2u * static_cast<unsigned>(std::min(slots, p.units));
+  grouped_tma_kernel<kMode><<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(ma, mb, p);
+  check_launch(name);
+}
+
+// Tiles and units of a forward / dgrad launch: R rows, `out_cols` output columns.
+TmaParams rows_params(const ForwardArgs& a, void* out, int64_t out_cols, int64_t red) {
+  TmaParams p{};
+  p.offsets = a.offsets;
+  p.counts = a.counts;
+  p.out = out;
+  p.experts = a.experts;
+  p.out_cols = out_cols;
+  p.red = red;
+  p.m_rows = a.rows;
+  p.n_per_stack = a.n_per_stack;
+  p.stacks = a.stacks;
+  const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(out_cols, kBN);
+  const int64_t pairs = ceil_div(tiles_m, 2);
+  ENSURE(pairs * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", out_cols,
+         " columns: too many tiles");
+  p.tiles_m = static_cast<int>(tiles_m);
+  p.tiles_n = static_cast<int>(tiles_n);
+  p.pairs_m = static_cast<int>(pairs);
+  p.units = static_cast<int>(pairs * tiles_n);
+  return p;
+}
+
 }  // namespace
 
 bool forward_sm90_available(bool tma) { return tma ? tma_available() : available(); }
 
 bool forward_sm90_eligible(const ForwardArgs& a, bool tma) {
   if (!forward_sm90_available(tma)) return false;
-  return !tma || (a.n_per_stack % kBoxRows == 0 && a.rows <= INT32_MAX && a.k <= INT32_MAX);
+  return !tma || ((a.stacks == 1 || a.n_per_stack % kBox == 0) && a.rows <= INT32_MAX &&
+                  a.k > 0 && a.k <= INT32_MAX && a.n > 0 && a.n <= INT32_MAX);
 }
 
 bool forward_sm90(const ForwardArgs& a, bool tma) {
   if (!forward_sm90_eligible(a, tma)) return false;
   const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(a.n, kBN);
   if (tiles_m == 0 || tiles_n == 0) return true;
-  ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", a.n,
-         " columns: too many tiles");
-  const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
   if (!tma) {
+    ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", a.n,
+           " columns: too many tiles");
+    const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
     FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
     forward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream()>>>(p);
     check_launch("forward_wgmma_kernel");
     return true;
   }
-  const cuuint64_t xd[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.rows)};
-  const cuuint64_t xs[1] = {static_cast<cuuint64_t>(a.k) * 2};
-  const cuuint32_t xb[2] = {kBK, kBM};
-  const cuuint64_t wd[3] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.n_per_stack),
-                            static_cast<cuuint64_t>(a.stacks * a.experts)};
-  const cuuint64_t ws[2] = {static_cast<cuuint64_t>(a.k) * 2,
-                            static_cast<cuuint64_t>(a.n_per_stack * a.k) * 2};
-  const cuuint32_t wb[3] = {kBK, kBoxRows, 1};
-  const CUtensorMap mx = tensor_map(a.x, 2, xd, xs, xb), mw = tensor_map(a.w, 3, wd, ws, wb);
-  const TmaParams p{a.offsets, a.counts, a.y, a.experts, a.n, a.k, a.n_per_stack,
-                    static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
-  forward_tma_kernel<<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(mx, mw, p);
-  check_launch("forward_tma_kernel");
+  const CUtensorMap mx = matrix_map(a.x, a.rows, a.k, kBM);
+  const CUtensorMap mw = weight_map(a.w, a.k, a.n_per_stack, a.stacks, a.experts);
+  launch_tma<kFwd>(mx, mw, rows_params(a, a.y, a.n, a.k), "grouped_tma_kernel<forward>");
+  return true;
+}
+
+bool dgrad_sm90_eligible(const ForwardArgs& a) { return forward_sm90_eligible(a, true); }
+
+bool dgrad_sm90(const ForwardArgs& a) {
+  if (!dgrad_sm90_eligible(a)) return false;
+  if (a.rows == 0) return true;
+  const CUtensorMap mdy = matrix_map(a.x, a.rows, a.n, kBM);
+  const CUtensorMap mw = weight_map(a.w, a.k, a.n_per_stack, a.stacks, a.experts);
+  launch_tma<kDgrad>(mdy, mw, rows_params(a, a.y, a.k, a.n), "grouped_tma_kernel<dgrad>");
   return true;
 }
 
 bool wgrad_sm90(const WgradArgs& a) {
   if (!tma_available() || a.rows > INT32_MAX || a.k > INT32_MAX || a.n > INT32_MAX) return false;
-  const int64_t tiles_n = ceil_div(a.n, kBM), tiles_k = ceil_div(a.k, kBN);
-  const int64_t blocks = a.experts * tiles_n * tiles_k;
-  if (blocks == 0 || a.rows == 0) return true;
-  ENSURE(blocks < INT32_MAX, "grouped linear: too many weight-gradient tiles");
-  // The transposes, ld a multiple of 8 (TMA strides are multiples of 16 bytes).
-  const int64_t ld = (a.rows + 7) / 8 * 8;
-  Owned dyt = empty({a.n, ld}, DType::BF16, Device::CUDA), xt = empty({a.k, ld}, DType::BF16, Device::CUDA);
-  auto transpose = [&](const gbf16* src, int64_t cols, const Tensor& dst) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(cols, 64)), static_cast<unsigned>(ceil_div(a.rows, 64)));
-    transpose_rows_kernel<<<grid, 256, 0, stream()>>>(reinterpret_cast<const uint16_t*>(src),
-                                                      static_cast<uint16_t*>(dst.data), a.rows, cols,
-                                                      ld, a.offsets, a.counts, a.experts);
-    check_launch("transpose_rows_kernel");
-  };
-  transpose(a.dy, a.n, dyt);
-  transpose(a.x, a.k, xt);
-  const cuuint64_t ad[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(a.n)};
-  const cuuint64_t bd[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(a.k)};
-  const cuuint64_t st[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t ab[2] = {kBK, kBM}, bb[2] = {kBK, kBoxRows};
-  const CUtensorMap ma = tensor_map(dyt->data, 2, ad, st, ab), mb = tensor_map(xt->data, 2, bd, st, bb);
-  const WgradTmaParams p{a.offsets, a.counts, a.dw, a.experts, a.n, a.k, a.n_per_stack, a.stacks,
-                         static_cast<int>(tiles_n), static_cast<int>(tiles_k)};
-  wgrad_tma_kernel<<<static_cast<unsigned>(blocks), kTmaThreads, kTmaSmemBytes, stream()>>>(ma, mb, p);
-  check_launch("wgrad_tma_kernel");
+  if (a.rows == 0 || a.k == 0 || a.n == 0 || a.experts == 0) return true;
+  TmaParams p{};
+  p.offsets = a.offsets;
+  p.counts = a.counts;
+  p.out = a.dw;
+  p.experts = a.experts;
+  p.out_cols = a.k;
+  p.red = 0;
+  p.m_rows = a.n;
+  p.n_per_stack = a.n_per_stack;
+  p.stacks = a.stacks;
+  const int64_t tiles_m = ceil_div(a.n, kBM), tiles_n = ceil_div(a.k, kBN), pairs = ceil_div(tiles_m, 2);
+  ENSURE(a.experts * pairs * tiles_n < INT32_MAX, "grouped linear: too many weight-gradient tiles");
+  p.tiles_m = static_cast<int>(tiles_m);
+  p.tiles_n = static_cast<int>(tiles_n);
+  p.pairs_m = static_cast<int>(pairs);
+  p.units = static_cast<int>(a.experts * pairs * tiles_n);
+  const CUtensorMap mdy = matrix_map(a.dy, a.rows, a.n, kBox), mx = matrix_map(a.x, a.rows, a.k, kBox);
+  launch_tma<kWgrad>(mdy, mx, p, "grouped_tma_kernel<wgrad>");
   return true;
 }
 

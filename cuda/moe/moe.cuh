@@ -14,7 +14,9 @@
 //   permute, unpermute (+ backward): rows of bf16 or f32, 16-byte vectors when the row length
 //                    and the pointers allow, f32 sums, one block per token.
 //   grouped linear   bf16 x / dy / w, bf16 y / dx, f32 dw (+=): see grouped_gemm.cu (and
-//                    grouped_gemm_sm90.cu, the forward on wgmma). Needs
+//                    grouped_gemm_sm90.cu: on sm_90 all three products on one persistent wgmma
+//                    kernel, operands by TMA, 2-CTA clusters multicasting the shared operand; the
+//                    backward reads its operands MN-major, no transposed copies). Needs
 //                    K, N, N/S multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
 //                    expert offsets that are multiples of ops::kMoeRowAlign (moe_dispatch's).
 // E <= ops::kMoeMaxExperts, k <= ops::kMoeMaxTopK. Every launcher runs on the compute stream.
@@ -45,22 +47,20 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
                             const Tensor& counts, const Tensor& y);
 // The kernel behind grouped_linear_forward. Auto: the TMA wgmma kernel where it is built for the
-// device (sm_90a code on a compute capability 9.0 GPU) and takes the shapes (N/S % 64 == 0),
-// else the cp.async wgmma kernel on sm_90, else mma.sync (grouped_gemm_sm90.cu,
-// grouped_gemm.cu). The others force one (tests and benchmarks; one that is not available, or
-// TMA on shapes it does not take, is an error). Process-wide.
+// device (sm_90a code on a compute capability 9.0 GPU) and takes the shapes (one weight stack,
+// or N/S % 64 == 0; K, N > 0), else the cp.async wgmma kernel on sm_90, else mma.sync
+// (grouped_gemm_sm90.cu, grouped_gemm.cu). The others force one (tests and benchmarks; one that
+// is not available, or TMA on shapes it does not take, is an error). Process-wide.
 enum class GroupedForwardKernel { Auto, MmaSync, Wgmma, WgmmaTma };
 void set_grouped_forward_kernel(GroupedForwardKernel k);
-// The same choice for grouped_linear_backward_input: MmaSync reads W_e transposed through
-// ldmatrix.trans; the wgmma kernels run the forward product on a transposed copy of the weights
-// (a scratch of the weights' size, (E, K, N) bf16, for the call); Auto takes the TMA kernel where
-// K % 64 == 0, else the cp.async one on sm_90, else MmaSync, and MmaSync whenever R < 512 E (few
-// rows per expert: the transpose would cost more than it saves).
+// The same choice for grouped_linear_backward_input: Auto / WgmmaTma = the TMA kernel reading W_e
+// MN-major (the forward's shape rule; no scratch), else MmaSync (W_e through ldmatrix.trans);
+// Wgmma = the cp.async forward kernel on a transposed copy of the weights (a scratch (E, K, N)
+// bf16 for the call).
 void set_grouped_dgrad_kernel(GroupedForwardKernel k);
-// And for grouped_linear_backward_weight: Auto (or WgmmaTma) = the TMA wgmma kernel on sm_90
-// through transposed copies of dy and x (scratch of their sizes, padding rows zeroed), else
-// (MmaSync) the mma.sync kernel reading both through ldmatrix.trans; Auto also takes MmaSync
-// when R < 512 E. Wgmma is not offered here (means WgmmaTma).
+// And for grouped_linear_backward_weight: Auto / WgmmaTma (Wgmma means the same) = the TMA
+// kernel reading dy and x MN-major (no scratch), every size; MmaSync = the mma.sync kernel
+// reading both through ldmatrix.trans.
 void set_grouped_wgrad_kernel(GroupedForwardKernel k);
 bool grouped_forward_kernel_available(GroupedForwardKernel k);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
