@@ -13,7 +13,9 @@
 // kernels run), [cudnn] cuDNN's fused attention (ops::AttentionBackend::Cudnn, builds with cuDNN
 // only). The environment variable BENCH_ATTENTION_BACKENDS (comma-separated among "mma.sync",
 // "sm90", "cudnn"; default all) picks them. The sm90 kernels also run once with one block per
-// work item instead of their persistent grid (fwd and bwd only).
+// work item instead of their persistent grid (fwd and bwd only; BENCH_ATTENTION_PER_ITEM=0 leaves
+// that out). BENCH_ATTENTION_SHAPES (comma-separated parts of case names, e.g.
+// "B4 H16 S8192,packed"; default all) picks the cases.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -194,6 +196,19 @@ void run_chunks(const std::string& name, int len, int chunks, int heads, int dim
                  3.5 * fwd_flops, 0, ""});
 }
 
+// Whether BENCH_ATTENTION_SHAPES (comma-separated name parts; unset or empty: all) picks `name`.
+bool shape_wanted(const std::string& name) {
+  const char* env = std::getenv("BENCH_ATTENTION_SHAPES");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string want = env;
+  for (size_t b = 0; b <= want.size();) {
+    const size_t e = std::min(want.find(',', b), want.size());
+    if (e > b && name.find(want.substr(b, e - b)) != std::string::npos) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
 std::vector<int> equal(int batch, int len) { return std::vector<int>(batch, len); }
 
 // Documents of 64 .. 2047 tokens (uniform, fixed seed) filling `total` tokens.
@@ -226,17 +241,21 @@ BENCH_CASES("attention") {
       {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
   };
   const std::vector<Backend> bes = backends();
+  const char* per_item = std::getenv("BENCH_ATTENTION_PER_ITEM");
+  const bool run_per_item = per_item == nullptr || std::string(per_item) != "0";
   for (const std::vector<AttnShape>* list : {&shapes, &more})
     for (const AttnShape& s : *list) {
+      if (!shape_wanted(s.name)) continue;
       for (const Backend& be : bes) run_shape(s, be, out);
       for (const Backend& be : bes)
-        if (be.kernel == cuda::AttentionKernel::kSm90 && list == &shapes)
+        if (be.kernel == cuda::AttentionKernel::kSm90 && list == &shapes && run_per_item)
           run_shape(s, {be.kind, be.kernel, " [flash sm90, block per item]", false}, out, true);
     }
   // The kv-prefix chunks run the mma.sync kernels under flash (the sm90 ones take no separate kv).
+  const std::string chunks_name = "causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)";
   for (const Backend& be : bes)
-    if (be.kernel != cuda::AttentionKernel::kSm90)
-      run_chunks("causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)", 8192, 4, 16, 128, be, out);
+    if (be.kernel != cuda::AttentionKernel::kSm90 && shape_wanted(chunks_name))
+      run_chunks(chunks_name, 8192, 4, 16, 128, be, out);
 #endif
   return out;
 }

@@ -37,6 +37,13 @@
 // wholly invisible are never loaded. The epilogue stores O (bf16, rows inside the sequence) and
 // lse straight from the registers.
 //
+// Two instantiations (kGrouped), picked by the launcher: D = 128 with sequences of at most
+// kGroupedMaxSeqlen tokens runs the grouped one, the rest the plain one (the measured split,
+// docs/PERF.md). Grouped: (head, sequence) pairs are taken in groups whose K and V fit in
+// 32 MiB of L2 (fwd_item), and a warpgroup whose 64 rows all lie past the sequence's end does
+// no products or softmax for the item (it still waits for each stage before releasing it, and
+// waits for V before issuing S: the order it was measured in).
+//
 // Shared memory: Q kBlockM x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 88 KiB
 // (D = 64) + barriers; one block per SM.
 #include <algorithm>
@@ -77,20 +84,36 @@ struct Sm90Params {
   float scale;
   int window;
   int num_seqs, m_blocks;  // S, q tiles of the longest sequence
+  int group;               // grouped kernel: (head, sequence) pairs per group (see fwd_item)
   int* next_item;          // zeroed: items past the first gridDim.x are handed out from here
   bool causal;
 };
 
 // Work item w (q tile of one q head of one sequence), in the order blocks take them: the last q
-// tiles (longest causal rows) of every (head, sequence) first, heads innermost.
+// tiles (longest causal rows) of every (head, sequence) first, heads innermost. kGrouped: the
+// (head, sequence) pairs (heads innermost) in groups of p.group, whose keys and values fit in L2
+// together, group after group, and in a group the last q tiles of every pair first: the blocks
+// share the keys of few pairs at a time, and the shortest items (the first q tiles of the last
+// group) still come last.
 struct FwdItem {
   int h, seq_begin, L, m0;
 };
-template <int kBlockM>
+template <int kBlockM, bool kGrouped>
 __device__ __forceinline__ FwdItem fwd_item(const Sm90Params& p, int64_t w) {
-  const int64_t per_m = int64_t{p.num_heads} * p.num_seqs;
-  const int z = static_cast<int>(w / per_m);
-  const int rem = static_cast<int>(w - z * per_m);
+  int z, rem;
+  if constexpr (kGrouped) {
+    const int pairs = p.num_heads * p.num_seqs;
+    const int64_t group_items = int64_t{p.group} * p.m_blocks;
+    const int gi = static_cast<int>(w / group_items);
+    const int r = static_cast<int>(w - gi * group_items);
+    const int in_group = min(p.group, pairs - gi * p.group);
+    z = r / in_group;
+    rem = gi * p.group + (r - z * in_group);
+  } else {
+    const int64_t per_m = int64_t{p.num_heads} * p.num_seqs;
+    z = static_cast<int>(w / per_m);
+    rem = static_cast<int>(w - z * per_m);
+  }
   const int seq = rem / p.num_heads;
   FwdItem it;
   it.h = rem - seq * p.num_heads;
@@ -112,7 +135,7 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[kD / 2], const uint32_t (&a)
 }
 #endif  // ENGINE_SM90A
 
-template <int kD>
+template <int kD, bool kGrouped>
 __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map, const Sm90Params p) {
 #ifdef ENGINE_SM90A
@@ -167,7 +190,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       // Items in order: blockIdx.x first, then the next free one (dynamic: long items early).
       for (int64_t w = blockIdx.x; w < items;
            w = gridDim.x + static_cast<int64_t>(atomicAdd(p.next_item, 1))) {
-        const FwdItem it = fwd_item<kBlockM>(p, w);
+        const FwdItem it = fwd_item<kBlockM, kGrouped>(p, w);
         if (it.m0 >= it.L) continue;
         int n_first, n_last;
         tile_range(it, n_first, n_last);
@@ -297,10 +320,15 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     mbar_wait(q_full, j & 1);
     const int64_t w = *s_item;
     if (w < 0) break;
-    const FwdItem it = fwd_item<kBlockM>(p, w);
+    const FwdItem it = fwd_item<kBlockM, kGrouped>(p, w);
     int n_first, n_last;
     tile_range(it, n_first, n_last);
     const int n_tiles = n_last - n_first + 1;
+    // kGrouped: a warpgroup whose rows all lie past the sequence's end computes nothing for the
+    // item (it still waits for every stage before releasing it). Each conditional region
+    // retires its own wgmma groups: ptxas serialises every wgmma of the kernel when a group is
+    // still in flight where a branch that issues products joins one that does not.
+    const bool active = !kGrouped || it.m0 + 64 * wg < it.L;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = -INFINITY;
@@ -309,32 +337,58 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     {
       const int s = kt % kStages;
       mbar_wait(k_full(s), (kt / kStages) & 1);
-      issue_s(s);
-      wgmma_wait<0>();
+      if constexpr (kGrouped) {
+        if (active) {
+          issue_s(s);
+          wgmma_wait<0>();
+        }
+      } else {
+        issue_s(s);
+        wgmma_wait<0>();
+      }
       reg_fence(sc);
       if (leader) {
         mbar_arrive(k_empty(s));
         if (n_tiles == 1) mbar_arrive(q_empty);  // the item's last use of Q
       }
       float alpha[2];
-      softmax(n_last, it.L, it.m0, alpha);
+      if (active) softmax(n_last, it.L, it.m0, alpha);
       to_p();
     }
     for (int i = 1; i < n_tiles; ++i) {
       const int g = kt + i, s = g % kStages, prev = (g - 1) % kStages;
       mbar_wait(k_full(s), (g / kStages) & 1);
-      issue_s(s);
-      mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
-      issue_pv(prev);
-      wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
-      reg_fence(sc);
-      if (leader) {
-        mbar_arrive(k_empty(s));
-        if (i == n_tiles - 1) mbar_arrive(q_empty);
+      float alpha[2] = {1.f, 1.f};
+      if constexpr (kGrouped) {
+        mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
+        if (active) {
+          issue_s(s);
+          issue_pv(prev);
+          wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
+          reg_fence(sc);
+          if (leader) {
+            mbar_arrive(k_empty(s));
+            if (i == n_tiles - 1) mbar_arrive(q_empty);
+          }
+          softmax(n_last - i, it.L, it.m0, alpha);
+          wgmma_wait<0>();
+        } else if (leader) {
+          mbar_arrive(k_empty(s));
+          if (i == n_tiles - 1) mbar_arrive(q_empty);
+        }
+      } else {
+        issue_s(s);
+        mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
+        issue_pv(prev);
+        wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
+        reg_fence(sc);
+        if (leader) {
+          mbar_arrive(k_empty(s));
+          if (i == n_tiles - 1) mbar_arrive(q_empty);
+        }
+        softmax(n_last - i, it.L, it.m0, alpha);
+        wgmma_wait<0>();
       }
-      float alpha[2];
-      softmax(n_last - i, it.L, it.m0, alpha);
-      wgmma_wait<0>();
       reg_fence(o);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
@@ -351,8 +405,10 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     {
       const int g = kt + n_tiles - 1, last = g % kStages;
       mbar_wait(v_full(last), (g / kStages) & 1);
-      issue_pv(last);
-      wgmma_wait<0>();
+      if (active) {
+        issue_pv(last);
+        wgmma_wait<0>();
+      }
       reg_fence(o);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
@@ -383,15 +439,19 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
 #endif  // ENGINE_SM90A
 }
 
+// The longest sequence (max_seqlen) up to which hd128 runs the grouped kernel.
+constexpr int kGroupedMaxSeqlen = 2048;
+
 template <int kD>
 bool kernel_ready() {
   static const bool ok = [] {
-    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD>)) ||
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, false>)) ||
         sm90::tensor_map_encoder() == nullptr)
       return false;
-    CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel<kD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(Sm90Config<kD>::kSmemBytes)));
+    for (const void* k : {reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, false>),
+                          reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, true>)})
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(Sm90Config<kD>::kSmemBytes)));
     return true;
   }();
   return ok;
@@ -426,6 +486,14 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.num_seqs = g.num_seqs;
   kp.m_blocks = m_blocks;
   kp.causal = p.causal;
+  // The grouped kernel where it measured faster (hd128, sequences of at most 2048 tokens; see
+  // docs/PERF.md): groups of pairs whose keys and values (max_seqlen rows of D, K and V; shared
+  // by the q heads of a kv head) fit in 32 MiB of the 50 MiB L2.
+  const bool grouped = kD == 128 && g.max_seqlen_q <= kGroupedMaxSeqlen;
+  const int64_t pairs = int64_t{p.num_heads} * g.num_seqs;
+  const int64_t pair_bytes = int64_t{g.max_seqlen_q} * kD * 2 * 2;
+  kp.group = static_cast<int>(std::clamp<int64_t>(
+      (int64_t{32} << 20) / pair_bytes * (p.num_heads / p.num_kv_heads), 1, pairs));
   const int64_t items = int64_t{p.num_heads} * g.num_seqs * m_blocks;
   const int64_t blocks = g_persistent ? std::min<int64_t>(items, sm_count()) : items;
   ENSURE(items <= std::numeric_limits<int32_t>::max(), "attention_forward (sm90): ", items,
@@ -433,8 +501,11 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   Buffer next_item(sizeof(int), Device::CUDA);  // back to the caching allocator on return:
   kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
   CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));
-  flash_fwd_sm90_kernel<kD><<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, stream>>>(
-      map, kp);
+  const unsigned nb = static_cast<unsigned>(blocks);
+  if (grouped)
+    flash_fwd_sm90_kernel<kD, true><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
+  else
+    flash_fwd_sm90_kernel<kD, false><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
   check_launch("flash_fwd_sm90_kernel");
 }
 
