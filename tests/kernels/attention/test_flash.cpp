@@ -253,8 +253,11 @@ TEST_CASE("flash attention sm90 kernels agree with the mma.sync kernels on large
   // out differs by the two kernels' bf16 roundings of P and out (each ~3e-3 from the exact
   // values), lse only by f32 summation order, dqkv by the roundings of P, dS and dqkv.
   if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
+  // hd128 up to 2048 keys runs the grouped forward (items in groups whose K, V fit in 32 MiB of
+  // L2): 4 sequences x 12 heads of up to 2048 tokens make more than one group.
   const std::vector<FlashCase> cases = {
       {{2048, 2048}, 8, 2, 128, true, 0},
+      {{2048, 2000, 1500, 700}, 12, 12, 128, true, 0},
       {{2048, 33, 1700, 64, 2000}, 4, 4, 128, false, 0},
       {{2048, 2048}, 8, 8, 64, true, 0},
       {{4000, 95}, 4, 2, 64, true, 1000},
