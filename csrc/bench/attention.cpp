@@ -239,6 +239,7 @@ BENCH_CASES("attention") {
   const std::vector<AttnShape> more = {
       {"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs, 16, 128, ""},
       {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
+      {"causal hd128 B4 H16 S4096 (the Llama 0.89B config)", equal(4, 4096), 16, 128, ""},
   };
   const std::vector<Backend> bes = backends();
   const char* per_item = std::getenv("BENCH_ATTENTION_PER_ITEM");

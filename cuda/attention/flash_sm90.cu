@@ -37,12 +37,12 @@
 // wholly invisible are never loaded. The epilogue stores O (bf16, rows inside the sequence) and
 // lse straight from the registers.
 //
-// Two instantiations (kGrouped), picked by the launcher: D = 128 with sequences of at most
-// kGroupedMaxSeqlen tokens runs the grouped one, the rest the plain one (the measured split,
-// docs/PERF.md). Grouped: (head, sequence) pairs are taken in groups whose K and V fit in
-// 32 MiB of L2 (fwd_item), and a warpgroup whose 64 rows all lie past the sequence's end does
-// no products or softmax for the item (it still waits for each stage before releasing it, and
-// waits for V before issuing S: the order it was measured in).
+// Item order (kGrouped, fwd_item): at D = 128 the (head, sequence) pairs are taken in groups
+// whose K and V fit in 32 MiB of the 50 MiB L2, so the blocks running at once share the keys of
+// few pairs; without it the longest-first order spreads them over every pair and the keys are
+// read from memory again and again (H200, forward: B4 H16 S8192 559 -> 670 TFLOP/s, B16 S2048
+// 425 -> 551, B4 S4096 562 -> 621, 30 packed documents 369 -> 420; B1 S8192 658 either way).
+// D = 64 keeps the plain order (grouped measured 360 against 374 at B16 H32 S2048).
 //
 // Shared memory: Q kBlockM x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 88 KiB
 // (D = 64) + barriers; one block per SM.
@@ -84,7 +84,7 @@ struct Sm90Params {
   float scale;
   int window;
   int num_seqs, m_blocks;  // S, q tiles of the longest sequence
-  int group;               // grouped kernel: (head, sequence) pairs per group (see fwd_item)
+  int group;               // grouped item order: (head, sequence) pairs per group (fwd_item)
   int* next_item;          // zeroed: items past the first gridDim.x are handed out from here
   bool causal;
 };
@@ -324,11 +324,6 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     int n_first, n_last;
     tile_range(it, n_first, n_last);
     const int n_tiles = n_last - n_first + 1;
-    // kGrouped: a warpgroup whose rows all lie past the sequence's end computes nothing for the
-    // item (it still waits for every stage before releasing it). Each conditional region
-    // retires its own wgmma groups: ptxas serialises every wgmma of the kernel when a group is
-    // still in flight where a branch that issues products joins one that does not.
-    const bool active = !kGrouped || it.m0 + 64 * wg < it.L;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = -INFINITY;
@@ -337,58 +332,32 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     {
       const int s = kt % kStages;
       mbar_wait(k_full(s), (kt / kStages) & 1);
-      if constexpr (kGrouped) {
-        if (active) {
-          issue_s(s);
-          wgmma_wait<0>();
-        }
-      } else {
-        issue_s(s);
-        wgmma_wait<0>();
-      }
+      issue_s(s);
+      wgmma_wait<0>();
       reg_fence(sc);
       if (leader) {
         mbar_arrive(k_empty(s));
         if (n_tiles == 1) mbar_arrive(q_empty);  // the item's last use of Q
       }
       float alpha[2];
-      if (active) softmax(n_last, it.L, it.m0, alpha);
+      softmax(n_last, it.L, it.m0, alpha);
       to_p();
     }
     for (int i = 1; i < n_tiles; ++i) {
       const int g = kt + i, s = g % kStages, prev = (g - 1) % kStages;
       mbar_wait(k_full(s), (g / kStages) & 1);
-      float alpha[2] = {1.f, 1.f};
-      if constexpr (kGrouped) {
-        mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
-        if (active) {
-          issue_s(s);
-          issue_pv(prev);
-          wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
-          reg_fence(sc);
-          if (leader) {
-            mbar_arrive(k_empty(s));
-            if (i == n_tiles - 1) mbar_arrive(q_empty);
-          }
-          softmax(n_last - i, it.L, it.m0, alpha);
-          wgmma_wait<0>();
-        } else if (leader) {
-          mbar_arrive(k_empty(s));
-          if (i == n_tiles - 1) mbar_arrive(q_empty);
-        }
-      } else {
-        issue_s(s);
-        mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
-        issue_pv(prev);
-        wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
-        reg_fence(sc);
-        if (leader) {
-          mbar_arrive(k_empty(s));
-          if (i == n_tiles - 1) mbar_arrive(q_empty);
-        }
-        softmax(n_last - i, it.L, it.m0, alpha);
-        wgmma_wait<0>();
+      issue_s(s);
+      mbar_wait(v_full(prev), ((g - 1) / kStages) & 1);
+      issue_pv(prev);
+      wgmma_wait<1>();  // S of tile i is done, P V of tile i - 1 may still run
+      reg_fence(sc);
+      if (leader) {
+        mbar_arrive(k_empty(s));
+        if (i == n_tiles - 1) mbar_arrive(q_empty);
       }
+      float alpha[2];
+      softmax(n_last - i, it.L, it.m0, alpha);
+      wgmma_wait<0>();
       reg_fence(o);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
@@ -405,10 +374,8 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     {
       const int g = kt + n_tiles - 1, last = g % kStages;
       mbar_wait(v_full(last), (g / kStages) & 1);
-      if (active) {
-        issue_pv(last);
-        wgmma_wait<0>();
-      }
+      issue_pv(last);
+      wgmma_wait<0>();
       reg_fence(o);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) reg_fence(pa[kk]);
@@ -439,19 +406,19 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
 #endif  // ENGINE_SM90A
 }
 
-// The longest sequence (max_seqlen) up to which hd128 runs the grouped kernel.
-constexpr int kGroupedMaxSeqlen = 2048;
+// The item order per head dimension (see the top).
+template <int kD>
+constexpr bool kGroupedOrder = kD == 128;
 
 template <int kD>
 bool kernel_ready() {
   static const bool ok = [] {
-    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, false>)) ||
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, kGroupedOrder<kD>>)) ||
         sm90::tensor_map_encoder() == nullptr)
       return false;
-    for (const void* k : {reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, false>),
-                          reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, true>)})
-      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(Sm90Config<kD>::kSmemBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel<kD, kGroupedOrder<kD>>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(Sm90Config<kD>::kSmemBytes)));
     return true;
   }();
   return ok;
@@ -486,10 +453,8 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.num_seqs = g.num_seqs;
   kp.m_blocks = m_blocks;
   kp.causal = p.causal;
-  // The grouped kernel where it measured faster (hd128, sequences of at most 2048 tokens; see
-  // docs/PERF.md): groups of pairs whose keys and values (max_seqlen rows of D, K and V; shared
-  // by the q heads of a kv head) fit in 32 MiB of the 50 MiB L2.
-  const bool grouped = kD == 128 && g.max_seqlen_q <= kGroupedMaxSeqlen;
+  // Grouped item order (D = 128): groups of pairs whose keys and values (max_seqlen rows of D,
+  // K and V; shared by the q heads of a kv head) fit in 32 MiB of L2.
   const int64_t pairs = int64_t{p.num_heads} * g.num_seqs;
   const int64_t pair_bytes = int64_t{g.max_seqlen_q} * kD * 2 * 2;
   kp.group = static_cast<int>(std::clamp<int64_t>(
@@ -502,10 +467,7 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
   CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));
   const unsigned nb = static_cast<unsigned>(blocks);
-  if (grouped)
-    flash_fwd_sm90_kernel<kD, true><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
-  else
-    flash_fwd_sm90_kernel<kD, false><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
+  flash_fwd_sm90_kernel<kD, kGroupedOrder<kD>><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
   check_launch("flash_fwd_sm90_kernel");
 }
 
