@@ -284,7 +284,13 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" *
   for (const Case& c : std::vector<Case>{{"llama", 2, {}},
                                          {"llama", 2, {"distributed.sequence_parallel=true"}},
                                          {"gpt2", 2, {"distributed.sequence_parallel=true",
-                                                      "distributed.cross_entropy_splits=3"}}})
+                                                      "distributed.cross_entropy_splits=3"}},
+                                         // the experts' intermediate split (grouped GEMMs over
+                                         // two weight stacks per rank) and Mamba beside them
+                                         {"mixtral", 2, {"model.num_experts=4", "model.moe_aux_loss_coef=0.01"}},
+                                         {"hybrid", 2, {"model.hybrid_layout=\"MEA\"", "model.num_layers=3",
+                                                        "model.num_experts=3", "model.mamba_d_state=4",
+                                                        "distributed.sequence_parallel=true"}}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 
