@@ -642,7 +642,9 @@ int raster_group() {
 template <int kMode>
 void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, TmaParams p, const char* name) {
   p.multicast = multicast_enabled();
-  p.group = raster_group();
+  // A group taller than the pairs of row tiles maps the units as one of exactly that height
+  // does; the clamp keeps group x tiles_n inside int for any ENGINE_MOE_RASTER.
+  p.group = std::min(raster_group(), std::max(1, p.pairs_m));
   p.retire_each = retire_each();
   static const int slots = [] {
     int dev = 0, sms = 0;

@@ -17,7 +17,7 @@
 //                    grouped_gemm_sm90.cu: on sm_90 all three products on one persistent wgmma
 //                    kernel, operands by TMA, 2-CTA clusters multicasting the shared operand; the
 //                    backward reads its operands MN-major, no transposed copies). Needs
-//                    K, N, N/S multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
+//                    K and N multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
 //                    expert offsets that are multiples of ops::kMoeRowAlign (moe_dispatch's).
 // E <= ops::kMoeMaxExperts, k <= ops::kMoeMaxTopK. Every launcher runs on the compute stream.
 #pragma once
