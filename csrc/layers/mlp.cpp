@@ -49,6 +49,7 @@ void Mlp::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c
 
 void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s,
                   const Tensor& residual) const {
+  ENSURE(!residual.data || residual.data != y.data, "Mlp::forward: the residual must not be y");
   const int64_t T = full_rows(env, xn.size(0));
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});

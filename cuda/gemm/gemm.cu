@@ -1,5 +1,7 @@
 // GEMM on the GPU through cuBLASLt, row-major (ops/gemm.h, cuda/gemm/gemm.cuh):
-//   c = epilogue(alpha * op(A) @ op(B) + beta * c),  epilogue: + bias(j), then GELU (tanh form),
+//   c = epilogue(alpha * op(A) @ op(B) + beta * c_in),  c_in = c unless GemmParams::c_in is set
+//   (MatmulOptions::addend: cuBLASLt's C input apart from its output D); epilogue: + bias(j), then
+//   GELU (tanh form),
 //   or bias gradients dbias_a(i) = sum_k op(A)(i, k), dbias_b(j) = sum_k op(B)(k, j).
 // Row-major to cuBLASLt's column-major: a row-major (r, c) matrix is a column-major (c, r) one
 // with the same leading dimension, so C^T (N, M) = op(B)^T (N, K) @ op(A)^T (K, M): cuBLASLt's A
@@ -7,7 +9,7 @@
 // (N rows, M columns, ld N). Hence cuBLASLt's "rows of D" are our columns: its bias (one per row
 // of D) is our per-column bias, BGRADA (reduce its A over k, one per row of D) is our dbias_b and
 // BGRADB (its B, one per column of D) is our dbias_a.
-// Types: A, B bf16; C (= D) bf16 or f32; CUBLAS_COMPUTE_32F with f32 alpha and beta; the bias or
+// Types: A, B bf16; C and D (same dtype and layout) bf16 or f32; CUBLAS_COMPUTE_32F with f32 alpha and beta; the bias or
 // bias-gradient vector bf16 or f32 (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); GELU's saved input in
 // C's dtype with leading dimension N (cuBLASLt wants it divisible by 8).
 // State: one cublasLt handle and one 32 MiB workspace, created on first use and kept for the
