@@ -18,6 +18,13 @@ void Embedding::declare(ParamTable& t, const ModelConfig& c) {
 }
 
 namespace {
+// The model's ids were checked on the host before they reach it: tokens by the data sampler
+// against model.vocab_size (data/dataset_sampler.cpp), positions are below data.sequence_length
+// <= model.max_position_embeddings (config_validate.cpp). So the lookups skip the GPU's
+// read-back of its own id check, which would make the host wait for the device twice per
+// embedding and step (ops/embedding.h, IdCheck).
+constexpr ops::IdCheck kIds = ops::IdCheck::kTrusted;
+
 // This rank's rows of a (T) tensor under sequence parallelism, else all of it.
 Tensor local_rows(const Env& env, const Tensor& t, int64_t rows) {
   return env.sp() ? t.slice(rows * env.tp_rank(), rows * (env.tp_rank() + 1)) : t;
@@ -26,22 +33,22 @@ Tensor local_rows(const Env& env, const Tensor& t, int64_t rows) {
 
 void Embedding::forward(const Env& env, const Tensor& tokens, const Tensor& positions, const Tensor& x) const {
   if (env.tp_size() == 1) {
-    ops::embedding_forward(tokens, tokens_.w(), x, false);
+    ops::embedding_forward(tokens, tokens_.w(), x, false, 0, 0, kIds);
   } else {
     Owned partial = env.sp() ? env.act_tensor({tokens.size(0), x.size(1)}) : Owned{};
     const Tensor p = env.sp() ? partial.t : x;
-    ops::embedding_forward(tokens, tokens_.w(), p, false, vocab_begin_, vocab_size_);
+    ops::embedding_forward(tokens, tokens_.w(), p, false, vocab_begin_, vocab_size_, kIds);
     row_output_forward(env, p, x);
   }
-  if (positions_) ops::embedding_forward(local_rows(env, positions, x.size(0)), positions_.w(), x, true);
+  if (positions_) ops::embedding_forward(local_rows(env, positions, x.size(0)), positions_.w(), x, true, 0, 0, kIds);
 }
 
 void Embedding::backward(const Env& env, const Tensor& tokens, const Tensor& positions, const Tensor& dx) const {
-  if (positions_) ops::embedding_backward(local_rows(env, positions, dx.size(0)), dx, positions_.g());
-  if (env.tp_size() == 1) return ops::embedding_backward(tokens, dx, tokens_.g());
+  if (positions_) ops::embedding_backward(local_rows(env, positions, dx.size(0)), dx, positions_.g(), 0, 0, kIds);
+  if (env.tp_size() == 1) return ops::embedding_backward(tokens, dx, tokens_.g(), 0, 0, kIds);
   Owned storage;
   const Tensor dx_full = row_output_backward(env, dx, storage);
-  ops::embedding_backward(tokens, dx_full, tokens_.g(), vocab_begin_, vocab_size_);
+  ops::embedding_backward(tokens, dx_full, tokens_.g(), vocab_begin_, vocab_size_, kIds);
 }
 
 }  // namespace engine::layers

@@ -11,6 +11,14 @@
 // Summing the forward outputs of all shards (tensor parallelism: an all-reduce) gives the
 // unsharded lookup; each shard's backward is that shard's rows of the unsharded gradient. The
 // learned-position table is an ordinary unsharded table (default arguments).
+// check: how an id outside [0, vocab_total) is reported. kRaise: the call raises naming the token
+// position and the id (on the GPU that reads a flag back from the device: the host waits for the
+// kernels). kTrusted: the caller has checked the ids on the host (the model's callers: the data
+// sampler checks every token against model.vocab_size, positions are below sequence_length <=
+// max_position_embeddings by configuration), so the GPU reads nothing back and the host runs on;
+// a bad id still never reads or writes outside the table (a zero row forward, or out untouched
+// with accumulate; nothing added backward) but is not reported. The CPU reference checks either
+// way (it costs nothing there).
 #pragma once
 #include <cstdint>
 
@@ -18,9 +26,13 @@
 
 namespace engine::ops {
 
+enum class IdCheck { kRaise, kTrusted };
+
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
-                       int64_t vocab_begin = 0, int64_t vocab_total = 0);
+                       int64_t vocab_begin = 0, int64_t vocab_total = 0,
+                       IdCheck check = IdCheck::kRaise);
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
-                        int64_t vocab_begin = 0, int64_t vocab_total = 0);
+                        int64_t vocab_begin = 0, int64_t vocab_total = 0,
+                        IdCheck check = IdCheck::kRaise);
 
 }  // namespace engine::ops

@@ -21,8 +21,10 @@
 //   Every sum has a fixed order, so dtable gets the same bits on every run with the same ids.
 // Invalid ids: each kernel that reads ids records the first bad position with an integer
 // atomicMin into a device flag; the launcher reads the flag back after its kernels and raises
-// naming the position and the id (as the CPU reference does). Forward leaves rows of bad ids
-// unwritten; backward adds nothing for them.
+// naming the position and the id (as the CPU reference does). Forward gives bad ids a zero row
+// (= ; += leaves the row untouched); backward adds nothing for them. Callers that checked their ids on the host
+// (raise_bad_ids = false) pass no flag: nothing is recorded or read back, and the host does not
+// wait for the kernels.
 // Memory: table / out bf16 or f32; dout bf16 or f32 with dtable f32. Scratch from the caching
 // allocator: 4 x T ints for the sort, 256 x T / kSortTile for histograms, 2 x ceil(T / kCell) x C
 // floats for the cell partials (T C / 8 bytes at most). Limits: T < 2^31, V < 2^31 - 1.
@@ -61,13 +63,12 @@ static __global__ void __launch_bounds__(kFwdMaxThreads)
   const int64_t packs = cols / N;
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const int32_t id = ids[row];
-    if (id < 0 || id >= vocab) {
-      if (threadIdx.x == 0) atomicMin(err, static_cast<int>(row));
-      continue;
-    }
+    const bool bad = id < 0 || id >= vocab;
+    if (bad && err && threadIdx.x == 0) atomicMin(err, static_cast<int>(row));
     const int64_t local = id - begin;
     T* dst = out + row * cols;
-    if (local < 0 || local >= rows) {  // another shard's id: a zero row, or untouched (+=)
+    // Another shard's id, or a bad one: a zero row, or untouched (+=).
+    if (bad || local < 0 || local >= rows) {
       if constexpr (!kAccumulate) {
         Pack<T, N> zero;
 #pragma unroll
@@ -130,7 +131,7 @@ static __global__ void embedding_keys_kernel(const int32_t* ids, int64_t n, int6
   const bool mine = ok && local >= 0 && local < rows;
   keys[i] = mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
   vals[i] = static_cast<int32_t>(i);
-  if (!ok) atomicMin(err, static_cast<int>(i));
+  if (!ok && err) atomicMin(err, static_cast<int>(i));
 }
 
 // hist[d * tiles + tile] = number of keys of the tile with digit d.
@@ -394,7 +395,7 @@ static void raise_if_bad_id(const Buffer& flag, const Tensor& ids, int64_t vocab
 }
 
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
-                       int64_t vocab_begin, int64_t vocab_total) {
+                       int64_t vocab_begin, int64_t vocab_total, bool raise_bad_ids) {
   const char* op = "embedding_forward";
   const int64_t n = check_ids(ids, op);
   expect_cuda_float(table, op, "table");
@@ -403,7 +404,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
   const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "table");
   expect_cuda(out, table.dtype, {n, cols}, op, "out");
   if (n == 0) return;
-  Buffer flag = error_flag();
+  Buffer flag = raise_bad_ids ? error_flag() : Buffer{};
   int* err = static_cast<int*>(flag.data());
   float_switch(table.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -433,11 +434,11 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
         go(embedding_forward_kernel<T, 1, false>);
     }
   });
-  raise_if_bad_id(flag, ids, vocab, op);
+  if (raise_bad_ids) raise_if_bad_id(flag, ids, vocab, op);
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
-                        int64_t vocab_begin, int64_t vocab_total) {
+                        int64_t vocab_begin, int64_t vocab_total, bool raise_bad_ids) {
   const char* op = "embedding_backward";
   const int64_t n = check_ids(ids, op);
   expect_cuda(dtable, op, "dtable");
@@ -451,7 +452,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
          Shape({n, cols}).str());
   if (n == 0) return;
 
-  Buffer flag = error_flag();
+  Buffer flag = raise_bad_ids ? error_flag() : Buffer{};
   int* err = static_cast<int*>(flag.data());
   // Keys and values, double-buffered for the sort passes.
   Buffer sort_buf(4 * static_cast<size_t>(n) * sizeof(int32_t), Device::CUDA);
@@ -516,7 +517,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
         go(embedding_piece_kernel<T, 1>, embedding_fixup_kernel<1>, 1);
     });
   }
-  raise_if_bad_id(flag, ids, vocab, op);
+  if (raise_bad_ids) raise_if_bad_id(flag, ids, vocab, op);
 }
 
 }  // namespace engine::cuda

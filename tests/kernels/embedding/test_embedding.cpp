@@ -1,7 +1,8 @@
 // GPU tests of cuda/embedding against the f64 CPU reference (csrc/ref/embedding.cpp): forward
 // (= and +=) and the deterministic backward with duplicate ids, a popular id whose tokens span
 // many cells of the sorted order, vocabularies needing 1 to 3 radix passes, odd widths and
-// misaligned views (scalar kernels); out-of-range ids raise naming the token position.
+// misaligned views (scalar kernels); out-of-range ids raise naming the token position, or with
+// trusted ids (the model's calls) are skipped without a read-back.
 // Tolerances: a gathered row is copied exactly (0); bf16 += within twice the error of rounding
 // the exact sum to bf16, plus 1e-4; f32 += within 1e-6 (one rounding); dtable (f32 sums of up
 // to T rows into random prefills) within 1e-5. Backward bits are equal over repeated runs.
@@ -110,6 +111,61 @@ TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, de
         ops::embedding_backward(gids.t, gdout.t, gd2.t);
         CHECK(bitwise_equal(gd1.t, gd2.t));
       }
+    }
+  }
+}
+
+TEST_CASE("cuda embedding with trusted ids: the checked call's bits, bad ids skipped unreported" * doctest::test_suite("gpu")) {
+  // ops::IdCheck::kTrusted (the model's calls): no flag is read back. Valid ids give bitwise the
+  // checked call's results; a bad id gives a zero row (=), leaves its row of out untouched (+=)
+  // and adds nothing backward, as another shard's id does, and nothing is raised.
+  if (!gpu_available_or_skip()) return;
+  for (const EmbCase& k : {kCases[2], kCases[5], kCases[6], kCases[9]}) {
+    SUBCASE(k.name().c_str()) {
+      Owned ids = random_ids(k);
+      DeviceTensor gids = to_gpu(ids, DType::I32);
+      DeviceTensor table = to_gpu(randn({k.vocab, k.c}, DType::F32, "emb.table"), DType::BF16, k.offset);
+      DeviceTensor dout = to_gpu(randn({k.t, k.c}, DType::F32, "emb.dout"), DType::BF16, k.offset);
+      Owned dtable0 = randn({k.vocab, k.c}, DType::F32, "emb.dtable0");
+      DeviceTensor a = gpu_poisoned({k.t, k.c}, DType::BF16, k.offset), b = gpu_poisoned({k.t, k.c}, DType::BF16, k.offset);
+      ops::embedding_forward(gids.t, table.t, a.t, false);
+      ops::embedding_forward(gids.t, table.t, b.t, false, 0, 0, ops::IdCheck::kTrusted);
+      CHECK(bitwise_equal(a.t, b.t));
+      DeviceTensor d1 = to_gpu(dtable0, DType::F32, k.offset), d2 = to_gpu(dtable0, DType::F32, k.offset);
+      ops::embedding_backward(gids.t, dout.t, d1.t);
+      ops::embedding_backward(gids.t, dout.t, d2.t, 0, 0, ops::IdCheck::kTrusted);
+      CHECK(bitwise_equal(d1.t, d2.t));
+
+      // Bad ids at the first, a middle and the last position: what the CPU reference gives for
+      // the same ids with the bad ones moved to another shard's range is not defined here, so
+      // compare against the valid-only reference directly.
+      Owned bad = empty({k.t}, DType::I32, Device::CPU);
+      copy_tensor(bad, ids);
+      const std::vector<int64_t> where = {0, k.t / 2, k.t - 1};
+      const std::vector<int32_t> value = {-1, static_cast<int32_t>(k.vocab), 1 << 30};
+      for (size_t i = 0; i < where.size(); ++i) bad.ptr<int32_t>()[where[i]] = value[i];
+      DeviceTensor gbad = to_gpu(bad, DType::I32);
+      DeviceTensor c = gpu_poisoned({k.t, k.c}, DType::BF16, k.offset);
+      ops::embedding_forward(gbad.t, table.t, c.t, false, 0, 0, ops::IdCheck::kTrusted);
+      Owned got = to_host(c.t, DType::F32), want = to_host(a.t, DType::F32);
+      for (int64_t w : where)
+        for (int64_t j = 0; j < k.c; ++j) want.ptr<float>()[w * k.c + j] = 0.f;
+      CHECK(bitwise_equal(got, want));
+      DeviceTensor acc = to_gpu(randn({k.t, k.c}, DType::F32, "emb.base"), DType::BF16, k.offset);
+      Owned before = to_host(acc.t, DType::F32);
+      ops::embedding_forward(gbad.t, table.t, acc.t, true, 0, 0, ops::IdCheck::kTrusted);
+      Owned after = to_host(acc.t, DType::F32);
+      for (int64_t w : where)
+        for (int64_t j = 0; j < k.c; ++j) CHECK(after.ptr<float>()[w * k.c + j] == before.ptr<float>()[w * k.c + j]);
+      // Backward: the bad tokens add nothing, i.e. the same as their dout rows being zero.
+      Owned dout_masked = to_host(dout.t, DType::F32);
+      for (int64_t w : where)
+        for (int64_t j = 0; j < k.c; ++j) dout_masked.ptr<float>()[w * k.c + j] = 0.f;
+      DeviceTensor gmasked = to_gpu(dout_masked, DType::BF16, k.offset);
+      DeviceTensor d3 = to_gpu(dtable0, DType::F32, k.offset), d4 = to_gpu(dtable0, DType::F32, k.offset);
+      ops::embedding_backward(gbad.t, dout.t, d3.t, 0, 0, ops::IdCheck::kTrusted);
+      ops::embedding_backward(gids.t, gmasked.t, d4.t, 0, 0, ops::IdCheck::kTrusted);
+      CHECK_CLOSE(d3.t, to_host(d4.t, DType::F64).t, 1e-6);
     }
   }
 }
