@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sm90.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
+#include "cuda/moe/moe.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_WGMMA 1
@@ -610,42 +612,42 @@ CUtensorMap weight_map(const void* w, int64_t k, int64_t n_per_stack, int64_t st
 
 // The persistent launch: as many 2-CTA clusters as are resident at once (queried once per
 // kernel), at most one per unit.
-// Benchmark switches, read once: ENGINE_MOE_NO_MULTICAST=1 (no TMA multicast),
-// ENGINE_MOE_RASTER=G (G pairs of row tiles per raster group; default 4) and
-// ENGINE_MOE_RETIRE_EACH=0 (consumers keep one k step's wgmma in flight and release the stage
-// of the step before; the default waits for each step and releases its stage at once: the two
-// warpgroups keep the tensor cores busy between them, and a stage goes back one step earlier;
-// H200 balanced fwd / dgrad / wgrad 739 / 733 / 636 against 733 / 685 / 626 TFLOP/s).
-bool multicast_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("ENGINE_MOE_NO_MULTICAST");
-    return v == nullptr || std::strcmp(v, "1") != 0;
-  }();
-  return on;
+// Schedule switches (moe.cuh, set_grouped_tma_schedule; initial values from the environment):
+// ENGINE_MOE_NO_MULTICAST=1 (no TMA multicast), ENGINE_MOE_RASTER=G (G pairs of row tiles per
+// raster group; default 4) and ENGINE_MOE_RETIRE_EACH=0 (consumers keep one k step's wgmma in
+// flight and release the stage of the step before; the default waits for each step and
+// releases its stage at once: the two warpgroups keep the tensor cores busy between them, and a
+// stage goes back one step earlier; H200 balanced fwd / dgrad / wgrad 739 / 733 / 636 against
+// 733 / 685 / 626 TFLOP/s).
+GroupedTmaSchedule schedule_from_env() {
+  GroupedTmaSchedule s;
+  const char* m = std::getenv("ENGINE_MOE_NO_MULTICAST");
+  s.multicast = m == nullptr || std::strcmp(m, "1") != 0;
+  const char* r = std::getenv("ENGINE_MOE_RETIRE_EACH");
+  s.retire_each = r == nullptr || std::strcmp(r, "0") != 0;
+  const char* g = std::getenv("ENGINE_MOE_RASTER");
+  const int n = g ? std::atoi(g) : 0;
+  s.raster = n > 0 ? n : 4;
+  return s;
 }
-bool retire_each() {
-  static const bool on = [] {
-    const char* v = std::getenv("ENGINE_MOE_RETIRE_EACH");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-int raster_group() {
-  static const int g = [] {
-    const char* v = std::getenv("ENGINE_MOE_RASTER");
-    const int n = v ? std::atoi(v) : 0;
-    return n > 0 ? n : 4;
-  }();
-  return g;
+std::mutex g_schedule_mu;
+GroupedTmaSchedule& schedule() {
+  static GroupedTmaSchedule s = schedule_from_env();
+  return s;
 }
 
 template <int kMode>
 void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, TmaParams p, const char* name) {
-  p.multicast = multicast_enabled();
+  GroupedTmaSchedule sched;
+  {
+    std::lock_guard<std::mutex> lock(g_schedule_mu);
+    sched = schedule();
+  }
+  p.multicast = sched.multicast;
   // A group taller than the pairs of row tiles maps the units as one of exactly that height
-  // does; the clamp keeps group x tiles_n inside int for any ENGINE_MOE_RASTER.
-  p.group = std::min(raster_group(), std::max(1, p.pairs_m));
-  p.retire_each = retire_each();
+  // does; the clamp keeps group x tiles_n inside int for any raster setting.
+  p.group = std::min(std::max(1, sched.raster), std::max(1, p.pairs_m));
+  p.retire_each = sched.retire_each;
   static const int slots = [] {
     int dev = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -753,3 +755,18 @@ bool wgrad_sm90(const WgradArgs& a) {
 }
 
 }  // namespace engine::cuda::grouped
+
+namespace engine::cuda {
+
+void set_grouped_tma_schedule(const GroupedTmaSchedule& s) {
+  ENSURE(s.raster >= 1, "set_grouped_tma_schedule: raster must be >= 1, got ", s.raster);
+  std::lock_guard<std::mutex> lock(grouped::g_schedule_mu);
+  grouped::schedule() = s;
+}
+
+GroupedTmaSchedule grouped_tma_schedule() {
+  std::lock_guard<std::mutex> lock(grouped::g_schedule_mu);
+  return grouped::schedule();
+}
+
+}  // namespace engine::cuda

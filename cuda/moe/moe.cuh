@@ -63,6 +63,19 @@ void set_grouped_dgrad_kernel(GroupedForwardKernel k);
 // reading both through ldmatrix.trans.
 void set_grouped_wgrad_kernel(GroupedForwardKernel k);
 bool grouped_forward_kernel_available(GroupedForwardKernel k);
+// The TMA kernel's schedule switches (benchmarks and tests; every setting gives the same bits):
+// multicast (the shared operand to both CTAs of a cluster by one TMA multicast; off: each loads
+// it), retire_each (each k step's wgmma retired before the next and its stage released at once;
+// off: one step kept in flight), raster (pairs of row tiles per raster group, >= 1). Initial
+// values from ENGINE_MOE_NO_MULTICAST=1, ENGINE_MOE_RETIRE_EACH=0 and ENGINE_MOE_RASTER=G, else
+// on / on / 4. Process-wide.
+struct GroupedTmaSchedule {
+  bool multicast = true;
+  bool retire_each = true;
+  int raster = 4;
+};
+void set_grouped_tma_schedule(const GroupedTmaSchedule& s);
+GroupedTmaSchedule grouped_tma_schedule();
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,

@@ -143,6 +143,10 @@ const std::vector<GemmCase> kGemmCases = {
     {"K smaller than a k step", {5, 140}, 1, 24, 8},
     {"two stacks of 192 (TMA), K tail, skewed", {300, 0, 5, 129}, 2, 384, 72},
     {"N 320: a partial B tile (TMA), K 136", {1000, 3, 0, 20}, 1, 320, 136},
+    {"leading and trailing empty experts", {0, 300, 129, 0}, 1, 256, 128},
+    {"counts multiples of 64, not of 128", {64, 192, 64}, 1, 256, 192},
+    // More work units than the TMA kernel's clusters, on two stacks (N/S % 64 == 0).
+    {"two stacks, persistent", {2000, 0, 1300, 700, 1}, 2, 1536, 1152},
 };
 
 }  // namespace
@@ -431,6 +435,116 @@ static void check_against_cublas(const std::vector<int32_t>& counts, int64_t N, 
     CHECK_CLOSE(dw.t, dw_ref.t, 1e-5);
   }
   cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
+}
+
+// y, dx and dW (onto zeros) of the three grouped products with the current kernel choices.
+struct GroupedOutputs {
+  Owned y, dx, dw;
+};
+static GroupedOutputs run_grouped(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& off,
+                                  const Tensor& cnt) {
+  const int64_t R = x.size(0);
+  const int64_t n = w.ndim() == 4 ? w.size(0) * w.size(2) : w.size(1);  // (S, E, N/S, K) or (E, N, K)
+  DeviceTensor y = gpu_poisoned({R, n}, DType::BF16);
+  DeviceTensor dx = gpu_poisoned({R, x.size(1)}, DType::BF16);
+  DeviceTensor dw = to_gpu(zeros(w.shape, DType::F32, Device::CPU));
+  ops::grouped_linear_forward(x, w, off, cnt, y.t);
+  ops::grouped_linear_backward_input(dy, w, off, cnt, dx.t);
+  ops::grouped_linear_backward_weight(dy, x, off, cnt, dw.t);
+  return {to_host(y.t, DType::F32), to_host(dx.t, DType::F32), to_host(dw.t, DType::F32)};
+}
+
+TEST_CASE("cuda grouped linear: the TMA kernel's schedule switches give the default's bits" * doctest::test_suite("gpu")) {
+  // Multicast off, one k step kept in flight, raster groups of 1, 3 and more pairs than there
+  // are: the same tiles with the same k order, so the same bits (NaN-free: rows past the experts
+  // stay poisoned in y and dx, compared as bits too).
+  if (!gpu_available_or_skip()) return;
+  if (!cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma)) {
+    MESSAGE("no TMA grouped kernel on this device: skipped");
+    return;
+  }
+  const std::vector<int32_t> counts = {2000, 0, 1300, 700, 1};
+  const int64_t E = static_cast<int64_t>(counts.size()), N = 2304, K = 2304;
+  Layout l = layout_of(counts);
+  DeviceTensor goff = to_gpu(l.offsets), gcnt = to_gpu(l.counts);
+  DeviceTensor gx = to_gpu(randn({l.rows, K}, DType::F32, "sw.x"), DType::BF16);
+  DeviceTensor gw = to_gpu(randn({E, N, K}, DType::F32, "sw.w", 0.05), DType::BF16);
+  DeviceTensor gdy = to_gpu(randn({l.rows, N}, DType::F32, "sw.dy"), DType::BF16);
+  using K_ = cuda::GroupedForwardKernel;
+  cuda::set_grouped_forward_kernel(K_::WgmmaTma);
+  cuda::set_grouped_dgrad_kernel(K_::WgmmaTma);
+  cuda::set_grouped_wgrad_kernel(K_::WgmmaTma);
+  const cuda::GroupedTmaSchedule def = cuda::grouped_tma_schedule();
+  cuda::set_grouped_tma_schedule({});
+  const GroupedOutputs want = run_grouped(gx.t, gw.t, gdy.t, goff.t, gcnt.t);
+  const std::vector<cuda::GroupedTmaSchedule> variants = {
+      {false, true, 4}, {true, false, 4}, {false, false, 4}, {true, true, 1}, {true, true, 3}, {true, true, 1000}};
+  for (const cuda::GroupedTmaSchedule& v : variants) {
+    INFO("multicast " << v.multicast << " retire_each " << v.retire_each << " raster " << v.raster);
+    cuda::set_grouped_tma_schedule(v);
+    const GroupedOutputs got = run_grouped(gx.t, gw.t, gdy.t, goff.t, gcnt.t);
+    CHECK(bitwise_equal(got.y, want.y));
+    CHECK(bitwise_equal(got.dx, want.dx));
+    CHECK(bitwise_equal(got.dw, want.dw));
+  }
+  cuda::set_grouped_tma_schedule(def);
+  cuda::set_grouped_forward_kernel(K_::Auto);
+  cuda::set_grouped_dgrad_kernel(K_::Auto);
+  cuda::set_grouped_wgrad_kernel(K_::Auto);
+}
+
+TEST_CASE("cuda grouped linear: NaN in the rows past each expert's count never reaches y, dx or dW" * doctest::test_suite("gpu")) {
+  // moe_dispatch leaves the padding rows of the permuted layout unwritten: whatever they hold
+  // must not enter a product (zero fill where a tile reads them), on every kernel.
+  if (!gpu_available_or_skip()) return;
+  for (const GemmCase& c : {kGemmCases[1], kGemmCases[6], kGemmCases[9]}) {
+    SUBCASE(c.name) {
+      const int64_t E = static_cast<int64_t>(c.counts.size());
+      Layout l = layout_of(c.counts);
+      const int64_t R = l.rows + 130;
+      const Shape wshape = c.stacks == 1 ? Shape{E, c.n, c.k} : Shape{c.stacks, E, c.n / c.stacks, c.k};
+      Owned x = randn({R, c.k}, DType::F32, "nan.x"), dy = randn({R, c.n}, DType::F32, "nan.dy");
+      std::vector<bool> owned(static_cast<size_t>(R), false);
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = l.offsets.ptr<int32_t>()[e]; r < l.offsets.ptr<int32_t>()[e] + c.counts[e]; ++r)
+          owned[static_cast<size_t>(r)] = true;
+      for (int64_t r = 0; r < R; ++r)
+        if (!owned[static_cast<size_t>(r)]) {
+          for (int64_t j = 0; j < c.k; ++j) x.ptr<float>()[r * c.k + j] = NAN;
+          for (int64_t j = 0; j < c.n; ++j) dy.ptr<float>()[r * c.n + j] = NAN;
+        }
+      DeviceTensor goff = to_gpu(l.offsets), gcnt = to_gpu(l.counts);
+      DeviceTensor gx = to_gpu(x, DType::BF16), gdy = to_gpu(dy, DType::BF16);
+      DeviceTensor gw = to_gpu(randn(wshape, DType::F32, "nan.w", 0.1), DType::BF16);
+      using K_ = cuda::GroupedForwardKernel;
+      for (K_ kernel : forward_kernels(c.stacks, c.n / c.stacks)) {
+        INFO("forward / dgrad kernel " << static_cast<int>(kernel));
+        cuda::set_grouped_forward_kernel(kernel);
+        cuda::set_grouped_dgrad_kernel(kernel);
+        DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16), gdx = gpu_poisoned({R, c.k}, DType::BF16);
+        ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
+        ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
+        Owned y = owned_rows(gy.t, l), dx = owned_rows(gdx.t, l);
+        bool finite = true;
+        for (int64_t i = 0; i < y->numel(); ++i) finite &= std::isfinite(y.ptr<double>()[i]);
+        for (int64_t i = 0; i < dx->numel(); ++i) finite &= std::isfinite(dx.ptr<double>()[i]);
+        CHECK(finite);
+      }
+      for (K_ kernel : wgrad_kernels()) {
+        INFO("wgrad kernel " << static_cast<int>(kernel));
+        cuda::set_grouped_wgrad_kernel(kernel);
+        DeviceTensor gdw = to_gpu(zeros(wshape, DType::F32, Device::CPU));
+        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
+        Owned dw = to_host(gdw.t, DType::F64);
+        bool finite = true;
+        for (int64_t i = 0; i < dw->numel(); ++i) finite &= std::isfinite(dw.ptr<double>()[i]);
+        CHECK(finite);
+      }
+      cuda::set_grouped_forward_kernel(K_::Auto);
+      cuda::set_grouped_dgrad_kernel(K_::Auto);
+      cuda::set_grouped_wgrad_kernel(K_::Auto);
+    }
+  }
 }
 
 TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert" * doctest::test_suite("gpu")) {
