@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/buffer.h"
 #include "core/check.h"
 #include "core/rng.h"
+#include "bench/kernel_profile.h"
 
 #ifdef ENGINE_CUDA
 #include <cuda_runtime.h>
@@ -41,6 +43,22 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
     ms.push_back(t);
   }
   for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventDestroy(e));
+  // BENCH_KERNELS=1: what the timed calls are made of, a per-kernel table of `reps` more calls
+  // (times per call), numbered in the order the area times its cases (its results' order).
+  static int timed = 0;
+  ++timed;
+  if (const char* k = std::getenv("BENCH_KERNELS"); k && *k && std::string(k) != "0") {
+    KernelProfile prof;
+    std::string why;
+    if (prof.start(&why)) {
+      for (int i = 0; i < reps; ++i) fn();
+      prof.stop();
+      std::printf("-- kernels of timed case %d (per call):\n%s", timed, prof.table(reps, 12).c_str());
+    } else {
+      std::printf("-- kernels of timed case %d: no profile (%s)\n", timed, why.c_str());
+    }
+    std::fflush(stdout);
+  }
 #else
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
