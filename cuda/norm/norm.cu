@@ -33,6 +33,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "core/buffer.h"
@@ -51,6 +53,8 @@ constexpr int kMaxWarpPacks = 16;        // warp-per-row forward: packs per lane
 constexpr int kBwdMinPacks = 2;          // backward: at least 2 packs per thread where C allows
 constexpr size_t kMaxAccSmem = 48 * 1024;  // backward: column sums in shared memory up to this
 constexpr int kGradUnroll = 8;           // second pass: partial rows in flight per thread
+constexpr int kBwdWarpPacks = 4;         // warp-per-row backward: packs per lane (C <= 128 packs)
+constexpr int kBwdWarpMaxWarps = 8;      // warp-per-row backward: warps (rows) per block, at most
 
 // Butterfly sum over the warp: every lane ends with the same bits (a + b == b + a).
 template <int M>
@@ -442,6 +446,215 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   }
 }
 
+// Hides v's value from the compiler (no instruction): what is computed from it after this point
+// is computed again rather than kept in registers from before (common subexpressions would keep
+// the unpacked f32 values of a row alive across its reduction, twice the registers of the packs).
+template <typename T, int N>
+static __device__ __forceinline__ void opaque(Pack<T, N>& pk) {
+  static_assert(sizeof(pk) % 4 == 0, "whole 32-bit words");
+  uint32_t* u = reinterpret_cast<uint32_t*>(&pk);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(pk) / 4); ++i) asm volatile("" : "+r"(u[i]));
+}
+static __device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
+// Warp-per-row backward (16-byte packs, C <= 32 kBwdWarpPacks packs): warp w of block b takes
+// rows b W + w, b W + w + G W, ... (W warps per block, G blocks of a persistent grid); lane l
+// holds packs l, l + 32, ... of the row. The two row sums are warp butterflies (no barrier), so
+// the warps of a block never wait for one another inside the row loop. kPrefetch: the warp's next
+// row (x, dy and the statistics) is asked for before this row is reduced. The weight packs sit in
+// shared memory (one copy per block, read back per pass instead of held in registers).
+// Per-column sums: kSmemAcc, in a shared-memory slice per warp (the lane's own float4 slots, no
+// barrier or atomics); else in registers per lane, copied into that slice at the end. Then the
+// block adds its warps' slices in warp order and writes one partial row per block.
+template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch, bool kSmemAcc,
+          int kMaxThreads, int kMinBlocks>
+static __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+    norm_backward_warp_kernel(const NormBwdParams<T> p) {
+  constexpr int C4 = N / 4;                      // float4 per pack of column sums
+  constexpr int kQuantities = kCentered ? 2 : 1;  // dw (and db)
+  extern __shared__ float4 warp_smem[];  // weight packs, then per warp kQuantities C4 packs float4
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int packs = static_cast<int>(p.cols / N);
+  const int slice = kQuantities * C4 * packs;  // float4 per warp: float4 c of quantity u and pack
+                                               // q at (u C4 + c) packs + q (conflict-free)
+  Pack<T, N>* wsm = reinterpret_cast<Pack<T, N>*>(warp_smem);
+  float4* acc = warp_smem + packs;
+  float4* mine = acc + warp * slice;
+  for (int q = threadIdx.x; q < packs; q += blockDim.x)
+    wsm[q] = reinterpret_cast<const Pack<T, N>*>(p.weight)[q];
+  constexpr int KA = kSmemAcc ? 1 : K;  // register sums held (unused with kSmemAcc)
+  float dw[KA][N], db[KA][N];
+#pragma unroll
+  for (int k = 0; k < KA; ++k)
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.f;
+  if constexpr (kSmemAcc) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < packs)
+#pragma unroll
+        for (int c = 0; c < kQuantities * C4; ++c)
+          mine[c * packs + lane + 32 * k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncthreads();  // the weight packs
+
+  const float inv_cols = 1.f / static_cast<float>(p.cols);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
+  constexpr int KP = kPrefetch ? K : 1;  // next-row packs held (unused without kPrefetch)
+  Pack<T, N> xc[K], dc[K], xn[KP], dn[KP];
+  float muc = 0.f, rsc = 0.f, mun = 0.f, rsn = 0.f;
+  auto load = [&](int64_t r, auto& xd, auto& dd, float& mu, float& rs) {
+    const Pack<T, N>* xr = reinterpret_cast<const Pack<T, N>*>(p.x + r * p.cols);
+    const Pack<T, N>* dr = reinterpret_cast<const Pack<T, N>*>(p.dy + r * p.cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < packs) {
+        xd[k] = xr[lane + 32 * k];
+        dd[k] = dr[lane + 32 * k];
+      }
+    mu = kCentered ? p.mean[r] : 0.f;
+    rs = p.rstd[r];
+  };
+  int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if constexpr (kPrefetch)
+    if (row < p.rows) load(row, xc, dc, muc, rsc);
+  for (; row < p.rows; row += stride) {
+    if constexpr (kPrefetch) {
+      if (row + stride < p.rows) load(row + stride, xn, dn, mun, rsn);
+    } else {
+      load(row, xc, dc, muc, rsc);
+    }
+    // kResidual: this row's dresidual packs, asked for before the sums.
+    constexpr int KR = kResidual ? K : 1;
+    Pack<T, N> dr[KR];
+    if constexpr (kResidual) {
+      const Pack<T, N>* rr = reinterpret_cast<const Pack<T, N>*>(p.dresidual + row * p.cols);
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (lane + 32 * k < packs) dr[k] = rr[lane + 32 * k];
+    }
+    const float mu = muc, rs = rsc;
+    float s[2] = {0.f, 0.f};  // sum g, sum g xhat
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int q = lane + 32 * k;
+      if (q < packs) {
+        const Pack<T, N> wk = wsm[q];
+        float pw[N], pb[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float dv = to_float(dc[k].v[j]);
+          const float xh = (to_float(xc[k].v[j]) - mu) * rs;
+          const float gv = dv * to_float(wk.v[j]);
+          s[0] += gv;
+          s[1] += gv * xh;
+          pw[j] = dv * xh;
+          pb[j] = dv;
+        }
+        if constexpr (kSmemAcc) {
+#pragma unroll
+          for (int c = 0; c < C4; ++c) {
+            float4& a = mine[c * packs + q];
+            a.x += pw[4 * c], a.y += pw[4 * c + 1], a.z += pw[4 * c + 2], a.w += pw[4 * c + 3];
+            if constexpr (kCentered) {
+              float4& e = mine[(C4 + c) * packs + q];
+              e.x += pb[4 * c], e.y += pb[4 * c + 1], e.z += pb[4 * c + 2], e.w += pb[4 * c + 3];
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            dw[k][j] += pw[j];
+            if constexpr (kCentered) db[k][j] += pb[j];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      opaque(xc[k]);
+      opaque(dc[k]);
+    }
+    warp_sum(s);
+    const float mg = kCentered ? s[0] * inv_cols : 0.f;
+    const float mgx = s[1] * inv_cols;
+    Pack<T, N>* dxr = reinterpret_cast<Pack<T, N>*>(p.dx + row * p.cols);
+    const int lane2 = opaque(lane);  // the weight packs read again, not kept
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int q = lane + 32 * k;
+      if (q < packs) {
+        const Pack<T, N> wk = wsm[lane2 + 32 * k];
+        float o[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xh = (to_float(xc[k].v[j]) - mu) * rs;
+          const float gv = to_float(dc[k].v[j]) * to_float(wk.v[j]);
+          o[j] = rs * (gv - mg - xh * mgx);
+          if constexpr (kResidual)
+            o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
+        }
+        store_pack<T, N>(reinterpret_cast<T*>(dxr + q), o);
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        xc[k] = xn[k];
+        dc[k] = dn[k];
+      }
+      muc = mun;
+      rsc = rsn;
+    }
+  }
+  if constexpr (!kSmemAcc) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int q = lane + 32 * k;
+      if (q < packs) {
+#pragma unroll
+        for (int c = 0; c < C4; ++c) {
+          mine[c * packs + q] =
+              make_float4(dw[k][4 * c], dw[k][4 * c + 1], dw[k][4 * c + 2], dw[k][4 * c + 3]);
+          if constexpr (kCentered)
+            mine[(C4 + c) * packs + q] =
+                make_float4(db[k][4 * c], db[k][4 * c + 1], db[k][4 * c + 2], db[k][4 * c + 3]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // The block's partial rows: float4 i = columns 4 i .. 4 i + 3 = float4 c = i % C4 of pack
+  // q = i / C4, summed over the warps in order.
+  float4* pdw = reinterpret_cast<float4*>(p.partial_dw + static_cast<int64_t>(blockIdx.x) * p.cols);
+  float4* pdb = p.partial_db ? reinterpret_cast<float4*>(p.partial_db +
+                                                         static_cast<int64_t>(blockIdx.x) * p.cols)
+                             : nullptr;
+  for (int i = threadIdx.x; i < C4 * packs; i += blockDim.x) {
+    const int q = i / C4, c = i % C4;
+    float4 a = acc[c * packs + q];
+    for (int w = 1; w < warps; ++w) {
+      const float4 b = acc[w * slice + c * packs + q];
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+    }
+    pdw[i] = a;
+    if constexpr (kCentered) {
+      if (pdb) {
+        float4 e = acc[(C4 + c) * packs + q];
+        for (int w = 1; w < warps; ++w) {
+          const float4 b = acc[w * slice + (C4 + c) * packs + q];
+          e.x += b.x, e.y += b.y, e.z += b.z, e.w += b.w;
+        }
+        pdb[i] = e;
+      }
+    }
+  }
+}
+
 // grad[j] += sum_b partial[b][j] over the `blocks` partial rows, in a fixed order: thread
 // (x, y) sums rows b = y, y + kRowLanes, ... in turn (U loads in flight, added in that order),
 // then y == 0 adds the kRowLanes sums in order. blockIdx.y selects (partial_dw, dw) or
@@ -577,28 +790,90 @@ static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
   });
 }
 
+// Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per parameter
+// gradient, then adds the partials into dweight (and dbias).
+template <typename T, typename Kernel>
+static void run_backward(Kernel kernel, int grid, int threads, size_t smem, NormBwdParams<T> p,
+                         float* dweight, float* dbias, const char* name) {
+  // Released to the cache at return; later users of the block run after these kernels on the
+  // same (compute) stream.
+  Buffer scratch(static_cast<size_t>(grid) * p.cols * sizeof(float) * (dbias ? 2 : 1),
+                 Device::CUDA);
+  p.partial_dw = static_cast<float*>(scratch.data());
+  p.partial_db = dbias ? p.partial_dw + static_cast<int64_t>(grid) * p.cols : nullptr;
+  kernel<<<grid, threads, smem, stream()>>>(p);
+  check_launch(name);
+  const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), dbias ? 2u : 1u);
+  norm_param_grad_kernel<kGradUnroll><<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(
+      p.partial_dw, dweight, p.partial_db, dbias, grid, p.cols);
+  check_launch("norm_param_grad_kernel");
+}
+
+// Experiment switches (ENGINE_NORM_BWD = block | reg | regnp | smem | smem24).
+static int bwd_warp_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("ENGINE_NORM_BWD");
+    const std::string s(e ? e : "");
+    return s == "block" ? 0 : s == "regnp" ? 2 : s == "smem" ? 3 : s == "smem24" ? 4 : 1;
+  }();
+  return v;
+}
+
+template <typename T, int K, bool kCentered, bool kResidual, bool kPrefetch, bool kSmemAcc,
+          int kMaxThreads, int kMinBlocks>
+static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, float* dbias) {
+  constexpr int N = 16 / sizeof(T);
+  constexpr int warps = kMaxThreads / 32;
+  auto kernel = norm_backward_warp_kernel<T, N, K, kCentered, kResidual, kPrefetch, kSmemAcc,
+                                          kMaxThreads, kMinBlocks>;
+  const int64_t packs = p.cols / N;
+  const size_t smem = static_cast<size_t>(packs) * 16 *
+                      (1 + static_cast<size_t>(warps) * (kCentered ? 2 : 1) * (N / 4));
+  if (smem > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+  const int grid = persistent_grid(kernel, warps * 32, smem, ceil_div(p.rows, warps));
+  run_backward<T>(kernel, grid, warps * 32, smem, p, dweight, dbias,
+                  kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
+}
+
 template <typename T, bool kCentered, bool kResidual>
 static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias) {
+  constexpr int V = 16 / sizeof(T);
+  const int variant = bwd_warp_variant();
+  if (plan.vec && p.cols / V <= 32 * kBwdWarpPacks && variant != 0) {
+    const int lanes_k = static_cast<int>(ceil_div(p.cols / V, 32));
+    auto go = [&](auto kc) {
+      constexpr int K = decltype(kc)::value;
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        switch (variant) {
+          case 2: return launch_backward_warp<T, K, kCentered, kResidual, false, false, 256, 2>(p, dweight, dbias);
+          case 3: return launch_backward_warp<T, K, kCentered, kResidual, true, true, 256, 2>(p, dweight, dbias);
+          case 4: return launch_backward_warp<T, K, kCentered, kResidual, true, true, 256, 3>(p, dweight, dbias);
+          default: break;
+        }
+      }
+      return launch_backward_warp<T, K, kCentered, kResidual, true, false, 128, 3>(p, dweight, dbias);
+    };
+    using std::integral_constant;
+    switch (lanes_k) {
+      case 1: return go(integral_constant<int, 1>{});
+      case 2: return go(integral_constant<int, 2>{});
+      case 3: return go(integral_constant<int, 3>{});
+      case 4: return go(integral_constant<int, 4>{});
+      default: break;
+    }
+  }
   plan_switch<T>(plan, "norm backward", [&](auto n, auto k) {
     constexpr int N = decltype(n)::value, K = decltype(k)::value;
     // Prefetch the next row where the stages fit in registers (not in the scalar variant nor
     // beyond 32 bytes per thread and tensor); then keep the column sums in shared memory when
     // they fit the default 48 KB.
     constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
+    const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
     auto run = [&](auto kernel, size_t smem) {
       const int grid = persistent_grid(kernel, plan.threads, smem, p.rows);
-      // Released to the cache at return; later users of the block run after these kernels on
-      // the same (compute) stream.
-      Buffer scratch(static_cast<size_t>(grid) * p.cols * sizeof(float) * (dbias ? 2 : 1),
-                     Device::CUDA);
-      p.partial_dw = static_cast<float*>(scratch.data());
-      p.partial_db = dbias ? p.partial_dw + static_cast<int64_t>(grid) * p.cols : nullptr;
-      kernel<<<grid, plan.threads, smem, stream()>>>(p);
-      check_launch(kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
-      const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), dbias ? 2u : 1u);
-      norm_param_grad_kernel<kGradUnroll><<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(
-          p.partial_dw, dweight, p.partial_db, dbias, grid, p.cols);
-      check_launch("norm_param_grad_kernel");
+      run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, name);
     };
     if constexpr (kPrefetch) {
       const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * (kCentered ? 2 : 1);

@@ -35,11 +35,16 @@ struct NormCase {
 };
 // Vector rows of 64, 320, 768, 2048 and 4096 columns take every packs-per-lane instantiation of
 // the warp-per-row layernorm forward (bf16 1, 2, 4, 8, 16; f32 1, 4, 8, 16) and the backward's
-// shared-memory and register column sums.
-const std::vector<NormCase> kCases = {{1, 11, 0},     {7, 64, 0},   {1000, 2047, 0},
-                                      {300, 4096, 0}, {3, 8192, 0}, {5, 8190, 0},
-                                      {33, 64, 1},    {6, 2047, 1}, {2, 768, 1},
-                                      {5, 320, 0},    {9, 768, 0},  {64, 2048, 0}};
+// shared-memory and register column sums. The warp-per-row backward (C <= 128 packs) takes rows
+// of 8, 64, 264, 320, 768 and 1000 columns: bf16 1, 1, 2, 2, 3 and 4 packs per lane (8 and 264
+// with idle lanes), f32 1, 1, 3, 3 (768 and 1000: the block kernel); the cases of a few thousand
+// rows give each warp several rows (the next row's prefetch, the per-lane column sums over rows).
+const std::vector<NormCase> kCases = {{1, 11, 0},     {7, 64, 0},    {1000, 2047, 0},
+                                      {300, 4096, 0}, {3, 8192, 0},  {5, 8190, 0},
+                                      {33, 64, 1},    {6, 2047, 1},  {2, 768, 1},
+                                      {5, 320, 0},    {9, 768, 0},   {64, 2048, 0},
+                                      {2, 8, 0},      {4099, 768, 0}, {3301, 264, 0},
+                                      {3, 1000, 0},   {3333, 1000, 0}, {2999, 64, 0}};
 
 Owned random_x(const NormCase& k) {
   Owned x = randn({k.t, k.c}, DType::F32, "norm.x");
