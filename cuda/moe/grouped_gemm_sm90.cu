@@ -214,8 +214,9 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
 // per thread (forward, dgrad; TMA stores measured no faster on the forward and slower on the
 // dgrad), and the weight gradient's dW += by TMA reductions (the copy engine adds each 64 x 32
 // f32 box in L2, asynchronously; each dW tile by one CTA, deterministic; see epilogue_f32_tma)
-// where dW is 16-byte aligned and each warpgroup's 64 rows lie in one stack, else the threads'
-// read-modify-write (old values loaded together, then stored).
+// where dW is 16-byte aligned, each warpgroup's 64 rows lie in one stack and the expert has at
+// least kTmaEpiMinSteps k steps, else the threads' read-modify-write (old values loaded
+// together, then stored).
 constexpr int kTmaThreads = 384;  // 2 consumer warpgroups + 1 producer warpgroup
 // Registers per thread after setmaxnreg (the block is compiled for 65536 / 384 = 168).
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
@@ -440,6 +441,14 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32
       : "memory");
 }
 
+// The TMA reductions for units of at least this many k steps (an expert's rows / 64); shorter
+// units take the threads' read-modify-write. Where every unit is short, the units' dW traffic
+// outruns the copy engine's f32 adds: H200, 64 experts x 80 rows (2 steps), 2048 -> 2816, wgrad
+// 49 TFLOP/s by TMA against 61 by the threads. Model behind the threshold (balanced, 0.72 us a
+// step per unit): the read-modify-write costs a unit ~6 us more than the steps, the reductions
+// ~1 us but no less than ~14 us a unit (the 2-step case's rate): even at ~11 steps.
+constexpr int kTmaEpiMinSteps = 12;
+
 // f32 dW += the warpgroup's 64 x 256 block: rows from c1 of stack-expert c2 (dW's map (K, N/S,
 // S E); rows past N/S clipped), columns n0 .. (past K clipped), as eight 32-column boxes.
 __device__ __forceinline__ void epilogue_f32_tma(const float (&acc)[128], uint32_t buf, int wg, int t,
@@ -618,7 +627,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
       const uint32_t buf = base + kEpiOffset + wg * kEpiBytes;
       const int64_t wg_row = int64_t{w.m0} + 64 * wg;  // the warpgroup's first row of the tile
       if constexpr (kMode == kWgrad) {
-        if (p.tma_epi) {
+        if (p.tma_epi && w.nk >= kTmaEpiMinSteps) {
           if (wg_row < p.m_rows) {  // rows of dW (one stack: N/S % 64 == 0 where S > 1)
             const int st = p.stacks > 1 ? static_cast<int>(wg_row / p.n_per_stack) : 0;
             epilogue_f32_tma(acc, buf, wg, tid & 127, leader, &map_c, p.out_cols,
@@ -626,6 +635,10 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
                              st * p.experts + w.e, w.n0);
           }
         } else {
+          if (p.tma_epi) {  // the buffer's last reduction has read it before the threads reuse it
+            if (leader) bulk_wait_read<0>();
+            epi_sync(wg);
+          }
           epilogue_f32_add(acc, buf, wg, tid & 127,
                            expert_weight(static_cast<float*>(p.out), w.e, p.experts, p.n_per_stack,
                                          p.out_cols, p.stacks),
