@@ -24,7 +24,15 @@
 //   small     fwd 258 / 197   dgrad 266 / 228   wgrad 61 / 158 (f32 dW read-modify-write bound)
 //   (the default since: each k step retired before the next, balanced 739 / 733 / 636); other
 //   kernels: fwd mma.sync 349, fwd cp.async wgmma 426, dgrad mma.sync 296, wgrad mma.sync 302.
-//   BENCH_MOE_CASES=balanced,skewed,small,layer picks cases; the kernel's switches
+//   With the expert table in shared memory and the wgrad's dW += by TMA reductions (two calls of
+//   one later session, beside the previous binary and torch in the same calls), balanced fwd /
+//   dgrad / wgrad 756 / 748 / 723 and 711-716 / 712-748 / 733 (previous binary 748 / 741 / 677,
+//   751 / 746 / 682, 708 / 747 / 646; torch 743 / 740 / 703, 747 / 741 / 683, 766 / 761 / 684):
+//   the forward and dgrad move ~7% between processes in both binaries; skewed wgrad 676-684
+//   (previous 595-641); small wgrad 49 (previous 61: the copy engine's f32 adds are slower than
+//   the threads' read-modify-write where each unit has 2 k steps).
+//   BENCH_MOE_CASES=balanced,skewed,small,layer picks cases, BENCH_MOE_KERNELS=tma times the TMA
+//   kernel's three products alone; the kernel's switches
 //   (ENGINE_MOE_NO_MULTICAST, ENGINE_MOE_RASTER, ENGINE_MOE_RETIRE_EACH): grouped_gemm_sm90.cu.
 #include <cstdint>
 #include <cstdlib>
@@ -84,6 +92,25 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
   const std::string base = c.name + " E=" + std::to_string(E) + " rows=" + std::to_string(rows) +
                            " " + std::to_string(c.k) + "->" + std::to_string(c.n);
   std::vector<Result> out;
+  // BENCH_MOE_KERNELS=tma: the TMA kernel's three products only (schedule comparisons).
+  const char* only_kernels = std::getenv("BENCH_MOE_KERNELS");
+  if (only_kernels != nullptr && std::string(only_kernels) == "tma") {
+    if (!cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma)) return out;
+    using K = cuda::GroupedForwardKernel;
+    cuda::set_grouped_forward_kernel(K::WgmmaTma);
+    cuda::set_grouped_dgrad_kernel(K::WgmmaTma);
+    cuda::set_grouped_wgrad_kernel(K::WgmmaTma);
+    out.push_back({base + " fwd grouped wgmma TMA",
+                   time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y); }), flops, 0, ""});
+    out.push_back({base + " dgrad grouped wgmma TMA (W MN-major)",
+                   time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx); }), flops, 0, ""});
+    out.push_back({base + " wgrad grouped wgmma TMA (dY, X MN-major) f32+=",
+                   time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw); }), flops, 0, ""});
+    cuda::set_grouped_forward_kernel(K::Auto);
+    cuda::set_grouped_dgrad_kernel(K::Auto);
+    cuda::set_grouped_wgrad_kernel(K::Auto);
+    return out;
+  }
   out.push_back({base + " fwd grouped mma.sync", time_ms([&] {
                    cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::MmaSync);
                    ops::grouped_linear_forward(x, w, doffsets, dcounts, y);

@@ -203,12 +203,20 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
 // the producer runs on into the next unit's loads while the consumers store the last one.
 // Units: forward / dgrad, 256-row pairs x 256 output columns in groups of 4 pairs with the
 // column outer (raster, L2 reuse); wgrad, (expert, pair of 128-row tiles of N, 256 columns of K),
-// experts with no rows skipped. Rows past an expert's count: forward / dgrad, loaded (another
-// expert's or padding) and never stored; wgrad, the last k step's token rows past the count are
-// zeroed in shared memory (both operands) before its wgmma. Rows and columns past the tensors
-// are TMA zero fill. Epilogues through a 16 KiB shared buffer per warpgroup, 16-byte chunks per
-// thread: bf16 stores (forward, dgrad), f32 += with the old values loaded together (wgrad; each
-// dW tile by one CTA, deterministic).
+// experts with no rows skipped. Where E <= kTableMax the block copies the expert offsets and
+// counts into shared memory first, so the unit lookups (the forward / dgrad tile -> expert
+// binary search, the wgrad expert's rows), which the consumers make between two units with the
+// tensor cores idle, read no global memory (H200 balanced, one process: forward 751 -> 761,
+// wgrad +3-5%). Rows past an expert's count: forward / dgrad, loaded (another expert's or
+// padding) and never stored; wgrad, the last k step's token rows past the count are zeroed in
+// shared memory (both operands) before its wgmma. Rows and columns past the tensors are TMA zero
+// fill. Epilogues through a 16 KiB shared buffer per warpgroup: bf16 stores of 16-byte chunks
+// per thread (forward, dgrad; TMA stores measured no faster on the forward and slower on the
+// dgrad), and the weight gradient's dW += by TMA reductions (the copy engine adds each 64 x 32
+// f32 box in L2, asynchronously; each dW tile by one CTA, deterministic; see epilogue_f32_tma)
+// where dW is 16-byte aligned, each warpgroup's 64 rows lie in one stack and the expert has at
+// least kTmaEpiMinSteps k steps, else the threads' read-modify-write (old values loaded
+// together, then stored).
 constexpr int kTmaThreads = 384;  // 2 consumer warpgroups + 1 producer warpgroup
 // Registers per thread after setmaxnreg (the block is compiled for 65536 / 384 = 168).
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
@@ -216,8 +224,19 @@ static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 65536, "register file
 constexpr int kBox = 64;          // rows of a TMA box (each row 64 bf16 = 128 bytes)
 constexpr uint32_t kBoxBytes = kBox * kBK * 2;
 constexpr uint32_t kEpiBytes = 64 * 256;  // epilogue staging per consumer warpgroup
-constexpr uint32_t kEpiOffset = kStages * kStageBytes + 128;  // after the stages and barriers
-constexpr size_t kTmaSmemBytes = size_t{kEpiOffset} + 2 * kEpiBytes + 1024;  // + alignment slack
+// After the stages: the epilogue's staging (1024-byte aligned: the TMA epilogue's swizzle
+// follows the address bits), the barriers (full[s], empty[s]: 8 bytes each), the expert table.
+constexpr uint32_t kEpiOffset = kStages * kStageBytes;
+constexpr uint32_t kBarOffset = kEpiOffset + 2 * kEpiBytes;
+static_assert(kEpiOffset % 1024 == 0 && kEpiBytes % 1024 == 0, "staging alignment");
+// The expert table (offsets, counts) in shared memory when E <= kTableMax (the unit lookups'
+// binary search then reads no global memory).
+constexpr int kTableMax = 64;
+constexpr uint32_t kTableOffset = kBarOffset + 16 * kStages;
+constexpr uint32_t kTableBytes = (2 * kTableMax + 1) * 4 + 12;
+constexpr size_t kTmaSmemBytes = size_t{kTableOffset} + kTableBytes + 1024;  // + alignment slack
+// 227 KiB per block, less the 1 KiB the compiler lists as the kernels' static shared memory.
+static_assert(kTmaSmemBytes + 1024 <= 232448, "shared memory per block");
 static_assert(kATileBytes == 2 * kBoxBytes && kBTileBytes == 4 * kBoxBytes, "boxes per tile");
 
 enum Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
@@ -237,6 +256,7 @@ struct TmaParams {
   bool multicast;          // false: every CTA loads its whole B (ENGINE_MOE_NO_MULTICAST=1)
   int group;               // raster: pairs of row tiles per group (ENGINE_MOE_RASTER, default 4)
   bool retire_each;        // wait for each step's wgmma before the next (default; ENGINE_MOE_RETIRE_EACH=0: not)
+  bool tma_epi;            // wgrad: dW += by TMA reductions (default; ENGINE_MOE_TMA_EPILOGUE=0: not)
 };
 
 // raster<> with a run-time group height.
@@ -260,15 +280,16 @@ struct Unit {
 };
 
 template <int kMode>
-__device__ __forceinline__ Unit unit_of(const TmaParams& p, int u, int rank) {
+__device__ __forceinline__ Unit unit_of(const TmaParams& p, const int32_t* offs, const int32_t* cnts,
+                                        int u, int rank) {
   Unit w;
   int pm, tn;
   if constexpr (kMode == kWgrad) {
     const int per_e = p.pairs_m * p.tiles_n;
     w.e = u / per_e;
     raster_rt(u - w.e * per_e, p.group, p.pairs_m, p.tiles_n, pm, tn);
-    w.count = p.counts[w.e];
-    w.t0 = p.offsets[w.e];
+    w.count = cnts[w.e];
+    w.t0 = offs[w.e];
     w.skip = w.count <= 0;
     w.mcast = p.multicast;
     w.m0 = (2 * pm + rank) * kBM;
@@ -277,8 +298,8 @@ __device__ __forceinline__ Unit unit_of(const TmaParams& p, int u, int rank) {
   } else {
     raster_rt(u, p.group, p.pairs_m, p.tiles_n, pm, tn);
     const int64_t r0 = int64_t{2 * pm} * kBM;
-    const TileExpert a = tile_expert(p.offsets, p.counts, p.experts, r0);
-    const TileExpert b = tile_expert(p.offsets, p.counts, p.experts, r0 + kBM);
+    const TileExpert a = tile_expert(offs, cnts, p.experts, r0);
+    const TileExpert b = tile_expert(offs, cnts, p.experts, r0 + kBM);
     const TileExpert& mine = rank ? b : a;
     w.e = mine.e;
     w.rows_valid = mine.rows_valid;
@@ -392,16 +413,82 @@ __device__ __forceinline__ void epilogue_f32_add(const float (&acc)[128], uint32
     epi_sync(wg);
   }
 }
+
+// ---- The weight gradient's epilogue by TMA reductions: the copy engine adds (f32, in L2) boxes
+// of the staging buffer into dW, asynchronously, so the consumers go on to the next unit's k
+// steps instead of waiting for dW's old values (the read-modify-write above held the balanced
+// weight gradient at ~621-676 TFLOP/s, ~723 with this). The warpgroup's 16 KiB buffer is two
+// 8 KiB slots, box b (64 rows x 32 columns, 128-byte rows) staged in slot b % 2 in the 128-byte
+// swizzle of dW's tensor map (row r at 128 r bytes, 16-byte chunk c at c ^ (r % 8): conflict-free
+// writes of the accumulator fragment); every thread fences its writes to the async proxy, the
+// leader thread, before the barrier that lets the threads write the next box, waits until the
+// copy before it has read its slot (cp.async.bulk.wait_group.read), and after it issues the
+// box's reduction. A unit's last copy is waited for by the next unit's first barrier (or the
+// kernel's end). Each element of dW gets one add per call (each tile by one CTA): deterministic,
+// and the same round-to-nearest f32 sum old + acc as the threads' read-modify-write (subnormals
+// aside: the copy engine's add may flush them).
+// Waits until at most N of this thread's bulk copies still read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                                  int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// The TMA reductions for units of at least this many k steps (an expert's rows / 64); shorter
+// units take the threads' read-modify-write. Where every unit is short, the units' dW traffic
+// outruns the copy engine's f32 adds: H200, 64 experts x 80 rows (2 steps), 2048 -> 2816, wgrad
+// 49 TFLOP/s by TMA against 61 by the threads. Model behind the threshold (balanced, 0.72 us a
+// step per unit): the read-modify-write costs a unit ~6 us more than the steps, the reductions
+// ~1 us but no less than ~14 us a unit (the 2-step case's rate): even at ~11 steps.
+constexpr int kTmaEpiMinSteps = 12;
+
+// f32 dW += the warpgroup's 64 x 256 block: rows from c1 of stack-expert c2 (dW's map (K, N/S,
+// S E); rows past N/S clipped), columns n0 .. (past K clipped), as eight 32-column boxes.
+__device__ __forceinline__ void epilogue_f32_tma(const float (&acc)[128], uint32_t buf, int wg, int t,
+                                                 bool leader, const CUtensorMap* map, int64_t cols,
+                                                 int c1, int c2, int n0) {
+  const int lane = t & 31, r0 = (t >> 5) * 16 + (lane >> 2);
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    const uint32_t slot = buf + (b & 1) * (kEpiBytes / 2);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = r0 + 8 * hf, j = 4 * b + jj;
+        const int chunk = 2 * jj + ((lane & 3) >> 1);  // columns 8 jj + 2 (lane % 4), + 1
+        const uint32_t addr = slot + r * 128 + 16 * (chunk ^ (r & 7)) + 8 * (lane & 1);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[j * 4 + 2 * hf]),
+                     "f"(acc[j * 4 + 2 * hf + 1])
+                     : "memory");
+      }
+    flash::fence_proxy_async();
+    if (leader) bulk_wait_read<0>();  // box b - 1 has left the other slot
+    epi_sync(wg);
+    if (leader && n0 + 32 * b < cols) {
+      tma_reduce_add_3d(map, slot, n0 + 32 * b, c1, c2);
+      flash::bulk_commit();
+    }
+  }
+}
 #endif  // MOE_WGMMA
 
 template <int kMode>
 static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 1)
     grouped_tma_kernel(const __grid_constant__ CUtensorMap map_a,
-                       const __grid_constant__ CUtensorMap map_b, const TmaParams p) {
+                       const __grid_constant__ CUtensorMap map_b,
+                       const __grid_constant__ CUtensorMap map_c, const TmaParams p) {
 #ifdef MOE_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full0 = base + kStages * kStageBytes, empty0 = full0 + kStages * 8;
+  const uint32_t full0 = base + kBarOffset, empty0 = full0 + kStages * 8;
   const int tid = threadIdx.x, warp = tid >> 5;
   const int rank = static_cast<int>(sm90::cluster_ctarank());
   const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
@@ -412,6 +499,15 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
     }
     sm90::mbar_init_fence();
   }
+  const int32_t* offs = p.offsets;
+  const int32_t* cnts = p.counts;
+  if (p.experts <= kTableMax) {
+    int32_t* t = reinterpret_cast<int32_t*>(smem_raw + (base - flash::smem_u32(smem_raw)) + kTableOffset);
+    for (int i = tid; i <= p.experts; i += kTmaThreads) t[i] = p.offsets[i];
+    for (int i = tid; i < p.experts; i += kTmaThreads) t[kTableMax + 1 + i] = p.counts[i];
+    offs = t;
+    cnts = t + kTableMax + 1;
+  }
   sm90::cluster_sync();  // the peer's barriers are initialised before any multicast or arrival
 
   if (warp >= 8) {  // producer warpgroup: warp 8, lane 0 issues every copy
@@ -419,7 +515,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
     if (tid == 256) {
       int it = 0;  // k steps of this CTA so far (stage it % kStages)
       for (int u = cluster; u < p.units; u += clusters) {
-        const Unit w = unit_of<kMode>(p, u, rank);
+        const Unit w = unit_of<kMode>(p, offs, cnts, u, rank);
         if (w.skip) continue;
         const uint16_t mask = 3;
         const int q0 = w.mcast ? 2 * rank : 0, q1 = w.mcast ? q0 + 2 : 4;
@@ -488,7 +584,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
     int it = 0;
     float acc[128];
     for (int u = cluster; u < p.units; u += clusters) {
-      const Unit w = unit_of<kMode>(p, u, rank);
+      const Unit w = unit_of<kMode>(p, offs, cnts, u, rank);
       if (w.skip) continue;
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -530,15 +626,30 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
       if (!p.retire_each && w.nk > 0) release(it - 1);
       const uint32_t buf = base + kEpiOffset + wg * kEpiBytes;
       const int64_t wg_row = int64_t{w.m0} + 64 * wg;  // the warpgroup's first row of the tile
-      if constexpr (kMode == kWgrad)
-        epilogue_f32_add(acc, buf, wg, tid & 127,
-                         expert_weight(static_cast<float*>(p.out), w.e, p.experts, p.n_per_stack,
-                                       p.out_cols, p.stacks),
-                         p.m_rows, p.out_cols, wg_row, w.n0);
-      else
+      if constexpr (kMode == kWgrad) {
+        if (p.tma_epi && w.nk >= kTmaEpiMinSteps) {
+          if (wg_row < p.m_rows) {  // rows of dW (one stack: N/S % 64 == 0 where S > 1)
+            const int st = p.stacks > 1 ? static_cast<int>(wg_row / p.n_per_stack) : 0;
+            epilogue_f32_tma(acc, buf, wg, tid & 127, leader, &map_c, p.out_cols,
+                             static_cast<int>(wg_row - int64_t{st} * p.n_per_stack),
+                             st * p.experts + w.e, w.n0);
+          }
+        } else {
+          if (p.tma_epi) {  // the buffer's last reduction has read it before the threads reuse it
+            if (leader) bulk_wait_read<0>();
+            epi_sync(wg);
+          }
+          epilogue_f32_add(acc, buf, wg, tid & 127,
+                           expert_weight(static_cast<float*>(p.out), w.e, p.experts, p.n_per_stack,
+                                         p.out_cols, p.stacks),
+                           p.m_rows, p.out_cols, wg_row, w.n0);
+        }
+      } else {
         epilogue_bf16(acc, buf, wg, tid & 127, static_cast<gbf16*>(p.out), p.out_cols, wg_row, w.n0,
                       w.rows_valid - 64 * wg);
+      }
     }
+    if (p.tma_epi && leader) flash::bulk_wait();  // the copies are done before the block leaves
   }
   sm90::cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
 #endif
@@ -580,12 +691,14 @@ bool tma_available() {
   return ok;
 }
 
-// A bf16 tensor map in the 128-byte swizzle: dims and box innermost first, strides in bytes.
+// A tensor map (bf16 unless `type`) in the 128-byte swizzle: dims and box innermost first,
+// strides in bytes.
 CUtensorMap tensor_map(const void* p, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                       const cuuint32_t* box) {
+                       const cuuint32_t* box,
+                       CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   CUtensorMap m;
   const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+  const CUresult r = encode_fn()(&m, type, static_cast<cuuint32_t>(rank),
                                  const_cast<void*>(p), dims, strides, box, elem,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -610,15 +723,28 @@ CUtensorMap weight_map(const void* w, int64_t k, int64_t n_per_stack, int64_t st
   return tensor_map(w, 3, d, st, b);
 }
 
+// dW (S, E, N/S, K) f32 as the 3-D map (K, N/S, S E), box (32, 64, 1): 128-byte rows in the
+// 128-byte swizzle, the weight gradient's TMA epilogue.
+CUtensorMap dw_map(float* dw, int64_t k, int64_t n_per_stack, int64_t stacks, int experts) {
+  const cuuint64_t d[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n_per_stack),
+                           static_cast<cuuint64_t>(stacks * experts)};
+  const cuuint64_t st[2] = {static_cast<cuuint64_t>(k) * 4, static_cast<cuuint64_t>(n_per_stack * k) * 4};
+  const cuuint32_t b[3] = {32, kBox, 1};
+  return tensor_map(dw, 3, d, st, b, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // The persistent launch: as many 2-CTA clusters as are resident at once (queried once per
 // kernel), at most one per unit.
 // Schedule switches (moe.cuh, set_grouped_tma_schedule; initial values from the environment):
 // ENGINE_MOE_NO_MULTICAST=1 (no TMA multicast), ENGINE_MOE_RASTER=G (G pairs of row tiles per
-// raster group; default 4) and ENGINE_MOE_RETIRE_EACH=0 (consumers keep one k step's wgmma in
+// raster group; default 4), ENGINE_MOE_RETIRE_EACH=0 (consumers keep one k step's wgmma in
 // flight and release the stage of the step before; the default waits for each step and
 // releases its stage at once: the two warpgroups keep the tensor cores busy between them, and a
 // stage goes back one step earlier; H200 balanced fwd / dgrad / wgrad 739 / 733 / 636 against
-// 733 / 685 / 626 TFLOP/s).
+// 733 / 685 / 626 TFLOP/s) and ENGINE_MOE_TMA_EPILOGUE=0 (the weight gradient's dW += by the
+// threads' read-modify-write instead of TMA reductions).
 GroupedTmaSchedule schedule_from_env() {
   GroupedTmaSchedule s;
   const char* m = std::getenv("ENGINE_MOE_NO_MULTICAST");
@@ -628,6 +754,8 @@ GroupedTmaSchedule schedule_from_env() {
   const char* g = std::getenv("ENGINE_MOE_RASTER");
   const int n = g ? std::atoi(g) : 0;
   s.raster = n > 0 ? n : 4;
+  const char* te = std::getenv("ENGINE_MOE_TMA_EPILOGUE");
+  s.tma_epilogue = te == nullptr || std::strcmp(te, "0") != 0;
   return s;
 }
 std::mutex g_schedule_mu;
@@ -636,8 +764,11 @@ GroupedTmaSchedule& schedule() {
   return s;
 }
 
+// mc: the output's map for the TMA epilogue (wgrad: dW); tma_epi: the output takes it (else the
+// threads store it).
 template <int kMode>
-void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, TmaParams p, const char* name) {
+void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& mc, bool tma_epi,
+                TmaParams p, const char* name) {
   GroupedTmaSchedule sched;
   {
     std::lock_guard<std::mutex> lock(g_schedule_mu);
@@ -648,6 +779,7 @@ void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, TmaParams p, const
   // does; the clamp keeps group x tiles_n inside int for any raster setting.
   p.group = std::min(std::max(1, sched.raster), std::max(1, p.pairs_m));
   p.retire_each = sched.retire_each;
+  p.tma_epi = tma_epi && sched.tma_epilogue;
   static const int slots = [] {
     int dev = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -663,7 +795,7 @@ void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, TmaParams p, const
   }();
   if (p.units <= 0) return;
   const unsigned grid = 2u * static_cast<unsigned>(std::min(slots, p.units));
-  grouped_tma_kernel<kMode><<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(ma, mb, p);
+  grouped_tma_kernel<kMode><<<grid, kTmaThreads, kTmaSmemBytes, stream()>>>(ma, mb, mc, p);
   check_launch(name);
 }
 
@@ -715,7 +847,7 @@ bool forward_sm90(const ForwardArgs& a, bool tma) {
   }
   const CUtensorMap mx = matrix_map(a.x, a.rows, a.k, kBM);
   const CUtensorMap mw = weight_map(a.w, a.k, a.n_per_stack, a.stacks, a.experts);
-  launch_tma<kFwd>(mx, mw, rows_params(a, a.y, a.n, a.k), "grouped_tma_kernel<forward>");
+  launch_tma<kFwd>(mx, mw, mx, false, rows_params(a, a.y, a.n, a.k), "grouped_tma_kernel<forward>");
   return true;
 }
 
@@ -726,7 +858,7 @@ bool dgrad_sm90(const ForwardArgs& a) {
   if (a.rows == 0) return true;
   const CUtensorMap mdy = matrix_map(a.x, a.rows, a.n, kBM);
   const CUtensorMap mw = weight_map(a.w, a.k, a.n_per_stack, a.stacks, a.experts);
-  launch_tma<kDgrad>(mdy, mw, rows_params(a, a.y, a.k, a.n), "grouped_tma_kernel<dgrad>");
+  launch_tma<kDgrad>(mdy, mw, mdy, false, rows_params(a, a.y, a.k, a.n), "grouped_tma_kernel<dgrad>");
   return true;
 }
 
@@ -750,7 +882,10 @@ bool wgrad_sm90(const WgradArgs& a) {
   p.pairs_m = static_cast<int>(pairs);
   p.units = static_cast<int>(a.experts * pairs * tiles_n);
   const CUtensorMap mdy = matrix_map(a.dy, a.rows, a.n, kBox), mx = matrix_map(a.x, a.rows, a.k, kBox);
-  launch_tma<kWgrad>(mdy, mx, p, "grouped_tma_kernel<wgrad>");
+  // The TMA reduction where each warpgroup's 64 rows of dW lie in one stack.
+  const bool epi = aligned16(a.dw) && (a.stacks == 1 || a.n_per_stack % kBox == 0);
+  const CUtensorMap mdw = epi ? dw_map(a.dw, a.k, a.n_per_stack, a.stacks, a.experts) : mdy;
+  launch_tma<kWgrad>(mdy, mx, mdw, epi, p, "grouped_tma_kernel<wgrad>");
   return true;
 }
 

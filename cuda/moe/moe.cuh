@@ -66,13 +66,17 @@ bool grouped_forward_kernel_available(GroupedForwardKernel k);
 // The TMA kernel's schedule switches (benchmarks and tests; every setting gives the same bits):
 // multicast (the shared operand to both CTAs of a cluster by one TMA multicast; off: each loads
 // it), retire_each (each k step's wgmma retired before the next and its stage released at once;
-// off: one step kept in flight), raster (pairs of row tiles per raster group, >= 1). Initial
-// values from ENGINE_MOE_NO_MULTICAST=1, ENGINE_MOE_RETIRE_EACH=0 and ENGINE_MOE_RASTER=G, else
-// on / on / 4. Process-wide.
+// off: one step kept in flight), raster (pairs of row tiles per raster group, >= 1),
+// tma_epilogue (the weight gradient's dW += by TMA reductions in L2; off: the threads load the
+// old values and store the sums: the same round-to-nearest f32 sums, except that the copy
+// engine's add may flush subnormals to zero). Initial values from
+// ENGINE_MOE_NO_MULTICAST=1, ENGINE_MOE_RETIRE_EACH=0, ENGINE_MOE_RASTER=G and
+// ENGINE_MOE_TMA_EPILOGUE=0, else on / on / 4 / on. Process-wide.
 struct GroupedTmaSchedule {
   bool multicast = true;
   bool retire_each = true;
   int raster = 4;
+  bool tma_epilogue = true;
 };
 void set_grouped_tma_schedule(const GroupedTmaSchedule& s);
 GroupedTmaSchedule grouped_tma_schedule();

@@ -456,8 +456,9 @@ static GroupedOutputs run_grouped(const Tensor& x, const Tensor& w, const Tensor
 
 TEST_CASE("cuda grouped linear: the TMA kernel's schedule switches give the default's bits" * doctest::test_suite("gpu")) {
   // Multicast off, one k step kept in flight, raster groups of 1, 3 and more pairs than there
-  // are: the same tiles with the same k order, so the same bits (NaN-free: rows past the experts
-  // stay poisoned in y and dx, compared as bits too).
+  // are, the direct epilogue instead of the TMA one: the same tiles with the same k order, so
+  // the same bits (NaN-free: rows past the experts stay poisoned in y and dx, compared as bits
+  // too; dW onto zeros, where the copy engine's f32 add and the threads' agree).
   if (!gpu_available_or_skip()) return;
   if (!cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma)) {
     MESSAGE("no TMA grouped kernel on this device: skipped");
@@ -478,9 +479,12 @@ TEST_CASE("cuda grouped linear: the TMA kernel's schedule switches give the defa
   cuda::set_grouped_tma_schedule({});
   const GroupedOutputs want = run_grouped(gx.t, gw.t, gdy.t, goff.t, gcnt.t);
   const std::vector<cuda::GroupedTmaSchedule> variants = {
-      {false, true, 4}, {true, false, 4}, {false, false, 4}, {true, true, 1}, {true, true, 3}, {true, true, 1000}};
+      {false, true, 4},         {true, false, 4},        {false, false, 4},
+      {true, true, 1},          {true, true, 3},         {true, true, 1000},
+      {true, true, 4, false},   {false, false, 3, false}};
   for (const cuda::GroupedTmaSchedule& v : variants) {
-    INFO("multicast " << v.multicast << " retire_each " << v.retire_each << " raster " << v.raster);
+    INFO("multicast " << v.multicast << " retire_each " << v.retire_each << " raster " << v.raster
+                      << " tma_epilogue " << v.tma_epilogue);
     cuda::set_grouped_tma_schedule(v);
     const GroupedOutputs got = run_grouped(gx.t, gw.t, gdy.t, goff.t, gcnt.t);
     CHECK(bitwise_equal(got.y, want.y));
