@@ -5,9 +5,13 @@
 // and V-1, logits whose base is not 16-byte aligned; determinism; the bad-label error; checks.
 //
 // Tolerances (relative RMS over the tensor, tests/common/testing.h):
-//   losses    bf16 logits 1e-3, f32 logits 1e-5. Both sides see identical inputs, so the only
-//             error is the kernel's f32 arithmetic (ex2.approx ~2^-22 relative per term, f32
-//             sums, x - m formed before scaling): ~1e-6, whatever the logits' magnitude.
+//   losses    bf16 logits 1e-3, f32 logits 1e-5, per row, relative to max(|loss|, 1). Both
+//             sides see identical inputs, so the only error is the kernel's f32 arithmetic
+//             (ex2.approx ~2^-22 relative per term, f32 sums, x - m formed before scaling):
+//             ~1e-6 of the loss, whatever the logits' magnitude, except that the sum of
+//             exp(x - m) is at least 1, so its f32 rounding leaves an absolute error of ~6e-8 in
+//             log-sum-exp: a row whose loss is ~0.005 (the target far above the rest) is off by
+//             ~1e-5 of itself, which a bound relative to the loss alone would reject.
 //   gradient  bf16: 1e-2, and at most 2x the error of the naive answer, the f64 reference
 //             gradient rounded to bf16 (DESIGN.md's rule). The output is bf16, so its rounding
 //             (2^-9 relative at worst, ~1.1e-3 RMS) is the floor and the f32 math adds ~1e-6;
@@ -15,6 +19,7 @@
 //             at 30x scale), where the RMS of the rounding is set by those few. f32: 1e-5.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -190,7 +195,17 @@ TEST_CASE("cross_entropy cuda matches the f64 reference (shapes, dtypes, paths, 
           for (bool with_grad : {false, true}) {
             INFO(var.name(), with_grad ? ", with grad" : ", losses only");
             const Outputs out = run_device(in, with_grad, c.grad_scale, var);
-            CHECK_CLOSE(out.losses.t, ref_losses.t, loss_tol);
+            double worst = 0;  // max over rows of |error| / max(|loss|, 1)
+            int64_t worst_row = 0;
+            for (int64_t r = 0; r < c.t; ++r) {
+              const double ref = ref_losses.ptr<double>()[r];
+              const double e = std::fabs(out.losses.ptr<float>()[r] - ref) /
+                               std::max(std::fabs(ref), 1.0);
+              if (!(e <= worst)) worst = e, worst_row = r;  // a NaN sticks
+            }
+            INFO("loss row ", worst_row, ": ", out.losses.ptr<float>()[worst_row], " vs ",
+                 ref_losses.ptr<double>()[worst_row]);
+            CHECK(worst <= loss_tol);
             for (int64_t r = 0; r < c.t; ++r)
               if (!in.mask_host.ptr<uint8_t>()[r]) CHECK(out.losses.ptr<float>()[r] == 0.f);
             if (!with_grad) {
