@@ -203,6 +203,60 @@ __device__ __forceinline__ void add_relative(float& acc, const float (&x)[kU * k
     }
 }
 
+// The (max, sum of exp) of a row streamed by a group of kGroup threads (a warp, or the whole
+// block of kThreads), kU 16-byte vectors in flight per thread: the body's nvec vectors from
+// `lane` on, and the thread's extra element xe (-inf: none). with_sum also adds x - x0 over the
+// body's values into xsum (the caller seeds it with the extra element's). Both come back reduced
+// over the group, the same in each of its threads.
+template <typename T, int kGroup, int kThreads, int kU>
+__device__ __forceinline__ Stat stream_row_stats(const uint4* body, int nvec, int lane, float xe,
+                                                 bool with_sum, float x0, float& xsum) {
+  static_assert(kGroup == 32 || kGroup == kThreads);
+  Stat st{-INFINITY, 0.f};
+  for (int i = lane; i < nvec; i += kGroup * kU) {
+    uint4 u[kU];
+    unsigned valid = 0;
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      const int j = i + k * kGroup;
+      u[k] = j < nvec ? body[j] : neg_inf_vec<T>();
+      valid |= static_cast<unsigned>(j < nvec) << k;
+    }
+    float v[kU * kVec<T>];
+    unpack_batch<T>(u, v);
+    accumulate(st, v);
+    if (with_sum) add_relative<T, kU>(xsum, v, valid, x0);
+  }
+  {
+    const float e[1] = {xe};
+    accumulate(st, e);
+  }
+  if constexpr (kGroup == 32) {
+    st = warp_reduce(st);
+    if (with_sum)
+      for (int o = 16; o > 0; o >>= 1) xsum += __shfl_xor_sync(0xffffffffu, xsum, o);
+  } else {
+    __shared__ Stat red[kThreads / 32];
+    __shared__ float red_sum[kThreads / 32];
+    st = block_reduce<kThreads>(st, red);
+    if (with_sum) xsum = block_sum<kThreads>(xsum, red_sum);
+  }
+  return st;
+}
+
+// The row's label, or -1 when it is out of range (flagged once per row by `reporter`: the
+// smallest (row << 32 | label) over bad rows goes to p.bad_label). P: a loss kernel's parameters
+// (labels, vocab, bad_label).
+template <typename P>
+__device__ __forceinline__ int checked_label(const P& p, int64_t row, bool reporter) {
+  const int label = p.labels[row];
+  if (static_cast<unsigned>(label) < static_cast<unsigned>(p.vocab)) return label;
+  if (reporter)
+    atomicMin(p.bad_label,
+              (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label));
+  return -1;
+}
+
 // A row as [head scalars][nvec 16-byte vectors][tail scalars].
 struct RowLayout {
   int head, nvec, tail;

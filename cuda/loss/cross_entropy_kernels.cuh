@@ -54,16 +54,6 @@ struct CeParams {
 // ---------------------------------------------------------------------------------------------
 // Device helpers of the fused kernels (the shared ones are in ce_device.cuh).
 
-// The row's label, or -1 when it is out of range (flagged once per row by `reporter`).
-__device__ __forceinline__ int checked_label(const CeParams& p, int64_t row, bool reporter) {
-  const int label = p.labels[row];
-  if (static_cast<unsigned>(label) < static_cast<unsigned>(p.vocab)) return label;
-  if (reporter)
-    atomicMin(p.bad_label,
-              (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label));
-  return -1;
-}
-
 // The row's loss from (m, s), the label's logit and (label smoothing only) m - mean_v x_v.
 __device__ __forceinline__ float row_loss(const CeParams& p, Stat st, float x_label, int label,
                                           float m_minus_mean) {
@@ -183,35 +173,8 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
   const float x0 = smooth ? to_float(x[0]) : 0.f;  // label smoothing's reference logit
   float xsum = smooth && ecol >= 0 ? xe - x0 : 0.f;
 
-  Stat st{-INFINITY, 0.f};
-  for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
-    uint4 u[kUnroll];
-    unsigned valid = 0;
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int j = i + k * kGroup;
-      u[k] = j < l.nvec ? body[j] : neg_inf_vec<T>();
-      valid |= static_cast<unsigned>(j < l.nvec) << k;
-    }
-    float v[kUnroll * kN];
-    unpack_batch<T>(u, v);
-    accumulate(st, v);
-    if (smooth) add_relative<T, kUnroll>(xsum, v, valid, x0);
-  }
-  {
-    const float e[1] = {xe};
-    accumulate(st, e);
-  }
-  if constexpr (kGroup == 32) {
-    st = warp_reduce(st);
-    if (smooth)
-      for (int o = 16; o > 0; o >>= 1) xsum += __shfl_xor_sync(0xffffffffu, xsum, o);
-  } else {
-    __shared__ Stat red[kThreads / 32];
-    __shared__ float red_sum[kThreads / 32];
-    st = block_reduce<kThreads>(st, red);
-    if (smooth) xsum = block_sum<kThreads>(xsum, red_sum);
-  }
+  const Stat st =
+      stream_row_stats<T, kGroup, kThreads, kUnroll>(body, l.nvec, lane, xe, smooth, x0, xsum);
   if (lane == 0) p.losses[row] = row_loss(p, st, x_label, label, (st.m - x0) - xsum * p.inv_vocab);
   if (!p.with_grad) return;
   // Lane 0's read of x[label] is ordered before the writes below: by __syncthreads in

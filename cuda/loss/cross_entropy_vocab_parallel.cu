@@ -71,7 +71,6 @@ struct VpParams {
 template <typename T, int kGroup>
 __global__ void __launch_bounds__(kThreads) ce_partial_kernel(const VpParams p) {
   static_assert(kGroup == 32 || kGroup == kThreads);
-  constexpr int kN = kVec<T>;
   const int lane = static_cast<int>(threadIdx.x) % kGroup;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup) + threadIdx.x / kGroup;
   if (row >= p.rows) return;  // whole groups only: a block-wide group never leaves early here
@@ -102,35 +101,8 @@ __global__ void __launch_bounds__(kThreads) ce_partial_kernel(const VpParams p) 
   const float x0 = with_sum && p.vocab > 0 ? to_float(x[0]) : 0.f;  // the sum's reference
   float xsum = with_sum && ecol >= 0 ? xe - x0 : 0.f;
 
-  Stat st{-INFINITY, 0.f};
-  for (int i = lane; i < l.nvec; i += kGroup * kUnroll) {
-    uint4 u[kUnroll];
-    unsigned valid = 0;
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int j = i + k * kGroup;
-      u[k] = j < l.nvec ? body[j] : neg_inf_vec<T>();
-      valid |= static_cast<unsigned>(j < l.nvec) << k;
-    }
-    float v[kUnroll * kN];
-    unpack_batch<T>(u, v);
-    accumulate(st, v);
-    if (with_sum) add_relative<T, kUnroll>(xsum, v, valid, x0);
-  }
-  {
-    const float e[1] = {xe};
-    accumulate(st, e);
-  }
-  if constexpr (kGroup == 32) {
-    st = warp_reduce(st);
-    if (with_sum)
-      for (int o = 16; o > 0; o >>= 1) xsum += __shfl_xor_sync(0xffffffffu, xsum, o);
-  } else {
-    __shared__ Stat red[kThreads / 32];
-    __shared__ float red_sum[kThreads / 32];
-    st = block_reduce<kThreads>(st, red);
-    if (with_sum) xsum = block_sum<kThreads>(xsum, red_sum);
-  }
+  const Stat st =
+      stream_row_stats<T, kGroup, kThreads, kUnroll>(body, l.nvec, lane, xe, with_sum, x0, xsum);
   if (lane == 0) {
     p.stats[row] = st.m;
     p.stats[p.rows + row] = st.s;

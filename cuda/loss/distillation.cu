@@ -96,16 +96,6 @@ struct DlParams {
   bool with_grad;
 };
 
-// The row's label, or -1 when it is out of range (flagged once per row by `reporter`).
-__device__ __forceinline__ int checked_label(const DlParams& p, int64_t row, bool reporter) {
-  const int label = p.labels[row];
-  if (static_cast<unsigned>(label) < static_cast<unsigned>(p.vocab)) return label;
-  if (reporter)
-    atomicMin(p.bad_label,
-              (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(label));
-  return -1;
-}
-
 __device__ __forceinline__ Frame make_frame(const DlParams& p, float x0, float y0) {
   Frame f;
   f.k = kLog2e * p.c.inv_tau;
