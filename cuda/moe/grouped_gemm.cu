@@ -87,7 +87,7 @@ template <bool kDgrad>
 static __global__ void __launch_bounds__(kThreads, 2) grouped_rows_kernel(const RowsParams p) {
   FLASH_DYNAMIC_SMEM(smem);
   int tm, tn;
-  raster<kGroupM>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
+  raster(blockIdx.x, kGroupM, p.tiles_m, p.tiles_n, tm, tn);
   const int64_t row0 = int64_t{tm} * kBM;
   const TileExpert te = tile_expert(p.offsets, p.counts, p.experts, row0);
   if (te.rows_valid <= 0) return;

@@ -92,14 +92,14 @@ __device__ __forceinline__ TileExpert tile_expert(const int32_t* offsets, const 
   return {lo, int64_t{offsets[lo]} + counts[lo] - row0};
 }
 
-// Triton's grouped raster: blocks walk row tiles in groups of kGroupM, the column tile outer
+// Triton's grouped raster: blocks walk row tiles in groups of group_m, the column tile outer
 // within a group, so the blocks running together share A rows and B columns in L2.
-template <int kGroupM>
-__device__ __forceinline__ void raster(int block, int tiles_m, int tiles_n, int& tm, int& tn) {
-  const int per_group = kGroupM * tiles_n;
+__device__ __forceinline__ void raster(int block, int group_m, int tiles_m, int tiles_n, int& tm,
+                                       int& tn) {
+  const int per_group = group_m * tiles_n;
   const int group = block / per_group, in_group = block % per_group;
-  const int first_m = group * kGroupM;
-  const int group_size = min(tiles_m - first_m, kGroupM);
+  const int first_m = group * group_m;
+  const int group_size = min(tiles_m - first_m, group_m);
   tm = first_m + in_group % group_size;
   tn = in_group / group_size;
 }

@@ -1,21 +1,10 @@
 // The grouped GEMMs on Hopper's wgmma (sm_90a), the contract of grouped_gemm.cu (whose mma.sync
 // kernels run where these are not built). Two kernels:
-//   - the persistent, clustered TMA kernel (below: forward, input gradient, weight gradient; the
+//   - the persistent, clustered TMA kernel (here: forward, input gradient, weight gradient; the
 //     default on sm_90), and
-//   - the cp.async forward kernel (here; also the dgrad on a transposed weight copy when asked
-//     for by set_grouped_dgrad_kernel(Wgmma)): y_rows(e) = x_rows(e) W_e^T, one tile per block.
-// cp.async kernel. Block: 128 x 256 output tile, two consumer warpgroups of 64 x 256 each (wgmma m64n256k16,
-// 128 f32 accumulators per thread), k steps of 64. All 256 threads stream A (128 x 64) and B
-// (256 x 64) with cp.async into a 4-stage ring of 48 KiB stages, each operand tile in the
-// 128-byte swizzled K-major layout wgmma reads through a matrix descriptor (grouped_gemm_common.cuh
-// load_tile<.., 64, ..>: row r at 128 r bytes, 16-byte chunk c at c ^ (r % 8); stage bases
-// 1024-byte aligned; descriptor stride between 8-row groups 1024 bytes, 128-byte swizzle mode; a
-// k16 step advances the start address by 32 bytes). Per k step:
-//   wait for the step's copies, fence them to the async proxy, barrier (also: both warpgroups
-//   have retired the wgmma of step kt - 2, whose stage the next copies overwrite), issue the
-//   copies of step kt + 2, then 4 wgmma on stage kt, commit, and wait until at most one group
-//   (this step's) is in flight.
-// Rows past the expert's count are zero-filled and never stored; columns past N likewise.
+//   - the cp.async forward kernel (grouped_gemm_sm90_cp_async.cu; also the dgrad on a transposed
+//     weight copy when asked for by set_grouped_dgrad_kernel(Wgmma)).
+// The tile shape, stage ring and wgmma helpers they share: grouped_gemm_sm90.cuh.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -25,89 +14,15 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sm90.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
+#include "cuda/moe/grouped_gemm_sm90.cuh"
 #include "cuda/moe/moe.cuh"
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MOE_WGMMA 1
-#endif
 
 namespace engine::cuda::grouped {
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64;
-constexpr int kThreads = 256;
-constexpr int kStages = 4, kAhead = kStages - 2;
-constexpr uint32_t kATileBytes = kBM * kBK * 2, kBTileBytes = kBN * kBK * 2;
-constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
-constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024;  // + alignment slack
-static_assert(kBM == ops::kMoeRowAlign, "one row tile must never hold two experts");
+using namespace wgmma_detail;
 
 #ifdef MOE_WGMMA
-using sm90::wgmma_commit;
-using sm90::wgmma_fence;
-using sm90::wgmma_wait;
-
-// Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return sm90::smem_desc_sw128(addr, 16); }
-
-// Keeps the compiler from moving accumulator reads / writes across the asynchronous wgmma.
-__device__ __forceinline__ void acc_fence(float (&d)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (64 x 256 f32, the wgmma accumulator fragment) += A (64 x 16, descriptor a) B (16 x 256,
-// descriptor b)^T in shared memory, scale-d = 1 (accumulate); kTA / kTB = 1 read A / B MN-major
-// (the transpose bits), 0 K-major.
-template <int kTA, int kTB>
-__device__ __forceinline__ void wgmma_tt(float (&d)[128], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, 1, 1, 1, %130, %131;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "n"(kTA), "n"(kTB));
-}
-
-// The 128 x 256 tile of y held by the two consumer warpgroups (warpgroup wg: rows 64 wg ..;
-// its thread `tid` (mod 128) the wgmma fragment of 16 rows per warp, 2 columns per n8 block):
-// rows below rows_valid and columns below n stored as bf16 pairs.
-__device__ __forceinline__ void store_tile(const float (&acc)[128], gbf16* y, int64_t n,
-                                           int64_t row0, int64_t n0, int64_t rows_valid, int wg,
-                                           int tid) {
-  const int lane = tid & 31, warp = (tid >> 5) & 3;
-  const int r = wg * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
-    const int64_t c = n0 + j * 8 + 2 * (lane & 3);
-    if (c >= n) continue;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int rr = r + 8 * half;
-      if (rr < rows_valid)
-        *reinterpret_cast<uint32_t*>(y + (row0 + rr) * n + c) =
-            flash::pack_bf16(acc[j * 4 + 2 * half], acc[j * 4 + 2 * half + 1]);
-    }
-  }
-}
-
 // ---- mbarriers and the tensor memory accelerator (TMA): cuda/common/sm90.cuh -------------------
 using sm90::mbar_arrive;
 using sm90::mbar_expect_tx;
@@ -117,66 +32,9 @@ using sm90::tma_load_2d;
 using sm90::tma_load_3d;
 #endif  // MOE_WGMMA
 
-struct FwdParams {
-  ForwardArgs a;
-  int tiles_m, tiles_n;
-};
-
-static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const FwdParams p) {
-#ifdef MOE_WGMMA
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t base = (flash::smem_u32(smem_raw) + 1023u) & ~1023u;
-  int tm, tn;
-  raster<8>(blockIdx.x, p.tiles_m, p.tiles_n, tm, tn);
-  const int64_t row0 = int64_t{tm} * kBM;
-  const TileExpert te = tile_expert(p.a.offsets, p.a.counts, p.a.experts, row0);
-  if (te.rows_valid <= 0) return;
-  const int64_t n0 = int64_t{tn} * kBN;
-  const int tid = threadIdx.x, wg = tid >> 7;
-  const RowMatrix<const gbf16> A = RowMatrix<const gbf16>{p.a.x, p.a.k, 0, 0}.from(row0, kBM);
-  const RowMatrix<const gbf16> W =
-      expert_weight(p.a.w, te.e, p.a.experts, p.a.n_per_stack, p.a.k, p.a.stacks).from(n0, kBN);
-  const int nk = static_cast<int>(ceil_div(p.a.k, kBK));
-  auto load = [&](int kt) {
-    const uint32_t stage = base + (kt % kStages) * kStageBytes;
-    const int64_t k0 = int64_t{kt} * kBK;
-    load_tile<kBM, kBK, kThreads>(stage, A, te.rows_valid, k0, p.a.k, tid);
-    load_tile<kBN, kBK, kThreads>(stage + kATileBytes, W, p.a.n - n0, k0, p.a.k, tid);
-  };
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    if (s < nk) load(s);
-    flash::cp_async_commit();
-  }
-  acc_fence(acc);
-  for (int kt = 0; kt < nk; ++kt) {
-    cp_async_wait<kAhead - 1>();
-    flash::fence_proxy_async();
-    __syncthreads();
-    if (kt + kAhead < nk) load(kt + kAhead);
-    flash::cp_async_commit();
-    const uint32_t stage = base + (kt % kStages) * kStageBytes;
-    const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_tt<0, 0>(acc, da + 2 * kk, db + 2 * kk);
-    wgmma_commit();
-    wgmma_wait<1>();
-  }
-  wgmma_wait<0>();
-  acc_fence(acc);
-  cp_async_wait<0>();
-  store_tile(acc, p.a.y, p.a.n, row0, n0, te.rows_valid, wg, tid);
-#endif
-}
-
-
 // ---- The persistent, clustered TMA kernel (forward, input gradient, weight gradient) ----------
 // One kernel for the three products, C (M x N tile of 128 x 256) = A B^T reduced in k steps of
-// 64, the tile and wgmma of the cp.async kernel above, operands by TMA in the 128-byte swizzle:
+// 64, the tile and wgmma of the cp.async kernel, operands by TMA in the 128-byte swizzle:
 //   forward  y = x W_e^T     A = x rows (K-major),       B = W_e rows n (K-major)
 //   dgrad    dx = dy W_e     A = dy rows (K-major),      B = W_e read MN-major (rows n of W_e are
 //                            the reduction, their 64-element runs along k the output columns)
@@ -259,17 +117,6 @@ struct TmaParams {
   bool tma_epi;            // wgrad: dW += by TMA reductions (default; ENGINE_MOE_TMA_EPILOGUE=0: not)
 };
 
-// raster<> with a run-time group height.
-__device__ __forceinline__ void raster_rt(int block, int group_m, int tiles_m, int tiles_n, int& tm,
-                                          int& tn) {
-  const int per_group = group_m * tiles_n;
-  const int group = block / per_group, in_group = block % per_group;
-  const int first_m = group * group_m;
-  const int group_size = min(tiles_m - first_m, group_m);
-  tm = first_m + in_group % group_size;
-  tn = in_group / group_size;
-}
-
 struct Unit {
   int e;
   int m0, n0;          // this CTA's tile: first row (forward / dgrad: of R; wgrad: of N), column
@@ -287,7 +134,7 @@ __device__ __forceinline__ Unit unit_of(const TmaParams& p, const int32_t* offs,
   if constexpr (kMode == kWgrad) {
     const int per_e = p.pairs_m * p.tiles_n;
     w.e = u / per_e;
-    raster_rt(u - w.e * per_e, p.group, p.pairs_m, p.tiles_n, pm, tn);
+    raster(u - w.e * per_e, p.group, p.pairs_m, p.tiles_n, pm, tn);
     w.count = cnts[w.e];
     w.t0 = offs[w.e];
     w.skip = w.count <= 0;
@@ -296,7 +143,7 @@ __device__ __forceinline__ Unit unit_of(const TmaParams& p, const int32_t* offs,
     w.rows_valid = p.m_rows - w.m0;
     w.nk = (w.count + kBK - 1) / kBK;
   } else {
-    raster_rt(u, p.group, p.pairs_m, p.tiles_n, pm, tn);
+    raster(u, p.group, p.pairs_m, p.tiles_n, pm, tn);
     const int64_t r0 = int64_t{2 * pm} * kBM;
     const TileExpert a = tile_expert(offs, cnts, p.experts, r0);
     const TileExpert b = tile_expert(offs, cnts, p.experts, r0 + kBM);
@@ -312,7 +159,6 @@ __device__ __forceinline__ Unit unit_of(const TmaParams& p, const int32_t* offs,
   w.n0 = tn * kBN;
   return w;
 }
-
 
 #ifdef MOE_WGMMA
 // The epilogue through shared memory: warpgroup wg's 64 x 256 accumulators (thread t of the
@@ -655,32 +501,12 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
 #endif
 }
 
-// Built for this device (sm_90a code in the binary, a compute capability 9.0 GPU)?
-bool available() {
-  static const bool ok = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, forward_wgmma_kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    int dev = 0, major = 0, minor = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (attr.binaryVersion != 90 || major != 9 || minor != 0) return false;
-    CUDA_CHECK(cudaFuncSetAttribute(forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kSmemBytes)));
-    return true;
-  }();
-  return ok;
-}
-
 // cuTensorMapEncodeTiled from the driver (no link against libcuda); nullptr where absent.
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() { return sm90::tensor_map_encoder(); }
 
 bool tma_available() {
   static const bool ok = [] {
-    if (!available() || encode_fn() == nullptr) return false;
+    if (!cp_async_available() || encode_fn() == nullptr) return false;
     for (const void* k : {reinterpret_cast<const void*>(grouped_tma_kernel<kFwd>),
                           reinterpret_cast<const void*>(grouped_tma_kernel<kDgrad>),
                           reinterpret_cast<const void*>(grouped_tma_kernel<kWgrad>)})
@@ -824,7 +650,7 @@ TmaParams rows_params(const ForwardArgs& a, void* out, int64_t out_cols, int64_t
 
 }  // namespace
 
-bool forward_sm90_available(bool tma) { return tma ? tma_available() : available(); }
+bool forward_sm90_available(bool tma) { return tma ? tma_available() : cp_async_available(); }
 
 bool forward_sm90_eligible(const ForwardArgs& a, bool tma) {
   if (!forward_sm90_available(tma)) return false;
@@ -837,12 +663,7 @@ bool forward_sm90(const ForwardArgs& a, bool tma) {
   const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(a.n, kBN);
   if (tiles_m == 0 || tiles_n == 0) return true;
   if (!tma) {
-    ENSURE(tiles_m * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", a.n,
-           " columns: too many tiles");
-    const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
-    FwdParams p{a, static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
-    forward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream()>>>(p);
-    check_launch("forward_wgmma_kernel");
+    cp_async_forward(a, tiles_m, tiles_n);
     return true;
   }
   const CUtensorMap mx = matrix_map(a.x, a.rows, a.k, kBM);
