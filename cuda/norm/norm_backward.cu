@@ -1,0 +1,541 @@
+// The layer norms' backward kernels and launchers (the contract, the kernels' design and their
+// measurements: norm.cu's header; shared pieces: norm_common.cuh).
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/buffer.h"
+#include "cuda/norm/norm.cuh"
+#include "cuda/norm/norm_common.cuh"
+
+namespace engine::cuda {
+
+using namespace norm_detail;
+
+constexpr int kRowLanes = 16;            // partial rows summed in parallel by the second pass
+constexpr int kBwdMinPacks = 2;          // backward: at least 2 packs per thread where C allows
+constexpr size_t kMaxAccSmem = 48 * 1024;  // backward: column sums in shared memory up to this
+constexpr int kGradUnroll = 8;           // second pass: partial rows in flight per thread
+constexpr int kBwdWarpPacks = 4;         // warp-per-row backward: packs per lane (C <= 128 packs)
+// Warp-per-row backward, block size and the blocks per multiprocessor its registers must allow:
+// bf16 (no prefetch) 8 warps, 2 blocks (at most 128 registers); f32 (prefetch) 4 warps, 3 blocks.
+template <bool kPrefetch>
+constexpr int kBwdWarpThreads = kPrefetch ? 128 : 256;
+template <bool kPrefetch>
+constexpr int kBwdWarpMinBlocks = kPrefetch ? 3 : 2;
+
+// Backward, one block per row of a persistent grid. The thread's packs (columns) are the same
+// in every row, so its weight packs stay in registers. Rows come through D + 1 register stages:
+// row r + D G (G = gridDim.x) is asked for before row r is reduced (D = 1; D = 0: no prefetch,
+// for the scalar variant and wide rows, where the stages would spill). xhat and g are recomputed
+// from the raw packs in the second pass rather than kept. kSmemAcc: the per-column sums of
+// dy xhat and dy live in shared memory (each thread owns its columns' float4 slots, so no barrier
+// or atomics) instead of registers, which leaves registers for more resident blocks.
+template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool kResidual>
+static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
+    norm_backward_kernel(const NormBwdParams<T> p) {
+  constexpr int S = D + 1;  // ring stages
+  constexpr int kRegN = kSmemAcc ? 1 : N;
+  __shared__ float smem[2 * 32 * 2];
+  extern __shared__ float4 acc_smem[];  // kSmemAcc: dw then db, float4 c of pack q at c packs + q
+  int phase = 0;
+  const int64_t packs = p.cols / N;
+  const float inv_cols = 1.f / static_cast<float>(p.cols);
+  auto pack_of = [&](int k) { return threadIdx.x + static_cast<int64_t>(k) * blockDim.x; };
+  float dw[K][kRegN], db[K][kRegN];
+  Pack<T, N> w[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int j = 0; j < kRegN; ++j) dw[k][j] = db[k][j] = 0.f;
+    if (pack_of(k) < packs) {
+      w[k] = reinterpret_cast<const Pack<T, N>*>(p.weight)[pack_of(k)];
+      if constexpr (kSmemAcc) {
+#pragma unroll
+        for (int c = 0; c < N / 4; ++c) {
+          acc_smem[c * packs + pack_of(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if constexpr (kCentered)
+            acc_smem[(N / 4 + c) * packs + pack_of(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+    }
+  }
+  Pack<T, N> xs[S][K], ds[S][K];
+  float mus[S], rss[S];
+  auto load = [&](int64_t r, Pack<T, N>(&xd)[K], Pack<T, N>(&dd)[K], float& mu, float& rs) {
+    load_row<T, N, K>(p.x, r, p.cols, packs, xd);
+    load_row<T, N, K>(p.dy, r, p.cols, packs, dd);
+    mu = kCentered ? p.mean[r] : 0.f;
+    rs = p.rstd[r];
+  };
+  const int64_t g = gridDim.x;
+#pragma unroll
+  for (int s = 0; s < D; ++s)
+    if (blockIdx.x + s * g < p.rows) load(blockIdx.x + s * g, xs[s], ds[s], mus[s], rss[s]);
+  for (int64_t row = blockIdx.x; row < p.rows; row += g) {
+    if (row + D * g < p.rows) load(row + D * g, xs[D], ds[D], mus[D], rss[D]);
+    const float mu = mus[0], rs = rss[0];
+    float s[2] = {0.f, 0.f};  // sum g, sum g xhat
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (pack_of(k) < packs) {
+        float pw[N], pb[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float dv = to_float(ds[0][k].v[j]);
+          const float xh = (to_float(xs[0][k].v[j]) - mu) * rs;
+          const float gv = dv * to_float(w[k].v[j]);
+          s[0] += gv;
+          s[1] += gv * xh;
+          pw[j] = dv * xh;
+          pb[j] = dv;
+        }
+        if constexpr (kSmemAcc) {
+#pragma unroll
+          for (int c = 0; c < N / 4; ++c) {
+            float4& a = acc_smem[c * packs + pack_of(k)];
+            a.x += pw[4 * c], a.y += pw[4 * c + 1], a.z += pw[4 * c + 2], a.w += pw[4 * c + 3];
+            if constexpr (kCentered) {
+              float4& e = acc_smem[(N / 4 + c) * packs + pack_of(k)];
+              e.x += pb[4 * c], e.y += pb[4 * c + 1], e.z += pb[4 * c + 2], e.w += pb[4 * c + 3];
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kRegN; ++j) {
+            dw[k][j] += pw[j];
+            if constexpr (kCentered) db[k][j] += pb[j];
+          }
+        }
+      }
+    }
+    // kResidual: this row's dresidual packs, asked for before the block sum's barrier.
+    constexpr int KR = kResidual ? K : 1;
+    Pack<T, N> dr[KR];
+    if constexpr (kResidual) load_row<T, N, K>(p.dresidual, row, p.cols, packs, dr);
+    block_sum(s, smem, phase);
+    const float mg = kCentered ? s[0] * inv_cols : 0.f;
+    const float mgx = s[1] * inv_cols;
+    T* dxr = p.dx + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (pack_of(k) < packs) {
+        float o[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xh = (to_float(xs[0][k].v[j]) - mu) * rs;
+          const float gv = to_float(ds[0][k].v[j]) * to_float(w[k].v[j]);
+          o[j] = rs * (gv - mg - xh * mgx);
+          if constexpr (kResidual)
+            o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
+        }
+        store_pack<T, N>(dxr + pack_of(k) * N, o);
+      }
+    }
+#pragma unroll
+    for (int s2 = 0; s2 < D; ++s2) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        xs[s2][k] = xs[s2 + 1][k];
+        ds[s2][k] = ds[s2 + 1][k];
+      }
+      mus[s2] = mus[s2 + 1];
+      rss[s2] = rss[s2 + 1];
+    }
+  }
+  float* pdw = p.partial_dw + static_cast<int64_t>(blockIdx.x) * p.cols;
+  float* pdb = p.partial_db ? p.partial_db + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (pack_of(k) < packs) {
+      if constexpr (kSmemAcc) {
+#pragma unroll
+        for (int c = 0; c < N / 4; ++c) {
+          reinterpret_cast<float4*>(pdw + pack_of(k) * N)[c] = acc_smem[c * packs + pack_of(k)];
+          if constexpr (kCentered)
+            if (pdb)
+              reinterpret_cast<float4*>(pdb + pack_of(k) * N)[c] =
+                  acc_smem[(N / 4 + c) * packs + pack_of(k)];
+        }
+      } else {
+        store_pack<float, N>(pdw + pack_of(k) * N, dw[k]);
+        if constexpr (kCentered)
+          if (pdb) store_pack<float, N>(pdb + pack_of(k) * N, db[k]);
+      }
+    }
+  }
+}
+
+// Hides v's value from the compiler (no instruction): what is computed from it after this point
+// is computed again rather than kept in registers from before (common subexpressions would keep
+// the unpacked f32 values of a row alive across its reduction, twice the registers of the packs).
+template <typename T, int N>
+static __device__ __forceinline__ void opaque(Pack<T, N>& pk) {
+  static_assert(sizeof(pk) % 4 == 0, "whole 32-bit words");
+  uint32_t* u = reinterpret_cast<uint32_t*>(&pk);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(pk) / 4); ++i) asm volatile("" : "+r"(u[i]));
+}
+static __device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
+// Warp-per-row backward (16-byte packs, C <= 32 kBwdWarpPacks packs): warp w of block b takes
+// rows b W + w, b W + w + G W, ... (W warps per block, G blocks of a persistent grid); lane l
+// holds packs l, l + 32, ... of the row. The two row sums are warp butterflies (no barrier), so
+// the warps of a block never wait for one another inside the row loop. The weight packs sit in
+// shared memory (one copy per block, read in each pass instead of held in registers); the
+// per-column sums of dy xhat and dy are in registers per lane (K N each). kPrefetch: the warp's
+// next row (x, dy and the statistics) is asked for before this row is reduced (f32); without it
+// (bf16) the row is loaded at the top of its iteration, and the other warps of the multiprocessor
+// (16 at 128 registers) keep the loads in flight: it measured 79% of copy against 75% with the
+// prefetch (165 registers: 12 warps per multiprocessor) and 76% with the column sums in shared
+// memory (layernorm+residual, T = 32768, C = 768). At the end each warp copies its sums into its
+// slice of shared memory and the block adds the slices in warp order: one partial row per block.
+template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch>
+static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMinBlocks<kPrefetch>)
+    norm_backward_warp_kernel(const NormBwdParams<T> p) {
+  constexpr int C4 = N / 4;                      // float4 per pack of column sums
+  constexpr int kQuantities = kCentered ? 2 : 1;  // dw (and db)
+  extern __shared__ float4 warp_smem[];  // weight packs, then per warp kQuantities C4 packs float4
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int packs = static_cast<int>(p.cols / N);
+  const int slice = kQuantities * C4 * packs;  // float4 per warp: float4 c of quantity u and pack
+                                               // q at (u C4 + c) packs + q (conflict-free)
+  Pack<T, N>* wsm = reinterpret_cast<Pack<T, N>*>(warp_smem);
+  float4* acc = warp_smem + packs;
+  float4* mine = acc + warp * slice;
+  for (int q = threadIdx.x; q < packs; q += blockDim.x)
+    wsm[q] = reinterpret_cast<const Pack<T, N>*>(p.weight)[q];
+  float dw[K][N], db[K][N];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.f;
+  __syncthreads();  // the weight packs
+
+  const float inv_cols = 1.f / static_cast<float>(p.cols);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
+  constexpr int KP = kPrefetch ? K : 1;  // next-row packs held (unused without kPrefetch)
+  Pack<T, N> xc[K], dc[K], xn[KP], dn[KP];
+  float muc = 0.f, rsc = 0.f, mun = 0.f, rsn = 0.f;
+  auto load = [&](int64_t r, auto& xd, auto& dd, float& mu, float& rs) {
+    const Pack<T, N>* xr = reinterpret_cast<const Pack<T, N>*>(p.x + r * p.cols);
+    const Pack<T, N>* dr = reinterpret_cast<const Pack<T, N>*>(p.dy + r * p.cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < packs) {
+        xd[k] = xr[lane + 32 * k];
+        dd[k] = dr[lane + 32 * k];
+      }
+    mu = kCentered ? p.mean[r] : 0.f;
+    rs = p.rstd[r];
+  };
+  int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if constexpr (kPrefetch)
+    if (row < p.rows) load(row, xc, dc, muc, rsc);
+  for (; row < p.rows; row += stride) {
+    if constexpr (kPrefetch) {
+      if (row + stride < p.rows) load(row + stride, xn, dn, mun, rsn);
+    } else {
+      load(row, xc, dc, muc, rsc);
+    }
+    // kResidual: this row's dresidual packs, asked for before the sums.
+    constexpr int KR = kResidual ? K : 1;
+    Pack<T, N> dr[KR];
+    if constexpr (kResidual) {
+      const Pack<T, N>* rr = reinterpret_cast<const Pack<T, N>*>(p.dresidual + row * p.cols);
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (lane + 32 * k < packs) dr[k] = rr[lane + 32 * k];
+    }
+    const float mu = muc, rs = rsc;
+    float s[2] = {0.f, 0.f};  // sum g, sum g xhat
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int q = lane + 32 * k;
+      if (q < packs) {
+        const Pack<T, N> wk = wsm[q];
+        float pw[N], pb[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float dv = to_float(dc[k].v[j]);
+          const float xh = (to_float(xc[k].v[j]) - mu) * rs;
+          const float gv = dv * to_float(wk.v[j]);
+          s[0] += gv;
+          s[1] += gv * xh;
+          pw[j] = dv * xh;
+          pb[j] = dv;
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          dw[k][j] += pw[j];
+          if constexpr (kCentered) db[k][j] += pb[j];
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      opaque(xc[k]);
+      opaque(dc[k]);
+    }
+    warp_sum(s);
+    const float mg = kCentered ? s[0] * inv_cols : 0.f;
+    const float mgx = s[1] * inv_cols;
+    Pack<T, N>* dxr = reinterpret_cast<Pack<T, N>*>(p.dx + row * p.cols);
+    const int lane2 = opaque(lane);  // the weight packs read again, not kept
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int q = lane + 32 * k;
+      if (q < packs) {
+        const Pack<T, N> wk = wsm[lane2 + 32 * k];
+        float o[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xh = (to_float(xc[k].v[j]) - mu) * rs;
+          const float gv = to_float(dc[k].v[j]) * to_float(wk.v[j]);
+          o[j] = rs * (gv - mg - xh * mgx);
+          if constexpr (kResidual)
+            o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
+        }
+        store_pack<T, N>(reinterpret_cast<T*>(dxr + q), o);
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        xc[k] = xn[k];
+        dc[k] = dn[k];
+      }
+      muc = mun;
+      rsc = rsn;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int q = lane + 32 * k;
+    if (q < packs) {
+#pragma unroll
+      for (int c = 0; c < C4; ++c) {
+        mine[c * packs + q] =
+            make_float4(dw[k][4 * c], dw[k][4 * c + 1], dw[k][4 * c + 2], dw[k][4 * c + 3]);
+        if constexpr (kCentered)
+          mine[(C4 + c) * packs + q] =
+              make_float4(db[k][4 * c], db[k][4 * c + 1], db[k][4 * c + 2], db[k][4 * c + 3]);
+      }
+    }
+  }
+  __syncthreads();
+  // The block's partial rows: float4 i = columns 4 i .. 4 i + 3 = float4 c = i % C4 of pack
+  // q = i / C4, summed over the warps in order.
+  float4* pdw = reinterpret_cast<float4*>(p.partial_dw + static_cast<int64_t>(blockIdx.x) * p.cols);
+  float4* pdb = p.partial_db ? reinterpret_cast<float4*>(p.partial_db +
+                                                         static_cast<int64_t>(blockIdx.x) * p.cols)
+                             : nullptr;
+  for (int i = threadIdx.x; i < C4 * packs; i += blockDim.x) {
+    const int q = i / C4, c = i % C4;
+    float4 a = acc[c * packs + q];
+    for (int w = 1; w < warps; ++w) {
+      const float4 b = acc[w * slice + c * packs + q];
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+    }
+    pdw[i] = a;
+    if constexpr (kCentered) {
+      if (pdb) {
+        float4 e = acc[(C4 + c) * packs + q];
+        for (int w = 1; w < warps; ++w) {
+          const float4 b = acc[w * slice + (C4 + c) * packs + q];
+          e.x += b.x, e.y += b.y, e.z += b.z, e.w += b.w;
+        }
+        pdb[i] = e;
+      }
+    }
+  }
+}
+
+// grad[j] += sum_b partial[b][j] over the `blocks` partial rows, in a fixed order: thread
+// (x, y) sums rows b = y, y + kRowLanes, ... in turn (U loads in flight, added in that order),
+// then y == 0 adds the kRowLanes sums in order. blockIdx.y selects (partial_dw, dw) or
+// (partial_db, db).
+template <int U>
+static __global__ void __launch_bounds__(32 * kRowLanes)
+    norm_param_grad_kernel(const float* partial_dw, float* dw, const float* partial_db, float* db,
+                           int blocks, int64_t cols) {
+  __shared__ float sums[kRowLanes][33];
+  const float* partial = blockIdx.y == 0 ? partial_dw : partial_db;
+  float* grad = blockIdx.y == 0 ? dw : db;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.f;
+  if (j < cols) {
+    int b = threadIdx.y;
+    for (; b + (U - 1) * kRowLanes < blocks; b += U * kRowLanes) {
+      float v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = partial[(b + u * kRowLanes) * cols + j];
+#pragma unroll
+      for (int u = 0; u < U; ++u) s += v[u];
+    }
+    for (; b < blocks; b += kRowLanes) s += partial[b * cols + j];
+  }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float t = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowLanes; ++r) t += sums[r][threadIdx.x];
+    grad[j] += t;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+// Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per parameter
+// gradient, then adds the partials into dweight (and dbias).
+template <typename T, typename Kernel>
+static void run_backward(Kernel kernel, int grid, int threads, size_t smem, NormBwdParams<T> p,
+                         float* dweight, float* dbias, const char* name) {
+  // Released to the cache at return; later users of the block run after these kernels on the
+  // same (compute) stream.
+  Buffer scratch(static_cast<size_t>(grid) * p.cols * sizeof(float) * (dbias ? 2 : 1),
+                 Device::CUDA);
+  p.partial_dw = static_cast<float*>(scratch.data());
+  p.partial_db = dbias ? p.partial_dw + static_cast<int64_t>(grid) * p.cols : nullptr;
+  kernel<<<grid, threads, smem, stream()>>>(p);
+  check_launch(name);
+  const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), dbias ? 2u : 1u);
+  norm_param_grad_kernel<kGradUnroll><<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(
+      p.partial_dw, dweight, p.partial_db, dbias, grid, p.cols);
+  check_launch("norm_param_grad_kernel");
+}
+
+// The warp-per-row backward with K packs per lane: bf16 without the prefetch (measured faster),
+// f32 with it (not measured; the variant its GPU tests ran).
+template <typename T, int K, bool kCentered, bool kResidual>
+static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, float* dbias) {
+  constexpr int N = 16 / sizeof(T);
+  constexpr bool kPrefetch = !std::is_same_v<T, bf16_t>;
+  constexpr int threads = kBwdWarpThreads<kPrefetch>, warps = threads / 32;
+  auto kernel = norm_backward_warp_kernel<T, N, K, kCentered, kResidual, kPrefetch>;
+  const int64_t packs = p.cols / N;
+  const size_t smem = static_cast<size_t>(packs) * 16 *
+                      (1 + static_cast<size_t>(warps) * (kCentered ? 2 : 1) * (N / 4));
+  if (smem > 48 * 1024)  // 49.5 KB for bf16 layernorm at C = 768
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+  const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, warps));
+  run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias,
+                  kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
+}
+
+template <typename T, bool kCentered, bool kResidual>
+static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias) {
+  constexpr int V = 16 / sizeof(T);
+  // Rows of at most 128 16-byte packs: a warp per row (79% of copy against 69% for the block
+  // per row, layernorm+residual at T = 32768, C = 768).
+  if (plan.vec && p.cols / V <= 32 * kBwdWarpPacks) {
+    switch (ceil_div(p.cols / V, 32)) {
+      case 1: return launch_backward_warp<T, 1, kCentered, kResidual>(p, dweight, dbias);
+      case 2: return launch_backward_warp<T, 2, kCentered, kResidual>(p, dweight, dbias);
+      case 3: return launch_backward_warp<T, 3, kCentered, kResidual>(p, dweight, dbias);
+      case 4: return launch_backward_warp<T, 4, kCentered, kResidual>(p, dweight, dbias);
+      default: break;
+    }
+  }
+  plan_switch<T>(plan, "norm backward", [&](auto n, auto k) {
+    constexpr int N = decltype(n)::value, K = decltype(k)::value;
+    // Prefetch the next row where the stages fit in registers (not in the scalar variant nor
+    // beyond 32 bytes per thread and tensor); then keep the column sums in shared memory when
+    // they fit the default 48 KB.
+    constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
+    const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
+    auto run = [&](auto kernel, size_t smem) {
+      const int grid = persistent_grid(kernel, plan.threads, smem, p.rows);
+      run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, name);
+    };
+    if constexpr (kPrefetch) {
+      const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * (kCentered ? 2 : 1);
+      if (acc_bytes <= kMaxAccSmem)
+        return run(norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual>, acc_bytes);
+      return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual>, 0);
+    } else {
+      return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual>, 0);
+    }
+  });
+}
+
+// dresidual == nullptr: the plain form.
+static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                          const Tensor* mean, const Tensor& rstd, const Tensor* dresidual,
+                          const Tensor& dx, const Tensor& dweight, const Tensor* dbias) {
+  auto [rows, cols] = check_x(x, op);
+  const bool res = dresidual != nullptr;
+  if (res) {
+    ENSURE(dresidual->defined(), op, ": dresidual must be given");
+    expect_cuda(*dresidual, x.dtype, x.shape, op, "dresidual");
+  }
+  expect_cuda(dy, x.dtype, x.shape, op, "dy");
+  expect_cuda(weight, x.dtype, {cols}, op, "weight");
+  if (mean) expect_cuda(*mean, DType::F32, {rows}, op, "mean");
+  expect_cuda(rstd, DType::F32, {rows}, op, "rstd");
+  expect_cuda(dx, x.dtype, x.shape, op, "dx");
+  expect_cuda(dweight, DType::F32, {cols}, op, "dweight");
+  const bool has_dbias = dbias && dbias->data;
+  if (has_dbias) expect_cuda(*dbias, DType::F32, {cols}, op, "dbias");
+  if (rows == 0) return;  // dx is empty and the parameter gradients gain nothing
+  const bool aligned = aligned16(x.data) && aligned16(dy.data) && aligned16(weight.data) &&
+                       aligned16(dx.data) && (!res || aligned16(dresidual->data));
+  const RowPlan plan = plan_rows(cols, static_cast<int>(16 / dtype_size(x.dtype)), aligned, op,
+                                 kBwdMinPacks);
+  float_switch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    NormBwdParams<T> p{};
+    p.dy = static_cast<const T*>(dy.data);
+    p.x = static_cast<const T*>(x.data);
+    p.weight = static_cast<const T*>(weight.data);
+    p.mean = mean ? static_cast<const float*>(mean->data) : nullptr;
+    p.rstd = static_cast<const float*>(rstd.data);
+    p.dresidual = res ? static_cast<const T*>(dresidual->data) : nullptr;
+    p.dx = static_cast<T*>(dx.data);
+    p.rows = rows;
+    p.cols = cols;
+    float* dw = static_cast<float*>(dweight.data);
+    float* db = has_dbias ? static_cast<float*>(dbias->data) : nullptr;
+    if (mean && res)
+      launch_backward<T, true, true>(p, plan, dw, db);
+    else if (mean)
+      launch_backward<T, true, false>(p, plan, dw, db);
+    else if (res)
+      launch_backward<T, false, true>(p, plan, dw, nullptr);
+    else
+      launch_backward<T, false, false>(p, plan, dw, nullptr);
+  });
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias) {
+  norm_backward("layernorm_backward", dy, x, weight, &mean, rstd, nullptr, dx, dweight, &dbias);
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight) {
+  norm_backward("rmsnorm_backward", dy, x, weight, nullptr, rstd, nullptr, dx, dweight, nullptr);
+}
+
+void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  norm_backward("layernorm_residual_backward", dy, x, weight, &mean, rstd, &dresidual, dx, dweight,
+                &dbias);
+}
+
+void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                               const Tensor& dweight) {
+  norm_backward("rmsnorm_residual_backward", dy, x, weight, nullptr, rstd, &dresidual, dx,
+                dweight, nullptr);
+}
+
+}  // namespace engine::cuda
