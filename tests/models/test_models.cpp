@@ -37,7 +37,13 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
     // A copy: the loss evaluations with gradients run the head's backward (into the buffer).
     Owned grads = empty(model->params().grads_flat().shape, DType::F64, Device::CPU);
     copy_tensor(grads, model->params().grads_flat());
-    auto cmp = finite_difference_check(loss, model->params().weights_flat(), grads, "model", 600);
+    // Step 1e-6 rather than the default 1e-5: the top-k routing of mixtral / hybrid is a step
+    // function of the router logits, and a step that moves two near-tied logits past each other
+    // measures a jump, not the gradient (TEST_SEED=94459678 did at 1e-5: five elements off by
+    // ~0.39). A smaller step makes that ten times less likely; in f64 its rounding stays ~4e-8
+    // of the gradients' scale, far inside the tolerance.
+    auto cmp = finite_difference_check(loss, model->params().weights_flat(), grads, "model", 600,
+                                       1e-6);
     INFO(cmp.report);
     CHECK(cmp.rel_rms < 1e-6);
   }
