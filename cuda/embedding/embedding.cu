@@ -8,39 +8,45 @@
 // Backward, deterministic without float atomics:
 //   1. Keys: key(t) = l(t) (R for an invalid id or another shard's, which sorts last and is
 //      then ignored), value t; computed from the ids by the first pass's kernels.
-//   2. Stable LSD radix sort of (key, t) by key, 8 bits a pass over bit_width(R) bits. The first
-//      pass's per-tile digit histogram (kSortTile tokens a tile) comes from its own kernel; each
-//      pass's scatter counts its outputs into the next pass's histogram (integer atomics at the
-//      output's tile). A scatter takes a tile's offsets from the exclusive scan over (digit,
-//      tile): up to kFusedScanTiles tiles it sums them itself, beyond by a scan kernel first; it
-//      ranks within a warp by __match_any_sync and across the warps of the tile by a per-warp
-//      digit table. Afterwards each id's tokens are contiguous, in token order.
+//   2. Stable LSD radix sort of (key, t) by key, 8 bits a pass over bit_width(R) bits: a
+//      histogram kernel for the first pass (per tile of kSortTile tokens), then a scatter kernel
+//      a pass, which counts its outputs into the next pass's histogram (integer atomics). Short
+//      sorts (up to kShortSortTiles tiles: T <= 32768) scan the counts inside each scatter, every
+//      block reading all tiles' counts at once; longer ones have a scan kernel before each
+//      scatter. Lanes rank within a warp by __match_any_sync, warps by a per-warp digit table.
+//      Afterwards each id's tokens are contiguous, in token order.
 //   3. Cells: the sorted list is cut into cells of kCell entries, a block per (cell, chunk of
-//      columns). A block walks its cell's entries in order with kCellUnroll dout rows in flight
-//      per thread, summing each piece (a run of one key cut at the cell's edges). A piece that is
-//      a whole run (all tokens of its id) adds its sum into dtable itself; a run spanning several
-//      cells leaves one partial sum per cell in scratch (slot_own: the cell where the run starts;
-//      slot_in: each later cell), and a fix-up kernel, one warp per owning cell and 32 packs of
-//      columns, adds them in cell order into dtable.
+//      columns). A cell sums every run (the tokens of one id) that starts in it, whole, in token
+//      order, with kCellUnroll dout rows in flight per thread, and adds the sum into dtable, also
+//      when the run goes on past the cell. Only runs of more than kLongRun entries are cut at
+//      the cells' edges: each piece is summed into its cell's slot, and the cell whose arrival
+//      completes the run (a counter per run and chunk, after a fence) adds the pieces in cell
+//      order into dtable. The block reads the keys within kLongRun of its cell to tell the two
+//      apart.
 //   Every sum has a fixed order, so dtable gets the same bits on every run with the same ids.
-//   Kernels: first histogram, one scatter per pass (+ a scan each past 64 tiles), cells, fix-up.
-//   Measured (one H200, T = 16384, V = 32000, bf16 dout; docs/PERF.md): 0.107 ms at C = 2048
-//   (61% of copy on the bytes the op must move), 0.185 ms at C = 4096 (70%); the cells kernel
-//   ~77 us of the first (84% of copy), the sort and fix-up ~21 us. The cells kernel replaced one
-//   warp per piece (the column chunks the slowest grid dimension, so a row's 512-byte pieces
-//   were read far apart in time: 120 us). Cells of 32 entries and 4 in flight per thread (87
-//   registers, 5 blocks per SM) measured faster than 64 / 8 (spills under the register cap),
-//   32 / 8, 16 / 8 and 32 / 4 at 6 blocks per SM; launching the chain with programmatic
-//   dependent launch measured no difference and was left out.
-// Invalid ids: the forward kernel and the sort's first histogram record the first bad position
+//   Kernels (T <= 32768, V <= 65535): histogram, two scatters, cells.
+//   Measured (one H200, T = 16384, V = 32000, bf16 dout; docs/PERF.md): 0.103-0.104 ms at C =
+//   2048 (62.5-62.9% of copy on the bytes the op must move), 0.183-0.184 ms at C = 4096 (71%),
+//   against 0.106 / 0.185 ms in the same call for the scheme before (a fix-up kernel adding the
+//   pieces of every run crossing a cell edge, 4.8 us, and scatters reading the tiles' counts
+//   one after another, 6.9 us each). The cells kernel takes ~80 us of the first (81% of copy),
+//   the sort ~18 us, which is why the op stays below 70% at C = 2048: the sort is latency-bound
+//   (16 blocks), and a scatter that only loads precomputed offsets (the scan kernel's) still
+//   takes 6.1 us, one whose blocks count all keys' digits themselves (no histogram kernel) 10.1
+//   us, against 7.7-7.9 us for reading the counts. Cells of 32 entries and 4 in flight per
+//   thread (5 blocks per SM) measured faster than 64 / 8 (spills under the register cap), 32 /
+//   8, 16 / 8, 32 / 4 at 6 blocks per SM and blocks of 64 threads; launching the chain with
+//   programmatic dependent launch measured no difference and was left out; a one-kernel sort in
+//   a cluster of 8 blocks was slower (19.9 us against 16 us).
+// Invalid ids: the forward kernel and the sort's first scatter record the first bad position
 // with an integer atomicMin into a device flag; the launcher reads the flag back after its
 // kernels and raises naming the position and the id (as the CPU reference does). Forward gives
 // bad ids a zero row (= ; += leaves the row untouched); backward adds nothing for them. Callers
 // that checked their ids on the host (raise_bad_ids = false) pass no flag: nothing is recorded
 // or read back, and the host does not wait for the kernels.
 // Memory: table / out bf16 or f32; dout bf16 or f32 with dtable f32. Scratch from the caching
-// allocator: 4 x T ints for the sort, 256 x T / kSortTile per pass for histograms,
-// 2 x ceil(T / kCell) x C floats for the cell partials (T C / 8 bytes at most).
+// allocator: 4 x T ints for the sort, 256 x T / kSortTile per pass for the histograms, 2 x ceil(T / kCell) x C floats for the long runs' pieces (T C / 4 bytes), R x (chunks
+// + 2) ints for their counters and cells.
 // Limits: T < 2^31, V < 2^31 - 1.
 #include "cuda/embedding/embedding.cuh"
 
@@ -62,13 +68,14 @@ constexpr int kDigitBits = 8;
 constexpr int kDigits = 1 << kDigitBits;
 constexpr int kScanThreads = 1024;
 constexpr int kScanItems = 4;
-constexpr int kFusedScanTiles = 64;   // sorts of up to 64 tiles scan inside the scatter
-constexpr int kCell = 32;             // sorted entries per cell
-constexpr int kCellThreads = 128;     // cell kernel: packs of columns per block (at most)
-constexpr int kCellUnroll = 4;        // cell kernel: entries in flight per thread
-constexpr int kCellMinBlocks = 4;     // cell kernel: resident blocks per SM (caps registers)
-constexpr int kWarpsPerBlock = 4;     // fix-up kernel
-constexpr int kRowUnroll = 8;         // fix-up kernel: partial rows in flight per warp
+constexpr int kShortSortTiles = 32;  // sorts of up to 32 tiles need no scan kernel
+constexpr int kCell = 32;            // sorted entries per cell
+constexpr int kLongRun = 64;         // runs of more entries are summed in pieces, one per cell
+constexpr int kWin = kCell + 2 * kLongRun;  // keys a cell looks at
+constexpr int kWinWords = kWin / 32;
+constexpr int kCellThreads = 128;    // cell kernel: packs of columns per block (at most)
+constexpr int kCellUnroll = 4;       // cell kernel: entries in flight per thread
+constexpr int kCellMinBlocks = 4;    // cell kernel: resident blocks per SM (caps registers)
 constexpr int kNoError = 0x7f7f7f7f;  // the flag's bytes after cudaMemset(0x7f): above any T
 
 // ---------------------------------------------------------------------------------------------
@@ -146,21 +153,17 @@ static __device__ __forceinline__ uint32_t sort_key(int32_t id, int64_t begin, i
   return mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
 }
 
-// The first pass's histogram, keys straight from the ids: hist[0][d * tiles + tile] = number of
-// the tile's keys with low digit d. Also zeroes this tile's column of the later passes'
-// histograms (their scatters add into them) and records the first bad id.
+// The first pass's histogram of a long sort, keys straight from the ids: hist[0][d * tiles +
+// tile] = number of the tile's keys with low digit d. Also zeroes this tile's column of the later
+// passes' histograms (their scatters add into them).
 static __global__ void __launch_bounds__(kSortTile)
     radix_first_hist_kernel(const int32_t* ids, int64_t n, int64_t begin, int64_t rows,
-                            int64_t vocab, int64_t tiles, int passes, int* hist, int* err) {
+                            int64_t vocab, int64_t tiles, int passes, int* hist) {
   __shared__ int count[kDigits];
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x) count[d] = 0;
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
-  if (i < n) {
-    const int32_t id = ids[i];
-    if ((id < 0 || id >= vocab) && err) atomicMin(err, static_cast<int>(i));
-    atomicAdd(&count[sort_key(id, begin, rows, vocab) & (kDigits - 1)], 1);
-  }
+  if (i < n) atomicAdd(&count[sort_key(ids[i], begin, rows, vocab) & (kDigits - 1)], 1);
   __syncthreads();
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x) {
     hist[d * tiles + blockIdx.x] = count[d];
@@ -169,7 +172,7 @@ static __global__ void __launch_bounds__(kSortTile)
 }
 
 // In-place exclusive prefix sum of data[0, n) by one block, kScanThreads x kScanItems at a time
-// (the histograms of sorts with more than kFusedScanTiles tiles).
+// (the histograms of long sorts).
 static __global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(int* data, int64_t n) {
   __shared__ int warp_total[kScanThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -217,34 +220,80 @@ struct SortPass {
   const int32_t* ids;
   uint32_t* keys_out;
   int32_t* vals_out;
-  const int* hist;  // this pass's counts [digit][tile], or their exclusive scan (!kFusedScan)
-  int* next_hist;   // the next pass's counts, added here (nullptr: the last pass)
+  const int* hist;  // long sorts: the exclusive scan of this pass's counts [digit][tile]
+  int* next_hist;   // long sorts: the next pass's counts, added here (nullptr: the last pass)
+  int* err;         // the first pass: the first bad token position (nullptr: not checked)
+  int* run_count;   // the first pass: zeroes run_count[key][0, count_width) of every key
   int64_t n, tiles, begin, rows, vocab;
-  int shift;
+  int shift, count_width;
 };
 
-// Stable scatter of one tile by the digit at `shift`. The tile's offset of digit d is the
-// exclusive scan of hist at [d][tile]: read from the scanned histogram, or (kFusedScan, up to
-// kFusedScanTiles tiles) summed here (threads d < 256: the digit's tiles before this one, and
-// its total, then a scan of the totals over the digits). The next pass's histogram counts each
-// key at the tile of its output position (integer atomics: the same counts in any order).
-template <bool kFusedScan>
+// Stable scatter of one tile by the digit at `shift`; the tile's offset of digit d is the number
+// of keys with a smaller digit plus those with digit d in earlier tiles. hist holds the pass's
+// counts [digit][tile]:
+//   kCountsRead (short sorts, up to kShortSortTiles tiles): the raw counts; the block reads all
+//   of them at once (thread (group g of 4, digit d): the digit's tiles g, g + 4, ...), adds the
+//   tiles before its own and all of them per digit, and scans the 256 totals itself.
+//   kScanned (longer sorts): their exclusive scan over (digit, tile), from the scan kernel.
+// A pass that is not the last counts each key into the next pass's histogram at the tile of its
+// output position (integer atomics: the same counts in any order). Within the tile, lanes rank
+// by __match_any_sync and warps by a per-warp digit table (scanned over the warps by 4 groups of
+// 256 threads).
+enum SortMode { kScanned = 0, kCountsRead = 1 };
+template <int kMode>
 static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const SortPass p) {
   constexpr int kWarps = kSortTile / 32;
+  constexpr int kGroups = kSortTile / kDigits, kPerGroup = kShortSortTiles / kGroups;
   __shared__ int warp_count[kWarps][kDigits];  // count, then exclusive prefix over the warps
   __shared__ int base[kDigits];
+  __shared__ int split[2][kDigits];  // kCountsRead: keys per digit before this tile / from it on
   __shared__ int digit_warp_total[kDigits / 32];
+  __shared__ int group_total[kGroups][kDigits];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
+  const bool valid = i < p.n;
+  int counts[kPerGroup];  // kCountsRead: this thread's digit counts, loaded with its key
+  if constexpr (kMode == kCountsRead) {
+#pragma unroll
+    for (int k = 0; k < kPerGroup; ++k) {
+      const int t = static_cast<int>(threadIdx.x) / kDigits + kGroups * k;
+      counts[k] = t < p.tiles ? p.hist[(threadIdx.x % kDigits) * p.tiles + t] : 0;
+    }
+  }
+  uint32_t key = 0u;
+  int32_t val = 0;
+  if (valid) {
+    if (p.keys_in) {
+      key = p.keys_in[i];
+      val = p.vals_in[i];
+    } else {
+      const int32_t id = p.ids[i];
+      key = sort_key(id, p.begin, p.rows, p.vocab);
+      val = static_cast<int32_t>(i);
+      if ((id < 0 || id >= p.vocab) && p.err) atomicMin(p.err, static_cast<int>(i));
+      if (key < p.rows)
+        for (int c = 0; c < p.count_width; ++c)
+          p.run_count[static_cast<int64_t>(key) * p.count_width + c] = 0;
+    }
+  }
   for (int k = threadIdx.x; k < kWarps * kDigits; k += kSortTile) (&warp_count[0][0])[k] = 0;
-  int before = 0, total = 0;
+  if constexpr (kMode == kCountsRead) {
+    for (int k = threadIdx.x; k < 2 * kDigits; k += kSortTile) (&split[0][0])[k] = 0;
+    __syncthreads();
+    int before = 0, after = 0;
+#pragma unroll
+    for (int k = 0; k < kPerGroup; ++k)
+      (static_cast<int>(threadIdx.x) / kDigits + kGroups * k < static_cast<int>(blockIdx.x)
+           ? before
+           : after) += counts[k];
+    atomicAdd(&split[0][threadIdx.x % kDigits], before);
+    atomicAdd(&split[1][threadIdx.x % kDigits], after);
+  }
+  __syncthreads();
   if (threadIdx.x < kDigits) {
     const int d = threadIdx.x;
-    if constexpr (kFusedScan) {
-      for (int64_t t = 0; t < p.tiles; ++t) {
-        const int c = p.hist[d * p.tiles + t];
-        total += c;
-        if (t < blockIdx.x) before += c;
-      }
+    if constexpr (kMode == kCountsRead) {
+      const int before = split[0][d], total = before + split[1][d];
       // Exclusive scan of the digit totals: within each warp of digits, then over the warps.
       int incl = total;
 #pragma unroll
@@ -253,30 +302,9 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
         if (lane >= o) incl += t;
       }
       if (lane == 31) digit_warp_total[warp] = incl;
-      total = incl - total;  // exclusive within the warp
+      base[d] = incl - total + before;  // the warp's carry is added below
     } else {
       base[d] = p.hist[d * p.tiles + blockIdx.x];
-    }
-  }
-  __syncthreads();
-  if constexpr (kFusedScan) {
-    if (threadIdx.x < kDigits) {
-      int carry = 0;
-      for (int w = 0; w < warp; ++w) carry += digit_warp_total[w];
-      base[threadIdx.x] = carry + total + before;
-    }
-  }
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
-  const bool valid = i < p.n;
-  uint32_t key = 0u;
-  int32_t val = 0;
-  if (valid) {
-    if (p.keys_in) {
-      key = p.keys_in[i];
-      val = p.vals_in[i];
-    } else {
-      key = sort_key(p.ids[i], p.begin, p.rows, p.vocab);
-      val = static_cast<int32_t>(i);
     }
   }
   const int digit = valid ? static_cast<int>((key >> p.shift) & (kDigits - 1)) : kDigits;
@@ -284,17 +312,29 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
   const unsigned lower = peers & ((1u << lane) - 1u);
   if (valid && lower == 0) warp_count[warp][digit] = __popc(peers);
   __syncthreads();
-  if (threadIdx.x < kDigits) {
+  if constexpr (kMode == kCountsRead) {
+    if (threadIdx.x < kDigits) {
+      int carry = 0;
+      for (int w = 0; w < warp; ++w) carry += digit_warp_total[w];
+      base[threadIdx.x] += carry;
+    }
+  }
+  {  // Exclusive prefix of each digit's counts over the warps: thread (group g, digit d) scans
+     // the g-th kWarps / kGroups warps, then the groups' totals are added in.
+    const int d = threadIdx.x % kDigits, g = threadIdx.x / kDigits;
     int run = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      const int c = warp_count[w][threadIdx.x];
-      warp_count[w][threadIdx.x] = run;
+#pragma unroll
+    for (int w = g * (kWarps / kGroups); w < (g + 1) * (kWarps / kGroups); ++w) {
+      const int c = warp_count[w][d];
+      warp_count[w][d] = run;
       run += c;
     }
+    group_total[g][d] = run;
   }
   __syncthreads();
   if (valid) {
-    const int pos = base[digit] + warp_count[warp][digit] + __popc(lower);
+    int pos = base[digit] + warp_count[warp][digit] + __popc(lower);
+    for (int g = 0; g < warp / (kWarps / kGroups); ++g) pos += group_total[g][digit];
     p.keys_out[pos] = key;
     p.vals_out[pos] = val;
     if (p.next_hist) {
@@ -305,7 +345,7 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, step 3: cells and the fix-up of runs spanning cells.
+// Backward, step 3: cells.
 
 template <typename T>
 struct EmbBwdParams {
@@ -313,76 +353,148 @@ struct EmbBwdParams {
   float* dtable;          // (vocab, cols): here vocab = the shard's rows
   const uint32_t* keys;   // (n) local ids in sorted order (vocab for ignored ones, last)
   const int32_t* tokens;  // (n) token positions in sorted order
-  float* slot_own;        // (cells, cols): first piece of a run that continues past its cell
-  float* slot_in;         // (cells, cols): the piece at the start of a cell, of an earlier run
+  float* slot_own;        // (cells, cols): a cell's piece of the long run that starts in it
+  float* slot_in;         // (cells, cols): its piece of a long run begun in an earlier cell
+  int* run_count;         // (vocab, chunks): a long run's arrivals (zeroed by the sort)
+  int* run_cells;         // (vocab, 2): a long run's first and last cell
   int64_t n, cols, vocab, cells, chunks;
 };
 
-// Where the sum of a piece goes (the piece ending at a cell entry).
-enum : int8_t { kNotEnd = 0, kToTable = 1, kToOwn = 2, kToIn = 3 };
+// What ends at an entry: nothing, a whole run (added into dtable), or a piece of a long run:
+// its first (the owner's), a middle one (a whole cell) or its last.
+enum : int8_t { kNotEnd = 0, kToTable = 1, kOwner = 2, kMiddle = 3, kLast = 4 };
 
-// Block blockIdx.x = cell * chunks + chunk: the cell's kCell sorted entries over the chunk's
-// columns (blockDim.x packs of N, one per thread; the chunks of a cell are neighbours in the
-// launch order, so a row's columns are read and written together). The cell's keys and tokens
-// and, per entry, where the piece ending there goes are set up in shared memory; then every
-// thread walks the entries in order, kCellUnroll at a time: their dout packs and the dtable packs
-// of the whole runs ending among them are loaded together, then added in order, and each piece's
-// sum goes out where it ends (dtable(key) = dtable(key) + sum for a whole run, slot_own / slot_in
-// for the pieces of runs spanning cells). Every branch is uniform over the block.
+// In a window of kWin sorted keys whose run starts are the set bits of `starts` (bit 0 always
+// set): the first entry of the run holding entry w, and the end (exclusive) of that run, clipped
+// to the window's wn entries.
+static __device__ __forceinline__ int run_first(const unsigned* starts, int w) {
+  int word = w >> 5;
+  unsigned bits = starts[word] & (0xffffffffu >> (31 - (w & 31)));
+  while (bits == 0) bits = starts[--word];
+  return word * 32 + 31 - __clz(bits);
+}
+static __device__ __forceinline__ int run_end(const unsigned* starts, int w, int wn) {
+  int word = w >> 5;
+  unsigned bits = (w & 31) == 31 ? 0u : starts[word] & (0xfffffffeu << (w & 31));
+  while (bits == 0 && ++word < kWinWords) bits = starts[word];
+  return bits == 0 ? wn : std::min(wn, word * 32 + __ffs(bits) - 1);
+}
+
+// Loads N floats from L2 (bypassing L1: written by other blocks of this kernel).
+template <int N>
+static __device__ __forceinline__ void load_pack_cg(const float* p, float (&out)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < N / 4; ++c) {
+      const float4 u = __ldcg(reinterpret_cast<const float4*>(p) + c);
+      out[4 * c] = u.x, out[4 * c + 1] = u.y, out[4 * c + 2] = u.z, out[4 * c + 3] = u.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = __ldcg(p + j);
+  }
+}
+
+// Block blockIdx.x = cell * chunks + chunk, over the chunk's columns (blockDim.x packs of N, one
+// per thread; the chunks of a cell are neighbours in the launch order, so a row's columns are
+// read and written together). Cell c covers sorted entries [s, e) = [c kCell, (c + 1) kCell) and
+// sums every run that starts there, whole, in token order, into dtable, also past e: a run of at
+// most kLongRun entries is one block's. A longer run is summed in pieces, one per cell it
+// crosses, each into its cell's slot; every piece then counts itself arrived on the run's counter
+// (after a fence), and the block whose arrival completes the run adds the pieces in cell order
+// into dtable. The counter needs no count of pieces: the owner (first) cell c0 adds c0 + 1, each
+// middle cell 1, the last cell c1 adds -c1; only all of them together sum to 0.
+// The block reads the keys of [s - kLongRun, e + kLongRun), enough to tell whether a run meeting
+// the cell is long, and the tokens of [s, e + kLongRun); it walks its entries in order,
+// kCellUnroll dout rows in flight per thread, the dtable rows of the runs ending among them
+// loaded with them. Every branch is uniform over the block.
 template <typename T, int N>
 static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
     embedding_cell_kernel(const EmbBwdParams<T> p) {
-  __shared__ uint32_t s_key[kCell];
-  __shared__ int32_t s_tok[kCell];
-  __shared__ int8_t s_end[kCell];
-  __shared__ int s_len;
+  constexpr int kSpan = kCell + kLongRun;  // the entries a block may sum, from s
+  __shared__ uint32_t s_key[kWin];
+  __shared__ int32_t s_tok[kSpan];
+  __shared__ int8_t s_end[kSpan];
+  __shared__ unsigned s_starts[kWinWords];
+  __shared__ int s_first, s_stop;                 // entries [s + first, s + stop) are this block's
+  __shared__ uint32_t s_piece_key[2];             // long pieces: [0] ends the cell's first run,
+  __shared__ int s_piece_add[2], s_done;          // [1] the owner's; add 0: none
+  const int lane = threadIdx.x & 31;
   const int64_t cell = blockIdx.x / p.chunks, chunk = blockIdx.x % p.chunks;
-  const int64_t start = cell * kCell;
-  const int avail = static_cast<int>(std::min<int64_t>(kCell, p.n - start));
-  if (threadIdx.x == 0) s_len = 0;
-  for (int r = threadIdx.x; r < kCell; r += blockDim.x) {
-    s_key[r] = r < avail ? p.keys[start + r] : 0xffffffffu;
-    s_tok[r] = r < avail ? p.tokens[start + r] : 0;
+  const int64_t s = cell * kCell, e = std::min(p.n, s + kCell);
+  const int64_t ws = std::max<int64_t>(0, s - kLongRun), we = std::min(p.n, e + kLongRun);
+  const int wn = static_cast<int>(we - ws), lead = static_cast<int>(s - ws);
+  if (threadIdx.x == 0) {
+    s_first = kSpan;
+    s_stop = 0;
+    s_piece_add[0] = s_piece_add[1] = 0;
+  }
+  for (int w = threadIdx.x; w < kWin; w += blockDim.x)
+    s_key[w] = w < wn ? p.keys[ws + w] : 0xffffffffu;  // past the window: no key (a run start)
+  for (int r = threadIdx.x; r < kSpan; r += blockDim.x)
+    s_tok[r] = s + r < we ? p.tokens[s + r] : 0;
+  __syncthreads();
+  for (int w = threadIdx.x; w < kWin; w += blockDim.x) {  // whole warps: kWin % 32 == 0
+    const unsigned b = __ballot_sync(kFull, w == 0 || s_key[w] != s_key[w - 1]);
+    if (lane == 0) s_starts[w >> 5] = b;
   }
   __syncthreads();
-  for (int r = threadIdx.x; r < kCell; r += blockDim.x) {
-    const uint32_t key = s_key[r];
-    const bool valid = key < p.vocab;  // the ignored keys (and the padding) sort last
+  for (int r = threadIdx.x; r < kSpan; r += blockDim.x) {
+    const int w = lead + r;
+    const int64_t i = s + r;
     int8_t end = kNotEnd;
-    if (valid && (r + 1 == avail || s_key[r + 1] != key)) {
-      // The piece holding entry 0 may belong to a run begun in an earlier cell; the one ending at
-      // the cell's last entry may go on in the next cell.
-      const bool starts_run = key != s_key[0] || start == 0 || p.keys[start - 1] != key;
-      const bool goes_on = r == kCell - 1 && start + kCell < p.n && p.keys[start + kCell] == key;
-      end = starts_run ? (goes_on ? kToOwn : kToTable) : kToIn;
+    bool mine = false;
+    const uint32_t key = s_key[w];
+    if (w < wn && key < p.vocab) {
+      const int a = run_first(s_starts, w), b = run_end(s_starts, w, wn);
+      const int64_t first = ws + a, stop = ws + b;  // exact for a run of at most kLongRun
+      if (b - a <= kLongRun) {
+        mine = first >= s && first < e;
+        if (mine && i == stop - 1) end = kToTable;
+      } else if (i < e) {
+        mine = true;
+        if (i == std::min(stop, e) - 1) {
+          const bool owner = first >= s, last = stop <= e;
+          end = owner ? kOwner : last ? kLast : kMiddle;
+          const int q = owner ? 1 : 0;
+          s_piece_key[q] = key;
+          s_piece_add[q] = owner ? static_cast<int>(cell) + 1 : last ? -static_cast<int>(cell) : 1;
+          if (owner && chunk == 0) p.run_cells[2 * static_cast<int64_t>(key)] = static_cast<int>(cell);
+          if (last && chunk == 0) p.run_cells[2 * static_cast<int64_t>(key) + 1] = static_cast<int>(cell);
+        }
+      }
     }
     s_end[r] = end;
-    if (valid && (r + 1 == avail || !(s_key[r + 1] < p.vocab))) s_len = r + 1;
+    if (mine) {
+      atomicMin(&s_first, r);
+      atomicMax(&s_stop, r + 1);
+    }
   }
   __syncthreads();
-  const int len = s_len;
+  const int first = s_first, stop = s_stop;
   const int64_t col = (chunk * blockDim.x + threadIdx.x) * N;
-  if (col >= p.cols) return;
+  const bool active = col < p.cols;
   float sum[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) sum[j] = 0.f;
-  for (int r0 = 0; r0 < len; r0 += kCellUnroll) {
+  for (int r0 = first; active && r0 < stop; r0 += kCellUnroll) {
     Pack<T, N> v[kCellUnroll];
     float d[kCellUnroll][N];
 #pragma unroll
     for (int u = 0; u < kCellUnroll; ++u) {
       const int r = r0 + u;
-      if (r < len) {
+      if (r < stop) {
         const T* row = p.dout + static_cast<int64_t>(s_tok[r]) * p.cols;
         v[u] = *reinterpret_cast<const Pack<T, N>*>(row + col);
         if (s_end[r] == kToTable)
-          load_pack<float, N>(p.dtable + static_cast<int64_t>(s_key[r]) * p.cols + col, d[u]);
+          load_pack<float, N>(p.dtable + static_cast<int64_t>(s_key[lead + r]) * p.cols + col,
+                              d[u]);
       }
     }
 #pragma unroll
     for (int u = 0; u < kCellUnroll; ++u) {
       const int r = r0 + u;
-      if (r < len) {
+      if (r < stop) {
 #pragma unroll
         for (int j = 0; j < N; ++j) sum[j] += to_float(v[u].v[j]);
         const int8_t end = s_end[r];
@@ -390,9 +502,10 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
           if (end == kToTable) {
 #pragma unroll
             for (int j = 0; j < N; ++j) d[u][j] += sum[j];
-            store_pack<float, N>(p.dtable + static_cast<int64_t>(s_key[r]) * p.cols + col, d[u]);
+            store_pack<float, N>(p.dtable + static_cast<int64_t>(s_key[lead + r]) * p.cols + col,
+                                 d[u]);
           } else {
-            float* slot = end == kToOwn ? p.slot_own : p.slot_in;
+            float* slot = end == kOwner ? p.slot_own : p.slot_in;
             store_pack<float, N>(slot + cell * p.cols + col, sum);
           }
 #pragma unroll
@@ -401,56 +514,42 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
       }
     }
   }
-}
-
-// blockIdx.x * kWarpsPerBlock + warp: a cell; its warp acts if the cell's last run starts in it
-// and continues past it (the cell owns that run): dtable(key) += slot_own(cell) + slot_in(cell+1)
-// + ... + slot_in(last cell of the run), in that order.
-template <int N>
-static __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    embedding_fixup_kernel(const uint32_t* keys, const float* slot_own, const float* slot_in,
-                           float* dtable, int64_t n, int64_t cols, int64_t vocab, int64_t cells) {
-  const int lane = threadIdx.x & 31;
-  const int64_t cell = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (cell >= cells) return;
-  const int64_t start = cell * kCell, end = std::min(n, start + kCell);
-  if (end >= n) return;
-  const uint32_t key = keys[end - 1];
-  if (key >= vocab || keys[end] != key) return;     // the last run ends in this cell
-  if (start > 0 && keys[start - 1] == key) return;  // it began in an earlier cell: not the owner
-  // The last cell of the run: the first cell c > cell whose end is n or followed by another key.
-  int64_t last = -1;
-  for (int64_t c0 = cell + 1; last < 0; c0 += 32) {
-    const int64_t c = c0 + lane;
-    bool stop = true;
-    if (c < cells) {
-      const int64_t e = std::min(n, (c + 1) * kCell);
-      stop = e >= n || keys[e] != key;
+  // The long pieces' arrivals, the cell's first run's before the owner's.
+  for (int q = 0; q < 2; ++q) {
+    const int add = s_piece_add[q];
+    if (add == 0) continue;
+    const int64_t key = s_piece_key[q];
+    __threadfence();  // this block's slot (and run_cells) before its arrival
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int before = atomicAdd(&p.run_count[key * p.chunks + chunk], add);
+      s_done = before + add == 0;
     }
-    const unsigned b = __ballot_sync(kFull, stop);
-    if (b) last = c0 + __ffs(b) - 1;
+    __syncthreads();
+    if (!s_done) continue;
+    __threadfence();
+    const int64_t c0 = __ldcg(p.run_cells + 2 * key), c1 = __ldcg(p.run_cells + 2 * key + 1);
+    if (!active) continue;
+    float* dst = p.dtable + key * p.cols + col;
+    float acc[N], out[N];
+    load_pack<float, N>(dst, out);
+    load_pack_cg<N>(p.slot_own + c0 * p.cols + col, acc);
+    for (int64_t c = c0 + 1; c <= c1; c += kCellUnroll) {
+      float v[kCellUnroll][N];
+#pragma unroll
+      for (int u = 0; u < kCellUnroll; ++u)
+        if (c + u <= c1) load_pack_cg<N>(p.slot_in + (c + u) * p.cols + col, v[u]);
+#pragma unroll
+      for (int u = 0; u < kCellUnroll; ++u)
+        if (c + u <= c1) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[j] += v[u][j];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] += acc[j];
+    store_pack<float, N>(dst, out);
   }
-  const int64_t col = (static_cast<int64_t>(blockIdx.y) * 32 + lane) * N;
-  if (col >= cols) return;
-  float* dst = dtable + static_cast<int64_t>(key) * cols + col;
-  float acc[N], base[N];
-  load_pack<float, N>(dst, base);
-  load_pack<float, N>(slot_own + cell * cols + col, acc);
-  for (int64_t c0 = cell + 1; c0 <= last; c0 += kRowUnroll) {
-    float v[kRowUnroll][N];
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u)
-      if (c0 + u <= last) load_pack<float, N>(slot_in + (c0 + u) * cols + col, v[u]);
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u)
-      if (c0 + u <= last) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] += v[u][j];
-      }
-  }
-#pragma unroll
-  for (int j = 0; j < N; ++j) base[j] += acc[j];
-  store_pack<float, N>(dst, base);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,30 +655,39 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
          Shape({n, cols}).str());
   if (n == 0) return;
 
+  // The cells' columns: blocks of `threads` packs of `elems` columns, `chunks` per row.
+  const int vec_elems = 16 / static_cast<int>(dtype_size(dout.dtype));
+  const bool vec = cols % vec_elems == 0 && aligned16(dout.data) && aligned16(dtable.data);
+  const int elems = vec ? vec_elems : 1;
+  const int64_t packs = ceil_div(cols, elems);
+  const int threads = static_cast<int>(std::min<int64_t>(kCellThreads, ceil_div(packs, 32) * 32));
+  const int64_t chunks = std::max<int64_t>(1, ceil_div(packs, threads));
+  const int64_t cells = ceil_div(n, kCell);
+  ENSURE(cells * chunks < (int64_t{1} << 31), op, ": T = ", n, " x C = ", cols, " is too large");
+
   Buffer flag = raise_bad_ids ? error_flag() : Buffer{};
   int* err = static_cast<int*>(flag.data());
-  // Keys and values, double-buffered for the sort passes; a histogram per pass.
+  // Keys and values, double-buffered for the sort passes; the long runs' counters and cells.
   Buffer sort_buf(4 * static_cast<size_t>(n) * sizeof(int32_t), Device::CUDA);
   uint32_t* keys[2] = {static_cast<uint32_t*>(sort_buf.data()),
                        static_cast<uint32_t*>(sort_buf.data()) + n};
   int32_t* vals[2] = {static_cast<int32_t*>(sort_buf.data()) + 2 * n,
                       static_cast<int32_t*>(sort_buf.data()) + 3 * n};
+  Buffer run_buf(static_cast<size_t>(rows) * (chunks + 2) * sizeof(int), Device::CUDA);
+  int* run_count = static_cast<int*>(run_buf.data());
+  int* run_cells = run_count + rows * chunks;
   const int32_t* pid = static_cast<const int32_t*>(ids.data);
   const int bits = std::bit_width(static_cast<uint64_t>(rows));  // keys are <= rows
   const int passes = std::max(1, static_cast<int>(ceil_div(bits, kDigitBits)));
   const int64_t tiles = ceil_div(n, kSortTile);
+  const bool short_sort = tiles <= kShortSortTiles;
   Buffer hist_buf(static_cast<size_t>(passes) * kDigits * tiles * sizeof(int), Device::CUDA);
   int* hist = static_cast<int*>(hist_buf.data());
   radix_first_hist_kernel<<<static_cast<unsigned>(tiles), kSortTile, 0, stream()>>>(
-      pid, n, vocab_begin, rows, vocab, tiles, passes, hist, err);
+      pid, n, vocab_begin, rows, vocab, tiles, passes, hist);
   check_launch("radix_first_hist_kernel");
-  const bool fused_scan = tiles <= kFusedScanTiles;
   for (int q = 0; q < passes; ++q) {
     int* h = hist + static_cast<int64_t>(q) * kDigits * tiles;
-    if (!fused_scan) {
-      exclusive_scan_kernel<<<1, kScanThreads, 0, stream()>>>(h, kDigits * tiles);
-      check_launch("exclusive_scan_kernel");
-    }
     SortPass sp{};
     sp.keys_in = q == 0 ? nullptr : keys[(q - 1) & 1];
     sp.vals_in = q == 0 ? nullptr : vals[(q - 1) & 1];
@@ -588,26 +696,31 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     sp.vals_out = vals[q & 1];
     sp.hist = h;
     sp.next_hist = q + 1 < passes ? h + kDigits * tiles : nullptr;
+    sp.err = err;
+    sp.run_count = run_count;
+    sp.count_width = static_cast<int>(chunks);
     sp.n = n;
     sp.tiles = tiles;
     sp.begin = vocab_begin;
     sp.rows = rows;
     sp.vocab = vocab;
     sp.shift = q * kDigitBits;
-    if (fused_scan)
-      radix_scatter_kernel<true><<<static_cast<unsigned>(tiles), kSortTile, 0, stream()>>>(sp);
-    else
-      radix_scatter_kernel<false><<<static_cast<unsigned>(tiles), kSortTile, 0, stream()>>>(sp);
+    const unsigned grid = static_cast<unsigned>(tiles);
+    if (short_sort) {
+      radix_scatter_kernel<kCountsRead><<<grid, kSortTile, 0, stream()>>>(sp);
+    } else {
+      exclusive_scan_kernel<<<1, kScanThreads, 0, stream()>>>(h, kDigits * tiles);
+      check_launch("exclusive_scan_kernel");
+      radix_scatter_kernel<kScanned><<<grid, kSortTile, 0, stream()>>>(sp);
+    }
     check_launch("radix_scatter_kernel");
   }
   const int last = (passes - 1) & 1;
 
   if (cols > 0) {
-    const int64_t cells = ceil_div(n, kCell);
     Buffer slots(2 * static_cast<size_t>(cells) * cols * sizeof(float), Device::CUDA);
     float_switch(dout.dtype, [&](auto tag) {
       using T = decltype(tag);
-      constexpr int V = 16 / sizeof(T);
       EmbBwdParams<T> p{};
       p.dout = static_cast<const T*>(dout.data);
       p.dtable = static_cast<float*>(dtable.data);
@@ -615,31 +728,17 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
       p.tokens = vals[last];
       p.slot_own = static_cast<float*>(slots.data());
       p.slot_in = p.slot_own + cells * cols;
+      p.run_count = run_count;
+      p.run_cells = run_cells;
       p.n = n;
       p.cols = cols;
       p.vocab = rows;
       p.cells = cells;
-      auto go = [&](auto cell_kernel, auto fixup_kernel, int elems) {
-        const int64_t packs = ceil_div(cols, elems);
-        const int threads =
-            static_cast<int>(std::min<int64_t>(kCellThreads, ceil_div(packs, 32) * 32));
-        p.chunks = ceil_div(packs, threads);
-        ENSURE(cells * p.chunks < (int64_t{1} << 31), op, ": T = ", n, " x C = ", cols,
-               " is too large");
-        cell_kernel<<<static_cast<unsigned>(cells * p.chunks), threads, 0, stream()>>>(p);
-        check_launch("embedding_cell_kernel");
-        const int64_t chunks = ceil_div(cols, 32 * elems);
-        ENSURE(chunks < 65536, op, ": C = ", cols, " is too wide");
-        const dim3 fixup_grid(static_cast<unsigned>(ceil_div(cells, kWarpsPerBlock)),
-                              static_cast<unsigned>(chunks));
-        fixup_kernel<<<fixup_grid, 32 * kWarpsPerBlock, 0, stream()>>>(
-            p.keys, p.slot_own, p.slot_in, p.dtable, n, cols, rows, cells);
-        check_launch("embedding_fixup_kernel");
-      };
-      if (cols % V == 0 && aligned16(dout.data) && aligned16(dtable.data))
-        go(embedding_cell_kernel<T, V>, embedding_fixup_kernel<V>, V);
-      else
-        go(embedding_cell_kernel<T, 1>, embedding_fixup_kernel<1>, 1);
+      p.chunks = chunks;
+      constexpr int V = 16 / sizeof(T);
+      auto kernel = vec ? embedding_cell_kernel<T, V> : embedding_cell_kernel<T, 1>;
+      kernel<<<static_cast<unsigned>(cells * chunks), threads, 0, stream()>>>(p);
+      check_launch("embedding_cell_kernel");
     });
   }
   if (raise_bad_ids) raise_if_bad_id(flag, ids, vocab, op);

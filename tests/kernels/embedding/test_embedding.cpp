@@ -27,15 +27,18 @@ struct EmbCase {
            (offset ? " misaligned" : "");
   }
 };
-// V < T forces duplicates; V = 1 and the popular id make runs over many 64-entry cells;
-// V = 300000 needs 19 key bits (3 radix passes); T = 2049 leaves a partial sort tile; T = 70000
-// is 69 sort tiles (more than the scatter scans itself: the separate scan kernel runs).
+// V < T forces duplicates; V = 1 and the popular id make runs over many 32-entry cells, longer
+// than the 64 entries one cell sums whole; V = 50 or 64 at T = 4000 make runs of about 40-60
+// (whole runs crossing cell edges, some just past 64); V = 300000 needs 19 key bits (3 radix
+// passes); T = 2049 leaves a partial sort tile; T = 32768 is the longest sort whose scatters count
+// their digits themselves, T = 33000 and 70000 the histogram and scan kernels' (33 and 69 tiles).
 const std::vector<EmbCase> kCases = {
-    {1, 1, 11, 0},         {7, 5, 64, 0},        {1000, 37, 2047, 0},
-    {1000, 3, 64, 0},      {5000, 1, 16, 0},     {1000, 5003, 1024, 0},
-    {3000, 300000, 24, 0}, {2049, 70000, 40, 0}, {100, 9, 64, 1},
-    {300, 11, 2047, 1},    {64, 2, 4096, 0},     {70000, 50000, 24, 0},
-    {70000, 300000, 8, 1}};
+    {1, 1, 11, 0},          {7, 5, 64, 0},           {1000, 37, 2047, 0},
+    {1000, 3, 64, 0},       {5000, 1, 16, 0},        {1000, 5003, 1024, 0},
+    {3000, 300000, 24, 0},  {2049, 70000, 40, 0},    {100, 9, 64, 1},
+    {300, 11, 2047, 1},     {64, 2, 4096, 0},        {4000, 50, 40, 0},
+    {4000, 64, 2048, 1},    {32768, 300000, 16, 0},  {33000, 400, 24, 0},
+    {70000, 50000, 24, 0},  {70000, 300000, 8, 1}};
 
 // Random ids in [0, V) where about a third of the tokens carry one popular id.
 Owned random_ids(const EmbCase& k) {
