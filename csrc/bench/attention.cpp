@@ -240,6 +240,7 @@ BENCH_CASES("attention") {
       {"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs, 16, 128, ""},
       {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
       {"causal hd128 B4 H16 S4096 (the Llama 0.89B config)", equal(4, 4096), 16, 128, ""},
+      {"causal hd64 B32 H12 S1024 (the GPT-2 162M config)", equal(32, 1024), 12, 64, ""},
   };
   const std::vector<Backend> bes = backends();
   const char* per_item = std::getenv("BENCH_ATTENTION_PER_ITEM");

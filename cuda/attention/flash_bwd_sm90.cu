@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
   constexpr int kD = C::kD, kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStages = C::kStages;
   constexpr int kColBlocks = C::kColBlocks;
   // dQ: D = 128 splits its columns over the warpgroups, D = 64 its keys (two partial tiles).
-  constexpr bool kSplitKeys = kD == 64;
+  constexpr bool kSplitKeys = false;
+  constexpr int kDqCols = kD / C::kConsumers;  // dQ columns per warpgroup (not kSplitKeys)
   constexpr int kDqSteps = kSplitKeys ? 64 / 16 : kBlockN / 16;
   // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.
   auto wgmma_rs = [](float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
@@ -351,14 +352,22 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       // 128 keys (K column block wg); D = 64, all columns over the warpgroup's own 64 keys, its
       // own staging tile (the two are added into dq_accum one after the other). Then dK +=
       // dS^T Q; the dQ staging below runs while dK is in flight.
-      float dq[32];
+      constexpr int kDqRegs = kSplitKeys ? 32 : 64 * kDqCols / 128;
+      float dq[kDqRegs];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kDqSteps; ++kk) {
         const uint32_t a = kSplitKeys ? sdS + wg * 64 * 128 + kk * 2048 : sdS + kk * 2048;
-        const uint32_t bk = kSplitKeys ? sK + wg * 64 * 128 + kk * 2048
-                                       : sK + wg * kBlockN * 128 + kk * 2048;
-        wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16), smem_desc_sw128(bk, 16), kk > 0);
+        if constexpr (kSplitKeys) {
+          wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16),
+                                smem_desc_sw128(sK + wg * 64 * 128 + kk * 2048, 16), kk > 0);
+        } else if constexpr (kDqCols == 64) {
+          wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16),
+                                smem_desc_sw128(sK + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
+        } else {  // D = 64: the warpgroup's 32 columns, 64 bytes into K's rows
+          wgmma_m64n32k16_ss_tt(dq, smem_desc_sw128(a, 16),
+                                smem_desc_sw128(sK + kk * 2048 + wg * 64, 16), kk > 0);
+        }
       }
       wgmma_commit();
 #pragma unroll
@@ -371,13 +380,13 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
       {
         const uint32_t tile = kSplitKeys ? sdQ + wg * kBlockM * kD * 4 : sdQ;
-        const int col0 = kSplitKeys ? 0 : wg * 64;
+        const int col0 = kSplitKeys ? 0 : wg * kDqCols;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = wq * 16 + (lane >> 2) + 8 * hf;
           const int64_t t = seq_begin + static_cast<int64_t>(m0) + r;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < kDqRegs / 4; ++j) {
             const int col = col0 + 8 * j + 2 * (lane & 3);
             st_shared_f32x2(tile + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
                             dq[4 * j + 2 * hf + 1]);

@@ -89,6 +89,17 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss_tt(float (&d)[32], uint64_t a
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d (64 x 32 f32) (+)= A (64 x 16) B (16 x 32), both MN-major in shared memory (B: 32 columns
+// of a 64-column swizzled tile, the descriptor's start 64 bytes into its rows for the second).
+__device__ __forceinline__ void wgmma_m64n32k16_ss_tt(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
 #endif  // ENGINE_SM90A
 
 // Host: a bf16 matrix of `rows` rows of `row_elems` elements (a multiple of 64; 16-byte aligned
