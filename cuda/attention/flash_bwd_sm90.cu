@@ -23,15 +23,16 @@
 //   dV_w += P^T dO                         wgmma m64n128k16, A = P^T from registers (bf16), B = dO
 //                                          MN-major (transposed) from shared memory; runs while
 //   dS^T = P^T (dP^T - dsum)               is computed (registers) and stored (bf16, shared)
-//   dQ[:, 64 w .. 64 w + 63] = dS K[:, 64 w ..]   wgmma m64n64k16, A = dS from the dS^T tile
-//                                          (written by both warpgroups: MN-major), B = K MN-major;
-//                                          over all 128 keys of the block (D = 128); D = 64:
-//                                          dQ_w = dS_w K_w over the warpgroup's own 64 keys
+//   dQ[:, c w .. c w + c - 1] = dS K[:, c w ..]   c = D / 2 columns per warpgroup, over all 128
+//                                          keys of the block: wgmma m64n64k16 (D = 128) or
+//                                          m64n32k16 (D = 64), A = dS from the dS^T tile (written
+//                                          by both warpgroups: MN-major), B = K MN-major
 //   dK_w += dS^T Q                         as dV; runs while dQ goes to the staging tile
 // with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
 // layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
-// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32); D = 64: two staging tiles
-// (the partial sums of the two warpgroups), two reductions. Named barrier 1 (the 256
+// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). (D = 64 used to split dQ's
+// keys instead, two partial tiles and two reductions a q tile: the column split measured 2.60
+// against 2.71 ms at hd64 B16 H32 S2048.) Named barrier 1 (the 256
 // consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
 // has read the staging tile: its issuing thread waits for that first), (d) the staging tile is
 // complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
@@ -41,7 +42,7 @@
 // straight from the registers.
 //
 // Shared memory: K, V 128 x D, Q, dO 2 stages of 64 x D (bf16), dS^T 128 x 64 bf16, dQ staging
-// 32 KiB f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 113 KiB (D = 64) + barriers; one
+// 64 x D f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 97 KiB (D = 64) + barriers; one
 // block per SM.
 #include <algorithm>
 #include <limits>
@@ -72,9 +73,9 @@ struct BwdSm90Config : BwdTiles {
   static constexpr uint32_t kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr uint32_t kOffdO = kOffQ + kStages * kQBytes;
   static constexpr uint32_t kOffdS = kOffdO + kStages * kQBytes;         // [128 keys][64 q] bf16
-  // dQ staging, f32: [64][128] (D = 128) or 2 x [64][64] (D = 64)
+  // dQ staging, f32: [64][D]
   static constexpr uint32_t kOffdQ = kOffdS + kBlockN * kBlockM * 2;
-  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * 128 * 4;      // [stage][64] f32
+  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * kD * 4;       // [stage][64] f32
   static constexpr uint32_t kOffDsum = kOffLse + kStages * kBlockM * 4;  // [stage][64] f32
   static constexpr uint32_t kOffBar = kOffDsum + kStages * kBlockM * 4;
   static constexpr size_t kSmemBytes = kOffBar + 8 * (3 + 2 * kStages) + 1024;
@@ -131,10 +132,9 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
   using C = BwdSm90Config<kHeadDim>;
   constexpr int kD = C::kD, kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStages = C::kStages;
   constexpr int kColBlocks = C::kColBlocks;
-  // dQ: D = 128 splits its columns over the warpgroups, D = 64 its keys (two partial tiles).
-  constexpr bool kSplitKeys = false;
-  constexpr int kDqCols = kD / C::kConsumers;  // dQ columns per warpgroup (not kSplitKeys)
-  constexpr int kDqSteps = kSplitKeys ? 64 / 16 : kBlockN / 16;
+  // dQ: the warpgroups split its columns, each over all kBlockN keys.
+  constexpr int kDqCols = kD / C::kConsumers;
+  constexpr int kDqSteps = kBlockN / 16;
   // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.
   auto wgmma_rs = [](float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (kD == 128)
@@ -348,20 +348,16 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
       named_barrier_sync(1, 256);      // (a)
 
-      // dQ of this tile, 64 queries x 64 columns per warpgroup: D = 128, columns 64 wg .. over all
-      // 128 keys (K column block wg); D = 64, all columns over the warpgroup's own 64 keys, its
-      // own staging tile (the two are added into dq_accum one after the other). Then dK +=
-      // dS^T Q; the dQ staging below runs while dK is in flight.
-      constexpr int kDqRegs = kSplitKeys ? 32 : 64 * kDqCols / 128;
+      // dQ of this tile, 64 queries x D / 2 columns per warpgroup over all 128 keys (D = 128: K
+      // column block wg; D = 64: the 32 columns 64 wg bytes into K's rows). Then dK += dS^T Q;
+      // the dQ staging below runs while dK is in flight.
+      constexpr int kDqRegs = kDqCols / 2;
       float dq[kDqRegs];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kDqSteps; ++kk) {
-        const uint32_t a = kSplitKeys ? sdS + wg * 64 * 128 + kk * 2048 : sdS + kk * 2048;
-        if constexpr (kSplitKeys) {
-          wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16),
-                                smem_desc_sw128(sK + wg * 64 * 128 + kk * 2048, 16), kk > 0);
-        } else if constexpr (kDqCols == 64) {
+        const uint32_t a = sdS + kk * 2048;
+        if constexpr (kDqCols == 64) {
           wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16),
                                 smem_desc_sw128(sK + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
         } else {  // D = 64: the warpgroup's 32 columns, 64 bytes into K's rows
@@ -379,8 +375,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
 
       // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
       {
-        const uint32_t tile = kSplitKeys ? sdQ + wg * kBlockM * kD * 4 : sdQ;
-        const int col0 = kSplitKeys ? 0 : wg * kDqCols;
+        const int col0 = wg * kDqCols;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = wq * 16 + (lane >> 2) + 8 * hf;
@@ -388,7 +383,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
 #pragma unroll
           for (int j = 0; j < kDqRegs / 4; ++j) {
             const int col = col0 + 8 * j + 2 * (lane & 3);
-            st_shared_f32x2(tile + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
+            st_shared_f32x2(sdQ + 4 * (r * kD + dq_row_offset(t, col)), dq[4 * j + 2 * hf],
                             dq[4 * j + 2 * hf + 1]);
           }
         }
@@ -398,9 +393,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       if (tid == 0) {
         const int rows = min(kBlockM, L - m0);
         float* dst = p.dq_accum + (int64_t{h} * p.num_tokens + seq_begin + m0) * kD;
-        for (int part = 0; part < (kSplitKeys ? 2 : 1); ++part)
-          bulk_reduce_add_f32(dst, sdQ + part * kBlockM * kD * 4,
-                              static_cast<uint32_t>(rows * kD * 4));
+        bulk_reduce_add_f32(dst, sdQ, static_cast<uint32_t>(rows * kD * 4));
         bulk_commit();
       }
       wgmma_wait<0>();  // dK retired
