@@ -5,18 +5,40 @@
 //   p = p - lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * p)
 // compute_copy, when defined, receives p converted to its dtype (the bf16 weights used by the
 // GPU's forward) in the same pass.
+// decay_runs (optional) gives the weight decay by element ranges, so that one call (one launch
+// on the GPU) updates a flat buffer whose parameters decay differently: run k covers [end of run
+// k - 1, end) with its weight_decay; the last run ends at n. Empty: weight_decay everywhere.
 #pragma once
 #include <cstdint>
+#include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 
 namespace engine::ops {
+
+struct DecayRun {
+  int64_t end = 0;  // one past the run's last element
+  float weight_decay = 0.f;
+};
 
 struct AdamWParams {
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
   int64_t step = 1;        // t, counted from 1
   float grad_scale = 1.f;
+  std::vector<DecayRun> decay_runs;  // see above; overrides weight_decay when not empty
 };
+
+// Checks that `runs` (when not empty) end in increasing order at n.
+inline void check_decay_runs(const std::vector<DecayRun>& runs, int64_t n, const char* op) {
+  int64_t begin = 0;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    ENSURE(runs[k].end > begin, op, ": decay run ", k, " ends at ", runs[k].end,
+           ", not after the previous end ", begin);
+    begin = runs[k].end;
+  }
+  ENSURE(runs.empty() || begin == n, op, ": the decay runs end at ", begin, ", the buffer at ", n);
+}
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWParams& p, const Tensor& compute_copy = {});

@@ -149,11 +149,13 @@ StepStats AdamW::step(int step, bool skip_update) {
   p.grad_scale = static_cast<float>(st.clip_scale);
   const Tensor master_shard = master();
   const Tensor weights = store_.weights_flat().slice(begin_, end_);
-  for (const Run& r : runs_) {
-    p.weight_decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.f;
-    ops::adamw_step(master_shard.slice(r.begin, r.end), grads.slice(r.begin, r.end), m_->slice(r.begin, r.end),
-                    v_->slice(r.begin, r.end), p, master_aliased_ ? Tensor{} : weights.slice(r.begin, r.end));
-  }
+  // One call over the shard (one launch on the GPU), the decay by runs.
+  for (const Run& r : runs_)
+    p.decay_runs.push_back({r.end, r.decay ? static_cast<float>(config_.weight_decay) : 0.f});
+  if (!runs_.empty())
+    ops::adamw_step(master_shard.slice(0, runs_.back().end), grads.slice(0, runs_.back().end),
+                    m_->slice(0, runs_.back().end), v_->slice(0, runs_.back().end), p,
+                    master_aliased_ ? Tensor{} : weights.slice(0, runs_.back().end));
   if (sharded) {
     if (stage_ == 3)
       store_.release_weights();  // gathered again by the next begin_step()

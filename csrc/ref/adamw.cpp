@@ -39,7 +39,8 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
   ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
          p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
-  const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
+  ops::check_decay_runs(p.decay_runs, n, op);
+  const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps;
   const float gs = p.grad_scale;
   const auto t = static_cast<double>(p.step);
   const auto bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
@@ -50,17 +51,25 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   float* pv = exp_avg_sq.ptr<float>();
   bf16* copy_bf16 = copy && compute_copy.dtype == DType::BF16 ? compute_copy.ptr<bf16>() : nullptr;
   float* copy_f32 = copy && compute_copy.dtype == DType::F32 ? compute_copy.ptr<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = pg[i] * gs;
-    const float m = b1 * pm[i] + (1.f - b1) * g;
-    const float v = b2 * pv[i] + (1.f - b2) * g * g;
-    const float w = pp[i] - lr * (m / bc1 / (std::sqrt(v / bc2) + eps) + wd * pp[i]);
-    pm[i] = m;
-    pv[i] = v;
-    pp[i] = w;
-    if (copy_bf16) copy_bf16[i] = bf16(w);
-    if (copy_f32) copy_f32[i] = w;
+  auto update = [&](int64_t begin, int64_t end, float wd) {
+#pragma omp parallel for schedule(static) if (end - begin > (1 << 16))
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = pg[i] * gs;
+      const float m = b1 * pm[i] + (1.f - b1) * g;
+      const float v = b2 * pv[i] + (1.f - b2) * g * g;
+      const float w = pp[i] - lr * (m / bc1 / (std::sqrt(v / bc2) + eps) + wd * pp[i]);
+      pm[i] = m;
+      pv[i] = v;
+      pp[i] = w;
+      if (copy_bf16) copy_bf16[i] = bf16(w);
+      if (copy_f32) copy_f32[i] = w;
+    }
+  };
+  if (p.decay_runs.empty()) return update(0, n, p.weight_decay);
+  int64_t begin = 0;
+  for (const ops::DecayRun& r : p.decay_runs) {
+    update(begin, r.end, r.weight_decay);
+    begin = r.end;
   }
 }
 

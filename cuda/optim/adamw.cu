@@ -11,10 +11,17 @@
 // copy stores) in a grid-stride loop; misaligned heads are peeled, and buffers that disagree on
 // their misalignment fall back to element accesses (cuda/common/vector.cuh). Reads 16 and
 // writes 12 (+2 or 4 for the copy) bytes per element: judged against the copy bandwidth.
+// Weight decay by runs (AdamWParams::decay_runs): the run table (up to kMaxRuns runs a launch)
+// travels in the kernel's parameters; a thread finds the run of its first vector by bisection
+// and walks forward from there (its vectors come in increasing order), each element taking its
+// own run's decay. One launch updates a whole flat buffer (GPT-2 162M: 51 runs, 51 launches
+// before; a longer table takes one launch per kMaxRuns runs).
 #include "cuda/optim/adamw.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector.cuh"
@@ -23,39 +30,68 @@ namespace engine::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kE = 4;  // elements per vector step: 16 bytes of f32
+constexpr int kE = 4;          // elements per vector step: 16 bytes of f32
+constexpr int kMaxRuns = 200;  // decay runs per launch (the table is a kernel parameter)
 
 struct Hyper {
-  float b1, b2, one_minus_b1, one_minus_b2, lr, eps, wd, grad_scale, bc1, bc2;
+  float b1, b2, one_minus_b1, one_minus_b2, lr, eps, grad_scale, bc1, bc2;
 };
 
-__device__ __forceinline__ void adamw_element(const Hyper& h, float& p, float g0, float& m,
-                                              float& v) {
+// Run k covers [end[k - 1], end[k]) of the launch's range (end[count - 1] = its length).
+struct RunTable {
+  int count;
+  int64_t end[kMaxRuns];
+  float wd[kMaxRuns];
+};
+
+// The run holding element i, searching forward from run r (i never below run r's start).
+__device__ __forceinline__ int run_from(const RunTable& t, int r, int64_t i) {
+  while (t.end[r] <= i) ++r;
+  return r;
+}
+
+// The run holding element i, by bisection.
+__device__ __forceinline__ int run_of(const RunTable& t, int64_t i) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (t.end[mid] <= i) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void adamw_element(const Hyper& h, float wd, float& p, float g0,
+                                              float& m, float& v) {
   const float g = __fmul_rn(g0, h.grad_scale);
   m = __fadd_rn(__fmul_rn(h.b1, m), __fmul_rn(h.one_minus_b1, g));
   v = __fadd_rn(__fmul_rn(h.b2, v), __fmul_rn(__fmul_rn(h.one_minus_b2, g), g));
   const float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(v, h.bc2)), h.eps);
-  const float update = __fadd_rn(__fdiv_rn(__fdiv_rn(m, h.bc1), denom), __fmul_rn(h.wd, p));
+  const float update = __fadd_rn(__fdiv_rn(__fdiv_rn(m, h.bc1), denom), __fmul_rn(wd, p));
   p = __fsub_rn(p, __fmul_rn(h.lr, update));
 }
 
 // Copy is void (no copy), float or bf16_t.
 template <typename Copy>
-__global__ void adamw_kernel(Hyper h, float* param, const float* grad, float* exp_avg,
-                             float* exp_avg_sq, Copy* copy, int64_t n, int64_t head) {
+__global__ void adamw_kernel(Hyper h, const __grid_constant__ RunTable runs, float* param,
+                             const float* grad, float* exp_avg, float* exp_avg_sq, Copy* copy,
+                             int64_t n, int64_t head) {
   constexpr bool kCopy = !std::is_void_v<Copy>;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t nvec = (n - head) / kE, tail = head + nvec * kE;
+  int r = tid < nvec ? run_of(runs, head + tid * kE) : 0;  // the run of the current vector
   for (int64_t q = tid; q < nvec; q += stride) {
     const int64_t i = head + q * kE;
+    r = run_from(runs, r, i);
     float p[kE], g[kE], m[kE], v[kE];
     load_pack(param + i, p);
     load_pack(grad + i, g);
     load_pack(exp_avg + i, m);
     load_pack(exp_avg_sq + i, v);
 #pragma unroll
-    for (int k = 0; k < kE; ++k) adamw_element(h, p[k], g[k], m[k], v[k]);
+    for (int k = 0; k < kE; ++k)
+      adamw_element(h, runs.wd[run_from(runs, r, i + k)], p[k], g[k], m[k], v[k]);
     store_pack(param + i, p);
     store_pack(exp_avg + i, m);
     store_pack(exp_avg_sq + i, v);
@@ -63,7 +99,7 @@ __global__ void adamw_kernel(Hyper h, float* param, const float* grad, float* ex
   }
   auto one = [&](int64_t i) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
-    adamw_element(h, p, grad[i], m, v);
+    adamw_element(h, runs.wd[run_of(runs, i)], p, grad[i], m, v);
     param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
@@ -100,6 +136,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
   ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
          p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
+  ops::check_decay_runs(p.decay_runs, n, op);
   if (n == 0) return;
   const auto t = static_cast<double>(p.step);
   Hyper h{};
@@ -109,30 +146,43 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   h.one_minus_b2 = 1.f - p.beta2;
   h.lr = p.lr;
   h.eps = p.eps;
-  h.wd = p.weight_decay;
   h.grad_scale = p.grad_scale;
   h.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
   h.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), t));
+  std::vector<ops::DecayRun> all = p.decay_runs;
+  if (all.empty()) all.push_back({n, p.weight_decay});
 
-  auto* pp = static_cast<float*>(param.data);
-  auto* pg = static_cast<const float*>(grad.data);
-  auto* pm = static_cast<float*>(exp_avg.data);
-  auto* pv = static_cast<float*>(exp_avg_sq.data);
-  const size_t copy_elem = copy ? dtype_size(compute_copy.dtype) : 0;
-  const int64_t head =
-      vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {compute_copy.data, copy_elem}}, kE, n);
-  const unsigned blocks = stream_blocks(vector_items(n, head, kE), kThreads);
-  if (!copy) {
-    adamw_kernel<void><<<blocks, kThreads, 0, stream()>>>(h, pp, pg, pm, pv, nullptr, n, head);
-    check_launch("adamw_kernel");
-  } else if (compute_copy.dtype == DType::BF16) {
-    adamw_kernel<bf16_t><<<blocks, kThreads, 0, stream()>>>(
-        h, pp, pg, pm, pv, static_cast<bf16_t*>(compute_copy.data), n, head);
-    check_launch("adamw_kernel<bf16 copy>");
-  } else {
-    adamw_kernel<float><<<blocks, kThreads, 0, stream()>>>(
-        h, pp, pg, pm, pv, static_cast<float*>(compute_copy.data), n, head);
-    check_launch("adamw_kernel<f32 copy>");
+  // One launch per kMaxRuns runs, over their range [begin, end).
+  for (size_t first = 0; first < all.size(); first += kMaxRuns) {
+    const size_t count = std::min<size_t>(kMaxRuns, all.size() - first);
+    const int64_t begin = first == 0 ? 0 : all[first - 1].end, end = all[first + count - 1].end;
+    RunTable runs{};
+    runs.count = static_cast<int>(count);
+    for (size_t k = 0; k < count; ++k) {
+      runs.end[k] = all[first + k].end - begin;
+      runs.wd[k] = all[first + k].weight_decay;
+    }
+    const int64_t len = end - begin;
+    auto* pp = static_cast<float*>(param.data) + begin;
+    auto* pg = static_cast<const float*>(grad.data) + begin;
+    auto* pm = static_cast<float*>(exp_avg.data) + begin;
+    auto* pv = static_cast<float*>(exp_avg_sq.data) + begin;
+    const size_t copy_elem = copy ? dtype_size(compute_copy.dtype) : 0;
+    void* pc = copy ? static_cast<char*>(compute_copy.data) + begin * copy_elem : nullptr;
+    const int64_t head = vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
+    const unsigned blocks = stream_blocks(vector_items(len, head, kE), kThreads);
+    if (!copy) {
+      adamw_kernel<void><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv, nullptr, len, head);
+      check_launch("adamw_kernel");
+    } else if (compute_copy.dtype == DType::BF16) {
+      adamw_kernel<bf16_t><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv,
+                                                              static_cast<bf16_t*>(pc), len, head);
+      check_launch("adamw_kernel<bf16 copy>");
+    } else {
+      adamw_kernel<float><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv,
+                                                             static_cast<float*>(pc), len, head);
+      check_launch("adamw_kernel<f32 copy>");
+    }
   }
 }
 

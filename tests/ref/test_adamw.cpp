@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -118,4 +119,41 @@ TEST_CASE("adamw_step rejects bad arguments, naming them") {
                        Error);
   o.step = 0;
   CHECK_THROWS_WITH_AS(ops::adamw_step(p, g, m, v, o), doctest::Contains("step = 0"), Error);
+}
+
+TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs rejected") {
+  // Runs of 1 to 300 elements (several shorter than a 4-element vector), decays 0 / 0.1 / 0.03.
+  const int64_t n = 20000;
+  std::vector<ops::DecayRun> runs;
+  for (int64_t end = 0, k = 0; end < n; ++k) {
+    end = std::min(n, end + 1 + (k * 7919) % 300);
+    runs.push_back({end, k % 3 == 0 ? 0.f : k % 3 == 1 ? 0.1f : 0.03f});
+  }
+  Owned p1 = randn({n}, DType::F32, "runs.p"), p2 = randn({n}, DType::F32, "runs.p");
+  Owned g = randn({n}, DType::F32, "runs.g");
+  Owned m1 = randn({n}, DType::F32, "runs.m"), m2 = randn({n}, DType::F32, "runs.m");
+  Owned v1 = zeros({n}, DType::F32, Device::CPU), v2 = zeros({n}, DType::F32, Device::CPU);
+  ops::AdamWParams o;
+  o.lr = 1e-2f;
+  o.step = 3;
+  o.decay_runs = runs;
+  ops::adamw_step(p1, g, m1, v1, o);
+  o.decay_runs.clear();
+  int64_t begin = 0;
+  for (const ops::DecayRun& r : runs) {
+    o.weight_decay = r.weight_decay;
+    ops::adamw_step(p2->slice(begin, r.end), g->slice(begin, r.end), m2->slice(begin, r.end),
+                    v2->slice(begin, r.end), o);
+    begin = r.end;
+  }
+  CHECK(std::memcmp(p1.t.data, p2.t.data, n * 4) == 0);
+  CHECK(std::memcmp(m1.t.data, m2.t.data, n * 4) == 0);
+  CHECK(std::memcmp(v1.t.data, v2.t.data, n * 4) == 0);
+
+  o.decay_runs = {{5, 0.f}, {5, 0.1f}, {n, 0.f}};
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o), doctest::Contains("decay run 1 ends at 5"),
+                       Error);
+  o.decay_runs = {{5, 0.f}, {n - 1, 0.1f}};
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o),
+                       doctest::Contains("the decay runs end at 19999, the buffer at 20000"), Error);
 }

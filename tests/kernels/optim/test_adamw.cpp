@@ -95,3 +95,36 @@ TEST_CASE("cuda adamw_step rejects wrong dtypes, lengths and steps" * doctest::t
   o.step = 0;
   CHECK_THROWS_AS(ops::adamw_step(p, g, m, v, o), Error);
 }
+
+TEST_CASE("cuda adamw_step with decay runs: one call, the CPU reference's bits" * doctest::test_suite("gpu")) {
+  // 450 runs of 1 to 300 elements (more than one launch's table of 200), decays 0 / 0.1 / 0.03,
+  // buffers at offsets that peel a head or run element by element.
+  if (!gpu_available_or_skip()) return;
+  std::vector<ops::DecayRun> runs;
+  for (int64_t end = 0, k = 0; k < 450; ++k) {
+    end += 1 + (k * 7919) % 300;
+    runs.push_back({end, k % 3 == 0 ? 0.f : k % 3 == 1 ? 0.1f : 0.03f});
+  }
+  const int64_t n = runs.back().end;
+  for (const auto& [offset_state, offset_copy] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {1, 1}, {2, 1}}) {
+    CAPTURE(offset_state);
+    CAPTURE(offset_copy);
+    Owned p = randn({n}, DType::F32, "adamw.runs.p"), g = randn({n}, DType::F32, "adamw.runs.g");
+    Owned m = zeros({n}, DType::F32, Device::CPU), v = zeros({n}, DType::F32, Device::CPU);
+    Owned copy_host = empty({n}, DType::BF16, Device::CPU);
+    DeviceTensor dp = to_gpu(p, offset_state), dg = to_gpu(g, offset_state);
+    DeviceTensor dm = to_gpu(m, offset_state), dv = to_gpu(v, offset_state);
+    DeviceTensor dcopy = to_gpu(copy_host, offset_copy);
+    poison(dcopy.t);
+    ops::AdamWParams o;
+    o.lr = 3e-3f;
+    o.step = 2;
+    o.decay_runs = runs;
+    ops::adamw_step(p, g, m, v, o, copy_host.t);
+    ops::adamw_step(dp.t, dg.t, dm.t, dv.t, o, dcopy.t);
+    CHECK_CLOSE(dp.t, p.t, 1e-6);
+    CHECK(differing_elements(dp.t, p) + differing_elements(dm.t, m) + differing_elements(dv.t, v) +
+              differing_elements(dcopy.t, copy_host) ==
+          0);
+  }
+}
