@@ -39,8 +39,11 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
   if (stage_ >= 2 && dp.size() > 1) grad_shard_ = zeros({len}, DType::F32, dev);
   if (stage_ == 3 && dp.size() > 1) store.release_weights();
 
-  // Maximal runs of equal weight decay within the shard (alignment gaps and the tail are zero
-  // in every buffer, so updating them with either setting is harmless).
+  // Maximal runs of equal weight decay within the shard, each from the end of the one before
+  // (the first from 0) to its last parameter's end: the alignment gaps before a parameter take
+  // its run's decay. Gaps are zero in every buffer (weights, gradients, master, moments), and a
+  // zero element stays zero under any decay (eps > 0), so updating them is harmless; the tail
+  // past the last parameter is left out.
   for (const ParamSpec& s : store.table().entries())
     if (tied_ && std::find(g.tied_params.begin(), g.tied_params.end(), s.name) != g.tied_params.end())
       tied_full_.emplace_back(s.offset, s.offset + s.shape.numel());
@@ -58,7 +61,7 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
     if (!runs_.empty() && runs_.back().decay == s.weight_decay)
       runs_.back().end = e - begin_;
     else
-      runs_.push_back({b - begin_, e - begin_, s.weight_decay});
+      runs_.push_back({e - begin_, s.weight_decay});
   }
 }
 

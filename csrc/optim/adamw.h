@@ -9,8 +9,9 @@
 //              under sequence parallelism; the norm counts them once and the split ones on
 //              every tp rank
 //   norm:      sum of squares of the shard's gradient, summed over the shards; clip scale
-//   update:    AdamW (ops/adamw.h) on the shard, run by run of equal weight decay (none for
-//              norms and biases); the compute-dtype weights of the shard are written in the same pass
+//   update:    AdamW (ops/adamw.h) on the shard in one call, the weight decay by runs of
+//              parameters (none for norms and biases); the compute-dtype weights of the shard
+//              are written in the same pass
 //   weights:   stage 1/2 all-gather the updated weights; stage 3 keeps only the shard between
 //              steps and gathers the full weights in begin_step()
 // Master weights alias the shard of the compute weights when those are f32 (CPU) and resident.
@@ -98,7 +99,7 @@ class AdamW {
 
  private:
   struct Run {
-    int64_t begin = 0, end = 0;  // relative to the shard
+    int64_t end = 0;  // relative to the shard; a run starts where the one before it ends
     bool decay = true;
   };
   void write_and_gather_weights();

@@ -37,6 +37,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
            " elements, param has ", n);
   }
   ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
+  ENSURE(p.eps > 0.f, op, ": eps = ", p.eps, " must be positive");
   ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
          p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
   ops::check_decay_runs(p.decay_runs, n, op);

@@ -23,7 +23,7 @@
 //   dV_w += P^T dO                         wgmma m64n128k16, A = P^T from registers (bf16), B = dO
 //                                          MN-major (transposed) from shared memory; runs while
 //   dS^T = P^T (dP^T - dsum)               is computed (registers) and stored (bf16, shared)
-//   dQ[:, c w .. c w + c - 1] = dS K[:, c w ..]   c = D / 2 columns per warpgroup, over all 128
+//   dQ[:, n w .. n w + n - 1] = dS K[:, n w ..]   n = D / 2 columns per warpgroup, over all 128
 //                                          keys of the block: wgmma m64n64k16 (D = 128) or
 //                                          m64n32k16 (D = 64), A = dS from the dS^T tile (written
 //                                          by both warpgroups: MN-major), B = K MN-major
@@ -32,8 +32,8 @@
 // layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
 // dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). (D = 64 used to split dQ's
 // keys instead, two partial tiles and two reductions a q tile: the column split measured 2.60
-// against 2.71 ms at hd64 B16 H32 S2048.) Named barrier 1 (the 256
-// consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
+// against 2.71 ms at hd64 B16 H32 S2048.)
+// Named barrier 1 (the 256 consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
 // has read the staging tile: its issuing thread waits for that first), (d) the staging tile is
 // complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
 // Masks only where the tile crosses the diagonal, the window edge or the sequence end (keys past
@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
   constexpr int kD = C::kD, kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStages = C::kStages;
   constexpr int kColBlocks = C::kColBlocks;
   // dQ: the warpgroups split its columns, each over all kBlockN keys.
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   constexpr int kDqCols = kD / C::kConsumers;
   constexpr int kDqSteps = kBlockN / 16;
   // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.

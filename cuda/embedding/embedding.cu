@@ -45,8 +45,9 @@
 // that checked their ids on the host (raise_bad_ids = false) pass no flag: nothing is recorded
 // or read back, and the host does not wait for the kernels.
 // Memory: table / out bf16 or f32; dout bf16 or f32 with dtable f32. Scratch from the caching
-// allocator: 4 x T ints for the sort, 256 x T / kSortTile per pass for the histograms, 2 x ceil(T / kCell) x C floats for the long runs' pieces (T C / 4 bytes), R x (chunks
-// + 2) ints for their counters and cells.
+// allocator: 4 x T ints for the sort, 256 x T / kSortTile per pass for the histograms,
+// 2 x ceil(T / kCell) x C floats for the long runs' pieces (T C / 4 bytes), R x 3 x chunks ints
+// for their counters and cells.
 // Limits: T < 2^31, V < 2^31 - 1.
 #include "cuda/embedding/embedding.cuh"
 
@@ -153,9 +154,9 @@ static __device__ __forceinline__ uint32_t sort_key(int32_t id, int64_t begin, i
   return mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
 }
 
-// The first pass's histogram of a long sort, keys straight from the ids: hist[0][d * tiles +
-// tile] = number of the tile's keys with low digit d. Also zeroes this tile's column of the later
-// passes' histograms (their scatters add into them).
+// The first pass's histogram, keys straight from the ids: hist[0][d * tiles + tile] = number of
+// the tile's keys with low digit d. Also zeroes this tile's column of the later passes'
+// histograms (their scatters add into them).
 static __global__ void __launch_bounds__(kSortTile)
     radix_first_hist_kernel(const int32_t* ids, int64_t n, int64_t begin, int64_t rows,
                             int64_t vocab, int64_t tiles, int passes, int* hist) {
@@ -220,8 +221,8 @@ struct SortPass {
   const int32_t* ids;
   uint32_t* keys_out;
   int32_t* vals_out;
-  const int* hist;  // long sorts: the exclusive scan of this pass's counts [digit][tile]
-  int* next_hist;   // long sorts: the next pass's counts, added here (nullptr: the last pass)
+  const int* hist;  // this pass's counts [digit][tile]; long sorts: their exclusive scan
+  int* next_hist;   // the next pass's counts, added here (nullptr: the last pass)
   int* err;         // the first pass: the first bad token position (nullptr: not checked)
   int* run_count;   // the first pass: zeroes run_count[key][0, count_width) of every key
   int64_t n, tiles, begin, rows, vocab;
@@ -356,7 +357,7 @@ struct EmbBwdParams {
   float* slot_own;        // (cells, cols): a cell's piece of the long run that starts in it
   float* slot_in;         // (cells, cols): its piece of a long run begun in an earlier cell
   int* run_count;         // (vocab, chunks): a long run's arrivals (zeroed by the sort)
-  int* run_cells;         // (vocab, 2): a long run's first and last cell
+  int* run_cells;         // (vocab, chunks, 2): a long run's first and last cell
   int64_t n, cols, vocab, cells, chunks;
 };
 
@@ -407,7 +408,10 @@ static __device__ __forceinline__ void load_pack_cg(const float* p, float (&out)
 // The block reads the keys of [s - kLongRun, e + kLongRun), enough to tell whether a run meeting
 // the cell is long, and the tokens of [s, e + kLongRun); it walks its entries in order,
 // kCellUnroll dout rows in flight per thread, the dtable rows of the runs ending among them
-// loaded with them. Every branch is uniform over the block.
+// loaded with them. Every branch around a barrier is uniform over the block (threads past the
+// last column only skip the loads and stores). The long run's first and last cell are kept per
+// chunk, written by that chunk's blocks before their arrivals, so the completing block reads
+// them after its own chunk's arrivals.
 template <typename T, int N>
 static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
     embedding_cell_kernel(const EmbBwdParams<T> p) {
@@ -459,8 +463,9 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
           const int q = owner ? 1 : 0;
           s_piece_key[q] = key;
           s_piece_add[q] = owner ? static_cast<int>(cell) + 1 : last ? -static_cast<int>(cell) : 1;
-          if (owner && chunk == 0) p.run_cells[2 * static_cast<int64_t>(key)] = static_cast<int>(cell);
-          if (last && chunk == 0) p.run_cells[2 * static_cast<int64_t>(key) + 1] = static_cast<int>(cell);
+          int* cells_of = p.run_cells + 2 * (static_cast<int64_t>(key) * p.chunks + chunk);
+          if (owner) cells_of[0] = static_cast<int>(cell);
+          if (last) cells_of[1] = static_cast<int>(cell);
         }
       }
     }
@@ -528,7 +533,8 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
     __syncthreads();
     if (!s_done) continue;
     __threadfence();
-    const int64_t c0 = __ldcg(p.run_cells + 2 * key), c1 = __ldcg(p.run_cells + 2 * key + 1);
+    const int* cells_of = p.run_cells + 2 * (key * p.chunks + chunk);
+    const int64_t c0 = __ldcg(cells_of), c1 = __ldcg(cells_of + 1);
     if (!active) continue;
     float* dst = p.dtable + key * p.cols + col;
     float acc[N], out[N];
@@ -660,7 +666,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   const bool vec = cols % vec_elems == 0 && aligned16(dout.data) && aligned16(dtable.data);
   const int elems = vec ? vec_elems : 1;
   const int64_t packs = ceil_div(cols, elems);
-  const int threads = static_cast<int>(std::min<int64_t>(kCellThreads, ceil_div(packs, 32) * 32));
+  const int threads =
+      static_cast<int>(std::clamp<int64_t>(ceil_div(packs, 32) * 32, 32, kCellThreads));
   const int64_t chunks = std::max<int64_t>(1, ceil_div(packs, threads));
   const int64_t cells = ceil_div(n, kCell);
   ENSURE(cells * chunks < (int64_t{1} << 31), op, ": T = ", n, " x C = ", cols, " is too large");
@@ -673,7 +680,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
                        static_cast<uint32_t*>(sort_buf.data()) + n};
   int32_t* vals[2] = {static_cast<int32_t*>(sort_buf.data()) + 2 * n,
                       static_cast<int32_t*>(sort_buf.data()) + 3 * n};
-  Buffer run_buf(static_cast<size_t>(rows) * (chunks + 2) * sizeof(int), Device::CUDA);
+  Buffer run_buf(static_cast<size_t>(rows) * chunks * 3 * sizeof(int), Device::CUDA);
   int* run_count = static_cast<int*>(run_buf.data());
   int* run_cells = run_count + rows * chunks;
   const int32_t* pid = static_cast<const int32_t*>(ids.data);

@@ -134,6 +134,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
            " elements, param has ", n);
   }
   ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
+  ENSURE(p.eps > 0.f, op, ": eps = ", p.eps, " must be positive");
   ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
          p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
   ops::check_decay_runs(p.decay_runs, n, op);
@@ -169,10 +170,12 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
     auto* pv = static_cast<float*>(exp_avg_sq.data) + begin;
     const size_t copy_elem = copy ? dtype_size(compute_copy.dtype) : 0;
     void* pc = copy ? static_cast<char*>(compute_copy.data) + begin * copy_elem : nullptr;
-    const int64_t head = vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
+    const int64_t head =
+        vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
     const unsigned blocks = stream_blocks(vector_items(len, head, kE), kThreads);
     if (!copy) {
-      adamw_kernel<void><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv, nullptr, len, head);
+      adamw_kernel<void><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv, nullptr, len,
+                                                            head);
       check_launch("adamw_kernel");
     } else if (compute_copy.dtype == DType::BF16) {
       adamw_kernel<bf16_t><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv,

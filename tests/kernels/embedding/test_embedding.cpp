@@ -8,6 +8,7 @@
 // to T rows into random prefills) within 1e-5. Backward bits are equal over repeated runs.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,62 @@ TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, de
       }
     }
   }
+}
+
+TEST_CASE("cuda embedding backward: runs of 64 and 65 entries at cell offsets 0, 1 and 31, over poisoned scratch" * doctest::test_suite("gpu")) {
+  // Sorted entries come in cells of 32; a run of at most 64 entries is summed whole by the cell
+  // where it starts, a longer one in per-cell pieces that the last arriving cell adds up. Runs of
+  // exactly 64 and 65 entries start at offsets 0, 1 and 31 of a cell (fillers of one id in
+  // between), a long run ends on a cell edge (65 from offset 31), the last one ends at T; tokens
+  // in random order. The caching allocator's free blocks of the op's scratch sizes are filled
+  // with 0x7f bytes first, so counters the sort did not zero would show.
+  if (!gpu_available_or_skip()) return;
+  const std::vector<std::pair<int64_t, int64_t>> runs = {  // (length, offset in its cell)
+      {64, 0}, {65, 0}, {64, 1}, {65, 1}, {64, 31}, {65, 31}, {96, 31}, {200, 5}, {33, 0}, {130, 3}};
+  std::vector<int32_t> sorted;
+  int32_t id = 0;
+  for (const auto& [len, offset] : runs) {
+    const int64_t pad = (offset - static_cast<int64_t>(sorted.size()) % 32 + 32) % 32;
+    if (pad > 0) sorted.insert(sorted.end(), pad, id++);  // a filler run
+    sorted.insert(sorted.end(), len, id++);
+  }
+  const int64_t t = static_cast<int64_t>(sorted.size()), vocab = id + 3;
+  Owned perm = randint({t}, 0, 1 << 30, "emb.runs.perm");
+  std::vector<int64_t> order(t);
+  for (int64_t i = 0; i < t; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::pair(perm.ptr<int32_t>()[a], a) < std::pair(perm.ptr<int32_t>()[b], b);
+  });
+  Owned ids = empty({t}, DType::I32, Device::CPU);
+  for (int64_t i = 0; i < t; ++i) ids.ptr<int32_t>()[i] = sorted[order[i]];
+  DeviceTensor gids = to_gpu(ids, DType::I32);
+  for (const int64_t c : {int64_t{24}, int64_t{2048}, int64_t{4100}}) {
+    for (DType dt : {DType::BF16, DType::F32}) {
+      INFO("C ", c, " dout ", dtype_name(dt));
+      {  // blocks of the sizes the op asks for, poisoned and returned to the cache
+        std::vector<Owned> junk;
+        for (const int64_t bytes : {4 * t * 4, 3 * 256 * ((t + 1023) / 1024) * 4,
+                                    vocab * 3 * ((c + 127) / 128) * 4, 2 * ((t + 31) / 32) * c * 4})
+          junk.push_back(std::move(gpu_poisoned({bytes / 4}, DType::F32).storage));
+      }
+      Owned dout = randn({t, c}, DType::F32, "emb.runs.dout"),
+            dtable0 = randn({vocab, c}, DType::F32, "emb.runs.dtable0");
+      auto [gdout, dout64] = device_input(dout, dt, 0);
+      Owned ref = to_host(dtable0, DType::F64);
+      ops::embedding_backward(ids, dout64, ref);
+      DeviceTensor gd1 = to_gpu(dtable0, DType::F32), gd2 = to_gpu(dtable0, DType::F32);
+      ops::embedding_backward(gids.t, gdout.t, gd1.t);
+      CHECK_CLOSE(gd1.t, ref.t, 1e-5);
+      ops::embedding_backward(gids.t, gdout.t, gd2.t);
+      CHECK(bitwise_equal(gd1.t, gd2.t));
+    }
+  }
+  // No columns: nothing to add, and nothing to fail on.
+  Owned dout0 = empty({t, 0}, DType::F32, Device::CUDA);
+  Owned dtable00 = empty({vocab, 0}, DType::F32, Device::CUDA);
+  ops::embedding_backward(gids.t, dout0, dtable00);
+  Owned out0 = empty({t, 0}, DType::F32, Device::CUDA);
+  ops::embedding_forward(gids.t, dtable00, out0, false);
 }
 
 TEST_CASE("cuda embedding with trusted ids: the checked call's bits, bad ids skipped unreported" * doctest::test_suite("gpu")) {
