@@ -253,12 +253,14 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
   const bool valid = i < p.n;
-  int counts[kPerGroup];  // kCountsRead: this thread's digit counts, loaded with its key
+  // kCountsRead: thread (group, digit) loads the digit's counts of tiles group + kGroups k.
+  const int group = static_cast<int>(threadIdx.x) / kDigits, group_digit = threadIdx.x % kDigits;
+  int counts[kPerGroup];
   if constexpr (kMode == kCountsRead) {
 #pragma unroll
     for (int k = 0; k < kPerGroup; ++k) {
-      const int t = static_cast<int>(threadIdx.x) / kDigits + kGroups * k;
-      counts[k] = t < p.tiles ? p.hist[(threadIdx.x % kDigits) * p.tiles + t] : 0;
+      const int t = group + kGroups * k;
+      counts[k] = t < p.tiles ? p.hist[group_digit * p.tiles + t] : 0;
     }
   }
   uint32_t key = 0u;
@@ -284,11 +286,9 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
     int before = 0, after = 0;
 #pragma unroll
     for (int k = 0; k < kPerGroup; ++k)
-      (static_cast<int>(threadIdx.x) / kDigits + kGroups * k < static_cast<int>(blockIdx.x)
-           ? before
-           : after) += counts[k];
-    atomicAdd(&split[0][threadIdx.x % kDigits], before);
-    atomicAdd(&split[1][threadIdx.x % kDigits], after);
+      (group + kGroups * k < static_cast<int>(blockIdx.x) ? before : after) += counts[k];
+    atomicAdd(&split[0][group_digit], before);
+    atomicAdd(&split[1][group_digit], after);
   }
   __syncthreads();
   if (threadIdx.x < kDigits) {
@@ -320,17 +320,16 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
       base[threadIdx.x] += carry;
     }
   }
-  {  // Exclusive prefix of each digit's counts over the warps: thread (group g, digit d) scans
-     // the g-th kWarps / kGroups warps, then the groups' totals are added in.
-    const int d = threadIdx.x % kDigits, g = threadIdx.x / kDigits;
+  {  // Exclusive prefix of each digit's counts over the warps: thread (group, digit) scans the
+     // group's kWarps / kGroups warps; the groups' totals are added in below.
     int run = 0;
 #pragma unroll
-    for (int w = g * (kWarps / kGroups); w < (g + 1) * (kWarps / kGroups); ++w) {
-      const int c = warp_count[w][d];
-      warp_count[w][d] = run;
+    for (int w = group * (kWarps / kGroups); w < (group + 1) * (kWarps / kGroups); ++w) {
+      const int c = warp_count[w][group_digit];
+      warp_count[w][group_digit] = run;
       run += c;
     }
-    group_total[g][d] = run;
+    group_total[group][group_digit] = run;
   }
   __syncthreads();
   if (valid) {
