@@ -36,17 +36,24 @@ TEST_CASE("learning-rate schedules: warmup, cosine, linear, constant, floor") {
   CHECK(learning_rate(o, 0) == doctest::Approx(1.0));
 }
 
-TEST_CASE("AdamW: decoupled weight decay skips norms and biases; clipping scales the update") {
-  ModelConfig c = testing::tiny_model(ModelFamily::GPT2);
-  auto model = make_model(c, Device::CPU, DType::F32);
-  ParamStore& p = model->params();
-  p.init(3);
+namespace {
+// A constant learning rate without warmup or clipping.
+OptimizerConfig constant_lr(double lr, double weight_decay) {
   OptimizerConfig o;
-  o.lr = 0.1;
+  o.lr = lr;
   o.warmup_steps = 0;
   o.decay = DecayKind::Constant;
-  o.weight_decay = 0.5;
+  o.weight_decay = weight_decay;
   o.grad_clip = 0;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("AdamW: decoupled weight decay skips norms and biases; clipping scales the update") {
+  auto model = make_model(testing::tiny_model(ModelFamily::GPT2), Device::CPU, DType::F32);
+  ParamStore& p = model->params();
+  p.init(3);
+  OptimizerConfig o = constant_lr(0.1, 0.5);
   AdamW opt(p, o, world(), 0, 3);
   const float w_before = p.weight("layers.0.attn.wq").ptr<float>()[7];
   const float n_before = p.weight("layers.0.norm1.weight").ptr<float>()[2];
@@ -78,16 +85,10 @@ TEST_CASE("AdamW: one update over the flat buffer gives every parameter its own 
   // over the alignment gaps before them. Against an update of each parameter alone (its slice,
   // its decay) over three steps of random gradients: the same bits; every gap element of the
   // weights, the moments and the gradients stays exactly +0.
-  ModelConfig c = testing::tiny_model(ModelFamily::GPT2);
-  auto model = make_model(c, Device::CPU, DType::F32);
+  auto model = make_model(testing::tiny_model(ModelFamily::GPT2), Device::CPU, DType::F32);
   ParamStore& p = model->params();
   p.init(5);
-  OptimizerConfig o;
-  o.lr = 0.05;
-  o.warmup_steps = 0;
-  o.decay = DecayKind::Constant;
-  o.weight_decay = 0.3;
-  o.grad_clip = 0;
+  const OptimizerConfig o = constant_lr(0.05, 0.3);
   AdamW opt(p, o, world(), 0, 3);
   const int64_t cap = p.capacity();
   Owned ref_w = empty({cap}, DType::F32, Device::CPU), ref_m = zeros({cap}, DType::F32, Device::CPU),
