@@ -273,11 +273,6 @@ __device__ __forceinline__ void epilogue_f32_add(const float (&acc)[128], uint32
 // kernel's end). Each element of dW gets one add per call (each tile by one CTA): deterministic,
 // and the same round-to-nearest f32 sum old + acc as the threads' read-modify-write (subnormals
 // aside: the copy engine's add may flush them).
-// Waits until at most N of this thread's bulk copies still read shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
                                                   int c2) {
   asm volatile(
@@ -316,7 +311,7 @@ __device__ __forceinline__ void epilogue_f32_tma(const float (&acc)[128], uint32
                      : "memory");
       }
     flash::fence_proxy_async();
-    if (leader) bulk_wait_read<0>();  // box b - 1 has left the other slot
+    if (leader) flash::bulk_wait_read();  // box b - 1 has left the other slot
     epi_sync(wg);
     if (leader && n0 + 32 * b < cols) {
       tma_reduce_add_3d(map, slot, n0 + 32 * b, c1, c2);
@@ -434,7 +429,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
       if (w.skip) continue;
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-      acc_fence(acc);
+      reg_fence(acc);
       for (int kt = 0; kt < w.nk; ++kt, ++it) {
         const int s = it % kStages;
         mbar_wait(full0 + 8 * s, (it / kStages) & 1);
@@ -468,7 +463,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
         }
       }
       wgmma_wait<0>();
-      acc_fence(acc);
+      reg_fence(acc);
       if (!p.retire_each && w.nk > 0) release(it - 1);
       const uint32_t buf = base + kEpiOffset + wg * kEpiBytes;
       const int64_t wg_row = int64_t{w.m0} + 64 * wg;  // the warpgroup's first row of the tile
@@ -482,7 +477,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
           }
         } else {
           if (p.tma_epi) {  // the buffer's last reduction has read it before the threads reuse it
-            if (leader) bulk_wait_read<0>();
+            if (leader) flash::bulk_wait_read();
             epi_sync(wg);
           }
           epilogue_f32_add(acc, buf, wg, tid & 127,

@@ -25,17 +25,13 @@ static_assert(kBM == ops::kMoeRowAlign, "one row tile must never hold two expert
 
 #ifdef MOE_WGMMA
 using sm90::wgmma_commit;
+using sm90::reg_fence;  // keeps accumulator reads / writes on their side of a wgmma
 using sm90::wgmma_fence;
 using sm90::wgmma_wait;
 
 // Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return sm90::smem_desc_sw128(addr, 16); }
 
-// Keeps the compiler from moving accumulator reads / writes across the asynchronous wgmma.
-__device__ __forceinline__ void acc_fence(float (&d)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d (64 x 256 f32, the wgmma accumulator fragment) += A (64 x 16, descriptor a) B (16 x 256,
 // descriptor b)^T in shared memory, scale-d = 1 (accumulate); kTA / kTB = 1 read A / B MN-major

@@ -80,7 +80,7 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
     if (s < nk) load(s);
     flash::cp_async_commit();
   }
-  acc_fence(acc);
+  reg_fence(acc);
   for (int kt = 0; kt < nk; ++kt) {
     cp_async_wait<kAhead - 1>();
     flash::fence_proxy_async();
@@ -96,7 +96,7 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
-  acc_fence(acc);
+  reg_fence(acc);
   cp_async_wait<0>();
   store_tile(acc, p.a.y, p.a.n, row0, n0, te.rows_valid, wg, tid);
 #endif
