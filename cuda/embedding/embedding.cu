@@ -172,6 +172,16 @@ static __global__ void __launch_bounds__(kSortTile)
   }
 }
 
+// The sum of v over lanes 0 .. lane of the warp (all 32 lanes take part).
+static __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(kFull, v, o);
+    if (lane >= o) v += t;
+  }
+  return v;
+}
+
 // In-place exclusive prefix sum of data[0, n) by one block, kScanThreads x kScanItems at a time
 // (the histograms of long sorts).
 static __global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(int* data, int64_t n) {
@@ -186,22 +196,11 @@ static __global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(int
       v[j] = i0 + j < n ? data[i0 + j] : 0;
       sum += v[j];
     }
-    int incl = sum;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int t = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += t;
-    }
+    const int incl = warp_inclusive_sum(sum, lane);
     if (lane == 31) warp_total[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-      int w = warp_total[lane];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(kFull, w, o);
-        if (lane >= o) w += t;
-      }
-      warp_total[lane] = w;  // inclusive over warps
+      warp_total[lane] = warp_inclusive_sum(warp_total[lane], lane);  // inclusive over warps
     }
     __syncthreads();
     int run = carry + (warp > 0 ? warp_total[warp - 1] : 0) + incl - sum;
@@ -296,12 +295,7 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
     if constexpr (kMode == kCountsRead) {
       const int before = split[0][d], total = before + split[1][d];
       // Exclusive scan of the digit totals: within each warp of digits, then over the warps.
-      int incl = total;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(kFull, incl, o);
-        if (lane >= o) incl += t;
-      }
+      const int incl = warp_inclusive_sum(total, lane);
       if (lane == 31) digit_warp_total[warp] = incl;
       base[d] = incl - total + before;  // the warp's carry is added below
     } else {
