@@ -34,14 +34,20 @@ struct NormOut {
   Owned y, mean, rstd;
 };
 
-NormOut run_forward(bool layer, const Tensor& x, const Tensor& w, const Tensor& b,
-                    float eps = kEps) {
+// y, mean and rstd for x, poisoned.
+NormOut poisoned_out(const Tensor& x) {
   const int64_t t = x.size(0);
   NormOut o{empty(x.shape, x.dtype, Device::CPU), empty({t}, x.dtype, Device::CPU),
             empty({t}, x.dtype, Device::CPU)};
   poison(o.y);
   poison(o.mean);
   poison(o.rstd);
+  return o;
+}
+
+NormOut run_forward(bool layer, const Tensor& x, const Tensor& w, const Tensor& b,
+                    float eps = kEps) {
+  NormOut o = poisoned_out(x);
   if (layer)
     ops::layernorm_forward(x, w, b, eps, o.y, o.mean, o.rstd);
   else
@@ -220,16 +226,6 @@ void residual_backward(bool layer, const Tensor& dy, const Tensor& x, const Tens
     ops::layernorm_residual_backward(dy, x, w, f.mean, f.rstd, dres, dx, dw, db);
   else
     ops::rmsnorm_residual_backward(dy, x, w, f.rstd, dres, dx, dw);
-}
-
-NormOut poisoned_out(const Tensor& x) {
-  const int64_t t = x.size(0);
-  NormOut o{empty(x.shape, x.dtype, Device::CPU), empty({t}, x.dtype, Device::CPU),
-            empty({t}, x.dtype, Device::CPU)};
-  poison(o.y);
-  poison(o.mean);
-  poison(o.rstd);
-  return o;
 }
 
 void check_residual_forms(bool layer, bool with_bias) {
