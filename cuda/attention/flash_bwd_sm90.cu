@@ -288,22 +288,26 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          const int col = 8 * j + 2 * (lane & 3) + x;
-          const float l2 = lse_s[col];
-          const int i = m0 + col;
+          const float l2 = lse_s[8 * j + 2 * (lane & 3) + x];
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int e = 4 * j + 2 * hf + x;
-            float pe = fast_exp2(fmaf(st[e], c, -l2));
-            if (need_mask) {
-              const int key = n0 + key_row + 8 * hf;
-              const bool visible = key < L && (!p.causal || key <= i) &&
-                                   (p.window == 0 || i - key < p.window);
-              if (!visible) pe = 0.f;
-            }
-            st[e] = pe;
-          }
+          for (int hf = 0; hf < 2; ++hf) st[4 * j + 2 * hf + x] = fast_exp2(fmaf(st[4 * j + 2 * hf + x], c, -l2));
         }
+      if (need_mask) {  // apart from the exponentials, so the unmasked tiles run a straight line
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          // Key row n0 + key_row + 8 hf sees the tile's columns (queries m0 + col) in [lo, hi).
+          const int key = n0 + key_row + 8 * hf;
+          const int lo = key >= L ? kBlockM : p.causal ? key - m0 : 0;
+          const int hi = p.window > 0 ? key - m0 + p.window : kBlockM;
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              const int col = 8 * j + 2 * (lane & 3) + x;
+              if (col < lo || col >= hi) st[4 * j + 2 * hf + x] = 0.f;
+            }
+        }
+      }
       // A fragments: pa[kk][q] / da[kk][q] hold n8 block 2 kk + q / 2, row + 8 (q & 1).
       uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
 #pragma unroll
