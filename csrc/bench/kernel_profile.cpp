@@ -256,9 +256,19 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
   for (const KernelRecord& r : records) by_start.push_back(&r);
   std::sort(by_start.begin(), by_start.end(),
             [](const KernelRecord* a, const KernelRecord* b) { return a->start_ns < b->start_ns; });
+  struct Gap {
+    uint64_t ns, at_ns;  // length; start, from the first record's start
+    const KernelRecord *before, *after;
+  };
+  std::vector<Gap> gaps;
   uint64_t frontier = 0;
+  const KernelRecord* last = nullptr;  // the record that ended last so far
   for (const KernelRecord* r : by_start) {
-    if (frontier != 0 && r->start_ns > frontier) by_name[r->name].idle_ns += static_cast<double>(r->start_ns - frontier);
+    if (frontier != 0 && r->start_ns > frontier) {
+      by_name[r->name].idle_ns += static_cast<double>(r->start_ns - frontier);
+      gaps.push_back({r->start_ns - frontier, frontier - by_start.front()->start_ns, last, r});
+    }
+    if (r->end_ns >= frontier) last = r;
     frontier = std::max(frontier, r->end_ns);
   }
   std::vector<Row> rows;
@@ -319,6 +329,16 @@ std::string kernel_table(const std::vector<KernelRecord>& records, double wall_s
     list += buf;
   }
   if (!list.empty()) out += "  idle ms per step before: " + list + "\n";
+  // The longest single gaps, in time order: what ran before and after each.
+  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.ns > b.ns; });
+  gaps.resize(std::min<size_t>(gaps.size(), 8));
+  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.at_ns < b.at_ns; });
+  if (!gaps.empty()) out += "  longest gaps (all profiled steps; at ms from the first record):\n";
+  for (const Gap& g : gaps) {
+    std::snprintf(buf, sizeof buf, "    %8.3f ms at %9.3f: after %s, before %s\n", g.ns / 1e6, g.at_ns / 1e6,
+                  g.before->name.substr(0, 60).c_str(), g.after->name.substr(0, 60).c_str());
+    out += buf;
+  }
   return out;
 }
 

@@ -41,7 +41,9 @@ class KernelProfile {
   // The table: rows by total time, `top` of them, the rest summed in one row; times per unit
   // (a training step: units = number of steps profiled) against the recorded wall time. Each
   // row's "idle ms" is the GPU's idle time just before that kernel's calls (the GPU waited for
-  // the host to launch them); a last line names the kernels with the most idle time before them.
+  // the host to launch them); a line names the kernels with the most idle time before them, and
+  // the longest single gaps follow with what ran before and after each (a gap at the start of
+  // the region is the profiler's own set-up when the first step's copies wait behind it).
   std::string table(int units, int top = 30) const { return kernel_table(records_, wall_seconds_, units, top); }
 
  private:

@@ -46,4 +46,13 @@ TEST_CASE("bench kernel profile: totals per step, overlapping records counted on
   // The 1 ms gap between the all-reduce's end (5 ms) and the norm (6 ms) is charged to the norm;
   // the step's first kernel (gemm) is charged the 3 ms between the previous norm and it, once.
   CHECK(t.find("idle ms per step before: gemm 1.500, norm 1.000") != std::string::npos);
+  // The single gaps, longest first kept, printed in time order with their neighbours.
+  CHECK(t.find("longest gaps") != std::string::npos);
+  const size_t g1 = t.find("1.000 ms at     5.000: after allreduce, before norm");
+  const size_t g2 = t.find("3.000 ms at     7.000: after norm, before gemm");
+  const size_t g3 = t.find("1.000 ms at    15.000: after allreduce, before norm");
+  CHECK(g1 != std::string::npos);
+  CHECK(g2 != std::string::npos);
+  CHECK(g3 != std::string::npos);
+  CHECK((g1 < g2 && g2 < g3));
 }
