@@ -123,6 +123,11 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdSm90Params& p, int64_t w) {
   return b;
 }
 
+// An item's q tiles run head by head (h), tile by tile (mt) within the head: no division per tile.
+__device__ __forceinline__ void next_q_tile(int& h, int& mt, int tiles) {
+  if (++mt == tiles) mt = 0, ++h;
+}
+
 template <int kHeadDim>
 __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_qkv,
@@ -197,9 +202,9 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
             }
         }
         const int n_iter = G * b.tiles;
-        for (int it = 0; it < n_iter; ++it, ++qt) {
+        for (int it = 0, h = b.kv * G, mt = 0; it < n_iter; ++it, ++qt, next_q_tile(h, mt, b.tiles)) {
           const int s = qt % kStages;
-          const int h = b.kv * G + it / b.tiles, m0 = b.m_begin + (it % b.tiles) * kBlockM;
+          const int m0 = b.m_begin + mt * kBlockM;
           if (qt >= kStages) mbar_wait(q_empty(s), ((qt / kStages) - 1) & 1);
           for (int r = lane; r < kBlockM; r += 32) {
             const bool in = m0 + r < b.L;
@@ -260,10 +265,19 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     const int n_iter = G * tiles;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
-    for (int it = 0; it < n_iter; ++it, ++qt) {
+    for (int it = 0, h = kv * G, mt = 0; it < n_iter; ++it, ++qt, next_q_tile(h, mt, tiles)) {
       const int s = qt % kStages;
-      const int h = kv * G + it / tiles, m0 = b.m_begin + (it % tiles) * kBlockM;
+      const int m0 = b.m_begin + mt * kBlockM;
       mbar_wait(q_full(s), (qt / kStages) & 1);
+      // This thread's lse and dsum columns (queries 8 j + 2 (lane % 4) + x), read while the
+      // products below run.
+      float lse_r[kBlockM / 4], dsum_r[kBlockM / 4];
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(sLse + s * kBlockM + 8 * j + 2 * (lane & 3));
+        const float2 d = *reinterpret_cast<const float2*>(sDsum + s * kBlockM + 8 * j + 2 * (lane & 3));
+        lse_r[2 * j] = l.x, lse_r[2 * j + 1] = l.y, dsum_r[2 * j] = d.x, dsum_r[2 * j + 1] = d.y;
+      }
 
       float st[kBlockM / 2], dpt[kBlockM / 2];  // S^T, dP^T: 64 keys x 64 queries
       wgmma_fence();
@@ -282,13 +296,11 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
                              (p.causal && n0 + kBlockN - 1 > m0) ||
                              (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
-      const float* lse_s = sLse + s * kBlockM;
-      const float* dsum_s = sDsum + s * kBlockM;
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          const float l2 = lse_s[8 * j + 2 * (lane & 3) + x];
+          const float l2 = lse_r[2 * j + x];
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) st[4 * j + 2 * hf + x] = fast_exp2(fmaf(st[4 * j + 2 * hf + x], c, -l2));
         }
@@ -327,7 +339,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          const float ds = dsum_s[8 * j + 2 * (lane & 3) + x];
+          const float ds = dsum_r[2 * j + x];
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
             const int e = 4 * j + 2 * hf + x;
