@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include "bench/kernel_profile.h"
 #include "comm/comm.h"
@@ -71,11 +72,13 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
   const int timed = probe.training.steps;
   double seconds = 0, loss = 0;
   int64_t tokens = 0;
+  std::vector<double> step_seconds;
   for (int i = 0; i < timed; ++i) {
     StepResult r = t.train_step();
     seconds += r.seconds;
     tokens += r.tokens;
     loss = r.loss;
+    step_seconds.push_back(r.seconds);
   }
   const ModelConfig& m = c.model;
   const double params = static_cast<double>(model_param_table(c.model).num_parameters());  // the whole model
@@ -101,6 +104,15 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
                 tps / 1e3, seconds / timed, tps / ranks * flops_per_token / (kPeakDenseBf16Tflops * 1e12),
                 kPeakDenseBf16Tflops, format_bytes(static_cast<double>(mem.peak_in_use)).c_str(),
                 format_bytes(static_cast<double>(mem.peak_reserved)).c_str(), loss);
+    // The mean above counts one-time costs that land in the timed steps (cuDNN builds a plan the
+    // first time a batch shape bucket appears, which the data decides); the median does not.
+    if (!step_seconds.empty()) {
+      std::vector<double> sorted = step_seconds;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      std::printf("  step time: median %.1f ms (%.1f k tokens/s), fastest %.1f ms, slowest %.1f ms\n", median * 1e3,
+                  static_cast<double>(tokens) / timed / median / 1e3, sorted.front() * 1e3, sorted.back() * 1e3);
+    }
     if (ranks > 1) std::printf("  %d ranks: %.1f k tokens/s per rank (memory figures are rank 0's)\n", ranks, tps / ranks / 1e3);
   }
   if (profile) {  // after the timed steps, so the figures above are the unprofiled ones
