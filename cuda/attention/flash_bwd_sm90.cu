@@ -8,8 +8,9 @@
 // item, set_sm90_persistent): block b takes item b, then the next free one of a global counter
 // (atomicAdd by the producer), and the producer hands each item to the consumers with its K and
 // V tiles (the item index in shared memory, published by the kv_full arrival; -1 ends the
-// block), loading the next item's K and V as soon as the consumers are done with the last ones
-// (kv_empty), while they store its dK and dV. Two consumer warpgroups own keys [64 w, 64 w + 64)
+// block). K and V have two stages at D = 64 (the next item's load while this one runs) and one
+// at D = 128 (no room: its next K and V load as soon as the consumers are done with the last
+// ones, kv_empty, while they store its dK and dV). Two consumer warpgroups own keys [64 w, 64 w + 64)
 // (warps 0-7, 240 registers each by setmaxnreg); of the producer warpgroup (warps 8-11, 24
 // registers) warp 8 loads. Per item the producer loads K and V once (TMA), then for every (q
 // head of the kv group, q tile of kBlockM = 64 rows that sees any of the keys) the tile's Q and
@@ -41,9 +42,9 @@
 // (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 pairs
 // straight from the registers.
 //
-// Shared memory: K, V 128 x D, Q, dO 2 stages of 64 x D (bf16), dS^T 128 x 64 bf16, dQ staging
-// 64 x D f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 97 KiB (D = 64) + barriers; one
-// block per SM.
+// Shared memory: K, V 128 x D (two stages at D = 64), Q, dO 2 stages of 64 x D (bf16), dS^T
+// 128 x 64 bf16, dQ staging 64 x D f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 129 KiB
+// (D = 64) + barriers; one block per SM.
 #include <algorithm>
 #include <limits>
 
@@ -70,7 +71,10 @@ struct BwdSm90Config : BwdTiles {
   static constexpr int kStages = 2;
   static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // [column block][128][64]
   static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // [column block][64][64]
-  static constexpr uint32_t kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
+  // K and V of kKVStages items (D = 64: two, so the next item's arrive while this one runs; D =
+  // 128 has no room): stage t's K at t * 2 kKVBytes, its V kKVBytes further.
+  static constexpr int kKVStages = kHeadDim == 64 ? 2 : 1;
+  static constexpr uint32_t kOffK = 0, kOffQ = kKVStages * 2 * kKVBytes;
   static constexpr uint32_t kOffdO = kOffQ + kStages * kQBytes;
   static constexpr uint32_t kOffdS = kOffdO + kStages * kQBytes;         // [128 keys][64 q] bf16
   // dQ staging, f32: [64][D]
@@ -78,7 +82,9 @@ struct BwdSm90Config : BwdTiles {
   static constexpr uint32_t kOffLse = kOffdQ + kBlockM * kD * 4;       // [stage][64] f32
   static constexpr uint32_t kOffDsum = kOffLse + kStages * kBlockM * 4;  // [stage][64] f32
   static constexpr uint32_t kOffBar = kOffDsum + kStages * kBlockM * 4;
-  static constexpr size_t kSmemBytes = kOffBar + 8 * (3 + 2 * kStages) + 1024;
+  // Barriers kv_full[kKVStages], q_full[kStages], q_empty[kStages], kv_empty[kKVStages], then
+  // the item indices s_item[kKVStages].
+  static constexpr size_t kSmemBytes = kOffBar + 24 * kKVStages + 16 * kStages + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 };
 
@@ -151,27 +157,33 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - smem_u32(smem_raw));
-  const uint32_t sK = base + C::kOffK, sV = base + C::kOffV, sdS = base + C::kOffdS,
+  constexpr int kKVStages = C::kKVStages;
+  auto sK = [&](int t) { return base + C::kOffK + t * 2 * C::kKVBytes; };
+  auto sV = [&](int t) { return sK(t) + C::kKVBytes; };
+  const uint32_t sdS = base + C::kOffdS,
                  sdQ = base + C::kOffdQ;
   auto sQ = [&](int s) { return base + C::kOffQ + s * C::kQBytes; };
   auto sdO = [&](int s) { return base + C::kOffdO + s * C::kQBytes; };
   float* sLse = reinterpret_cast<float*>(smem + C::kOffLse);
   float* sDsum = reinterpret_cast<float*>(smem + C::kOffDsum);
-  const uint32_t kv_full = base + C::kOffBar;
-  auto q_full = [&](int s) { return kv_full + 8 + 8 * s; };
-  auto q_empty = [&](int s) { return kv_full + 8 + 8 * kStages + 8 * s; };
+  const uint32_t bars = base + C::kOffBar;
+  auto kv_full = [&](int t) { return bars + 8 * t; };
+  auto q_full = [&](int s) { return bars + 8 * kKVStages + 8 * s; };
+  auto q_empty = [&](int s) { return bars + 8 * kKVStages + 8 * kStages + 8 * s; };
 
-  const uint32_t kv_empty = kv_full + 8 + 16 * kStages;
+  auto kv_empty = [&](int t) { return bars + 8 * kKVStages + 16 * kStages + 8 * t; };
   // The item the producer hands the consumers with each K, V tile (-1: no more), published by
   // the kv_full arrival, read before the consumers release K and V (kv_empty).
   volatile int64_t* s_item =
-      reinterpret_cast<volatile int64_t*>(smem + C::kOffBar + 16 + 16 * kStages);
+      reinterpret_cast<volatile int64_t*>(smem + C::kOffBar + 16 * kKVStages + 16 * kStages);
   const int H = p.num_heads, Hkv = p.num_kv_heads, G = H / Hkv;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
-    mbar_init(kv_full, 1);
-    mbar_init(kv_empty, C::kConsumers);
+    for (int t = 0; t < kKVStages; ++t) {
+      mbar_init(kv_full(t), 1);
+      mbar_init(kv_empty(t), C::kConsumers);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(q_full(s), 32);
       mbar_init(q_empty(s), C::kConsumers);
@@ -188,17 +200,18 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     for (int64_t w = blockIdx.x; w < p.items;) {
       const BwdItem b = bwd_item(p, w);
       if (b.n0 < b.L) {
-        if (j > 0) mbar_wait(kv_empty, (j - 1) & 1);  // every consumer is done with K and V
+        const int t = j % kKVStages;  // every consumer is done with the stage's last K and V
+        if (j >= kKVStages) mbar_wait(kv_empty(t), (j / kKVStages - 1) & 1);
         if (lane == 0) {
-          *s_item = w;
-          mbar_expect_tx(kv_full, 2 * C::kKVBytes);
+          s_item[t] = w;
+          mbar_expect_tx(kv_full(t), 2 * C::kKVBytes);
           const int k_col = (H + b.kv) * kColBlocks, v_col = (H + Hkv + b.kv) * kColBlocks;
           for (int c = 0; c < kColBlocks; ++c)
             for (int half = 0; half < 2; ++half) {
               const uint32_t off = c * kBlockN * 128 + half * 64 * 128;
               const int row = b.seq_begin + b.n0 + 64 * half;
-              tma_load_3d(sK + off, &map_qkv, 0, k_col + c, row, kv_full);
-              tma_load_3d(sV + off, &map_qkv, 0, v_col + c, row, kv_full);
+              tma_load_3d(sK(t) + off, &map_qkv, 0, k_col + c, row, kv_full(t));
+              tma_load_3d(sV(t) + off, &map_qkv, 0, v_col + c, row, kv_full(t));
             }
         }
         const int n_iter = G * b.tiles;
@@ -230,10 +243,11 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       if (lane == 0) next = atomicAdd(p.next_item, 1);
       w = gridDim.x + static_cast<int64_t>(__shfl_sync(0xffffffffu, next, 0));
     }
-    if (j > 0) mbar_wait(kv_empty, (j - 1) & 1);
+    const int t = j % kKVStages;
+    if (j >= kKVStages) mbar_wait(kv_empty(t), (j / kKVStages - 1) & 1);
     if (lane == 0) {
-      *s_item = -1;
-      mbar_arrive(kv_full);
+      s_item[t] = -1;
+      mbar_arrive(kv_full(t));
     }
     return;
   }
@@ -257,8 +271,10 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
 
   int qt = 0;  // q tiles of this block so far (as the producer counts them)
   for (int item = 0;; ++item) {
-    mbar_wait(kv_full, item & 1);
-    const int64_t w = *s_item;
+    const int t = item % kKVStages;
+    mbar_wait(kv_full(t), (item / kKVStages) & 1);
+    const int64_t w = s_item[t];
+    const uint32_t sK_t = sK(t), sV_t = sV(t);
     if (w < 0) break;
     const BwdItem b = bwd_item(p, w);
     const int seq_begin = b.seq_begin, L = b.L, n0 = b.n0, kv = b.kv, tiles = b.tiles;
@@ -283,11 +299,11 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_m64n64k16_ss(st, kv_desc(sK, kk), q_desc(sQ(s), kk), kk > 0);
+        wgmma_m64n64k16_ss(st, kv_desc(sK_t, kk), q_desc(sQ(s), kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_m64n64k16_ss(dpt, kv_desc(sV, kk), q_desc(sdO(s), kk), kk > 0);
+        wgmma_m64n64k16_ss(dpt, kv_desc(sV_t, kk), q_desc(sdO(s), kk), kk > 0);
       wgmma_commit();
       wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
       reg_fence(st);
@@ -376,10 +392,10 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         const uint32_t a = sdS + kk * 2048;
         if constexpr (kDqCols == 64) {
           wgmma_m64n64k16_ss_tt(dq, smem_desc_sw128(a, 16),
-                                smem_desc_sw128(sK + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
+                                smem_desc_sw128(sK_t + wg * kBlockN * 128 + kk * 2048, 16), kk > 0);
         } else {  // D = 64: the warpgroup's 32 columns, 64 bytes into K's rows
           wgmma_m64n32k16_ss_tt(dq, smem_desc_sw128(a, 16),
-                                smem_desc_sw128(sK + kk * 2048 + wg * 64, 16), kk > 0);
+                                smem_desc_sw128(sK_t + kk * 2048 + wg * 64, 16), kk > 0);
         }
       }
       wgmma_commit();
@@ -423,22 +439,31 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
       }
       if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
     }
-    if (leader) mbar_arrive(kv_empty);  // every product reading K and V of the item retired
+    if (leader) mbar_arrive(kv_empty(t));  // every product reading K and V of the item retired
 
-    // dK = scale dS^T Q and dV, rows inside the sequence.
+    // dK = scale dS^T Q and dV, rows inside the sequence, 8 bytes a store: lanes 2 i and 2 i + 1
+    // of a quad hold adjacent column pairs of one row; one exchange gives the even lane the
+    // pair after its own in n8 block 2 jj and the odd lane the pair before its own in block
+    // 2 jj + 1 (the exchange runs on every lane; only the stores are predicated).
+    const bool odd = lane & 1;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int key = n0 + key_row + 8 * hf;
-      if (key >= L) continue;
-      bf16* dk_row = p.dk + (seq_begin + static_cast<int64_t>(key)) * p.q_row + kv * kD;
+      bf16* dk_row = p.dk + (seq_begin + static_cast<int64_t>(min(key, L - 1))) * p.q_row + kv * kD;
       bf16* dv_row = dk_row + Hkv * kD;
 #pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        const int col = 8 * j + 2 * (lane & 3);
-        *reinterpret_cast<uint32_t*>(dk_row + col) =
-            pack_bf16(dk[4 * j + 2 * hf] * p.scale, dk[4 * j + 2 * hf + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_row + col) =
-            pack_bf16(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+      for (int jj = 0; jj < kD / 16; ++jj) {
+        const int j0 = 2 * jj, j1 = 2 * jj + 1;
+        const int col = odd ? 8 * j1 + 2 * (lane & 3) - 2 : 8 * j0 + 2 * (lane & 3);
+        auto store = [&](bf16* row, uint32_t mine0, uint32_t mine1) {
+          const uint32_t theirs = __shfl_xor_sync(0xffffffffu, odd ? mine0 : mine1, 1);
+          const uint2 v = odd ? make_uint2(theirs, mine1) : make_uint2(mine0, theirs);
+          if (key < L) *reinterpret_cast<uint2*>(row + col) = v;
+        };
+        store(dk_row, pack_bf16(dk[4 * j0 + 2 * hf] * p.scale, dk[4 * j0 + 2 * hf + 1] * p.scale),
+              pack_bf16(dk[4 * j1 + 2 * hf] * p.scale, dk[4 * j1 + 2 * hf + 1] * p.scale));
+        store(dv_row, pack_bf16(dv[4 * j0 + 2 * hf], dv[4 * j0 + 2 * hf + 1]),
+              pack_bf16(dv[4 * j1 + 2 * hf], dv[4 * j1 + 2 * hf + 1]));
       }
     }
   }
