@@ -441,30 +441,17 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     }
     if (leader) mbar_arrive(kv_empty(t));  // every product reading K and V of the item retired
 
-    // dK = scale dS^T Q and dV, rows inside the sequence, 8 bytes a store: lanes 2 i and 2 i + 1
-    // of a quad hold adjacent column pairs of one row; one exchange gives the even lane the
-    // pair after its own in n8 block 2 jj and the odd lane the pair before its own in block
-    // 2 jj + 1 (the exchange runs on every lane; only the stores are predicated).
-    const bool odd = lane & 1;
+    // dK = scale dS^T Q and dV, rows inside the sequence (8-byte stores, store_row_pairs).
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int key = n0 + key_row + 8 * hf;
       bf16* dk_row = p.dk + (seq_begin + static_cast<int64_t>(min(key, L - 1))) * p.q_row + kv * kD;
       bf16* dv_row = dk_row + Hkv * kD;
-#pragma unroll
-      for (int jj = 0; jj < kD / 16; ++jj) {
-        const int j0 = 2 * jj, j1 = 2 * jj + 1;
-        const int col = odd ? 8 * j1 + 2 * (lane & 3) - 2 : 8 * j0 + 2 * (lane & 3);
-        auto store = [&](bf16* row, uint32_t mine0, uint32_t mine1) {
-          const uint32_t theirs = __shfl_xor_sync(0xffffffffu, odd ? mine0 : mine1, 1);
-          const uint2 v = odd ? make_uint2(theirs, mine1) : make_uint2(mine0, theirs);
-          if (key < L) *reinterpret_cast<uint2*>(row + col) = v;
-        };
-        store(dk_row, pack_bf16(dk[4 * j0 + 2 * hf] * p.scale, dk[4 * j0 + 2 * hf + 1] * p.scale),
-              pack_bf16(dk[4 * j1 + 2 * hf] * p.scale, dk[4 * j1 + 2 * hf + 1] * p.scale));
-        store(dv_row, pack_bf16(dv[4 * j0 + 2 * hf], dv[4 * j0 + 2 * hf + 1]),
-              pack_bf16(dv[4 * j1 + 2 * hf], dv[4 * j1 + 2 * hf + 1]));
-      }
+      store_row_pairs<kD / 8>(dk_row, key < L, lane, [&](int j) {
+        return pack_bf16(dk[4 * j + 2 * hf] * p.scale, dk[4 * j + 2 * hf + 1] * p.scale);
+      });
+      store_row_pairs<kD / 8>(dv_row, key < L, lane,
+                              [&](int j) { return pack_bf16(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]); });
     }
   }
   if (tid == 0) bulk_wait();  // the last reduction done before the block's shared memory goes

@@ -392,15 +392,11 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int i = it.m0 + row_base + 8 * hf;
-      if (i < it.L) {
-        const int64_t t = it.seq_begin + static_cast<int64_t>(i);
-        if ((lane & 3) == 0) p.lse[t * H + it.h] = m_run[hf] * p.scale + logf(l);
-        bf16* dst = p.out + (t * H + it.h) * kD + 2 * (lane & 3);
-#pragma unroll
-        for (int jj = 0; jj < kD / 8; ++jj)
-          *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
-              pack_bf16(o[4 * jj + 2 * hf] * inv, o[4 * jj + 2 * hf + 1] * inv);
-      }
+      const int64_t t = it.seq_begin + static_cast<int64_t>(min(i, it.L - 1));
+      if (i < it.L && (lane & 3) == 0) p.lse[t * H + it.h] = m_run[hf] * p.scale + logf(l);
+      store_row_pairs<kD / 8>(p.out + (t * H + it.h) * kD, i < it.L, lane, [&](int j) {
+        return pack_bf16(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+      });
     }
   }
 #endif  // ENGINE_SM90A

@@ -16,6 +16,24 @@ namespace engine::cuda::flash {
 
 #ifdef ENGINE_SM90A
 
+// Stores one accumulator row of kBlocks n8 blocks (bf16) as 8-byte writes: pair(j) is this
+// lane's packed pair of block j (columns 8 j + 2 (lane % 4) and + 1). Lanes 2 i and 2 i + 1 of a
+// quad hold adjacent pairs; one exchange gives the even lane the pair after its own in block
+// 2 jj and the odd lane the pair before its own in block 2 jj + 1. Every lane of the warp must
+// call it (the exchange); `store` (uniform within a quad: one row) predicates the writes only.
+template <int kBlocks, typename T, typename Pair>
+__device__ __forceinline__ void store_row_pairs(T* row, bool store, int lane, Pair pair) {
+  static_assert(kBlocks % 2 == 0, "pairs of n8 blocks");
+  const bool odd = lane & 1;
+#pragma unroll
+  for (int jj = 0; jj < kBlocks / 2; ++jj) {
+    const uint32_t mine0 = pair(2 * jj), mine1 = pair(2 * jj + 1);
+    const uint32_t theirs = __shfl_xor_sync(0xffffffffu, odd ? mine0 : mine1, 1);
+    const int col = odd ? 16 * jj + 8 + 2 * (lane & 3) - 2 : 16 * jj + 2 * (lane & 3);
+    if (store) *reinterpret_cast<uint2*>(row + col) = odd ? make_uint2(theirs, mine1) : make_uint2(mine0, theirs);
+  }
+}
+
 // d (64 x 128 f32) (+)= A (64 x 16, descriptor a) B (16 x 128, descriptor b), both K-major in
 // shared memory; accumulate = 0 overwrites d.
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
