@@ -39,8 +39,8 @@
 // complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
 // Masks only where the tile crosses the diagonal, the window edge or the sequence end (keys past
 // the end get P = 0, so they add nothing to dQ; their dK, dV rows are never written). Blocks
-// (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 pairs
-// straight from the registers.
+// (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 straight
+// from the registers, 8 bytes a store (store_row_pairs: adjacent lanes swap one pair).
 //
 // Shared memory: K, V 128 x D (two stages at D = 64), Q, dO 2 stages of 64 x D (bf16), dS^T
 // 128 x 64 bf16, dQ staging 64 x D f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 129 KiB
