@@ -58,10 +58,11 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
       else
         replicated_.emplace_back(b - begin_, e - begin_);
     }
-    if (!runs_.empty() && runs_.back().decay == s.weight_decay)
-      runs_.back().end = e - begin_;
+    const float decay = s.weight_decay ? static_cast<float>(config.weight_decay) : 0.f;
+    if (!decay_runs_.empty() && decay_runs_.back().weight_decay == decay)
+      decay_runs_.back().end = e - begin_;
     else
-      runs_.push_back({e - begin_, s.weight_decay});
+      decay_runs_.push_back({e - begin_, decay});
   }
 }
 
@@ -153,12 +154,12 @@ StepStats AdamW::step(int step, bool skip_update) {
   const Tensor master_shard = master();
   const Tensor weights = store_.weights_flat().slice(begin_, end_);
   // One call over the shard (one launch on the GPU), the decay by runs.
-  for (const Run& r : runs_)
-    p.decay_runs.push_back({r.end, r.decay ? static_cast<float>(config_.weight_decay) : 0.f});
-  if (!runs_.empty())
-    ops::adamw_step(master_shard.slice(0, runs_.back().end), grads.slice(0, runs_.back().end),
-                    m_->slice(0, runs_.back().end), v_->slice(0, runs_.back().end), p,
-                    master_aliased_ ? Tensor{} : weights.slice(0, runs_.back().end));
+  p.decay_runs = decay_runs_;
+  if (!decay_runs_.empty()) {
+    const int64_t n = decay_runs_.back().end;
+    ops::adamw_step(master_shard.slice(0, n), grads.slice(0, n), m_->slice(0, n), v_->slice(0, n), p,
+                    master_aliased_ ? Tensor{} : weights.slice(0, n));
+  }
   if (sharded) {
     if (stage_ == 3)
       store_.release_weights();  // gathered again by the next begin_step()

@@ -24,6 +24,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/params.h"
+#include "ops/adamw.h"
 
 namespace engine {
 
@@ -98,10 +99,6 @@ class AdamW {
   size_t state_bytes() const;
 
  private:
-  struct Run {
-    int64_t end = 0;  // relative to the shard; a run starts where the one before it ends
-    bool decay = true;
-  };
   void write_and_gather_weights();
   void reduce_range(int64_t begin, int64_t end);
 
@@ -123,7 +120,9 @@ class AdamW {
   int64_t reduced_from_ = -1;  // gradients in [reduced_from_, capacity) are reduced; -1: none this step
   bool master_aliased_ = false;
   Owned master_, m_, v_, grad_shard_;
-  std::vector<Run> runs_;
+  // The weight decay by runs of the shard (ends shard-relative; a run starts where the one before
+  // it ends), as ops::adamw_step takes it.
+  std::vector<ops::DecayRun> decay_runs_;
 };
 
 // Global L2 norm of a gradient buffer (f64 accumulation) on one rank.
