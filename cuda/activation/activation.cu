@@ -1,12 +1,8 @@
 // Pointwise MLP activations, f32 math on bf16 or f32 tensors, grid-stride over 16-byte packs.
-//   gelu (tanh form): u = c (x + a x^3), c = sqrt(2/pi), a = 0.044715
-//     y = 0.5 x (1 + tanh u) = x s,  s = sigmoid(2u) = 1 / (1 + e^(-2u))
-//     dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3a x^2)
-//           = s (1 + 2x (1 - s) c (1 + 3a x^2))
+//   gelu (tanh form; the formulas and their fast / accurate variants: gelu.cuh; bf16 tensors take
+//     the fast exp / divide, f32 the accurate)
 //   swiglu: row t of gate_up is [g | u] (F each), y = silu(g) u, silu(g) = g sig(g)
 //     dg = dy u sig(g) (1 + g (1 - sig(g))),  du = dy silu(g)
-// The sigmoid form needs no tanh and no cancellation in 1 + tanh u; e^(-2u) = inf gives s = 0.
-// bf16 tensors use the fast exp / divide (error ~1e-6, far below bf16's 4e-3); f32 the accurate.
 // Layout: gelu sees the tensor as a flat array (packs of 8 bf16 / 4 f32 when every pointer is
 // 16-byte aligned, the n % N tail element-wise; else all element-wise), two packs per thread in
 // flight, one pass of a plain grid (no thread loops more than once). swiglu walks (row, pack)
@@ -15,6 +11,7 @@
 // Every output element depends only on the inputs at its own index, read by the same thread
 // before the write: y may alias x, dx may alias dy, dgate_up may alias gate_up.
 #include "cuda/activation/activation.cuh"
+#include "cuda/activation/gelu.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -27,32 +24,23 @@ namespace engine::cuda {
 constexpr int kThreads = 256;
 constexpr int kMapUnroll = 2;  // gelu: packs per thread, loaded together
 
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluA = 0.044715f;
-
 // 1 / (1 + e^-z): fast intrinsics for bf16 outputs, IEEE exp and division for f32.
 template <typename T>
 static __device__ __forceinline__ float sigmoid(float z) {
-  if constexpr (sizeof(T) == 2)
-    return __fdividef(1.f, 1.f + __expf(-z));
-  else
-    return 1.f / (1.f + expf(-z));
+  return gelu::sigmoid<sizeof(T) == 2>(z);
 }
 
 struct GeluForward {
   template <typename T>
   static __device__ __forceinline__ float apply(float x, float /*unused*/) {
-    const float u = kGeluC * (x + kGeluA * x * x * x);
-    return x * sigmoid<T>(2.f * u);
+    return gelu::forward<sizeof(T) == 2>(x);
   }
 };
 
 struct GeluBackward {  // (dy, x) -> dx
   template <typename T>
   static __device__ __forceinline__ float apply(float dy, float x) {
-    const float u = kGeluC * (x + kGeluA * x * x * x);
-    const float s = sigmoid<T>(2.f * u);
-    return dy * s * (1.f + 2.f * x * (1.f - s) * kGeluC * (1.f + 3.f * kGeluA * x * x));
+    return dy * gelu::grad<sizeof(T) == 2>(x);
   }
 };
 

@@ -28,6 +28,7 @@
 #include <mutex>
 
 #include "cuda/activation/activation.cuh"
+#include "cuda/activation/gelu.cuh"
 #include "cuda/common/launch.cuh"
 
 #define CUBLAS_CHECK(expr) \
@@ -165,11 +166,6 @@ void run_plan(Plan& p, const GemmParams& g, const void* vec, const void* aux) {
 
 // ---- fallback epilogue ----------------------------------------------------------------------
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);  // sqrt(2/pi) (x + a x^3)
-  return 0.5f * x * (1.f + tanhf(u));
-}
-
 // c(i, j) = gelu?(c_scale * c(i, j) + bias(j)), pre(i, j) = the value before the GELU.
 // c is not read when c_scale == 0. Rows over blockIdx.y, columns over x (grid-stride both).
 template <typename T, typename Bias>
@@ -182,7 +178,7 @@ __global__ void epilogue_kernel(T* c, int64_t m, int64_t n, float c_scale, const
       float v = c_scale != 0.f ? c_scale * to_float(c[idx]) : 0.f;
       if (bias) v += to_float(bias[j]);
       if (pre) pre[idx] = from_float<T>(v);
-      if (gelu) v = gelu_tanh(v);
+      if (gelu) v = gelu::forward<false>(v);
       c[idx] = from_float<T>(v);
     }
   }

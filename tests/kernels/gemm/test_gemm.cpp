@@ -11,8 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
