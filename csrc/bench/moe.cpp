@@ -212,8 +212,13 @@ BENCH_CASES("moe") {
       {"balanced", std::vector<int32_t>(8, 4096), 4096, 7168},
       {"skewed", skewed_counts(), 4096, 7168},
       {"small", std::vector<int32_t>(64, 80), 2048, 2816},
+      // One expert: the GPT-2 162M MLP's dense products (fc1 768 -> 3072, fc2 3072 -> 768) at
+      // 32 x 1024 tokens, beside cuBLASLt on the same shapes.
+      {"gpt2-fc1", std::vector<int32_t>(1, 32768), 768, 3072},
+      {"gpt2-fc2", std::vector<int32_t>(1, 32768), 3072, 768},
   };
-  // BENCH_MOE_CASES: a comma-separated subset of balanced, skewed, small, layer (default all).
+  // BENCH_MOE_CASES: a comma-separated subset of balanced, skewed, small, gpt2-fc1, gpt2-fc2,
+  // layer (default all).
   const char* only = std::getenv("BENCH_MOE_CASES");
   auto wanted = [&](const std::string& name) {
     return only == nullptr || ("," + std::string(only) + ",").find("," + name + ",") != std::string::npos;
