@@ -198,6 +198,21 @@ BENCH_CASES("memory_bound") {
       ops::add_inplace(dx, dres);
     });
     results.push_back({label("layernorm+residual bwd", t, c) + " separate", ms, 0, ln_bwd, sep});
+    // With the column sums of dx (the bias gradient of the branch whose output gradient dx is:
+    // a GPT-2 block's norm backward and the output bias it feeds), fused and as a sum_rows after.
+    Owned dbias = zeros({c}, f32, Device::CUDA);
+    const double ln_bwd_sum = ln_bwd + 2 * c * kF32;
+    ms = time_ms([&] {
+      ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db, dbias);
+    });
+    results.push_back({label("layernorm+residual bwd + dx column sums", t, c), ms, 0, ln_bwd_sum,
+                       "fused"});
+    ms = time_ms([&] {
+      ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db);
+      ops::sum_rows(dx, dbias, 1.f);
+    });
+    results.push_back({label("layernorm+residual bwd + dx column sums", t, c) + " separate", ms, 0,
+                       ln_bwd_sum, "the fused norm, then sum_rows over dx"});
   }
   // sum_rows (the bias gradient of a linear layer): dY (T, N) bf16 column sums added into f32,
   // at the GPT-2 linears' widths (T = 32768) and one Llama-sized (T = 16384, N = 2048).

@@ -63,8 +63,11 @@ class Attention {
 
   void forward(const Env& env, const Tensor& xn, const SegmentInfo& seg, const Tensor& y,
                AttentionSaved& s) const;
+  // out_bias_done: the caller already added sum_t dy into the output bias gradient (layers/mlp.h).
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
-                const AttentionSaved& s, const Tensor& dxn) const;
+                const AttentionSaved& s, const Tensor& dxn, bool out_bias_done = false) const;
+  // The output bias's gradient (undefined without one): sum_t dy over this rank's rows.
+  Tensor out_bias_grad() const { return bo_ ? bo_.g() : Tensor{}; }
 
  private:
   ops::AttentionParams op_params(const SegmentInfo& seg, const AttentionSaved& s) const;

@@ -98,22 +98,30 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
 }
 
 void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,
-                     const BlockSaved& s, const Tensor& dx, float aux_grad_scale) const {
+                     const BlockSaved& s, const Tensor& dx, float aux_grad_scale,
+                     const Tensor& dx_colsum, bool dy_summed) const {
   const Shape shape = x.shape;
   Owned dxn = env.act_tensor(shape);
   if (kind_ == BlockKind::Mamba) {
-    mamba_.backward(env, dy, s.xn1, seg, s.mamba, dxn);
-    norm1_.backward_residual(dxn, x, s.norm1, dy, dx);  // residual: dx = dy + d(mamba branch)
+    mamba_.backward(env, dy, s.xn1, seg, s.mamba, dxn, dy_summed);
+    // residual: dx = dy + d(mamba branch)
+    norm1_.backward_residual(dxn, x, s.norm1, dy, dx, dx_colsum);
     return;
   }
   if (kind_ == BlockKind::Experts)
     moe_.backward(env, dy, s.xn2, s.moe, dxn, aux_grad_scale);
   else
-    mlp_.backward(env, dy, s.xn2, s.mlp, dxn);
+    mlp_.backward(env, dy, s.xn2, s.mlp, dxn, dy_summed);
   Owned dh = env.act_tensor(shape);
-  norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh);  // residual: dh = dy + d(norm2 branch)
-  attn_.backward(env, dh, s.xn1, seg, s.attn, dxn);
-  norm1_.backward_residual(dxn, x, s.norm1, dh, dx);  // residual: dx = dh + d(norm1 branch)
+  // residual: dh = dy + d(norm2 branch), summed into the attention's output bias gradient
+  norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh, attn_.out_bias_grad());
+  attn_.backward(env, dh, s.xn1, seg, s.attn, dxn, /*out_bias_done=*/true);
+  norm1_.backward_residual(dxn, x, s.norm1, dh, dx, dx_colsum);  // residual: dx = dh + d(norm1 branch)
+}
+
+Tensor Block::out_bias_grad() const {
+  if (kind_ == BlockKind::Mamba) return mamba_.out_bias_grad();
+  return kind_ == BlockKind::Attention ? mlp_.out_bias_grad() : Tensor{};
 }
 
 double Block::aux_loss(const BlockSaved& s) const {

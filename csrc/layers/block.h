@@ -42,8 +42,19 @@ class Block {
   // jitter_seed: the MoE router's input jitter (0: none, as in evaluation; see layers/moe.h).
   void forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s,
                uint64_t jitter_seed = 0) const;
+  // Output-bias gradients without a pass of their own: the bias added at a branch's output has
+  // gradient sum_t (the branch's output gradient), and that gradient is what a residual norm
+  // backward writes, so the norm backward sums it too (ops/norm.h dx_colsum). Inside the block,
+  // norm2's backward writes dh and sums it into the attention's output bias. Across blocks:
+  // dx_colsum (optional) is where to add sum_t dx (the previous block's out_bias_grad(): its dy
+  // is this dx), and dy_summed says the caller already added sum_t dy into this block's
+  // out_bias_grad(), so its MLP / Mamba does not.
   void backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,
-                const BlockSaved& s, const Tensor& dx, float aux_grad_scale = 0.f) const;
+                const BlockSaved& s, const Tensor& dx, float aux_grad_scale = 0.f,
+                const Tensor& dx_colsum = {}, bool dy_summed = false) const;
+  // The gradient of the bias added at the block's output (the MLP's or Mamba's output
+  // projection), undefined where there is none (mixture of experts, no biases).
+  Tensor out_bias_grad() const;
   // The auxiliary losses of a forward (E blocks; 0 otherwise), on the host (synchronises).
   double aux_loss(const BlockSaved& s) const;
 

@@ -70,8 +70,11 @@ class Mamba {
 
   void forward(const Env& env, const Tensor& xn, const Tensor& y, const SegmentInfo& seg,
                MambaSaved& s) const;
+  // out_bias_done: the caller already added sum_t dy into the output bias gradient (layers/mlp.h).
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
-                const MambaSaved& s, const Tensor& dxn) const;
+                const MambaSaved& s, const Tensor& dxn, bool out_bias_done = false) const;
+  // The output bias's gradient (undefined without one): sum_t dy over this rank's rows.
+  Tensor out_bias_grad() const { return b_out_ ? b_out_.g() : Tensor{}; }
 
  private:
   int64_t bc_offset(int64_t tokens) const;

@@ -48,13 +48,15 @@ void Norm::forward_residual(const Env& env, const Tensor& x, const Tensor& resid
 }
 
 void Norm::backward_residual(const Tensor& dy, const Tensor& x, const NormSaved& s,
-                             const Tensor& dresidual, const Tensor& dx) const {
+                             const Tensor& dresidual, const Tensor& dx,
+                             const Tensor& dx_colsum) const {
   if (kind_ == NormKind::LayerNorm)
     ops::layernorm_residual_backward(dy.rows(), x.rows(), weight_.w(), s.mean, s.rstd,
-                                     dresidual.rows(), dx.rows(), weight_.g(), bias_.g());
+                                     dresidual.rows(), dx.rows(), weight_.g(), bias_.g(),
+                                     dx_colsum);
   else
     ops::rmsnorm_residual_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dresidual.rows(),
-                                   dx.rows(), weight_.g());
+                                   dx.rows(), weight_.g(), dx_colsum);
 }
 
 }  // namespace engine::layers

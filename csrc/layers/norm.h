@@ -27,8 +27,10 @@ class Norm {
   void backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const Tensor& dx) const;
   void forward_residual(const Env& env, const Tensor& x, const Tensor& residual, const Tensor& sum,
                         const Tensor& y, NormSaved& s) const;
+  // dx_colsum (C), optional: += sum_t dx(t) as well (ops/norm.h).
   void backward_residual(const Tensor& dy, const Tensor& x, const NormSaved& s,
-                         const Tensor& dresidual, const Tensor& dx) const;
+                         const Tensor& dresidual, const Tensor& dx,
+                         const Tensor& dx_colsum = {}) const;
 
  private:
   NormKind kind_ = NormKind::RMSNorm;

@@ -177,19 +177,24 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
   Tensor dy = p.head ? dy_owned.t : grad_output;
   if (!p.head) expect_shape(dy, stage_activation_shape(mb), "stage output gradient");
   if (p.head) record(StatsRecorder::kHeadGrad, dy);
+  bool dy_summed = false;  // sum_t dy already added into this block's output bias gradient
   for (int i = p.end_block; i-- > p.first_block;) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
     Owned dx = env_.act_tensor(x.shape);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
+    // dx is the previous block's dy: its output bias gradient is summed in this block's last
+    // norm backward (layers/block.h), where that block is on this stage.
+    const Tensor prev_bias = k > 0 ? blocks_[static_cast<size_t>(i - 1)].out_bias_grad() : Tensor{};
     const TraceRange trace("block " + std::to_string(i) + " backward");
     if (layout_.recompute) {  // the block's activations again, from its kept input
       layers::BlockSaved again;
       block.forward(env_, x, seg, again, s.jitter_seed);
-      block.backward(env_, dy, x, seg, again, dx, s.aux_grad_scale);
+      block.backward(env_, dy, x, seg, again, dx, s.aux_grad_scale, prev_bias, dy_summed);
     } else {
-      block.backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale);
+      block.backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale, prev_bias, dy_summed);
     }
+    dy_summed = prev_bias.data != nullptr;
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy_owned = std::move(dx);
     dy = dy_owned.t;

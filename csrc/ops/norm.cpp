@@ -89,7 +89,8 @@ void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const T
 
 void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dx_colsum) {
   if (device_of("layernorm_residual_backward", {{"dy", dy},
                                                 {"x", x},
                                                 {"weight", weight},
@@ -98,12 +99,13 @@ void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor
                                                 {"dresidual", dresidual},
                                                 {"dx", dx},
                                                 {"dweight", dweight},
-                                                {"dbias", dbias}}) == Device::CPU)
+                                                {"dbias", dbias},
+                                                {"dx_colsum", dx_colsum}}) == Device::CPU)
     return ref::layernorm_residual_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight,
-                                            dbias);
+                                            dbias, dx_colsum);
 #ifdef ENGINE_CUDA
   return cuda::layernorm_residual_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight,
-                                           dbias);
+                                           dbias, dx_colsum);
 #endif
   no_cuda_build("layernorm_residual_backward");
 }
@@ -125,17 +127,18 @@ void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Ten
 
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight) {
+                               const Tensor& dweight, const Tensor& dx_colsum) {
   if (device_of("rmsnorm_residual_backward", {{"dy", dy},
                                               {"x", x},
                                               {"weight", weight},
                                               {"rstd", rstd},
                                               {"dresidual", dresidual},
                                               {"dx", dx},
-                                              {"dweight", dweight}}) == Device::CPU)
-    return ref::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight);
+                                              {"dweight", dweight},
+                                              {"dx_colsum", dx_colsum}}) == Device::CPU)
+    return ref::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight, dx_colsum);
 #ifdef ENGINE_CUDA
-  return cuda::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight);
+  return cuda::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight, dx_colsum);
 #endif
   no_cuda_build("rmsnorm_residual_backward");
 }

@@ -14,6 +14,10 @@
 //                        (rounded again, exactly as ops::add_inplace after the plain backward).
 //                        x is the norm's input (the forward's sum). dresidual: (T, C), the dtype
 //                        of x. dx may alias dresidual (and, as in the plain form, dy or x).
+//                        dx_colsum (C), optional: += sum_t dx(t), dx as written (the bias
+//                        gradient of the layer whose output gradient dx also is); the same as
+//                        ops::sum_rows(dx, dx_colsum, 1) after the call, without reading dx
+//                        again where the kernel allows (the GPU's warp-per-row kernel).
 // On the CPU every result is bitwise that of the separate ops::add / add_inplace and the plain
 // norm; on the GPU the sum is, and the rest agree within f32 rounding (the fused kernels may
 // reduce in another order).
@@ -38,12 +42,13 @@ void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const T
                                 const Tensor& mean, const Tensor& rstd);
 void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dx_colsum = Tensor{});
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
                               float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd);
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight);
+                               const Tensor& dweight, const Tensor& dx_colsum = Tensor{});
 
 }  // namespace engine::ops

@@ -11,6 +11,8 @@
 // each summing the rows in order, so every result is independent of the thread count.
 #include "ref/norm.h"
 
+#include "ref/gemm.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -226,10 +228,12 @@ void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const T
 
 void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dx_colsum) {
   const char* op = "layernorm_residual_backward";
   ENSURE(dresidual.defined(), op, ": dresidual must be given");
   layernorm_bwd(op, dy, x, weight, mean, rstd, dresidual, dx, dweight, dbias);
+  if (dx_colsum.data) sum_rows(dx, dx_colsum, 1.f);
 }
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
@@ -241,10 +245,11 @@ void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Ten
 
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight) {
+                               const Tensor& dweight, const Tensor& dx_colsum) {
   const char* op = "rmsnorm_residual_backward";
   ENSURE(dresidual.defined(), op, ": dresidual must be given");
   rmsnorm_bwd(op, dy, x, weight, rstd, dresidual, dx, dweight);
+  if (dx_colsum.data) sum_rows(dx, dx_colsum, 1.f);
 }
 
 }  // namespace engine::ref

@@ -24,12 +24,13 @@ void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const T
                                 const Tensor& mean, const Tensor& rstd);
 void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dx_colsum);
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
                               float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd);
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight);
+                               const Tensor& dweight, const Tensor& dx_colsum);
 
 }  // namespace engine::ref

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "core/buffer.h"
+#include "cuda/gemm/sum_rows.cuh"
 #include "cuda/norm/norm.cuh"
 #include "cuda/norm/norm_common.cuh"
 
@@ -193,11 +195,12 @@ static __device__ __forceinline__ int opaque(int v) {
 // prefetch (165 registers: 12 warps per multiprocessor) and 76% with the column sums in shared
 // memory (layernorm+residual, T = 32768, C = 768). At the end each warp copies its sums into its
 // slice of shared memory and the block adds the slices in warp order: one partial row per block.
-template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch>
+template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch, bool kColSum>
 static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMinBlocks<kPrefetch>)
     norm_backward_warp_kernel(const NormBwdParams<T> p) {
-  constexpr int C4 = N / 4;                      // float4 per pack of column sums
-  constexpr int kQuantities = kCentered ? 2 : 1;  // dw (and db)
+  constexpr int C4 = N / 4;  // float4 per pack of column sums
+  constexpr int kQuantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);  // dw (db) (dx sums)
+  constexpr int kDxs = kCentered ? 2 : 1;                               // the dx sums' quantity
   extern __shared__ float4 warp_smem[];  // weight packs, then per warp kQuantities C4 packs float4
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int packs = static_cast<int>(p.cols / N);
@@ -213,6 +216,16 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
   for (int k = 0; k < K; ++k)
 #pragma unroll
     for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.f;
+  // kColSum: the dx sums stay in the warp's slice of shared memory (each lane adding into its
+  // own float4s: no barrier), as registers would spill (128 at K = 3, layernorm+residual).
+  float4* mine_dxs = mine + kDxs * C4 * packs;
+  if constexpr (kColSum) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < packs)
+#pragma unroll
+        for (int c = 0; c < C4; ++c) mine_dxs[c * packs + lane + 32 * k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   __syncthreads();  // the weight packs
 
   const float inv_cols = 1.f / static_cast<float>(p.cols);
@@ -299,7 +312,20 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
           if constexpr (kResidual)
             o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
         }
-        store_pack<T, N>(reinterpret_cast<T*>(dxr + q), o);
+        Pack<T, N> out;  // N * sizeof(T) = 16 bytes
+#pragma unroll
+        for (int j = 0; j < N; ++j) out.v[j] = from_float<T>(o[j]);
+        dxr[q] = out;
+        if constexpr (kColSum) {  // dx as stored
+#pragma unroll
+          for (int c = 0; c < C4; ++c) {
+            float4& a = mine_dxs[c * packs + q];
+            a.x += to_float(out.v[4 * c]);
+            a.y += to_float(out.v[4 * c + 1]);
+            a.z += to_float(out.v[4 * c + 2]);
+            a.w += to_float(out.v[4 * c + 3]);
+          }
+        }
       }
     }
     if constexpr (kPrefetch) {
@@ -333,38 +359,41 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
   float4* pdb = p.partial_db ? reinterpret_cast<float4*>(p.partial_db +
                                                          static_cast<int64_t>(blockIdx.x) * p.cols)
                              : nullptr;
+  float4* pdxs = kColSum ? reinterpret_cast<float4*>(p.partial_dxs + static_cast<int64_t>(blockIdx.x) * p.cols)
+                         : nullptr;
   for (int i = threadIdx.x; i < C4 * packs; i += blockDim.x) {
     const int q = i / C4, c = i % C4;
-    float4 a = acc[c * packs + q];
-    for (int w = 1; w < warps; ++w) {
-      const float4 b = acc[w * slice + c * packs + q];
-      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-    }
-    pdw[i] = a;
-    if constexpr (kCentered) {
-      if (pdb) {
-        float4 e = acc[(C4 + c) * packs + q];
-        for (int w = 1; w < warps; ++w) {
-          const float4 b = acc[w * slice + (C4 + c) * packs + q];
-          e.x += b.x, e.y += b.y, e.z += b.z, e.w += b.w;
-        }
-        pdb[i] = e;
+    auto warp_sum_of = [&](int u) {  // quantity u's float4, summed over the warps in order
+      float4 a = acc[(u * C4 + c) * packs + q];
+      for (int w = 1; w < warps; ++w) {
+        const float4 b = acc[w * slice + (u * C4 + c) * packs + q];
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
       }
-    }
+      return a;
+    };
+    pdw[i] = warp_sum_of(0);
+    if constexpr (kCentered)
+      if (pdb) pdb[i] = warp_sum_of(1);
+    if constexpr (kColSum) pdxs[i] = warp_sum_of(kDxs);
   }
 }
 
+// The column sums a backward kernel leaves per block, and where each goes: dweight, dbias (when
+// given), the dx column sums (when asked for).
+struct ParamGrads {
+  const float* partial[3];
+  float* grad[3];
+};
+
 // grad[j] += sum_b partial[b][j] over the `blocks` partial rows, in a fixed order: thread
 // (x, y) sums rows b = y, y + kRowLanes, ... in turn (U loads in flight, added in that order),
-// then y == 0 adds the kRowLanes sums in order. blockIdx.y selects (partial_dw, dw) or
-// (partial_db, db).
+// then y == 0 adds the kRowLanes sums in order. blockIdx.y selects the (partial, grad) pair.
 template <int U>
 static __global__ void __launch_bounds__(32 * kRowLanes)
-    norm_param_grad_kernel(const float* partial_dw, float* dw, const float* partial_db, float* db,
-                           int blocks, int64_t cols) {
+    norm_param_grad_kernel(const ParamGrads g, int blocks, int64_t cols) {
   __shared__ float sums[kRowLanes][33];
-  const float* partial = blockIdx.y == 0 ? partial_dw : partial_db;
-  float* grad = blockIdx.y == 0 ? dw : db;
+  const float* partial = g.partial[blockIdx.y];
+  float* grad = g.grad[blockIdx.y];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.f;
   if (j < cols) {
@@ -393,53 +422,77 @@ static __global__ void __launch_bounds__(32 * kRowLanes)
 
 // Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per parameter
 // gradient, then adds the partials into dweight (and dbias).
+// dx_colsum: the kernel also sums dx per column (the warp kernel's kColSum), added here.
 template <typename T, typename Kernel>
 static void run_backward(Kernel kernel, int grid, int threads, size_t smem, NormBwdParams<T> p,
-                         float* dweight, float* dbias, const char* name) {
+                         float* dweight, float* dbias, float* dx_colsum, const char* name) {
   // Released to the cache at return; later users of the block run after these kernels on the
   // same (compute) stream.
-  Buffer scratch(static_cast<size_t>(grid) * p.cols * sizeof(float) * (dbias ? 2 : 1),
-                 Device::CUDA);
-  p.partial_dw = static_cast<float*>(scratch.data());
-  p.partial_db = dbias ? p.partial_dw + static_cast<int64_t>(grid) * p.cols : nullptr;
+  const int64_t part = static_cast<int64_t>(grid) * p.cols;
+  const int quantities = 1 + (dbias ? 1 : 0) + (dx_colsum ? 1 : 0);
+  Buffer scratch(static_cast<size_t>(part) * sizeof(float) * quantities, Device::CUDA);
+  ParamGrads g{};
+  float* next = static_cast<float*>(scratch.data());
+  int u = 0;
+  for (auto [partial, grad] : {std::pair{&p.partial_dw, dweight}, std::pair{&p.partial_db, dbias},
+                               std::pair{&p.partial_dxs, dx_colsum}}) {
+    *partial = nullptr;
+    if (!grad) continue;
+    *partial = next;
+    g.partial[u] = next;
+    g.grad[u++] = grad;
+    next += part;
+  }
   kernel<<<grid, threads, smem, stream()>>>(p);
   check_launch(name);
-  const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), dbias ? 2u : 1u);
-  norm_param_grad_kernel<kGradUnroll><<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(
-      p.partial_dw, dweight, p.partial_db, dbias, grid, p.cols);
+  const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), static_cast<unsigned>(u));
+  norm_param_grad_kernel<kGradUnroll><<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(g, grid, p.cols);
   check_launch("norm_param_grad_kernel");
 }
 
 // The warp-per-row backward with K packs per lane: bf16 without the prefetch (measured faster),
 // f32 with it (not measured; the variant its GPU tests ran).
-template <typename T, int K, bool kCentered, bool kResidual>
-static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, float* dbias) {
+template <typename T, int K, bool kCentered, bool kResidual, bool kColSum>
+static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, float* dbias,
+                                 float* dx_colsum) {
   constexpr int N = 16 / sizeof(T);
   constexpr bool kPrefetch = !std::is_same_v<T, bf16_t>;
   constexpr int threads = kBwdWarpThreads<kPrefetch>, warps = threads / 32;
-  auto kernel = norm_backward_warp_kernel<T, N, K, kCentered, kResidual, kPrefetch>;
+  constexpr int quantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);
+  auto kernel = norm_backward_warp_kernel<T, N, K, kCentered, kResidual, kPrefetch, kColSum>;
   const int64_t packs = p.cols / N;
   const size_t smem = static_cast<size_t>(packs) * 16 *
-                      (1 + static_cast<size_t>(warps) * (kCentered ? 2 : 1) * (N / 4));
-  if (smem > 48 * 1024)  // 49.5 KB for bf16 layernorm at C = 768
+                      (1 + static_cast<size_t>(warps) * quantities * (N / 4));
+  if (smem > 48 * 1024)  // 49.5 KB for bf16 layernorm at C = 768 (74.3 KB with the dx sums)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
   const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, warps));
-  run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias,
+  run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, kColSum ? dx_colsum : nullptr,
                   kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
 }
 
+template <typename T, int K, bool kCentered, bool kResidual>
+static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, float* dbias,
+                                 float* dx_colsum) {
+  if (dx_colsum)
+    return launch_backward_warp<T, K, kCentered, kResidual, true>(p, dweight, dbias, dx_colsum);
+  launch_backward_warp<T, K, kCentered, kResidual, false>(p, dweight, dbias, nullptr);
+}
+
+// Returns false where the kernel chosen does not sum dx's columns (the block-per-row kernels):
+// the caller then adds them by sum_rows.
 template <typename T, bool kCentered, bool kResidual>
-static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias) {
+static bool launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias,
+                            float* dx_colsum) {
   constexpr int V = 16 / sizeof(T);
   // Rows of at most 128 16-byte packs: a warp per row (79% of copy against 69% for the block
   // per row, layernorm+residual at T = 32768, C = 768).
   if (plan.vec && p.cols / V <= 32 * kBwdWarpPacks) {
     switch (ceil_div(p.cols / V, 32)) {
-      case 1: return launch_backward_warp<T, 1, kCentered, kResidual>(p, dweight, dbias);
-      case 2: return launch_backward_warp<T, 2, kCentered, kResidual>(p, dweight, dbias);
-      case 3: return launch_backward_warp<T, 3, kCentered, kResidual>(p, dweight, dbias);
-      case 4: return launch_backward_warp<T, 4, kCentered, kResidual>(p, dweight, dbias);
+      case 1: return launch_backward_warp<T, 1, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
+      case 2: return launch_backward_warp<T, 2, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
+      case 3: return launch_backward_warp<T, 3, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
+      case 4: return launch_backward_warp<T, 4, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
       default: break;
     }
   }
@@ -452,7 +505,7 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
     const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
     auto run = [&](auto kernel, size_t smem) {
       const int grid = persistent_grid(kernel, plan.threads, smem, p.rows);
-      run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, name);
+      run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, nullptr, name);
     };
     if constexpr (kPrefetch) {
       const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * (kCentered ? 2 : 1);
@@ -463,12 +516,14 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
       return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual>, 0);
     }
   });
+  return false;
 }
 
-// dresidual == nullptr: the plain form.
+// dresidual == nullptr: the plain form. dx_colsum: nullptr or undefined, or += sum_t dx(t).
 static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
                           const Tensor* mean, const Tensor& rstd, const Tensor* dresidual,
-                          const Tensor& dx, const Tensor& dweight, const Tensor* dbias) {
+                          const Tensor& dx, const Tensor& dweight, const Tensor* dbias,
+                          const Tensor* dx_colsum = nullptr) {
   auto [rows, cols] = check_x(x, op);
   const bool res = dresidual != nullptr;
   if (res) {
@@ -483,6 +538,8 @@ static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, con
   expect_cuda(dweight, DType::F32, {cols}, op, "dweight");
   const bool has_dbias = dbias && dbias->data;
   if (has_dbias) expect_cuda(*dbias, DType::F32, {cols}, op, "dbias");
+  const bool has_colsum = dx_colsum && dx_colsum->data;
+  if (has_colsum) expect_cuda(*dx_colsum, DType::F32, {cols}, op, "dx_colsum");
   if (rows == 0) return;  // dx is empty and the parameter gradients gain nothing
   const bool aligned = aligned16(x.data) && aligned16(dy.data) && aligned16(weight.data) &&
                        aligned16(dx.data) && (!res || aligned16(dresidual->data));
@@ -502,14 +559,17 @@ static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, con
     p.cols = cols;
     float* dw = static_cast<float*>(dweight.data);
     float* db = has_dbias ? static_cast<float*>(dbias->data) : nullptr;
+    float* dxs = has_colsum ? static_cast<float*>(dx_colsum->data) : nullptr;
+    bool summed = false;
     if (mean && res)
-      launch_backward<T, true, true>(p, plan, dw, db);
+      summed = launch_backward<T, true, true>(p, plan, dw, db, dxs);
     else if (mean)
-      launch_backward<T, true, false>(p, plan, dw, db);
+      summed = launch_backward<T, true, false>(p, plan, dw, db, dxs);
     else if (res)
-      launch_backward<T, false, true>(p, plan, dw, nullptr);
+      summed = launch_backward<T, false, true>(p, plan, dw, nullptr, dxs);
     else
-      launch_backward<T, false, false>(p, plan, dw, nullptr);
+      summed = launch_backward<T, false, false>(p, plan, dw, nullptr, dxs);
+    if (has_colsum && !summed) sum_rows(dx, *dx_colsum, 1.f);
   });
 }
 
@@ -526,16 +586,17 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 
 void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dx_colsum) {
   norm_backward("layernorm_residual_backward", dy, x, weight, &mean, rstd, &dresidual, dx, dweight,
-                &dbias);
+                &dbias, &dx_colsum);
 }
 
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight) {
+                               const Tensor& dweight, const Tensor& dx_colsum) {
   norm_backward("rmsnorm_residual_backward", dy, x, weight, nullptr, rstd, &dresidual, dx,
-                dweight, nullptr);
+                dweight, nullptr, &dx_colsum);
 }
 
 }  // namespace engine::cuda

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/elementwise.h"
+#include "ops/gemm.h"
 #include "ops/norm.h"
 #include "tests/common/gpu_testing.h"
 
@@ -273,11 +274,12 @@ void plain_forward(bool layer, const Tensor& x, const Tensor& w, const Tensor& b
 
 void residual_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd, const Tensor& dres,
-                       const Tensor& dx, const Tensor& dw, const Tensor& db) {
+                       const Tensor& dx, const Tensor& dw, const Tensor& db,
+                       const Tensor& dx_colsum = {}) {
   if (layer)
-    ops::layernorm_residual_backward(dy, x, w, mean, rstd, dres, dx, dw, db);
+    ops::layernorm_residual_backward(dy, x, w, mean, rstd, dres, dx, dw, db, dx_colsum);
   else
-    ops::rmsnorm_residual_backward(dy, x, w, rstd, dres, dx, dw);
+    ops::rmsnorm_residual_backward(dy, x, w, rstd, dres, dx, dw, dx_colsum);
 }
 
 void plain_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -301,7 +303,8 @@ void check_residual(const NormCase& k, int64_t res_offset) {
       INFO(dname(dt), layer ? " layernorm" : " rmsnorm", with_bias ? " with bias" : "");
       Owned xh = random_x(k), rh = randn(shape, DType::F32, "norm.res"),
             dresh = randn(shape, DType::F32, "norm.dres"), dw0 = randn({k.c}, DType::F32, "norm.dw0"),
-            db0 = randn({k.c}, DType::F32, "norm.db0");
+            db0 = randn({k.c}, DType::F32, "norm.db0"),
+            cs0 = randn({k.c}, DType::F32, "norm.cs0");
       auto [gx, x64] = device_input(xh, dt, k.offset);
       auto [gr, r64] = device_input(rh, dt, res_offset);
       auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
@@ -347,20 +350,27 @@ void check_residual(const NormCase& k, int64_t res_offset) {
       DeviceTensor dws = to_gpu(dw0, DType::F32), dbs = to_gpu(db0, DType::F32);
       plain_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, dxs.t, dws.t, with_bias ? dbs.t : Tensor());
       ops::add_inplace(dxs.t, gdres.t);
+      // The fused form also sums dx's columns into dx_colsum (+=, from cs0).
       DeviceTensor dx = gpu_poisoned(shape, dt, k.offset);
       DeviceTensor dwf = to_gpu(dw0, DType::F32), dbf = to_gpu(db0, DType::F32);
+      DeviceTensor csf = to_gpu(cs0, DType::F32);
       residual_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, gdres.t, dx.t, dwf.t,
-                        with_bias ? dbf.t : Tensor());
+                        with_bias ? dbf.t : Tensor(), csf.t);
       const Owned dxs64 = to_host(dxs.t, DType::F64);
       CHECK_CLOSE(dx.t, dxs64.t, close_tol(dt));
       CHECK_CLOSE(dwf.t, dws.t, kF32Tol);
       if (with_bias) CHECK_CLOSE(dbf.t, dbs.t, kF32Tol);
+      DeviceTensor css = to_gpu(cs0, DType::F32);  // the same sums by sum_rows over the fused dx
+      ops::sum_rows(dx.t, css.t, 1.f);
+      CHECK_CLOSE(csf.t, css.t, kF32Tol);
       DeviceTensor dxa = to_gpu(dresh, dt, res_offset);
       DeviceTensor dwa = to_gpu(dw0, DType::F32), dba = to_gpu(db0, DType::F32);
+      DeviceTensor csa = to_gpu(cs0, DType::F32);
       residual_backward(layer, gdy.t, h.t, gw.t, gmean, rstd.t, dxa.t, dxa.t, dwa.t,
-                        with_bias ? dba.t : Tensor());
+                        with_bias ? dba.t : Tensor(), csa.t);
       CHECK(bitwise_equal(dxa.t, dx.t));  // dx over dresidual: the same kernel, the same bits
       CHECK(bitwise_equal(dwa.t, dwf.t));
+      CHECK(bitwise_equal(csa.t, csf.t));
 
       // Backward against f64, on the values the device holds (sum, statistics).
       Owned meanr = to_host(mean.t, DType::F64), rstdr = to_host(rstd.t, DType::F64);
@@ -369,6 +379,10 @@ void check_residual(const NormCase& k, int64_t res_offset) {
       residual_backward(layer, dy64, h64, w64, layer ? meanr.t : Tensor(), rstdr, dres64, dx64, dw64,
                         with_bias ? db64.t : Tensor());
       CHECK_CLOSE(dx.t, dx64.t, output_tol(dt, dx64, kF32Tol));
+      // The column sums are of dx as written (rounded to dt): in f64 over the device's dx.
+      Owned cs64 = to_host(cs0, DType::F64), dxr64 = to_host(dx.t, DType::F64);
+      ops::sum_rows(dxr64, cs64, 1.f);
+      CHECK_CLOSE(csf.t, cs64.t, kF32Tol);
       CHECK_CLOSE(dwf.t, dw64.t, kF32Tol);
       if (with_bias) CHECK_CLOSE(dbf.t, db64.t, kF32Tol);
     }
