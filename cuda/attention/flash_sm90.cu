@@ -2,10 +2,11 @@
 // style), head dims 64 and 128, the contract of flash_fwd.cuh (same out, same lse) for qkv's own
 // keys (no separate kv: the launcher keeps that case on the mma.sync kernel).
 //
-// Work item: kBlockM query rows (a q tile) of one (q head h, sequence s); kBlockM = 64 per
-// consumer warpgroup: two at D = 128 (kBlockM 128, 240 registers per thread by setmaxnreg),
-// three at D = 64 (kBlockM 192, 160 registers), plus a producer warpgroup (24 / 32 registers) of
-// which one thread issues every copy. The grid is persistent (one block per SM; or one block per
+// Work item: kBlockM = 128 query rows (a q tile) of one (q head h, sequence s), 64 per consumer
+// warpgroup: two (240 registers per thread by setmaxnreg), plus a producer warpgroup (24
+// registers) of which one thread issues every copy. (D = 64 had three warpgroups, kBlockM 192, at
+// 160 registers: its consumers spilled 80 bytes, and a 1024-token sequence left its last tile a
+// third full; two measured 0.197 -> 0.172 ms at the GPT-2 shape, hd64 B32 H12 S1024.) The grid is persistent (one block per SM; or one block per
 // item, set_sm90_persistent): block b takes item b, then the next free item of a global
 // counter (atomicAdd by the producer), items ordered longest causal rows first (the last q
 // tiles of all (head, sequence) pairs first, heads innermost); the producer hands each item to
@@ -37,14 +38,15 @@
 // wholly invisible are never loaded. The epilogue stores O (bf16, rows inside the sequence) and
 // lse straight from the registers.
 //
-// Item order (kGrouped, fwd_item): at D = 128 the (head, sequence) pairs are taken in groups
-// whose K and V fit in 32 MiB of the 50 MiB L2, so the blocks running at once share the keys of
-// few pairs; without it the longest-first order spreads them over every pair and the keys are
-// read from memory again and again (H200, forward: B4 H16 S8192 559 -> 670 TFLOP/s, B16 S2048
-// 425 -> 551, B4 S4096 562 -> 621, 30 packed documents 369 -> 420; B1 S8192 658 either way).
-// D = 64 keeps the plain order (grouped measured 360 against 374 at B16 H32 S2048).
+// Item order (fwd_item): the (head, sequence) pairs are taken in groups whose K and V fit in
+// 32 MiB of the 50 MiB L2, so the blocks running at once share the keys of few pairs; the plain
+// longest-first order spreads them over every pair and the keys are read from memory again and
+// again (H200, forward, plain -> grouped: B4 H16 S8192 559 -> 670 TFLOP/s, B16 S2048 425 -> 551,
+// B4 S4096 562 -> 621, 30 packed documents 369 -> 420; B1 S8192 658 either way; D = 64, with two
+// warpgroups: B16 H32 S2048 0.742 -> 0.682 ms, the GPT-2 shape 0.171 -> 0.166 ms. With three
+// warpgroups D = 64 had measured the plain order faster, 374 against 360 TFLOP/s.)
 //
-// Shared memory: Q kBlockM x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 88 KiB
+// Shared memory: Q kBlockM x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 80 KiB
 // (D = 64) + barriers; one block per SM.
 #include <algorithm>
 #include <limits>
@@ -60,12 +62,11 @@ namespace {
 
 template <int kD>
 struct Sm90Config {
-  static constexpr int kConsumers = kD == 64 ? 3 : 2;  // warpgroups of 64 query rows
+  static constexpr int kConsumers = 2;  // warpgroups of 64 query rows (the top of this file)
   static constexpr int kBlockM = 64 * kConsumers, kBlockN = 128;
   static constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
   // Registers per thread after setmaxnreg (the block is compiled for 65536 / kThreads).
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
   static constexpr int kStages = 2;
   static constexpr int kBoxRows = 64;        // rows per TMA box
@@ -89,31 +90,23 @@ struct Sm90Params {
   bool causal;
 };
 
-// Work item w (q tile of one q head of one sequence), in the order blocks take them: the last q
-// tiles (longest causal rows) of every (head, sequence) first, heads innermost. kGrouped: the
+// Work item w (q tile of one q head of one sequence), in the order blocks take them: the
 // (head, sequence) pairs (heads innermost) in groups of p.group, whose keys and values fit in L2
-// together, group after group, and in a group the last q tiles of every pair first: the blocks
-// share the keys of few pairs at a time, and the shortest items (the first q tiles of the last
-// group) still come last.
+// together, group after group, and in a group the last q tiles (longest causal rows) of every
+// pair first: the blocks share the keys of few pairs at a time, and the shortest items (the
+// first q tiles of the last group) still come last.
 struct FwdItem {
   int h, seq_begin, L, m0;
 };
-template <int kBlockM, bool kGrouped>
+template <int kBlockM>
 __device__ __forceinline__ FwdItem fwd_item(const Sm90Params& p, int64_t w) {
-  int z, rem;
-  if constexpr (kGrouped) {
-    const int pairs = p.num_heads * p.num_seqs;
-    const int64_t group_items = int64_t{p.group} * p.m_blocks;
-    const int gi = static_cast<int>(w / group_items);
-    const int r = static_cast<int>(w - gi * group_items);
-    const int in_group = min(p.group, pairs - gi * p.group);
-    z = r / in_group;
-    rem = gi * p.group + (r - z * in_group);
-  } else {
-    const int64_t per_m = int64_t{p.num_heads} * p.num_seqs;
-    z = static_cast<int>(w / per_m);
-    rem = static_cast<int>(w - z * per_m);
-  }
+  const int pairs = p.num_heads * p.num_seqs;
+  const int64_t group_items = int64_t{p.group} * p.m_blocks;
+  const int gi = static_cast<int>(w / group_items);
+  const int r = static_cast<int>(w - gi * group_items);
+  const int in_group = min(p.group, pairs - gi * p.group);
+  const int z = r / in_group;
+  const int rem = gi * p.group + (r - z * in_group);
   const int seq = rem / p.num_heads;
   FwdItem it;
   it.h = rem - seq * p.num_heads;
@@ -135,7 +128,7 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[kD / 2], const uint32_t (&a)
 }
 #endif  // ENGINE_SM90A
 
-template <int kD, bool kGrouped>
+template <int kD>
 __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map, const Sm90Params p) {
 #ifdef ENGINE_SM90A
@@ -190,7 +183,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       // Items in order: blockIdx.x first, then the next free one (dynamic: long items early).
       for (int64_t w = blockIdx.x; w < items;
            w = gridDim.x + static_cast<int64_t>(atomicAdd(p.next_item, 1))) {
-        const FwdItem it = fwd_item<kBlockM, kGrouped>(p, w);
+        const FwdItem it = fwd_item<kBlockM>(p, w);
         if (it.m0 >= it.L) continue;
         int n_first, n_last;
         tile_range(it, n_first, n_last);
@@ -320,7 +313,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     mbar_wait(q_full, j & 1);
     const int64_t w = *s_item;
     if (w < 0) break;
-    const FwdItem it = fwd_item<kBlockM, kGrouped>(p, w);
+    const FwdItem it = fwd_item<kBlockM>(p, w);
     int n_first, n_last;
     tile_range(it, n_first, n_last);
     const int n_tiles = n_last - n_first + 1;
@@ -402,17 +395,13 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
 #endif  // ENGINE_SM90A
 }
 
-// The item order per head dimension (see the top).
-template <int kD>
-constexpr bool kGroupedOrder = kD == 128;
-
 template <int kD>
 bool kernel_ready() {
   static const bool ok = [] {
-    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD, kGroupedOrder<kD>>)) ||
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(flash_fwd_sm90_kernel<kD>)) ||
         sm90::tensor_map_encoder() == nullptr)
       return false;
-    CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel<kD, kGroupedOrder<kD>>,
+    CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel<kD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(Sm90Config<kD>::kSmemBytes)));
     return true;
@@ -449,8 +438,8 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.num_seqs = g.num_seqs;
   kp.m_blocks = m_blocks;
   kp.causal = p.causal;
-  // Grouped item order (D = 128): groups of pairs whose keys and values (max_seqlen rows of D,
-  // K and V; shared by the q heads of a kv head) fit in 32 MiB of L2.
+  // The item order: groups of pairs whose keys and values (max_seqlen rows of D, K and V; shared
+  // by the q heads of a kv head) fit in 32 MiB of L2.
   const int64_t pairs = int64_t{p.num_heads} * g.num_seqs;
   const int64_t pair_bytes = int64_t{g.max_seqlen_q} * kD * 2 * 2;
   kp.group = static_cast<int>(std::clamp<int64_t>(
@@ -463,7 +452,7 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
   CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));
   const unsigned nb = static_cast<unsigned>(blocks);
-  flash_fwd_sm90_kernel<kD, kGroupedOrder<kD>><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
+  flash_fwd_sm90_kernel<kD><<<nb, C::kThreads, C::kSmemBytes, stream>>>(map, kp);
   check_launch("flash_fwd_sm90_kernel");
 }
 
