@@ -22,6 +22,12 @@
 //     71.8%. Variants measured slower there: the next row prefetched (12 warps fit: 75.1 /
 //     74.8%), the column sums in shared memory (76.2 / 76.2%), the same at 24 warps per
 //     multiprocessor (registers spill: 51%);
+//     With kColSum (the residual forms' dx_colsum) each warp also adds the dx it stores, as
+//     rounded, into its own float4 slots of shared memory (registers would spill at K = 3), and
+//     they join the block's partial rows like dw and db: at T = 32768, C = 768 73.6-75.2% of copy
+//     on the norm's bytes plus the sums, 0.063-0.064 ms against 0.075-0.076 for the norm and a
+//     sum_rows after it (a GPT-2 step: 61.5 us a call against 54.2 without the sums, and no
+//     17 us column sum after it). The block-per-row kernels leave dx_colsum to sum_rows;
 //   - backward, the other layouts: one block per row of a persistent grid, at least 2 packs per
 //     thread where C allows (fewer, fatter threads keep more bytes in flight per register), the
 //     next row's x and dy loaded before this row is reduced (a deeper prefetch measured slower:
