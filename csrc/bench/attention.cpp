@@ -45,6 +45,7 @@ struct AttnShape {
   std::vector<int> lens;  // packed sequence lengths
   int heads, dim;
   std::string peer;  // the PyTorch figures, fwd / fwd+bwd
+  int kv_heads = 0;  // grouped-query attention: key / value heads (0: heads)
 };
 
 struct Backend {
@@ -88,11 +89,11 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, 
   int64_t t = 0;
   double sq = 0;  // sum of L^2 / 2
   for (int l : s.lens) t += l, sq += 0.5 * l * static_cast<double>(l);
-  const int64_t h = s.heads, d = s.dim;
-  Owned qkv = empty({t, 3 * h, d}, DType::BF16, Device::CUDA);
+  const int64_t h = s.heads, d = s.dim, kv = s.kv_heads > 0 ? s.kv_heads : s.heads;
+  Owned qkv = empty({t, h + 2 * kv, d}, DType::BF16, Device::CUDA);
   Owned o = empty({t, h, d}, DType::BF16, Device::CUDA), lse = empty({t, h}, DType::F32, Device::CUDA);
   Owned dout = empty({t, h, d}, DType::BF16, Device::CUDA);
-  Owned dqkv = empty({t, 3 * h, d}, DType::BF16, Device::CUDA);
+  Owned dqkv = empty({t, h + 2 * kv, d}, DType::BF16, Device::CUDA);
   fill_random(qkv, "attention.qkv");
   fill_random(dout, "attention.dout");
   Owned cu_host = empty({static_cast<int64_t>(s.lens.size()) + 1}, DType::I32, Device::CPU);
@@ -109,7 +110,7 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, 
   p.cu_seqlens = cu;
   p.max_seqlen = *std::max_element(s.lens.begin(), s.lens.end());
   p.num_heads = s.heads;
-  p.num_kv_heads = s.heads;
+  p.num_kv_heads = static_cast<int>(kv);
   p.head_dim = s.dim;
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(s.dim));
   p.causal = true;
@@ -239,7 +240,8 @@ BENCH_CASES("attention") {
   const std::vector<AttnShape> more = {
       {"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs, 16, 128, ""},
       {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
-      {"causal hd128 B4 H16 S4096 (the Llama 0.89B config)", equal(4, 4096), 16, 128, ""},
+      {"causal hd128 B4 H16 S4096", equal(4, 4096), 16, 128, ""},
+      {"causal hd128 B4 H16 KV8 S4096 (the Llama 0.89B config: GQA)", equal(4, 4096), 16, 128, "", 8},
       {"causal hd64 B32 H12 S1024 (the GPT-2 162M config)", equal(32, 1024), 12, 64, ""},
   };
   const std::vector<Backend> bes = backends();
