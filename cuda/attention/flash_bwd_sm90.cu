@@ -98,7 +98,7 @@ struct BwdSm90Params {
   int num_heads, num_kv_heads;
   float scale;
   int window;
-  int bwd_section;
+  int bwd_section, bwd_tail;
   int n_blocks, num_seqs;  // key tiles of the longest sequence, S
   int64_t items;           // n_blocks * Hkv * S
   int* next_item;          // zeroed: items past the first gridDim.x are handed out from here
@@ -113,7 +113,7 @@ struct BwdItem {
 __device__ __forceinline__ BwdItem bwd_item(const BwdSm90Params& p, int64_t w) {
   constexpr int kBlockN = BwdTiles::kBlockN, kBlockM = BwdTiles::kBlockM;
   const int Hkv = p.num_kv_heads;
-  const BwdBlock blk = bwd_block(w, p.n_blocks, int64_t{Hkv} * p.num_seqs, p.bwd_section);
+  const BwdBlock blk = bwd_block(w, p.n_blocks, int64_t{Hkv} * p.num_seqs, p.bwd_section, p.bwd_tail);
   const int seq = static_cast<int>(blk.pair / Hkv);
   BwdItem b;
   b.kv = static_cast<int>(blk.pair % Hkv);
@@ -498,6 +498,11 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.scale = p.scale;
   kp.window = p.window;
   kp.bwd_section = static_cast<int>(section);
+  // hd128: the last four sections as one (bwd_block). One H200, backward, tail 1 -> 4: GQA at
+  // the Llama shape (B4 H16 KV8 S4096, items of two q heads) 1.424-1.425 -> 1.349-1.351 ms, 30
+  // packed documents 1.255-1.260 -> 1.241-1.243, the others within noise; hd64 keeps one (the
+  // GPT-2 shape 0.505 -> 0.517 ms with four).
+  kp.bwd_tail = kD == 128 ? 4 : 1;
   kp.n_blocks = static_cast<int>(ceil_div(g.max_seqlen_k, C::kBlockN));
   kp.num_seqs = g.num_seqs;
   kp.items = int64_t{kp.n_blocks} * p.num_kv_heads * g.num_seqs;

@@ -100,17 +100,24 @@ FLASH_HD constexpr int64_t dq_accum_index(int h, int64_t t, int d, int64_t T, in
 // `section` pairs (the last section may be shorter), key tile outermost inside a section, so
 // that the long causal key tiles (n = 0 first) of all pairs of a section start before the
 // short ones (less tail at the end of the grid), while the q / dO / dQ rows that the blocks
-// running at one time share stay within a few pairs (L2). A bijection of [0, n_tiles * pairs).
+// running at one time share stay within a few pairs (L2). The last `tail` sections (the short
+// one included) form one: its longest key tiles then start with that much more work left to
+// run beside them, where a small last section would leave its longest tile running alone at
+// the end. A bijection of [0, n_tiles * pairs).
 struct BwdBlock {
   int n_block;
   int64_t pair;
 };
-FLASH_HD constexpr BwdBlock bwd_block(int64_t linear, int n_tiles, int64_t pairs, int section) {
+FLASH_HD constexpr BwdBlock bwd_block(int64_t linear, int n_tiles, int64_t pairs, int section,
+                                      int tail = 1) {
   const int64_t per_section = static_cast<int64_t>(section) * n_tiles;
-  const int64_t sec = linear / per_section;
+  const int64_t sections = (pairs + section - 1) / section;
+  const int64_t regular = sections > tail ? sections - tail : 0;  // sections of `section` pairs
+  int64_t sec = linear / per_section;
+  if (sec > regular) sec = regular;
   const int64_t l = linear - sec * per_section;
   const int64_t first = sec * section;
-  const int64_t size = pairs - first < section ? pairs - first : section;
+  const int64_t size = sec < regular ? section : pairs - first;
   return {static_cast<int>(l / size), first + l % size};
 }
 

@@ -9,6 +9,7 @@
 // Runs without a GPU (CI), unlike the kernel tests in test_flash.cpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <set>
 #include <string>
@@ -222,23 +223,29 @@ TEST_CASE("flash layout: the dQ accumulator layout and its staging stores") {
 TEST_CASE("flash layout: the backward's launch order covers every block once, long tiles first") {
   for (int n_tiles : {1, 3, 64})
     for (int pairs : {1, 5, 64})
-      for (int section : {1, 2, 4, 8, 128}) {
-        INFO("n_tiles " << n_tiles << " pairs " << pairs << " section " << section);
-        std::set<std::pair<int, int64_t>> seen;
-        int last_section = 0, last_n = 0;
-        bool ordered = true;
-        int outside = 0;
-        for (int64_t lin = 0; lin < int64_t{n_tiles} * pairs; ++lin) {
-          const BwdBlock b = bwd_block(lin, n_tiles, pairs, section);
-          outside += b.n_block < 0 || b.n_block >= n_tiles || b.pair < 0 || b.pair >= pairs;
-          seen.insert({b.n_block, b.pair});
-          // Inside a section (pairs [s section, (s + 1) section)) key tiles never go back.
-          const int sec = static_cast<int>(b.pair / section);
-          if (sec == last_section && b.n_block < last_n) ordered = false;
-          last_section = sec, last_n = b.n_block;
+      for (int section : {1, 2, 4, 8, 128})
+        for (int tail : {1, 2, 4}) {
+          INFO("n_tiles " << n_tiles << " pairs " << pairs << " section " << section << " tail " << tail);
+          // Sections of `section` pairs, the last `tail` of them (the short one included) merged.
+          const int sections = (pairs + section - 1) / section;
+          const int regular = sections > tail ? sections - tail : 0;
+          std::set<std::pair<int, int64_t>> seen;
+          int last_section = 0, last_n = 0;
+          bool ordered = true, sections_in_order = true;
+          int outside = 0;
+          for (int64_t lin = 0; lin < int64_t{n_tiles} * pairs; ++lin) {
+            const BwdBlock b = bwd_block(lin, n_tiles, pairs, section, tail);
+            outside += b.n_block < 0 || b.n_block >= n_tiles || b.pair < 0 || b.pair >= pairs;
+            seen.insert({b.n_block, b.pair});
+            // Inside a section key tiles never go back; sections come one after another.
+            const int sec = std::min(static_cast<int>(b.pair / section), regular);
+            if (sec == last_section && b.n_block < last_n) ordered = false;
+            if (sec < last_section) sections_in_order = false;
+            last_section = sec, last_n = b.n_block;
+          }
+          CHECK(outside == 0);
+          CHECK(seen.size() == static_cast<size_t>(n_tiles) * pairs);
+          CHECK(ordered);
+          CHECK(sections_in_order);
         }
-        CHECK(outside == 0);
-        CHECK(seen.size() == static_cast<size_t>(n_tiles) * pairs);
-        CHECK(ordered);
-      }
 }
