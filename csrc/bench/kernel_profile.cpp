@@ -23,9 +23,11 @@
 
 namespace engine::bench {
 
+#ifdef ENGINE_CUPTI
 namespace {
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
+#endif
 
 std::string short_kernel_name(const std::string& demangled) {
   std::string s = demangled;
