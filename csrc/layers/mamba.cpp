@@ -139,7 +139,8 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
 void Mamba::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
                      const MambaSaved& s, const Tensor& dxn, bool out_bias_done) const {
   const int64_t T = full_rows(env, xn.size(0));
-  if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);  // this rank's rows (see Mlp)
+  // this rank's rows (see Mlp)
+  if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);
   Owned dys = env.act_tensor({T, di_});
   {
     Owned dy_storage;

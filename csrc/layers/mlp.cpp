@@ -86,7 +86,8 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
                    const Tensor& dxn, bool out_bias_done) const {
   const int64_t T = full_rows(env, xn.size(0));
-  if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);  // this rank's rows (see Attention)
+  // this rank's rows (see Attention)
+  if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);
   Owned dy_storage;
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
   Owned dh = env.act_tensor(s.h->shape);

@@ -6,13 +6,14 @@
 // warpgroup: two (240 registers per thread by setmaxnreg), plus a producer warpgroup (24
 // registers) of which one thread issues every copy. (D = 64 had three warpgroups, kBlockM 192, at
 // 160 registers: its consumers spilled 80 bytes, and a 1024-token sequence left its last tile a
-// third full; two measured 0.197 -> 0.172 ms at the GPT-2 shape, hd64 B32 H12 S1024.) The grid is persistent (one block per SM; or one block per
-// item, set_sm90_persistent): block b takes item b, then the next free item of a global
-// counter (atomicAdd by the producer), items ordered longest causal rows first (the last q
-// tiles of all (head, sequence) pairs first, heads innermost); the producer hands each item to
-// the consumers with its Q tile (the item index in shared memory, published by the q_full
-// arrival; -1 ends the block) and loads the next item's Q and first keys while the consumers
-// finish the last one (q_empty: every consumer has done its last S = Q K^T of the item).
+// third full; two measured 0.197 -> 0.172 ms at the GPT-2 shape, hd64 B32 H12 S1024.)
+// The grid is persistent (one block per SM; or one block per item, set_sm90_persistent): block
+// b takes item b, then the next free item of a global counter (atomicAdd by the producer), in
+// the item order below (fwd_item: groups of (head, sequence) pairs, longest causal rows first
+// within a group); the producer hands each item to the consumers with its Q tile (the item
+// index in shared memory, published by the q_full arrival; -1 ends the block) and loads the
+// next item's Q and first keys while the consumers finish the last one (q_empty: every consumer
+// has done its last S = Q K^T of the item).
 // The producer loads the Q tile once per item and then the K and V tiles of kBlockN = 128 keys,
 // from the last visible key tile down to the first (causal: the diagonal tile first), into a
 // 2-stage ring (stage and phase count key tiles across items), all by TMA; stage s has the

@@ -224,7 +224,8 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
     for (int k = 0; k < K; ++k)
       if (lane + 32 * k < packs)
 #pragma unroll
-        for (int c = 0; c < C4; ++c) mine_dxs[c * packs + lane + 32 * k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int c = 0; c < C4; ++c)
+          mine_dxs[c * packs + lane + 32 * k] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   __syncthreads();  // the weight packs
 
@@ -359,8 +360,9 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
   float4* pdb = p.partial_db ? reinterpret_cast<float4*>(p.partial_db +
                                                          static_cast<int64_t>(blockIdx.x) * p.cols)
                              : nullptr;
-  float4* pdxs = kColSum ? reinterpret_cast<float4*>(p.partial_dxs + static_cast<int64_t>(blockIdx.x) * p.cols)
-                         : nullptr;
+  float4* pdxs =
+      kColSum ? reinterpret_cast<float4*>(p.partial_dxs + static_cast<int64_t>(blockIdx.x) * p.cols)
+              : nullptr;
   for (int i = threadIdx.x; i < C4 * packs; i += blockDim.x) {
     const int q = i / C4, c = i % C4;
     auto warp_sum_of = [&](int u) {  // quantity u's float4, summed over the warps in order
@@ -420,9 +422,8 @@ static __global__ void __launch_bounds__(32 * kRowLanes)
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-// Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per parameter
-// gradient, then adds the partials into dweight (and dbias).
-// dx_colsum: the kernel also sums dx per column (the warp kernel's kColSum), added here.
+// Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per column sum,
+// then adds the partials into dweight (and dbias, and dx_colsum: the warp kernel's kColSum).
 template <typename T, typename Kernel>
 static void run_backward(Kernel kernel, int grid, int threads, size_t smem, NormBwdParams<T> p,
                          float* dweight, float* dbias, float* dx_colsum, const char* name) {
@@ -467,7 +468,7 @@ static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, floa
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
   const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, warps));
-  run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, kColSum ? dx_colsum : nullptr,
+  run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, dx_colsum,
                   kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
 }
 
@@ -488,11 +489,15 @@ static bool launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
   // Rows of at most 128 16-byte packs: a warp per row (79% of copy against 69% for the block
   // per row, layernorm+residual at T = 32768, C = 768).
   if (plan.vec && p.cols / V <= 32 * kBwdWarpPacks) {
+    auto warp = [&](auto k) {
+      launch_backward_warp<T, decltype(k)::value, kCentered, kResidual>(p, dweight, dbias, dx_colsum);
+      return true;
+    };
     switch (ceil_div(p.cols / V, 32)) {
-      case 1: return launch_backward_warp<T, 1, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
-      case 2: return launch_backward_warp<T, 2, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
-      case 3: return launch_backward_warp<T, 3, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
-      case 4: return launch_backward_warp<T, 4, kCentered, kResidual>(p, dweight, dbias, dx_colsum), true;
+      case 1: return warp(std::integral_constant<int, 1>{});
+      case 2: return warp(std::integral_constant<int, 2>{});
+      case 3: return warp(std::integral_constant<int, 3>{});
+      case 4: return warp(std::integral_constant<int, 4>{});
       default: break;
     }
   }
