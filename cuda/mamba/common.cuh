@@ -78,6 +78,8 @@ inline void expect_block(const ops::ColumnBlock& b, int64_t rows, int64_t width,
          ", expected ", rows, " x ", width);
   ENSURE(b.col >= 0 && b.col + b.width <= b.ld(), op, ": ", name, " columns [", b.col, ", ",
          b.col + b.width, ") outside its tensor of ", b.ld(), " columns");
+  // The kernels step their row pointers by 32-bit multiples of the row length (up to 64 rows).
+  ENSURE(b.ld() < (int64_t{1} << 25), op, ": ", name, " rows of ", b.ld(), " elements (at most 2^25)");
 }
 
 template <typename T> T* block_ptr(const ops::ColumnBlock& b) {
@@ -88,6 +90,21 @@ __device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v)
 
 // 1 / (1 + e^-v) with the fast exp and a correctly rounded reciprocal (0 when e^-v overflows).
 __device__ __forceinline__ float sigmoid(float v) { return __frcp_rn(1.f + __expf(-v)); }
+// The flush-to-zero special-function forms: one instruction each (__frcp_rn adds a dozen and a
+// call, __expf a range fix-up around its ex2, when denormals are kept, as this build does).
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float ex2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ float rcp(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+// 1 / (1 + e^-v): 0 when e^-v overflows (rcp(inf) = 0), 1 when it underflows.
+__device__ __forceinline__ float sigmoid_fast(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
 // d silu(v) / dv from s = sigmoid(v).
 __device__ __forceinline__ float dsilu(float v, float s) { return s * (1.f + v * (1.f - s)); }
 // log(1 + e^v): above 20 the correction is below f32 resolution; for e = e^v < 1/8 the series

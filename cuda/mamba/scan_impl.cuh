@@ -11,11 +11,15 @@
 
 namespace engine::cuda::scan_impl {
 
+using mamba::ex2;
+using mamba::kLog2e;
+using mamba::rcp;
+using mamba::sigmoid_fast;
+
 constexpr int kN = ops::kMambaMaxState;  // states per channel held in registers
 constexpr int kThreads = 128;   // channels per block
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 128;
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct ScanParams {
@@ -54,20 +58,8 @@ struct ScanParams {
   int segments;
 };
 
-__device__ __forceinline__ float ex2(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
 
 // ---- helpers of the lean and one-pass variants ----
-// The flush-to-zero special-function form: one instruction (__frcp_rn adds a dozen and a call,
-// __expf a range fix-up around its ex2, when denormals are kept, as this build does).
-__device__ __forceinline__ float rcp(float v) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
 // log(1 + e^v) = max(v, 0) + log1p(u), u = e^-|v| in (0, 1]: one exp (flushed to 0 below
 // 2^-126, where softplus is below 1e-38) and the polynomial log1p_q (poly_math.h), branch free;
 // within a few 1e-7 relative (the ex2's 2 ulp and log1p_q's 1.8e-7). mamba::softplus, which the
@@ -77,8 +69,6 @@ __device__ __forceinline__ float softplus_fast(float v) {
   const float u = ex2(fabsf(v) * -kLog2e);
   return fmaf(u, mamba::log1p_q(u), fmaxf(v, 0.f));
 }
-// 1 / (1 + e^-v): 0 when e^-v overflows (rcp(inf) = 0), 1 when it underflows.
-__device__ __forceinline__ float sigmoid_fast(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
 // The decay 2^(delta a2 + rb) of one state: rb is 0, or -inf at a document's first token, which
 // makes the decay 0 (ex2) or 2^-126 (polynomial), so that h = a h + b restarts the state without
 // a select per state. kPoly: on the FMA pipes (poly_math.h).

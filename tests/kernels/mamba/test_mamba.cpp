@@ -90,6 +90,10 @@ struct ConvCase {
   std::vector<int32_t> docs;
   int64_t di, k;
   bool bias, silu;
+  // Aligned tensors and Di % 8 == 0: the forward's wide path (4 channels a thread, 8-byte
+  // accesses); else every tensor starts one element into its allocation, x and dx from column 1
+  // (one channel a thread).
+  bool wide = false;
 };
 
 std::vector<ConvCase> conv_cases() {
@@ -101,6 +105,10 @@ std::vector<ConvCase> conv_cases() {
       {"K2 Di7", {3, 1, 40}, 7, 2, true, true},
       {"K1 Di5", {9, 2}, 5, 1, true, true},
       {"one token", {1}, 3, 4, true, true},
+      {"wide: docs 1,2,7,3,200 Di64 K4", {1, 2, 7, 3, 200}, 64, 4, true, true, true},
+      {"wide: 60 docs up to 30 Di136 K3", random_docs(60, 30, "conv.docs.wide"), 136, 3, true, true, true},
+      {"wide: docs 700,1,300 Di8 K4 linear no bias", {700, 1, 300}, 8, 4, false, false, true},
+      {"wide: K1 Di16", {9, 2, 33}, 16, 1, true, true, true},
   };
 }
 
@@ -111,34 +119,38 @@ TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference" * doc
   for (const ConvCase& c : conv_cases()) {
     SUBCASE(c.name.c_str()) {
       const int64_t t = total(c.docs), di = c.di, k = c.k;
-      // x: the first half of an in_proj-like (T, 2 Di + 1) output, from column 1.
-      auto [gxz, xz64] = device_input(randn({t, 2 * di + 1}, DType::F32, "conv.xz"), DType::BF16, kOffset);
+      // x: the first half of an in_proj-like (T, 2 Di + 1) output, from column 1 (wide: (T, 2 Di)
+      // from column 0); y in columns [2, Di + 2) of (T, Di + 2) (wide: [8, Di + 8) of (T, Di + 16));
+      // dx in x's columns of a tensor of x's shape.
+      const int64_t off = c.wide ? 0 : kOffset, xcol = c.wide ? 0 : 1, xld = c.wide ? 2 * di : 2 * di + 1;
+      const int64_t ycol = c.wide ? 8 : 2, yld = c.wide ? di + 16 : di + 2;
+      auto [gxz, xz64] = device_input(randn({t, xld}, DType::F32, "conv.xz"), DType::BF16, off);
       auto [gw, w64] = device_input(randn({di, k}, DType::F32, "conv.w", 0.5), DType::BF16, kOffset);
       auto [gb, b64] = device_input(randn({di}, DType::F32, "conv.b", 0.5), DType::BF16, kOffset);
-      auto [gdy, dy64] = device_input(randn({t, di}, DType::F32, "conv.dy"), DType::BF16, kOffset);
+      auto [gdy, dy64] = device_input(randn({t, di}, DType::F32, "conv.dy"), DType::BF16, off);
       Owned cu = cu_from(c.docs);
       DeviceTensor gcu = to_gpu(cu);
       const Tensor bias64 = c.bias ? b64.t : Tensor(), gbias = c.bias ? gb.t : Tensor();
 
       Owned y64 = empty({t, di}, DType::F64, Device::CPU);
-      ops::causal_conv1d_forward(ColumnBlock(xz64, 1, di), w64, bias64, cu, c.silu, y64);
-      DeviceTensor gy = gpu_poisoned({t, di + 2}, DType::BF16, kOffset);  // y in columns [2, di + 2)
-      ops::causal_conv1d_forward(ColumnBlock(gxz.t, 1, di), gw.t, gbias, gcu.t, c.silu,
-                                 ColumnBlock(gy.t, 2, di));
-      CHECK_CLOSE(block_host(gy.t, 2, di).t, y64.t, bf16_tol(y64));
-      CHECK(outside_poisoned(gy.t, 2, di));
+      ops::causal_conv1d_forward(ColumnBlock(xz64, xcol, di), w64, bias64, cu, c.silu, y64);
+      DeviceTensor gy = gpu_poisoned({t, yld}, DType::BF16, off);
+      ops::causal_conv1d_forward(ColumnBlock(gxz.t, xcol, di), gw.t, gbias, gcu.t, c.silu,
+                                 ColumnBlock(gy.t, ycol, di));
+      CHECK_CLOSE(block_host(gy.t, ycol, di).t, y64.t, bf16_tol(y64));
+      CHECK(outside_poisoned(gy.t, ycol, di));
 
       Owned dx64 = zeros({t, di}, DType::F64, Device::CPU), dw64 = zeros({di, k}, DType::F64, Device::CPU),
             db64 = zeros({di}, DType::F64, Device::CPU);
-      ops::causal_conv1d_backward(dy64, ColumnBlock(xz64, 1, di), w64, bias64, cu, c.silu, dx64, dw64,
+      ops::causal_conv1d_backward(dy64, ColumnBlock(xz64, xcol, di), w64, bias64, cu, c.silu, dx64, dw64,
                                   c.bias ? db64.t : Tensor());
       Owned dw0 = randn({di, k}, DType::F32, "conv.dw0"), db0 = randn({di}, DType::F32, "conv.db0");
       DeviceTensor gdw = to_gpu(dw0, DType::F32), gdb = to_gpu(db0, DType::F32);
-      DeviceTensor gdx = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);  // dx in [1, di + 1)
-      ops::causal_conv1d_backward(gdy.t, ColumnBlock(gxz.t, 1, di), gw.t, gbias, gcu.t, c.silu,
-                                  ColumnBlock(gdx.t, 1, di), gdw.t, c.bias ? gdb.t : Tensor());
-      CHECK_CLOSE(block_host(gdx.t, 1, di).t, dx64.t, bf16_tol(dx64));
-      CHECK(outside_poisoned(gdx.t, 1, di));
+      DeviceTensor gdx = gpu_poisoned({t, xld}, DType::BF16, off);
+      ops::causal_conv1d_backward(gdy.t, ColumnBlock(gxz.t, xcol, di), gw.t, gbias, gcu.t, c.silu,
+                                  ColumnBlock(gdx.t, xcol, di), gdw.t, c.bias ? gdb.t : Tensor());
+      CHECK_CLOSE(block_host(gdx.t, xcol, di).t, dx64.t, bf16_tol(dx64));
+      CHECK(outside_poisoned(gdx.t, xcol, di));
       CHECK_CLOSE(f64_from(gdw.t, dw0).t, dw64.t, 1e-4);
       if (c.bias)
         CHECK_CLOSE(f64_from(gdb.t, db0).t, db64.t, 1e-4);
@@ -146,11 +158,11 @@ TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference" * doc
         CHECK(bitwise_equal(gdb.t, to_gpu(db0, DType::F32).t));
 
       // Bitwise reproducible.
-      DeviceTensor gdw2 = to_gpu(dw0, DType::F32), gdx2 = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);
-      ops::causal_conv1d_backward(gdy.t, ColumnBlock(gxz.t, 1, di), gw.t, gbias, gcu.t, c.silu,
-                                  ColumnBlock(gdx2.t, 1, di), gdw2.t, Tensor());
+      DeviceTensor gdw2 = to_gpu(dw0, DType::F32), gdx2 = gpu_poisoned({t, xld}, DType::BF16, off);
+      ops::causal_conv1d_backward(gdy.t, ColumnBlock(gxz.t, xcol, di), gw.t, gbias, gcu.t, c.silu,
+                                  ColumnBlock(gdx2.t, xcol, di), gdw2.t, Tensor());
       CHECK(bitwise_equal(gdw.t, gdw2.t));
-      CHECK(bitwise_equal(block_host(gdx.t, 1, di), block_host(gdx2.t, 1, di)));
+      CHECK(bitwise_equal(block_host(gdx.t, xcol, di), block_host(gdx2.t, xcol, di)));
     }
   }
 }
