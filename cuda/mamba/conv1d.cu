@@ -371,7 +371,8 @@ void causal_conv1d_forward(const ops::ColumnBlock& x, const Tensor& weight, cons
   if (s.tokens == 0) return;
   Owned starts = mamba::doc_start_bits(cu_seqlens, s.tokens);
   bf16_t* yp = mamba::block_ptr<bf16_t>(y);
-  const bool wide = vector_rows(kFwdVec, s.channels, {{mamba::block_ptr<const bf16_t>(x), x.ld()}, {yp, y.ld()}});
+  const bool wide =
+      vector_rows(kFwdVec, s.channels, {{mamba::block_ptr<const bf16_t>(x), x.ld()}, {yp, y.ld()}});
   const int v = wide ? kFwdVec : 1;
   ConvParams p = conv_params(s, x, weight, bias, silu, starts, v);
   p.y = yp;
