@@ -11,12 +11,11 @@
 // each summing the rows in order, so every result is independent of the thread count.
 #include "ref/norm.h"
 
-#include "ref/gemm.h"
-
 #include <algorithm>
 #include <cmath>
 
 #include "ref/common.h"
+#include "ref/gemm.h"
 
 namespace engine::ref {
 namespace {

@@ -1,5 +1,5 @@
 // The tanh-form GELU and its derivative on one f32 value, for every kernel that applies them
-// (cuda/activation/activation.cu, the dense GEMM epilogue of cuda/moe/grouped_gemm_sm90.cu):
+// (cuda/activation/activation.cu; the fallback GEMM epilogue of cuda/gemm/gemm.cu):
 //   u = c (x + a x^3), c = sqrt(2/pi), a = 0.044715
 //   gelu(x)  = 0.5 x (1 + tanh u) = x s,  s = sigmoid(2u) = 1 / (1 + e^(-2u))
 //   gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3a x^2)

@@ -10,14 +10,14 @@
 // V tiles (the item index in shared memory, published by the kv_full arrival; -1 ends the
 // block). K and V have two stages at D = 64 (the next item's load while this one runs) and one
 // at D = 128 (no room: its next K and V load as soon as the consumers are done with the last
-// ones, kv_empty, while they store its dK and dV). Two consumer warpgroups own keys [64 w, 64 w + 64)
-// (warps 0-7, 240 registers each by setmaxnreg); of the producer warpgroup (warps 8-11, 24
-// registers) warp 8 loads. Per item the producer loads K and V once (TMA), then for every (q
-// head of the kv group, q tile of kBlockM = 64 rows that sees any of the keys) the tile's Q and
-// dO (TMA) and its lse (times log2 e; +inf for rows past the sequence, whose P is then 0) and
-// dsum (0 past the sequence) (plain loads by the warp's 32 lanes into shared memory) into a
-// 2-stage ring (stage and phase count q tiles across items): q_full[s] (32 arrivals, one with
-// the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
+// ones, kv_empty, while they store its dK and dV). Two consumer warpgroups own keys
+// [64 w, 64 w + 64) (warps 0-7, 240 registers each by setmaxnreg); of the producer warpgroup
+// (warps 8-11, 24 registers) warp 8 loads. Per item the producer loads K and V once (TMA),
+// then for every (q head of the kv group, q tile of kBlockM = 64 rows that sees any of the
+// keys) the tile's Q and dO (TMA) and its lse (times log2 e; +inf for rows past the sequence,
+// whose P is then 0) and dsum (0 past the sequence) (plain loads by the warp's 32 lanes into
+// shared memory) into a 2-stage ring (stage and phase count q tiles across items): q_full[s] (32
+// arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
 // Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
 //   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
 //   P^T = 2^(S^T c - lse log2 e) (0 where masked)   (registers; while dP^T runs)
@@ -34,13 +34,14 @@
 // dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). (D = 64 used to split dQ's
 // keys instead, two partial tiles and two reductions a q tile: the column split measured 2.60
 // against 2.71 ms at hd64 B16 H32 S2048.)
-// Named barrier 1 (the 256 consumer threads) twice per tile: (a) the dS^T tile is complete (and the previous reduction
-// has read the staging tile: its issuing thread waits for that first), (d) the staging tile is
-// complete; (d) also orders every dQ product of a tile before the next tile's dS^T stores.
+// Named barrier 1 (the 256 consumer threads) twice per tile: (a) the dS^T tile is complete (and
+// the previous reduction has read the staging tile: its issuing thread waits for that first),
+// (d) the staging tile is complete; (d) also orders every dQ product of a tile before the next
+// tile's dS^T stores.
 // Masks only where the tile crosses the diagonal, the window edge or the sequence end (keys past
 // the end get P = 0, so they add nothing to dQ; their dK, dV rows are never written). Blocks
-// (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16 straight
-// from the registers, 8 bytes a store (store_row_pairs: adjacent lanes swap one pair).
+// (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16
+// straight from the registers, 8 bytes a store (store_row_pairs: adjacent lanes swap one pair).
 //
 // Shared memory: K, V 128 x D (two stages at D = 64), Q, dO 2 stages of 64 x D (bf16), dS^T
 // 128 x 64 bf16, dQ staging 64 x D f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 129 KiB

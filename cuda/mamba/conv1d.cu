@@ -342,11 +342,9 @@ ConvParams conv_params(const ConvShape& s, const ops::ColumnBlock& x, const Tens
   p.start_words = mamba::start_words(s.tokens);
   p.tokens = s.tokens;
   p.channels = s.channels;
-  // About kTargetThreads threads (a quarter of that with wide accesses, which keep as many bytes
-  // in flight with fewer threads), at least 32 tokens each.
-  const int64_t target = kTargetThreads;
+  // About kTargetThreads threads (of v channels each), at least 32 tokens each.
   p.run = 32;
-  while (p.run < 4096 && s.channels / v * ceil_div(s.tokens, p.run) > target) p.run *= 2;
+  while (p.run < 4096 && s.channels / v * ceil_div(s.tokens, p.run) > kTargetThreads) p.run *= 2;
   p.silu = silu;
   return p;
 }

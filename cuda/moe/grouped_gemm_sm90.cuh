@@ -32,7 +32,6 @@ using sm90::wgmma_wait;
 // Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return sm90::smem_desc_sw128(addr, 16); }
 
-
 // d (64 x 256 f32, the wgmma accumulator fragment) += A (64 x 16, descriptor a) B (16 x 256,
 // descriptor b)^T in shared memory, scale-d = 1 (accumulate); kTA / kTB = 1 read A / B MN-major
 // (the transpose bits), 0 K-major.
