@@ -11,33 +11,43 @@
 //   2. Stable LSD radix sort of (key, t) by key, 8 bits a pass over bit_width(R) bits: a
 //      histogram kernel for the first pass (per tile of kSortTile tokens), then a scatter kernel
 //      a pass, which counts its outputs into the next pass's histogram (integer atomics). Short
-//      sorts (up to kShortSortTiles tiles: T <= 32768) scan the counts inside each scatter, every
-//      block reading all tiles' counts at once; longer ones have a scan kernel before each
-//      scatter. Lanes rank within a warp by __match_any_sync, warps by a per-warp digit table.
-//      Afterwards each id's tokens are contiguous, in token order.
+//      sorts (up to kShortSortTiles tiles: T <= 32768) keep the counts tile-major and scan them
+//      inside each scatter, every block reading all tiles' counts at once (whole sectors);
+//      longer ones keep them digit-major, with a scan kernel before each scatter. Lanes rank
+//      within a warp by __match_any_sync, warps by a per-warp digit table; the tile's keys are
+//      then staged in shared memory in digit order and written out by consecutive threads, so a
+//      digit's keys leave as one contiguous piece. Afterwards each id's tokens are contiguous,
+//      in token order.
 //   3. Cells: the sorted list is cut into cells of kCell entries, a block per (cell, chunk of
 //      columns). A cell sums every run (the tokens of one id) that starts in it, whole, in token
 //      order, with kCellUnroll dout rows in flight per thread, and adds the sum into dtable, also
 //      when the run goes on past the cell. Only runs of more than kLongRun entries are cut at
 //      the cells' edges: each piece is summed into its cell's slot, and the cell whose arrival
-//      completes the run (a counter per run and chunk, after a fence) adds the pieces in cell
-//      order into dtable. The block reads the keys within kLongRun of its cell to tell the two
-//      apart.
+//      completes the run (a counter per run and chunk, after a fence; the counters live in a
+//      zeroed buffer that only grows, and the completing block resets its own) adds the pieces
+//      in cell order into dtable. The block reads the keys within kLongRun of its cell to tell
+//      the two apart.
 //   Every sum has a fixed order, so dtable gets the same bits on every run with the same ids.
-//   Kernels (T <= 32768, V <= 65535): histogram, two scatters, cells.
-//   Measured (one H200, T = 16384, V = 32000, bf16 dout; docs/PERF.md): 0.103-0.104 ms at C =
-//   2048 (62.5-62.9% of copy on the bytes the op must move), 0.183-0.184 ms at C = 4096 (71%),
-//   against 0.106 / 0.185 ms in the same call for the scheme before (a fix-up kernel adding the
-//   pieces of every run crossing a cell edge, 4.8 us, and scatters reading the tiles' counts
-//   one after another, 6.9 us each). The cells kernel takes ~80 us of the first (81% of copy),
-//   the sort ~18 us, which is why the op stays below 70% at C = 2048: the sort is latency-bound
-//   (16 blocks), and a scatter that only loads precomputed offsets (the scan kernel's) still
-//   takes 6.1 us, one whose blocks count all keys' digits themselves (no histogram kernel) 10.1
-//   us, against 7.7-7.9 us for reading the counts. Cells of 32 entries and 4 in flight per
-//   thread (5 blocks per SM) measured faster than 64 / 8 (spills under the register cap), 32 /
-//   8, 16 / 8, 32 / 4 at 6 blocks per SM and blocks of 64 threads; launching the chain with
-//   programmatic dependent launch measured no difference and was left out; a one-kernel sort in
-//   a cluster of 8 blocks was slower (19.9 us against 16 us).
+//   Kernels (T <= 32768, V <= 65535): histogram, two scatters, cells; the last three are
+//   launched as programmatic dependents of the kernel ahead (their blocks resident while it
+//   finishes, each waiting in griddepcontrol.wait; the first scatter reads its ids before).
+//   Measured (one H200, T = 16384, V = 32000, 12875 distinct ids, bf16 dout; docs/PERF.md),
+//   share of copy on the bytes the op must move, C = 2048 / 4096: 0.092-0.093 ms (69.4-70.6%
+//   over three machines) / 0.165-0.168 ms (77-78.6%), against 0.102-0.104 / 0.181-0.183 ms
+//   (62-63.8% / 71-71.8%) for the kernels before in the same calls. Where it came from (ncu, C
+//   = 2048): the scatters read all tiles' counts one 4-byte word per 64 bytes (digit-major),
+//   zeroed the long runs' counters for every key, and wrote one scattered word per key: 126k /
+//   83k of their 147k / 99k L2 sectors were excess, 10.3 / 7.4 us; tile-major counts and
+//   self-resetting counters (0.103 -> 0.098 ms), staged output (scatters 6.9 / 5.9 us), cells
+//   of 64 entries by 256 threads, 6 in flight (0.097 -> 0.096), the dependent launches
+//   (-> 0.093). The cells kernel takes ~78 us (83% of copy on its bytes; latency-bound: 16
+//   warps a multiprocessor waiting on loads, DRAM 68% busy), the sort ~15 us with the launch
+//   gaps. Tried and slower: each thread's dout and dtable packs copied by cp.async into a
+//   3- or 4-stage shared-memory ring (0.107-0.114 ms: shared memory cut the resident blocks);
+//   a warp's f32 columns as two 512-byte halves instead of 32 contiguous bytes a thread (cells
+//   82.5 against 78.3 us); sort tiles of 512 keys (slower scatters, 9-10 us); 16-entry cells;
+//   8 rows in flight (spills); earlier a one-kernel sort in a cluster of 8 blocks (19.9 us
+//   against 16 us).
 // Invalid ids: the forward kernel and the sort's first scatter record the first bad position
 // with an integer atomicMin into a device flag; the launcher reads the flag back after its
 // kernels and raises naming the position and the id (as the CPU reference does). Forward gives
@@ -46,14 +56,15 @@
 // or read back, and the host does not wait for the kernels.
 // Memory: table / out bf16 or f32; dout bf16 or f32 with dtable f32. Scratch from the caching
 // allocator: 4 x T ints for the sort, 256 x T / kSortTile per pass for the histograms,
-// 2 x ceil(T / kCell) x C floats for the long runs' pieces (T C / 4 bytes), R x 3 x chunks ints
-// for their counters and cells.
+// 2 x ceil(T / kCell) x C floats for the long runs' pieces (T C / 4 bytes), R x 2 x chunks ints
+// for their cells; R x chunks counters in a device buffer that only grows.
 // Limits: T < 2^31, V < 2^31 - 1.
 #include "cuda/embedding/embedding.cuh"
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <utility>
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
@@ -70,13 +81,14 @@ constexpr int kDigits = 1 << kDigitBits;
 constexpr int kScanThreads = 1024;
 constexpr int kScanItems = 4;
 constexpr int kShortSortTiles = 32;  // sorts of up to 32 tiles need no scan kernel
-constexpr int kCell = 32;            // sorted entries per cell
+constexpr int kCell = 64;            // sorted entries per cell
 constexpr int kLongRun = 64;         // runs of more entries are summed in pieces, one per cell
 constexpr int kWin = kCell + 2 * kLongRun;  // keys a cell looks at
 constexpr int kWinWords = kWin / 32;
-constexpr int kCellThreads = 128;    // cell kernel: packs of columns per block (at most)
-constexpr int kCellUnroll = 4;       // cell kernel: entries in flight per thread
-constexpr int kCellMinBlocks = 4;    // cell kernel: resident blocks per SM (caps registers)
+constexpr int kCellThreads = 256;    // cell kernel: packs of columns per block (at most)
+constexpr int kCellUnroll = 6;       // cell kernel: entries in flight per thread
+constexpr int kCellMinBlocks = 2;    // cell kernel: resident blocks per SM (caps registers)
+static_assert(kWin % 32 == 0 && (kCell + kLongRun) % 32 == 0, "a cell's windows are whole warps");
 constexpr int kNoError = 0x7f7f7f7f;  // the flag's bytes after cudaMemset(0x7f): above any T
 
 // ---------------------------------------------------------------------------------------------
@@ -154,21 +166,45 @@ static __device__ __forceinline__ uint32_t sort_key(int32_t id, int64_t begin, i
   return mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
 }
 
-// The first pass's histogram, keys straight from the ids: hist[0][d * tiles + tile] = number of
+// Programmatic dependent launch: the backward's kernels after the first are launched so that
+// their blocks may be resident before the kernel ahead finishes (its launch latency hidden);
+// each waits here for the kernel ahead (and so every earlier one) to have finished and its
+// writes to be visible, and lets the next one launch at once. Outside such a launch both are
+// no-ops.
+static __device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Where a pass's count of digit d in tile t lives: tile-major for short sorts (a scatter block
+// reads all tiles' counts, neighbouring lanes neighbouring digits: whole sectors), digit-major for
+// long ones (the scan kernel's order: the exclusive prefix is the scatter offset).
+static __device__ __forceinline__ int64_t hist_index(bool tile_major, int d, int64_t t,
+                                                     int64_t tiles) {
+  return tile_major ? t * kDigits + d : d * tiles + t;
+}
+
+// The first pass's histogram, keys straight from the ids: hist[0][(d, tile)] = number of
 // the tile's keys with low digit d. Also zeroes this tile's column of the later passes'
 // histograms (their scatters add into them).
 static __global__ void __launch_bounds__(kSortTile)
     radix_first_hist_kernel(const int32_t* ids, int64_t n, int64_t begin, int64_t rows,
-                            int64_t vocab, int64_t tiles, int passes, int* hist) {
+                            int64_t vocab, int64_t tiles, int passes, bool tile_major, int* hist) {
   __shared__ int count[kDigits];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the first scatter
+#endif
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x) count[d] = 0;
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
   if (i < n) atomicAdd(&count[sort_key(ids[i], begin, rows, vocab) & (kDigits - 1)], 1);
   __syncthreads();
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x) {
-    hist[d * tiles + blockIdx.x] = count[d];
-    for (int q = 1; q < passes; ++q) hist[(q * kDigits + d) * tiles + blockIdx.x] = 0;
+    hist[hist_index(tile_major, d, blockIdx.x, tiles)] = count[d];
+    for (int q = 1; q < passes; ++q)
+      hist[q * kDigits * tiles + hist_index(tile_major, d, blockIdx.x, tiles)] = 0;
   }
 }
 
@@ -185,6 +221,7 @@ static __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
 // In-place exclusive prefix sum of data[0, n) by one block, kScanThreads x kScanItems at a time
 // (the histograms of long sorts).
 static __global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(int* data, int64_t n) {
+  wait_for_previous_kernel();
   __shared__ int warp_total[kScanThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int carry = 0;
@@ -223,9 +260,8 @@ struct SortPass {
   const int* hist;  // this pass's counts [digit][tile]; long sorts: their exclusive scan
   int* next_hist;   // the next pass's counts, added here (nullptr: the last pass)
   int* err;         // the first pass: the first bad token position (nullptr: not checked)
-  int* run_count;   // the first pass: zeroes run_count[key][0, count_width) of every key
   int64_t n, tiles, begin, rows, vocab;
-  int shift, count_width;
+  int shift;
 };
 
 // Stable scatter of one tile by the digit at `shift`; the tile's offset of digit d is the number
@@ -252,6 +288,21 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
   const bool valid = i < p.n;
+  // The first pass's keys come from the op's ids, not from the kernel ahead: they are read
+  // before waiting for it (the histogram kernel).
+  uint32_t key = 0u;
+  int32_t val = 0;
+  if (!p.keys_in && valid) {
+    const int32_t id = p.ids[i];
+    key = sort_key(id, p.begin, p.rows, p.vocab);
+    val = static_cast<int32_t>(i);
+    if ((id < 0 || id >= p.vocab) && p.err) atomicMin(p.err, static_cast<int>(i));
+  }
+  wait_for_previous_kernel();
+  if (p.keys_in && valid) {
+    key = p.keys_in[i];
+    val = p.vals_in[i];
+  }
   // kCountsRead: thread (group, digit) loads the digit's counts of tiles group + kGroups k.
   const int group = static_cast<int>(threadIdx.x) / kDigits, group_digit = threadIdx.x % kDigits;
   int counts[kPerGroup];
@@ -259,23 +310,7 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
 #pragma unroll
     for (int k = 0; k < kPerGroup; ++k) {
       const int t = group + kGroups * k;
-      counts[k] = t < p.tiles ? p.hist[group_digit * p.tiles + t] : 0;
-    }
-  }
-  uint32_t key = 0u;
-  int32_t val = 0;
-  if (valid) {
-    if (p.keys_in) {
-      key = p.keys_in[i];
-      val = p.vals_in[i];
-    } else {
-      const int32_t id = p.ids[i];
-      key = sort_key(id, p.begin, p.rows, p.vocab);
-      val = static_cast<int32_t>(i);
-      if ((id < 0 || id >= p.vocab) && p.err) atomicMin(p.err, static_cast<int>(i));
-      if (key < p.rows)
-        for (int c = 0; c < p.count_width; ++c)
-          p.run_count[static_cast<int64_t>(key) * p.count_width + c] = 0;
+      counts[k] = t < p.tiles ? p.hist[hist_index(true, group_digit, t, p.tiles)] : 0;
     }
   }
   for (int k = threadIdx.x; k < kWarps * kDigits; k += kSortTile) (&warp_count[0][0])[k] = 0;
@@ -326,14 +361,47 @@ static __global__ void __launch_bounds__(kSortTile) radix_scatter_kernel(const S
     group_total[group][group_digit] = run;
   }
   __syncthreads();
+  // The key's rank among this tile's keys of its digit.
+  int rank = 0;
   if (valid) {
-    int pos = base[digit] + warp_count[warp][digit] + __popc(lower);
-    for (int g = 0; g < warp / (kWarps / kGroups); ++g) pos += group_total[g][digit];
-    p.keys_out[pos] = key;
-    p.vals_out[pos] = val;
+    rank = warp_count[warp][digit] + __popc(lower);
+    for (int g = 0; g < warp / (kWarps / kGroups); ++g) rank += group_total[g][digit];
+  }
+  // The tile's keys are staged in shared memory in digit order (local_off: the exclusive prefix
+  // of the tile's digit counts), then written out by consecutive threads, so a digit's keys go
+  // out as one contiguous piece instead of one scattered word per thread.
+  __shared__ int local_off[kDigits], local_warp_total[kDigits / 32];
+  if (threadIdx.x < kDigits) {
+    int total = 0;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) total += group_total[g][threadIdx.x];
+    const int incl = warp_inclusive_sum(total, lane);
+    if (lane == 31) local_warp_total[warp] = incl;
+    local_off[threadIdx.x] = incl - total;
+  }
+  __syncthreads();
+  if (threadIdx.x < kDigits)
+    for (int w = 0; w < warp; ++w) local_off[threadIdx.x] += local_warp_total[w];
+  __syncthreads();
+  // warp_count is read above for the last time: its first 2 kSortTile words hold the staging.
+  uint32_t* stage_key = reinterpret_cast<uint32_t*>(&warp_count[0][0]);
+  int32_t* stage_val = &warp_count[0][0] + kSortTile;
+  static_assert(2 * kSortTile <= kWarps * kDigits, "staging fits in warp_count");
+  if (valid) {
+    stage_key[local_off[digit] + rank] = key;
+    stage_val[local_off[digit] + rank] = val;
+  }
+  __syncthreads();
+  const int64_t tile_n = std::min<int64_t>(kSortTile, p.n - static_cast<int64_t>(blockIdx.x) * kSortTile);
+  if (threadIdx.x < tile_n) {
+    const uint32_t k = stage_key[threadIdx.x];
+    const int d = static_cast<int>((k >> p.shift) & (kDigits - 1));
+    const int pos = base[d] + static_cast<int>(threadIdx.x) - local_off[d];
+    p.keys_out[pos] = k;
+    p.vals_out[pos] = stage_val[threadIdx.x];
     if (p.next_hist) {
-      const int next = static_cast<int>((key >> (p.shift + kDigitBits)) & (kDigits - 1));
-      atomicAdd(&p.next_hist[next * p.tiles + pos / kSortTile], 1);
+      const int next = static_cast<int>((k >> (p.shift + kDigitBits)) & (kDigits - 1));
+      atomicAdd(&p.next_hist[hist_index(kMode == kCountsRead, next, pos / kSortTile, p.tiles)], 1);
     }
   }
 }
@@ -349,7 +417,7 @@ struct EmbBwdParams {
   const int32_t* tokens;  // (n) token positions in sorted order
   float* slot_own;        // (cells, cols): a cell's piece of the long run that starts in it
   float* slot_in;         // (cells, cols): its piece of a long run begun in an earlier cell
-  int* run_count;         // (vocab, chunks): a long run's arrivals (zeroed by the sort)
+  int* run_count;         // (vocab, chunks): a long run's arrivals (zero between calls)
   int* run_cells;         // (vocab, chunks, 2): a long run's first and last cell
   int64_t n, cols, vocab, cells, chunks;
 };
@@ -408,6 +476,7 @@ static __device__ __forceinline__ void load_pack_cg(const float* p, float (&out)
 template <typename T, int N>
 static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
     embedding_cell_kernel(const EmbBwdParams<T> p) {
+  wait_for_previous_kernel();
   constexpr int kSpan = kCell + kLongRun;  // the entries a block may sum, from s
   __shared__ uint32_t s_key[kWin];
   __shared__ int32_t s_tok[kSpan];
@@ -463,9 +532,10 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
       }
     }
     s_end[r] = end;
-    if (mine) {
-      atomicMin(&s_first, r);
-      atomicMax(&s_stop, r + 1);
+    const unsigned m = __ballot_sync(kFull, mine);  // whole warps: kSpan % 32 == 0
+    if (lane == 0 && m != 0u) {
+      atomicMin(&s_first, r + __ffs(m) - 1);
+      atomicMax(&s_stop, r + 32 - __clz(m));
     }
   }
   __syncthreads();
@@ -528,6 +598,7 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
     __threadfence();
     const int* cells_of = p.run_cells + 2 * (key * p.chunks + chunk);
     const int64_t c0 = __ldcg(cells_of), c1 = __ldcg(cells_of + 1);
+    if (threadIdx.x == 0) p.run_count[key * p.chunks + chunk] = 0;  // the last arrival: reset
     if (!active) continue;
     float* dst = p.dtable + key * p.cols + col;
     float acc[N], out[N];
@@ -576,6 +647,42 @@ static int64_t vocab_of(int64_t rows, int64_t begin, int64_t total, const char* 
          begin, ", ", begin + rows, "), not a shard of a vocabulary of ", total, " ids");
   ENSURE(total < kNoError, op, ": V = ", total, " is too large");
   return total;
+}
+
+// The long runs' arrival counters, one per (row, column chunk): zeroed when allocated, and each
+// reset by the block that completes its run, so they are all zero between calls (one device per
+// process; calls are ordered on the compute stream).
+static int* run_counters(size_t count) {
+  static Buffer buf;
+  if (buf.bytes() < count * sizeof(int)) {
+    buf = Buffer(count * sizeof(int), Device::CUDA);
+    CUDA_CHECK(cudaMemsetAsync(buf.data(), 0, buf.bytes(), stream()));
+  }
+  return static_cast<int*>(buf.data());
+}
+
+// Launches kernel<<<grid, block>>>(args...) on the compute stream as a programmatic dependent of
+// the kernel ahead (see wait_for_previous_kernel) where the device has it (compute capability 9
+// and later; elsewhere an ordinary launch).
+template <typename... Params, typename... Args>
+static void launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block,
+                             Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.stream = stream();
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  static const bool dependent_launch = [] {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  attr.val.programmaticStreamSerializationAllowed = dependent_launch ? 1 : 0;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // A device int set to kNoError, for the first bad token position.
@@ -673,9 +780,9 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
                        static_cast<uint32_t*>(sort_buf.data()) + n};
   int32_t* vals[2] = {static_cast<int32_t*>(sort_buf.data()) + 2 * n,
                       static_cast<int32_t*>(sort_buf.data()) + 3 * n};
-  Buffer run_buf(static_cast<size_t>(rows) * chunks * 3 * sizeof(int), Device::CUDA);
-  int* run_count = static_cast<int*>(run_buf.data());
-  int* run_cells = run_count + rows * chunks;
+  Buffer run_buf(static_cast<size_t>(rows) * chunks * 2 * sizeof(int), Device::CUDA);
+  int* run_cells = static_cast<int*>(run_buf.data());
+  int* run_count = run_counters(static_cast<size_t>(rows) * chunks);
   const int32_t* pid = static_cast<const int32_t*>(ids.data);
   const int bits = std::bit_width(static_cast<uint64_t>(rows));  // keys are <= rows
   const int passes = std::max(1, static_cast<int>(ceil_div(bits, kDigitBits)));
@@ -684,7 +791,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   Buffer hist_buf(static_cast<size_t>(passes) * kDigits * tiles * sizeof(int), Device::CUDA);
   int* hist = static_cast<int*>(hist_buf.data());
   radix_first_hist_kernel<<<static_cast<unsigned>(tiles), kSortTile, 0, stream()>>>(
-      pid, n, vocab_begin, rows, vocab, tiles, passes, hist);
+      pid, n, vocab_begin, rows, vocab, tiles, passes, short_sort, hist);
   check_launch("radix_first_hist_kernel");
   for (int q = 0; q < passes; ++q) {
     int* h = hist + static_cast<int64_t>(q) * kDigits * tiles;
@@ -697,8 +804,6 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     sp.hist = h;
     sp.next_hist = q + 1 < passes ? h + kDigits * tiles : nullptr;
     sp.err = err;
-    sp.run_count = run_count;
-    sp.count_width = static_cast<int>(chunks);
     sp.n = n;
     sp.tiles = tiles;
     sp.begin = vocab_begin;
@@ -707,11 +812,11 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     sp.shift = q * kDigitBits;
     const unsigned grid = static_cast<unsigned>(tiles);
     if (short_sort) {
-      radix_scatter_kernel<kCountsRead><<<grid, kSortTile, 0, stream()>>>(sp);
+      launch_dependent(radix_scatter_kernel<kCountsRead>, grid, kSortTile, sp);
     } else {
-      exclusive_scan_kernel<<<1, kScanThreads, 0, stream()>>>(h, kDigits * tiles);
+      launch_dependent(exclusive_scan_kernel, 1, kScanThreads, h, int64_t{kDigits} * tiles);
       check_launch("exclusive_scan_kernel");
-      radix_scatter_kernel<kScanned><<<grid, kSortTile, 0, stream()>>>(sp);
+      launch_dependent(radix_scatter_kernel<kScanned>, grid, kSortTile, sp);
     }
     check_launch("radix_scatter_kernel");
   }
@@ -737,7 +842,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
       p.chunks = chunks;
       constexpr int V = 16 / sizeof(T);
       auto kernel = vec ? embedding_cell_kernel<T, V> : embedding_cell_kernel<T, 1>;
-      kernel<<<static_cast<unsigned>(cells * chunks), threads, 0, stream()>>>(p);
+      launch_dependent(kernel, static_cast<unsigned>(cells * chunks), threads, p);
       check_launch("embedding_cell_kernel");
     });
   }
