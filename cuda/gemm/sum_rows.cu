@@ -6,24 +6,25 @@
 //   or 4 f32, one vector load per lane and row when rows are 16-byte aligned, else V strided
 //   scalar loads); its 8 warps take every 8th row of the chunk, each lane adding its columns in
 //   f32 in row order, R rows asked for (raw vectors, one 64-bit pointer stepped per group)
-//   before any is added (R = 8 vector loads, kRowsInFlight scalar ones); the 8 warp sums are
-//   added in warp order. About kBlocksPerSM blocks per multiprocessor in all: few, deep blocks,
-//   so that there are few partials. With one chunk the block writes out; else it writes its
-//   partial(chunk, tile) and counts itself done on the tile's counter (after a fence), and the
-//   tile's last block adds the chunks' partials in a fixed order: thread group g of G adds
-//   chunks g, g + G, ... four columns at a time (12 loads in flight, the last round predicated:
-//   at 32768 x 768, 88 chunks, two rounds where a remainder loop waited for 6 loads one by one;
-//   measured 61.1% of copy after it, inside the 58-70% spread of before),
-//   then the G group sums are
-//   added in group order, beta is applied, and the block resets the counter for the next call.
-//   Which block comes last changes nothing in the order; the chunk count depends on (M, N) and
-//   the device only.
-//   Measured on one H200 at 32768 x 768 bf16 (50 MB; bench memory_bound, sum_rows T=32768
-//   N=768), against the two-pass version it replaced (pass 1 with one wave of resident blocks
-//   writing partials, a second kernel adding them) in the same sessions: 61.5-70.4% of copy
-//   against 57-64%; 2304 and 3072 columns 80-82% and 86.5-87.4% against 76-79% and 84-85%;
-//   16384 x 2048 63-65.5% against 57-58.5%. 1 block per SM, 3 or more, or 4 rows in flight
-//   were slower; 16 rows in flight measured the same as 8.
+//   before any is added (R = 8 vector loads, 16 for narrow matrices of at most kNarrowTiles
+//   tiles, kRowsInFlight scalar ones); the 8 warp sums are added in warp order. About
+//   kBlocksPerSM blocks per multiprocessor in all: few, deep blocks, so that there are few
+//   partials. With one chunk the block writes out; else it writes its partial(chunk, tile) and
+//   counts itself done on the tile's counter (after a fence), and the tile's last block adds the
+//   chunks' partials in a fixed order: thread group g of G adds chunks g, g + G, ... four
+//   columns at a time, U loads in flight (12; 24 for narrow matrices, so at 32768 x 768 the 88
+//   chunks' partials are asked for at once), the last round predicated; then the G group sums
+//   are added in group order, beta is applied, and the block resets the counter for the next
+//   call. Which block comes last changes nothing in the order; the chunk count depends on (M, N)
+//   and the device only.
+//   Measured on one H200 (bench memory_bound, share of copy on the bytes of x): against the
+//   two-pass version it replaced (pass 1 with one wave of resident blocks writing partials, a
+//   second kernel adding them), 32768 x 768 61.5-70.4% against 57-64%, 2304 and 3072 columns
+//   80-82% and 86.5-87.4% against 76-79% and 84-85%, 16384 x 2048 63-65.5% against 57-58.5%.
+//   The narrow path (R 16, U 24), against R 8, U 12 in the same calls: 32768 x 768 73.7-76.9%
+//   against 70.4-72.1% (R 12: 71.4-75.6%; U 24 alone: 68.8-71.4%); at 16384 x 2048, 8 tiles,
+//   R 12 or 16 measured 70-71% against 72-72.5%, so wider matrices keep R 8, U 12. 1 block per
+//   SM, or 3 or more, were slower.
 // sum_columns: one warp per row; lanes add strided vectors in f32, then a fixed xor butterfly.
 // Scratch: the partials (chunks x tiles x tile width f32) and one counter per tile live in
 // device buffers that only grow (the counters zeroed when allocated), reused in compute-stream
@@ -45,6 +46,12 @@ constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMinRowsPerChunk = 64;
 constexpr int kBlocksPerSM = 2;      // blocks of the whole grid per multiprocessor
 constexpr int kVecRowsInFlight = 8;  // rows per warp loaded before any is added (16-byte loads)
+constexpr int kCombineUnroll = 12;   // combine: partial loads in flight per thread
+// Narrow matrices (at most kNarrowTiles column tiles: many row chunks per tile) keep more rows in
+// flight and load every chunk's partial at once in the combine (88 chunks at 32768 x 768).
+constexpr int kNarrowTiles = 4;
+constexpr int kNarrowRowsInFlight = 16;
+constexpr int kNarrowCombineUnroll = 24;
 constexpr int kRowsInFlight = 4;     // ... scalar loads
 
 template <typename T>
@@ -108,7 +115,7 @@ __device__ __forceinline__ void accumulate_rows(const T* x, int64_t n, int64_t r
 
 // sum_rows (see the top of this file): block (tile, chunk); partial rows are ld floats apart (a
 // multiple of 4: 16-byte aligned), the columns of the last tile past n hold 0.
-template <typename T, bool kVec, typename Out, int R>
+template <typename T, bool kVec, typename Out, int R, int kCombineUnroll>
 __global__ void __launch_bounds__(kThreads)
     column_sums_kernel(const T* x, int64_t m, int64_t n, int64_t rows_per_chunk, float* partial,
                        int64_t ld, unsigned* counters, Out* out, float beta) {
@@ -116,7 +123,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kTile = 32 * V;
   constexpr int kQuads = kTile / 4;             // 4-column groups of a tile
   constexpr int kGroups = kThreads / kQuads;    // threads per 4-column group in the combine
-  constexpr int kCombineUnroll = 12;            // combine: partial loads in flight per thread
   static_assert(kGroups >= 1 && kGroups <= kWarps && kThreads % kQuads == 0);
   __shared__ float s[kWarps][kTile];
   __shared__ bool last;
@@ -278,8 +284,11 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
     const int64_t ld = tiles * kTile;
     float* partial = chunks > 1 ? partial_scratch(static_cast<size_t>(chunks * ld)) : nullptr;
     unsigned* counters = chunks > 1 ? tile_counters(static_cast<size_t>(tiles)) : nullptr;
-    auto kernel = vec ? column_sums_kernel<T, true, Out, kVecRowsInFlight>
-                      : column_sums_kernel<T, false, Out, kRowsInFlight>;
+    auto kernel =
+        !vec ? column_sums_kernel<T, false, Out, kRowsInFlight, kCombineUnroll>
+        : tiles <= kNarrowTiles
+            ? column_sums_kernel<T, true, Out, kNarrowRowsInFlight, kNarrowCombineUnroll>
+            : column_sums_kernel<T, true, Out, kVecRowsInFlight, kCombineUnroll>;
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
     kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
                                             partial, ld, counters, static_cast<Out*>(out.data),
