@@ -122,6 +122,29 @@ std::vector<double> to_vector(const Tensor& t) {
   return v;
 }
 
+RowComparison compare_rows(const Tensor& got, const Tensor& ref, double floor,
+                           const std::string& what) {
+  RowComparison c;
+  std::ostringstream os;
+  os << what << ": " << got.numel() << " rows vs " << ref.numel();
+  if (got.numel() != ref.numel()) {
+    c.worst = INFINITY;
+    c.report = os.str() + " (counts differ)";
+    return c;
+  }
+  const std::vector<double> a = to_vector(got), b = to_vector(ref);
+  for (size_t r = 0; r < a.size(); ++r) {
+    const double e = std::isfinite(a[r]) ? std::fabs(a[r] - b[r]) / std::max(std::fabs(b[r]), floor)
+                                         : INFINITY;
+    if (!(e <= c.worst)) c.worst = e, c.row = static_cast<int64_t>(r);  // a NaN sticks
+  }
+  if (!a.empty())
+    os << "; worst row " << c.row << ": " << a[c.row] << " vs " << b[c.row] << ", error "
+       << c.worst << " of max(|ref|, " << floor << ")";
+  c.report = os.str();
+  return c;
+}
+
 Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what) {
   Comparison c;
   std::ostringstream os;

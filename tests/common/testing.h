@@ -53,6 +53,26 @@ Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what
     CHECK(cmp_.rel_rms <= (tol));                                                          \
   } while (0)
 
+// Per-row values (losses, log-sum-exps) compared row by row: the worst |got - ref| / max(|ref|,
+// floor). For values whose rounding error scales with the terms that made them rather than with
+// the value itself (a log-sum-exp of terms near 1 rounds at ~1e-7 absolute, however close to 0
+// it lands), where a relative RMS over the tensor fails on rows near 0.
+struct RowComparison {
+  double worst = 0;  // NaN or inf in got: inf
+  int64_t row = 0;
+  std::string report;
+};
+RowComparison compare_rows(const Tensor& got, const Tensor& ref, double floor,
+                           const std::string& what = "");
+
+// CHECK that every row of got is within tol max(|ref|, floor) of ref.
+#define CHECK_ROWS_CLOSE(got, ref, tol, floor)                                             \
+  do {                                                                                     \
+    auto rows_ = ::engine::testing::compare_rows((got), (ref), (floor), #got " vs " #ref); \
+    INFO(rows_.report);                                                                    \
+    CHECK(rows_.worst <= (tol));                                                           \
+  } while (0)
+
 // True when a CUDA device is usable; otherwise records a skip with the reason and returns false.
 bool gpu_available_or_skip();
 // For multi-rank GPU cases: a GPU per rank (ranks = the world's size) and, with required > 0,

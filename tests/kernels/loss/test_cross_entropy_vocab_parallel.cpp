@@ -9,7 +9,9 @@
 //
 // Tolerances (relative RMS over the tensor, tests/common/testing.h):
 //   stats     max and z exact (they are logits); the sum 1e-5 (f32 sums of ex2.approx terms).
-//   lse/loss  combine vs the reference combine of the device's own partials: 1e-6 (expf, logf);
+//   lse/loss  combine vs the reference combine of the device's own partials: 1e-6 (expf, logf)
+//             per row, relative to max(|value|, 1) (a log-sum-exp near 0 still rounds at ~1e-7:
+//             TEST_SEED=535827631 gave 2.5e-6 of an lse of 0.0108 under a tensor-relative bound);
 //             losses vs the fused f64 reference: bf16 logits 1e-3, f32 1e-5 (as the fused test).
 //   gradient  vs the reference gradient from the device's own lse: bf16 1e-2 and at most 2x the
 //             error of rounding that reference to bf16, f32 1e-5. Against the fused reference
@@ -189,8 +191,8 @@ TEST_CASE("cross_entropy vocab-parallel cuda matches the f64 reference (partial,
               loss_ref = empty({c.t}, DType::F64, Device::CPU);
         ref::cross_entropy_combine(to_host(d.partials, DType::F64), in.mask_host, lse_ref,
                                    loss_ref);
-        CHECK_CLOSE(d.lse.t, lse_ref.t, 1e-6);
-        CHECK_CLOSE(d.losses.t, loss_ref.t, 1e-6);
+        CHECK_ROWS_CLOSE(d.lse.t, lse_ref.t, 1e-6, 1.0);
+        CHECK_ROWS_CLOSE(d.losses.t, loss_ref.t, 1e-6, 1.0);
         Owned fused_grad = to_host(in.x64, DType::F64);
         Owned fused_losses = empty({c.t}, DType::F64, Device::CPU);
         ref::cross_entropy(fused_grad, in.labels_host, in.mask_host, fused_losses, true,

@@ -190,14 +190,8 @@ double rounding_error(const Tensor& ref, DType dtype) {
 // Losses (T values, any dtype) against a reference, row by row: |got - ref| <= tol max(|ref|, 0.1)
 // (the tolerances at the top of this file).
 void check_rows(const Tensor& got, const Tensor& ref, double tol, const char* what) {
-  double worst = 0;
-  int64_t worst_row = 0;
-  for (int64_t r = 0; r < ref.numel(); ++r) {
-    const double e = std::fabs(get(got, r) - get(ref, r)) / std::max(std::fabs(get(ref, r)), 0.1);
-    if (!(e <= worst)) worst = e, worst_row = r;  // a NaN sticks
-  }
-  INFO(what, " row ", worst_row, ": ", get(got, worst_row), " vs ", get(ref, worst_row));
-  CHECK(worst <= tol);
+  INFO(what);
+  CHECK_ROWS_CLOSE(got, ref, tol, 0.1);
 }
 
 double grad_allowance(const DistillParams& p) {
