@@ -134,9 +134,9 @@ RowComparison compare_rows(const Tensor& got, const Tensor& ref, double floor,
   }
   const std::vector<double> a = to_vector(got), b = to_vector(ref);
   for (size_t r = 0; r < a.size(); ++r) {
-    const double e = std::isfinite(a[r]) ? std::fabs(a[r] - b[r]) / std::max(std::fabs(b[r]), floor)
-                                         : INFINITY;
-    if (!(e <= c.worst)) c.worst = e, c.row = static_cast<int64_t>(r);  // a NaN sticks
+    double e = std::fabs(a[r] - b[r]) / std::max(std::fabs(b[r]), floor);
+    if (!std::isfinite(a[r]) || !(e <= INFINITY)) e = INFINITY;  // NaN / inf in got or ref, 0 / 0
+    if (e > c.worst) c.worst = e, c.row = static_cast<int64_t>(r);  // the first worst row
   }
   if (!a.empty())
     os << "; worst row " << c.row << ": " << a[c.row] << " vs " << b[c.row] << ", error "

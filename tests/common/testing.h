@@ -58,7 +58,7 @@ Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what
 // the value itself (a log-sum-exp of terms near 1 rounds at ~1e-7 absolute, however close to 0
 // it lands), where a relative RMS over the tensor fails on rows near 0.
 struct RowComparison {
-  double worst = 0;  // NaN or inf in got: inf
+  double worst = 0;  // a NaN or inf in got or ref (or 0 / 0 with floor 0): inf
   int64_t row = 0;
   std::string report;
 };

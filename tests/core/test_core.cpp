@@ -114,3 +114,31 @@ TEST_CASE("upload_bytes to the GPU: stream order behind queued work, the source 
       CHECK(ok);
     }
 }
+
+TEST_CASE("compare_rows: the worst row relative to max(|ref|, floor); NaN or inf anywhere fails") {
+  auto rows = [](std::vector<double> got, std::vector<double> ref, double floor) {
+    Owned g = empty({static_cast<int64_t>(got.size())}, DType::F64, Device::CPU);
+    Owned r = empty({static_cast<int64_t>(ref.size())}, DType::F64, Device::CPU);
+    for (size_t i = 0; i < got.size(); ++i) g.ptr<double>()[i] = got[i];
+    for (size_t i = 0; i < ref.size(); ++i) r.ptr<double>()[i] = ref[i];
+    return testing::compare_rows(g.t, r.t, floor);
+  };
+  const double nan = std::nan("");
+  testing::RowComparison c = rows({1.0, 0.01 + 2e-7, 10.5}, {1.0, 0.01, 10.0}, 1.0);
+  CHECK(c.row == 2);
+  CHECK(c.worst == doctest::Approx(0.05));
+  c = rows({1.0, 0.01 + 2e-7}, {1.0, 0.01}, 0.0);  // no floor: relative to the value itself
+  CHECK(c.worst == doctest::Approx(2e-5));
+  c = rows({nan, 1.0, 1.0}, {1.0, 1.0, 1.0}, 1.0);  // a NaN in got, then good rows
+  CHECK(std::isinf(c.worst));
+  CHECK(c.row == 0);
+  c = rows({1.0, 1.0, 1.0}, {1.0, nan, 1.0}, 1.0);  // a NaN in the reference
+  CHECK(std::isinf(c.worst));
+  CHECK(c.row == 1);
+  c = rows({0.0, 0.0}, {0.0, 0.0}, 0.0);  // 0 / 0
+  CHECK(std::isinf(c.worst));
+  c = rows({}, {}, 1.0);
+  CHECK(c.worst == 0.0);
+  c = rows({1.0}, {1.0, 2.0}, 1.0);
+  CHECK(std::isinf(c.worst));
+}
