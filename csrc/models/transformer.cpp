@@ -177,9 +177,12 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
   Tensor dy = p.head ? dy_owned.t : grad_output;
   if (!p.head) expect_shape(dy, stage_activation_shape(mb), "stage output gradient");
   if (p.head) record(StatsRecorder::kHeadGrad, dy);
-  bool dy_summed = false;  // sum_t dy already added into this block's output bias gradient
   for (int i = p.end_block; i-- > p.first_block;) {
     const size_t k = static_cast<size_t>(i - p.first_block);
+    // sum_t dy already added into this block's output bias gradient: by the next block's last
+    // norm backward, when that block ran on this stage (its prev_bias below).
+    const bool dy_summed =
+        i + 1 < p.end_block && blocks_[static_cast<size_t>(i)].out_bias_grad().data != nullptr;
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
     Owned dx = env_.act_tensor(x.shape);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
@@ -194,7 +197,6 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
     } else {
       block.backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale, prev_bias, dy_summed);
     }
-    dy_summed = prev_bias.data != nullptr;
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy_owned = std::move(dx);
     dy = dy_owned.t;

@@ -78,8 +78,6 @@ inline void expect_block(const ops::ColumnBlock& b, int64_t rows, int64_t width,
          ", expected ", rows, " x ", width);
   ENSURE(b.col >= 0 && b.col + b.width <= b.ld(), op, ": ", name, " columns [", b.col, ", ",
          b.col + b.width, ") outside its tensor of ", b.ld(), " columns");
-  // The kernels step their row pointers by 32-bit multiples of the row length (up to 64 rows).
-  ENSURE(b.ld() < (int64_t{1} << 25), op, ": ", name, " rows of ", b.ld(), " elements (at most 2^25)");
 }
 
 template <typename T> T* block_ptr(const ops::ColumnBlock& b) {

@@ -44,11 +44,13 @@ namespace {
 
 constexpr int kThreads = 128;  // channels per block
 constexpr int kMaxK = ops::kMambaMaxConv;
-constexpr int kGroup = 16;     // tokens whose loads a thread issues together (<= 64)
+constexpr int kGroup = 16;     // tokens whose loads a thread issues together (< 64)
+static_assert(kGroup < 64, "a group's document starts are bits of one 64-bit word");
 constexpr int64_t kTargetThreads = int64_t{1} << 18;
 // Forward: channels per thread where the tensors allow it (8-byte accesses), else 1. The
 // backward keeps one channel a thread (below).
 constexpr int kFwdVec = 4;
+constexpr int kBwdMinBlocks = 4;  // backward: resident blocks per multiprocessor
 
 struct ConvParams {
   const bf16_t* x;       // (T, ldx): channel d of token t at x[t * ldx + d]
@@ -138,11 +140,13 @@ __device__ __forceinline__ void push(float (&hist)[V][K], const float (&xs)[V], 
 }
 
 // Thread: V consecutive channels d0 .. (one 2V-byte access a row; V = 1 where the tensors or the
-// channel count do not allow wider ones) over one run of tokens, in groups of G tokens whose
-// loads are issued together. A group wholly inside the run with no document start (the common
-// case) takes a path without the per-token bounds, reset and tap checks (kPlain).
-template <int K, int V, int G, int MB>
+// channel count do not allow wider ones) over one run of tokens, in groups of G = kGroup tokens
+// whose loads are issued together. A group wholly inside the run with no document start (the
+// common case) takes a path without the per-token bounds, reset and tap checks (kPlain). MB:
+// resident blocks per multiprocessor (caps the registers).
+template <int K, int V, int MB>
 static __global__ void __launch_bounds__(kThreads, MB) conv_fwd_kernel(ConvParams p) {
+  constexpr int G = kGroup;
   const int d0 = (blockIdx.y * kThreads + threadIdx.x) * V;
   if (d0 >= p.channels) return;
   const int64_t t0 = blockIdx.x * p.run, t1 = min(t0 + p.run, p.tokens);
@@ -180,8 +184,10 @@ static __global__ void __launch_bounds__(kThreads, MB) conv_fwd_kernel(ConvParam
   }
 }
 
-template <int K, int V, int G, int MB>
-static __global__ void __launch_bounds__(kThreads, MB) conv_bwd_kernel(ConvParams p) {
+// The backward: one channel a thread (wider measured slower: docs/PERF.md), groups of kGroup.
+template <int K>
+static __global__ void __launch_bounds__(kThreads, kBwdMinBlocks) conv_bwd_kernel(ConvParams p) {
+  constexpr int V = 1, G = kGroup;
   const int d0 = (blockIdx.y * kThreads + threadIdx.x) * V;
   if (d0 >= p.channels) return;
   const int64_t t0 = blockIdx.x * p.run, t1 = min(t0 + p.run, p.tokens);
@@ -306,6 +312,15 @@ struct ConvShape {
   int channels, k;
 };
 
+// A column block the conv kernels read or write: mamba::expect_block's checks, and rows short
+// enough for the kernels' 32-bit pointer steps (a multiple of the row length, up to 64 rows).
+void expect_conv_block(const ops::ColumnBlock& b, int64_t rows, int64_t width, const char* op,
+                       const char* name) {
+  mamba::expect_block(b, rows, width, op, name);
+  ENSURE(b.ld() < (int64_t{1} << 25), op, ": ", name, " rows of ", b.ld(),
+         " elements (the conv kernels need fewer than 2^25)");
+}
+
 ConvShape check_conv(const char* op, const ops::ColumnBlock& x, const Tensor& weight,
                      const Tensor& bias, const Tensor& cu_seqlens) {
   expect_cuda(weight, op, "weight");
@@ -314,7 +329,7 @@ ConvShape check_conv(const char* op, const ops::ColumnBlock& x, const Tensor& we
   const int64_t di = weight.size(0), k = weight.size(1);
   ENSURE(k >= 1 && k <= kMaxK, op, ": kernel size ", k, " not in [1, ", kMaxK, "] (CUDA kernels)");
   ENSURE(di >= 1 && di < (int64_t{1} << 31) - kThreads, op, ": ", di, " channels");
-  mamba::expect_block(x, x.rows(), di, op, "x");
+  expect_conv_block(x, x.rows(), di, op, "x");
   if (bias.data) expect_cuda(bias, DType::BF16, {di}, op, "bias");
   mamba::expect_cu_seqlens(cu_seqlens, op);
   ENSURE(x.rows() < (int64_t{1} << 31), op, ": T = ", x.rows(), " tokens");
@@ -365,7 +380,7 @@ void causal_conv1d_forward(const ops::ColumnBlock& x, const Tensor& weight, cons
                            const Tensor& cu_seqlens, bool silu, const ops::ColumnBlock& y) {
   const char* op = "causal_conv1d_forward";
   const ConvShape s = check_conv(op, x, weight, bias, cu_seqlens);
-  mamba::expect_block(y, s.tokens, s.channels, op, "y");
+  expect_conv_block(y, s.tokens, s.channels, op, "y");
   if (s.tokens == 0) return;
   Owned starts = mamba::doc_start_bits(cu_seqlens, s.tokens);
   bf16_t* yp = mamba::block_ptr<bf16_t>(y);
@@ -380,9 +395,9 @@ void causal_conv1d_forward(const ops::ColumnBlock& x, const Tensor& weight, cons
   k_switch(s.k, [&](auto kc) {
     constexpr int K = decltype(kc)::value;
     if (wide)
-      conv_fwd_kernel<K, kFwdVec, kGroup, 3><<<grid, kThreads, 0, stream()>>>(p);
+      conv_fwd_kernel<K, kFwdVec, 3><<<grid, kThreads, 0, stream()>>>(p);
     else
-      conv_fwd_kernel<K, 1, kGroup, 6><<<grid, kThreads, 0, stream()>>>(p);
+      conv_fwd_kernel<K, 1, 6><<<grid, kThreads, 0, stream()>>>(p);
   });
   check_launch("conv_fwd_kernel");
 }
@@ -393,8 +408,8 @@ void causal_conv1d_backward(const ops::ColumnBlock& dy, const ops::ColumnBlock& 
                             const Tensor& dbias) {
   const char* op = "causal_conv1d_backward";
   const ConvShape s = check_conv(op, x, weight, bias, cu_seqlens);
-  mamba::expect_block(dy, s.tokens, s.channels, op, "dy");
-  mamba::expect_block(dx, s.tokens, s.channels, op, "dx");
+  expect_conv_block(dy, s.tokens, s.channels, op, "dy");
+  expect_conv_block(dx, s.tokens, s.channels, op, "dx");
   expect_cuda(dweight, DType::F32, {s.channels, s.k}, op, "dweight");
   ENSURE(!dbias.data || bias.data, op, ": dbias given without bias");
   if (dbias.data) expect_cuda(dbias, DType::F32, {s.channels}, op, "dbias");
@@ -410,7 +425,7 @@ void causal_conv1d_backward(const ops::ColumnBlock& dy, const ops::ColumnBlock& 
   p.part = part.ptr<float>();
   const dim3 grid(static_cast<unsigned>(runs), static_cast<unsigned>(ceil_div(s.channels, kThreads)));
   k_switch(s.k, [&](auto kc) {
-    conv_bwd_kernel<decltype(kc)::value, 1, kGroup, 4><<<grid, kThreads, 0, stream()>>>(p);
+    conv_bwd_kernel<decltype(kc)::value><<<grid, kThreads, 0, stream()>>>(p);
   });
   check_launch("conv_bwd_kernel");
   const int64_t items = static_cast<int64_t>(s.k + 1) * s.channels;

@@ -90,7 +90,7 @@ struct ConvCase {
   std::vector<int32_t> docs;
   int64_t di, k;
   bool bias, silu;
-  // Aligned tensors and Di % 8 == 0: the forward's wide path (4 channels a thread, 8-byte
+  // Aligned tensors and Di % 4 == 0: the forward's wide path (4 channels a thread, 8-byte
   // accesses); else every tensor starts one element into its allocation, x and dx from column 1
   // (one channel a thread).
   bool wide = false;
