@@ -15,14 +15,19 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
   struct Case {
     ModelFamily family;
     bool cross_document;
+    bool mamba_proj_bias = false;  // the Mamba blocks' out_proj bias: its gradient is summed by
+                                   // the next block's norm backward (layers/block.h)
   };
   for (Case k : std::vector<Case>{{ModelFamily::GPT2, false},   {ModelFamily::Llama, false},
                                   {ModelFamily::Llama, true},    {ModelFamily::Mistral, false},
                                   {ModelFamily::Mixtral, false}, {ModelFamily::Mamba, false},
-                                  {ModelFamily::Hybrid, false}}) {
+                                  {ModelFamily::Hybrid, false},  {ModelFamily::Mamba, false, true},
+                                  {ModelFamily::Hybrid, false, true}}) {
     ModelConfig c = tiny_model(k.family);
+    c.mamba_proj_bias = k.mamba_proj_bias;
     CAPTURE(std::string(family_name(k.family)));
     CAPTURE(k.cross_document);
+    CAPTURE(k.mamba_proj_bias);
     auto model = make_model(c, Device::CPU, DType::F64);
     randomize_weights(model->params(), "model");
     Sample s0 = make_sample({3, 1, 4}, c.vocab_size, "m0"), s1 = make_sample({8}, c.vocab_size, "m1");
