@@ -309,7 +309,12 @@ TEST_CASE("vocab-parallel distillation (partial, combine, grad) equals the fused
           // The z-loss term grows with lse^2 ~ 1e6 at the shifted logits: compare relative to it.
           CHECK(rel_err(r.losses, f.losses) <= 1e-12);
           CHECK(rel_err(r.distill, f.distill) <= 1e-12);
-          CHECK(rel_err(r.grad, fused_grad, 1e-3) <= 1e-12);
+          // The reverse-KL gradient q (log q - log p - KL) cancels terms of ~|logit| each, which
+          // the two paths round in different orders: at logit std 5 it measured up to 2.35e-12
+          // (9 of 300 seeds over 1e-12, T1 V5 and the shifted V50 cases; TEST_SEED=675291528
+          // gave 1.76e-12), every other mix under 1e-12.
+          const double grad_tol = p.kind == DistillKind::ReverseKL ? 1e-11 : 1e-12;
+          CHECK(rel_err(r.grad, fused_grad, 1e-3) <= grad_tol);
           const int64_t np = static_cast<int64_t>(c.cuts.size()) - 1;
           for (int64_t row = 0; row < c.t; ++row) {
             if (b.mask.ptr<uint8_t>()[row]) continue;
