@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "core/buffer.h"
-#include "cuda/gemm/sum_rows.cuh"
 #include "cuda/norm/norm.cuh"
 #include "cuda/norm/norm_common.cuh"
 
@@ -32,24 +31,32 @@ constexpr int kBwdWarpMinBlocks = kPrefetch ? 3 : 2;
 // for the scalar variant and wide rows, where the stages would spill). xhat and g are recomputed
 // from the raw packs in the second pass rather than kept. kSmemAcc: the per-column sums of
 // dy xhat and dy live in shared memory (each thread owns its columns' float4 slots, so no barrier
-// or atomics) instead of registers, which leaves registers for more resident blocks.
-template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool kResidual>
+// or atomics) instead of registers, which leaves registers for more resident blocks. kColSum:
+// the same for the column sums of dx as stored (the residual forms' dx_colsum).
+template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool kResidual,
+          bool kColSum>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_backward_kernel(const NormBwdParams<T> p) {
   constexpr int S = D + 1;  // ring stages
   constexpr int kRegN = kSmemAcc ? 1 : N;
+  constexpr int kRegC = kColSum && !kSmemAcc ? N : 1;  // dx sums in registers
+  constexpr int kDxSlot = (kCentered ? 2 : 1) * (N / 4);  // kSmemAcc: the dx sums' first float4
   __shared__ float smem[2 * 32 * 2];
-  extern __shared__ float4 acc_smem[];  // kSmemAcc: dw then db, float4 c of pack q at c packs + q
+  // kSmemAcc: dw, then db (kCentered), then the dx sums (kColSum); float4 c of pack q of the
+  // quantity starting at float4 b lives at (b + c) packs + q.
+  extern __shared__ float4 acc_smem[];
   int phase = 0;
   const int64_t packs = p.cols / N;
   const float inv_cols = 1.f / static_cast<float>(p.cols);
   auto pack_of = [&](int k) { return threadIdx.x + static_cast<int64_t>(k) * blockDim.x; };
-  float dw[K][kRegN], db[K][kRegN];
+  float dw[K][kRegN], db[K][kRegN], dxs[K][kRegC];
   Pack<T, N> w[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
 #pragma unroll
     for (int j = 0; j < kRegN; ++j) dw[k][j] = db[k][j] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRegC; ++j) dxs[k][j] = 0.f;
     if (pack_of(k) < packs) {
       w[k] = reinterpret_cast<const Pack<T, N>*>(p.weight)[pack_of(k)];
       if constexpr (kSmemAcc) {
@@ -58,6 +65,8 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
           acc_smem[c * packs + pack_of(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
           if constexpr (kCentered)
             acc_smem[(N / 4 + c) * packs + pack_of(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if constexpr (kColSum)
+            acc_smem[(kDxSlot + c) * packs + pack_of(k)] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
     }
@@ -132,6 +141,21 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
             o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
         }
         store_pack<T, N>(dxr + pack_of(k) * N, o);
+        if constexpr (kColSum) {  // dx as stored
+          float st[N];
+#pragma unroll
+          for (int j = 0; j < N; ++j) st[j] = to_float(from_float<T>(o[j]));
+          if constexpr (kSmemAcc) {
+#pragma unroll
+            for (int c = 0; c < N / 4; ++c) {
+              float4& a = acc_smem[(kDxSlot + c) * packs + pack_of(k)];
+              a.x += st[4 * c], a.y += st[4 * c + 1], a.z += st[4 * c + 2], a.w += st[4 * c + 3];
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < kRegC; ++j) dxs[k][j] += st[j];
+          }
+        }
       }
     }
 #pragma unroll
@@ -147,6 +171,7 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   }
   float* pdw = p.partial_dw + static_cast<int64_t>(blockIdx.x) * p.cols;
   float* pdb = p.partial_db ? p.partial_db + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  float* pdxs = kColSum ? p.partial_dxs + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (pack_of(k) < packs) {
@@ -158,11 +183,15 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
             if (pdb)
               reinterpret_cast<float4*>(pdb + pack_of(k) * N)[c] =
                   acc_smem[(N / 4 + c) * packs + pack_of(k)];
+          if constexpr (kColSum)
+            reinterpret_cast<float4*>(pdxs + pack_of(k) * N)[c] =
+                acc_smem[(kDxSlot + c) * packs + pack_of(k)];
         }
       } else {
         store_pack<float, N>(pdw + pack_of(k) * N, dw[k]);
         if constexpr (kCentered)
           if (pdb) store_pack<float, N>(pdb + pack_of(k) * N, db[k]);
+        if constexpr (kColSum) store_pack<float, N>(pdxs + pack_of(k) * N, dxs[k]);
       }
     }
   }
@@ -485,10 +514,10 @@ static void launch_backward_warp_colsum(const NormBwdParams<T>& p, float* dweigh
   launch_backward_warp<T, K, kCentered, kResidual, false>(p, dweight, dbias, nullptr);
 }
 
-// Returns false where the kernel chosen does not sum dx's columns (the block-per-row kernels):
-// the caller then adds them by sum_rows.
+// Picks the kernel for the layout and runs it; dx_colsum (nullptr: not asked for) is summed by
+// the kernel itself, the warp-per-row and the block-per-row ones alike.
 template <typename T, bool kCentered, bool kResidual>
-static bool launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias,
+static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dweight, float* dbias,
                             float* dx_colsum) {
   constexpr int V = 16 / sizeof(T);
   // Rows of at most 128 16-byte packs: a warp per row (79% of copy against 69% for the block
@@ -497,7 +526,6 @@ static bool launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
     auto warp = [&](auto k) {
       launch_backward_warp_colsum<T, decltype(k)::value, kCentered, kResidual>(p, dweight, dbias,
                                                                               dx_colsum);
-      return true;
     };
     switch (ceil_div(p.cols / V, 32)) {
       case 1: return warp(std::integral_constant<int, 1>{});
@@ -507,27 +535,47 @@ static bool launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
       default: break;
     }
   }
-  plan_switch<T>(plan, "norm backward", [&](auto n, auto k) {
-    constexpr int N = decltype(n)::value, K = decltype(k)::value;
-    // Prefetch the next row where the stages fit in registers (not in the scalar variant nor
-    // beyond 32 bytes per thread and tensor); then keep the column sums in shared memory when
-    // they fit the default 48 KB.
-    constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
-    const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
-    auto run = [&](auto kernel, size_t smem) {
-      const int grid = persistent_grid(kernel, plan.threads, smem, p.rows);
-      run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, nullptr, name);
-    };
-    if constexpr (kPrefetch) {
-      const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * (kCentered ? 2 : 1);
-      if (acc_bytes <= kMaxAccSmem)
-        return run(norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual>, acc_bytes);
-      return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual>, 0);
-    } else {
-      return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual>, 0);
-    }
-  });
-  return false;
+  auto block = [&](auto colsum) {
+    constexpr bool kColSum = decltype(colsum)::value;
+    plan_switch<T>(plan, "norm backward", [&](auto n, auto k) {
+      constexpr int N = decltype(n)::value, K = decltype(k)::value;
+      // Prefetch the next row where the stages fit in registers (not in the scalar variant nor
+      // beyond 32 bytes per thread and tensor); then keep the column sums in shared memory when
+      // they fit the default 48 KB.
+      constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
+      const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
+      auto run = [&](auto kernel, size_t smem) {
+        const int grid = persistent_grid(kernel, plan.threads, smem, p.rows);
+        run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, dx_colsum, name);
+      };
+      if constexpr (kPrefetch) {
+        constexpr int quantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);
+        const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * quantities;
+        if (acc_bytes <= kMaxAccSmem) {
+          constexpr auto kernel = norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual,
+                                                       kColSum>;
+          // kMaxAccSmem of dynamic shared memory besides the kernel's static 512 bytes is past
+          // the default 48 KB (three sums at C = 4096: a launch error without the attribute).
+          static const bool sized = [] {
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kMaxAccSmem)));
+            return true;
+          }();
+          (void)sized;
+          return run(kernel, acc_bytes);
+        }
+        return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual, kColSum>, 0);
+      } else {
+        return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual, kColSum>, 0);
+      }
+    });
+  };
+  // As for the warp kernels: the dx column sums are built into the residual forms only.
+  if constexpr (kResidual) {
+    if (dx_colsum) return block(std::true_type{});
+  }
+  ENSURE(!dx_colsum, "norm backward: dx column sums without a residual form");
+  block(std::false_type{});
 }
 
 // dresidual == nullptr: the plain form. dx_colsum: nullptr or undefined, or += sum_t dx(t).
@@ -571,16 +619,14 @@ static void norm_backward(const char* op, const Tensor& dy, const Tensor& x, con
     float* dw = static_cast<float*>(dweight.data);
     float* db = has_dbias ? static_cast<float*>(dbias->data) : nullptr;
     float* dxs = has_colsum ? static_cast<float*>(dx_colsum->data) : nullptr;
-    bool summed = false;
     if (mean && res)
-      summed = launch_backward<T, true, true>(p, plan, dw, db, dxs);
+      launch_backward<T, true, true>(p, plan, dw, db, dxs);
     else if (mean)
-      summed = launch_backward<T, true, false>(p, plan, dw, db, dxs);
+      launch_backward<T, true, false>(p, plan, dw, db, dxs);
     else if (res)
-      summed = launch_backward<T, false, true>(p, plan, dw, nullptr, dxs);
+      launch_backward<T, false, true>(p, plan, dw, nullptr, dxs);
     else
-      summed = launch_backward<T, false, false>(p, plan, dw, nullptr, dxs);
-    if (has_colsum && !summed) sum_rows(dx, *dx_colsum, 1.f);
+      launch_backward<T, false, false>(p, plan, dw, nullptr, dxs);
   });
 }
 

@@ -70,7 +70,7 @@ struct NormBwdParams {
   T* dx;              // (rows, cols)
   float* partial_dw;  // (gridDim.x, cols): sum of dy xhat over the rows of each block
   float* partial_db;  // (gridDim.x, cols) or nullptr: sum of dy over the rows of each block
-  float* partial_dxs;  // (gridDim.x, cols), warp kernel with kColSum: sum of dx as stored
+  float* partial_dxs;  // (gridDim.x, cols), kernels with kColSum: sum of dx as stored
   int64_t rows, cols;
 };
 
