@@ -121,20 +121,22 @@ TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, de
   }
 }
 
-TEST_CASE("cuda embedding backward: runs of 64 and 65 entries at cell offsets 0, 1 and 31, over poisoned scratch" * doctest::test_suite("gpu")) {
-  // Sorted entries come in cells of 32; a run of at most 64 entries is summed whole by the cell
+TEST_CASE("cuda embedding backward: runs of 64 and 65 entries at cell offsets 0, 1 and 63, over poisoned scratch" * doctest::test_suite("gpu")) {
+  // Sorted entries come in cells of 64; a run of at most 64 entries is summed whole by the cell
   // where it starts, a longer one in per-cell pieces that the last arriving cell adds up. Runs of
-  // exactly 64 and 65 entries start at offsets 0, 1 and 31 of a cell (fillers of one id in
-  // between), a long run ends on a cell edge (65 from offset 31), the last one ends at T; tokens
-  // in random order. The caching allocator's free blocks of the op's scratch sizes are filled
-  // with 0x7f bytes first, so counters the sort did not zero would show.
+  // exactly 64 and 65 entries start at offsets 0, 1 and 63 of a cell (fillers of one id in
+  // between), a long run ends on a cell edge (65 from offset 63), the last one ends at T; tokens
+  // in random order. The caching allocator's free blocks of the op's scratch sizes (sort, counts,
+  // the long runs' first and last cells, their pieces) are filled with 0x7f bytes first; the
+  // long runs' arrival counters live in a buffer of their own that each run's last piece resets,
+  // so a counter left non-zero would show in the second and third calls' bits.
   if (!gpu_available_or_skip()) return;
   const std::vector<std::pair<int64_t, int64_t>> runs = {  // (length, offset in its cell)
-      {64, 0}, {65, 0}, {64, 1}, {65, 1}, {64, 31}, {65, 31}, {96, 31}, {200, 5}, {33, 0}, {130, 3}};
+      {64, 0}, {65, 0}, {64, 1}, {65, 1}, {64, 63}, {65, 63}, {96, 63}, {200, 5}, {33, 0}, {130, 3}};
   std::vector<int32_t> sorted;
   int32_t id = 0;
   for (const auto& [len, offset] : runs) {
-    const int64_t pad = (offset - static_cast<int64_t>(sorted.size()) % 32 + 32) % 32;
+    const int64_t pad = (offset - static_cast<int64_t>(sorted.size()) % 64 + 64) % 64;
     if (pad > 0) sorted.insert(sorted.end(), pad, id++);  // a filler run
     sorted.insert(sorted.end(), len, id++);
   }
@@ -153,8 +155,8 @@ TEST_CASE("cuda embedding backward: runs of 64 and 65 entries at cell offsets 0,
       INFO("C ", c, " dout ", dtype_name(dt));
       {  // blocks of the sizes the op asks for, poisoned and returned to the cache
         std::vector<Owned> junk;
-        for (const int64_t bytes : {4 * t * 4, 3 * 256 * ((t + 1023) / 1024) * 4,
-                                    vocab * 3 * ((c + 127) / 128) * 4, 2 * ((t + 31) / 32) * c * 4})
+        for (const int64_t bytes : {4 * t * 4, 2 * 256 * ((t + 1023) / 1024) * 4,
+                                    vocab * 2 * ((c + 255) / 256) * 4, 2 * ((t + 63) / 64) * c * 4})
           junk.push_back(std::move(gpu_poisoned({bytes / 4}, DType::F32).storage));
       }
       Owned dout = randn({t, c}, DType::F32, "emb.runs.dout"),
@@ -167,6 +169,9 @@ TEST_CASE("cuda embedding backward: runs of 64 and 65 entries at cell offsets 0,
       CHECK_CLOSE(gd1.t, ref.t, 1e-5);
       ops::embedding_backward(gids.t, gdout.t, gd2.t);
       CHECK(bitwise_equal(gd1.t, gd2.t));
+      DeviceTensor gd3 = to_gpu(dtable0, DType::F32);
+      ops::embedding_backward(gids.t, gdout.t, gd3.t);
+      CHECK(bitwise_equal(gd1.t, gd3.t));
     }
   }
   // No columns: nothing to add, and nothing to fail on.
