@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kThreads, 1) flash_bwd_kernel(c
             FLASH_UNROLL
             for (int x = 0; x < 2; ++x) {
               const int e = 2 * hf + x;
-              float pe = fast_exp2(fmaf(acc_s[mi][ni][e], c, -lse2));
+              float pe = ex2(fmaf(acc_s[mi][ni][e], c, -lse2));
               if constexpr (kMasked) {
                 const int j = ni * 8 + frag_col(lane, e);
                 if (j >= hi || j < lo) pe = 0.f;

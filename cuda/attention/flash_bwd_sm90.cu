@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         for (int x = 0; x < 2; ++x) {
           const float l2 = lse_r[2 * j + x];
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) st[4 * j + 2 * hf + x] = fast_exp2(fmaf(st[4 * j + 2 * hf + x], c, -l2));
+          for (int hf = 0; hf < 2; ++hf) st[4 * j + 2 * hf + x] = ex2(fmaf(st[4 * j + 2 * hf + x], c, -l2));
         }
       if (need_mask) {  // apart from the exponentials, so the unmasked tiles run a straight line
 #pragma unroll

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "cuda/attention/flash_layout.h"
+#include "cuda/common/fast_math.cuh"
 
 namespace engine::cuda::flash {
 
@@ -63,7 +64,6 @@ struct Grid {
   int max_seqlen_k;  // >= every Lk
 };
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kFallbackMaxHeadDim = 256;  // largest head dim of the f32 fallback kernels
 
 // ---- PTX wrappers -------------------------------------------------------------------------
@@ -151,13 +151,6 @@ __device__ __forceinline__ int thread_x() {
   int t;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
   return t;
-}
-
-// 2^x (ex2.approx: 2 ulp, -inf -> +0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 #endif  // FLASH_EMULATE

@@ -139,14 +139,14 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kThreads, 2) flash_fwd_kernel(c
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // A row with nothing visible yet keeps m = -inf; exponents then use 0 (p = 0, alpha = 0).
         const float m_scaled = mx == -INFINITY ? 0.f : mx * c;
-        const float alpha = fast_exp2(m_run[mi][hf] * c - m_scaled);
+        const float alpha = ex2(m_run[mi][hf] * c - m_scaled);
         m_run[mi][hf] = mx;
         float sum = 0.f;
         FLASH_UNROLL
         for (int ni = 0; ni < kNI; ++ni)
           FLASH_UNROLL
           for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-            const float pe = fast_exp2(fmaf(acc_s[mi][ni][e], c, -m_scaled));
+            const float pe = ex2(fmaf(acc_s[mi][ni][e], c, -m_scaled));
             acc_s[mi][ni][e] = pe;
             sum += pe;
           }

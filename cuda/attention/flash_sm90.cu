@@ -285,14 +285,14 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_scaled = mx == -INFINITY ? 0.f : mx * c;
-      alpha[hf] = fast_exp2(m_run[hf] * c - m_scaled);
+      alpha[hf] = ex2(m_run[hf] * c - m_scaled);
       m_run[hf] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          const float pe = fast_exp2(fmaf(sc[4 * j + 2 * hf + x], c, -m_scaled));
+          const float pe = ex2(fmaf(sc[4 * j + 2 * hf + x], c, -m_scaled));
           sc[4 * j + 2 * hf + x] = pe;
           sum += pe;
         }

@@ -12,24 +12,17 @@
 
 #include <cstdint>
 
+#include "cuda/common/fast_math.cuh"
 #include "cuda/common/launch.cuh"
 
 namespace engine::cuda::ce {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <typename T>
 constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers: conversions, the (max, sum) statistic, one vector's gradient.
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ void unpack(const uint4& u, float (&x)[8], bf16_t) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};

@@ -31,9 +31,6 @@
 
 namespace engine::cuda::dl {
 
-using ce::ex2;
-using ce::kLn2;
-using ce::kLog2e;
 using cuda::from_float;
 using cuda::to_float;
 

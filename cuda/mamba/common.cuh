@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/buffer.h"
+#include "cuda/common/fast_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "ops/mamba.h"
 
@@ -88,19 +89,6 @@ __device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v)
 
 // 1 / (1 + e^-v) with the fast exp and a correctly rounded reciprocal (0 when e^-v overflows).
 __device__ __forceinline__ float sigmoid(float v) { return __frcp_rn(1.f + __expf(-v)); }
-// The flush-to-zero special-function forms: one instruction each (__frcp_rn adds a dozen and a
-// call, __expf a range fix-up around its ex2, when denormals are kept, as this build does).
-constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float ex2(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-__device__ __forceinline__ float rcp(float v) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
 // 1 / (1 + e^-v): 0 when e^-v overflows (rcp(inf) = 0), 1 when it underflows.
 __device__ __forceinline__ float sigmoid_fast(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
 // d silu(v) / dv from s = sigmoid(v).

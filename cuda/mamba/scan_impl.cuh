@@ -11,16 +11,12 @@
 
 namespace engine::cuda::scan_impl {
 
-using mamba::ex2;
-using mamba::kLog2e;
-using mamba::rcp;
 using mamba::sigmoid_fast;
 
 constexpr int kN = ops::kMambaMaxState;  // states per channel held in registers
 constexpr int kThreads = 128;   // channels per block
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 128;
-constexpr float kLn2 = 0.6931471805599453f;
 
 struct ScanParams {
   const bf16_t* x;          // (T, ldx): channel d of token t at x[t * ldx + d]

@@ -489,5 +489,5 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r
 inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   emu::mma(d, a, b0, b1);
 }
-inline float fast_exp2(float x) { return std::exp2(x); }
+inline float ex2(float x) { return std::exp2(x); }  // cuda/common/fast_math.cuh
 }  // namespace engine::cuda::flash
