@@ -242,6 +242,12 @@ TEST_CASE("flash attention sm90 kernels match the f64 reference: many tiles, odd
       {{513, 2, 255}, 4, 4, 64, false, 129},
       {{1200}, 16, 2, 64, true, 0, 0.5f},  // peaked softmax
       {{1200, 65}, 8, 2, 128, true, 0, 0.5f},
+      // The backward's launch order at hd128 (flash_bwd_sm90.cu launch): sections of the
+      // (kv head, sequence) pairs whose q, dO and dQ rows fit 24 MB, the last four merged. GQA 4
+      // at 400 tokens: 1.6 MB a pair, sections of 8 pairs; 4 kv heads x 12 sequences = 48 pairs,
+      // so two regular sections, then the merged tail of 32 pairs (the other cases have three
+      // sections or fewer: the tail alone).
+      {{400, 1, 399, 129, 256, 7, 400, 300, 65, 128, 250, 390}, 16, 4, 128, true, 0},
   };
   for (const FlashCase& c : cases) {
     SUBCASE(c.name().c_str()) { check_case(c, "sm90"); }
