@@ -1,5 +1,5 @@
 // Shared pieces of the flash-attention kernels (.cu only): the kernel-side parameter block, the
-// PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16 bf16 -> f32, ex2), the swizzled tile
+// PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16 bf16 -> f32), the swizzled tile
 // loader and the warp-level GEMM over shared tiles; the head-dim switch for the launcher; and
 // the declarations of the per-head-dim runners (one .cu per instantiation).
 // Index math lives in flash_layout.h (also tested on the CPU).

@@ -17,7 +17,6 @@
 
 namespace engine::cuda::ce {
 
-
 template <typename T>
 constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
 

@@ -27,12 +27,15 @@
 //     they join the block's partial rows like dw and db: at T = 32768, C = 768 73.6-75.2% of copy
 //     on the norm's bytes plus the sums, 0.063-0.064 ms against 0.075-0.076 for the norm and a
 //     sum_rows after it (a GPT-2 step: 61.5 us a call against 54.2 without the sums, and no
-//     17 us column sum after it). The block-per-row kernels leave dx_colsum to sum_rows;
+//     17 us column sum after it);
 //   - backward, the other layouts: one block per row of a persistent grid, at least 2 packs per
 //     thread where C allows (fewer, fatter threads keep more bytes in flight per register), the
 //     next row's x and dy loaded before this row is reduced (a deeper prefetch measured slower:
 //     46% against 71% of copy), the weight packs held in registers, the per-column sums in
-//     shared memory.
+//     shared memory (up to 48 KB of them: past the default by the kernel's static 512 bytes,
+//     so it asks for that once) or in registers. With kColSum the dx column sums are a third
+//     such sum beside dw and db: layernorm+residual at T = 16384, C = 2048 0.084 ms (74.7-74.9%
+//     of copy) against 0.098-0.100 for the norm and a sum_rows over dx after it.
 // Residual forms (kResidual): the forward loads the residual's packs beside x's, adds them in f32
 // and rounds to T in registers (the add kernel's arithmetic), writes that pack to sum and
 // normalises it unchanged; the backward loads dresidual's packs before the row's sums and adds

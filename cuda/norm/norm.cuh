@@ -9,8 +9,8 @@
 // and the weight gradients agree within f32 rounding (measured on an H200: not bitwise; the
 // misaligned scalar path reduces in another order). Aliasing: sum may alias
 // x or residual, y may alias x or residual (not sum), dx may alias dresidual, dy or x.
-// dx_colsum (residual backward, optional): f32 (C), += the column sums of dx as stored (in the
-// warp-per-row kernel; the others run sum_rows over dx after it).
+// dx_colsum (residual backward, optional): f32 (C), += the column sums of dx as stored, summed
+// by the norm kernel itself (no second pass over dx).
 #pragma once
 #include "core/tensor.h"
 

@@ -452,7 +452,7 @@ static __global__ void __launch_bounds__(32 * kRowLanes)
 // Host side.
 
 // Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per column sum,
-// then adds the partials into dweight (and dbias, and dx_colsum: the warp kernel's kColSum).
+// then adds the partials into dweight (and dbias, and dx_colsum: the kernels' kColSum).
 template <typename T, typename Kernel>
 static void run_backward(Kernel kernel, int grid, int threads, size_t smem, NormBwdParams<T> p,
                          float* dweight, float* dbias, float* dx_colsum, const char* name) {
@@ -541,7 +541,8 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
       constexpr int N = decltype(n)::value, K = decltype(k)::value;
       // Prefetch the next row where the stages fit in registers (not in the scalar variant nor
       // beyond 32 bytes per thread and tensor); then keep the column sums in shared memory when
-      // they fit the default 48 KB.
+      // they fit kMaxAccSmem (48 KB: with the static 512 bytes, past the default limit).
+      // (The f32 scalar variants spill a little, with or without kColSum; bf16 ones do not.)
       constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
       const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
       auto run = [&](auto kernel, size_t smem) {

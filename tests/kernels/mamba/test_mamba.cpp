@@ -109,8 +109,9 @@ std::vector<ConvCase> conv_cases() {
       {"wide: 60 docs up to 30 Di136 K3", random_docs(60, 30, "conv.docs.wide"), 136, 3, true, true, true},
       {"wide: docs 700,1,300 Di8 K4 linear no bias", {700, 1, 300}, 8, 4, false, false, true},
       {"wide: K1 Di16", {9, 2, 33}, 16, 1, true, true, true},
-      // Model widths: 1024 threads of 4 channels a token (32 blocks of channels), and over 8192
-      // tokens the runs grow past 32 tokens (conv_params' thread target: 64 forward, 256 backward).
+      // Model widths: 1024 threads of 4 channels a token forward (8 blocks of channels; 32 in
+      // the backward, a channel a thread), and over 8192 tokens the runs grow past 32 tokens
+      // (conv_params' thread target: 64 forward, 256 backward).
       {"wide: docs 9000,1,700 Di4096 K4", {9000, 1, 700}, 4096, 4, true, true, true},
       {"docs 2000,3 Di4100 K3", {2000, 3}, 4100, 3, true, true},
   };
