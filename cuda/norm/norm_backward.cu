@@ -451,6 +451,18 @@ static __global__ void __launch_bounds__(32 * kRowLanes)
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
+// Lets kKernel take `bytes` of dynamic shared memory: the attribute is a per-kernel maximum,
+// raised to the largest size asked for so far (one driver call per kernel in steady state).
+// Host side, called from the thread that launches (the compute stream's).
+template <auto kKernel>
+static void allow_dynamic_smem(size_t bytes) {
+  static size_t granted = 0;
+  if (bytes <= granted) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)));
+  granted = bytes;
+}
+
 // Runs a backward kernel on `grid` blocks with a scratch of `grid` partial rows per column sum,
 // then adds the partials into dweight (and dbias, and dx_colsum: the kernels' kColSum).
 template <typename T, typename Kernel>
@@ -489,13 +501,13 @@ static void launch_backward_warp(const NormBwdParams<T>& p, float* dweight, floa
   constexpr bool kPrefetch = !std::is_same_v<T, bf16_t>;
   constexpr int threads = kBwdWarpThreads<kPrefetch>, warps = threads / 32;
   constexpr int quantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);
-  auto kernel = norm_backward_warp_kernel<T, N, K, kCentered, kResidual, kPrefetch, kColSum>;
+  constexpr auto kernel =
+      norm_backward_warp_kernel<T, N, K, kCentered, kResidual, kPrefetch, kColSum>;
   const int64_t packs = p.cols / N;
+  // 49.5 KB for bf16 layernorm at C = 768 (73.5 KB with the dx sums): past the default 48 KB.
   const size_t smem = static_cast<size_t>(packs) * 16 *
                       (1 + static_cast<size_t>(warps) * quantities * (N / 4));
-  if (smem > 48 * 1024)  // 49.5 KB for bf16 layernorm at C = 768 (73.5 KB with the dx sums)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
+  allow_dynamic_smem<kernel>(smem);
   const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, warps));
   run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, dx_colsum,
                   kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel");
@@ -555,14 +567,9 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
         if (acc_bytes <= kMaxAccSmem) {
           constexpr auto kernel = norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual,
                                                        kColSum>;
-          // kMaxAccSmem of dynamic shared memory besides the kernel's static 512 bytes is past
-          // the default 48 KB (three sums at C = 4096: a launch error without the attribute).
-          static const bool sized = [] {
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kMaxAccSmem)));
-            return true;
-          }();
-          (void)sized;
+          // Up to kMaxAccSmem besides the kernel's static 512 bytes: past the default 48 KB
+          // (three sums at C = 4096: a launch error without the attribute).
+          allow_dynamic_smem<kernel>(acc_bytes);
           return run(kernel, acc_bytes);
         }
         return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual, kColSum>, 0);
