@@ -3,7 +3,8 @@
 //   hd128 B16 H16 S2048    peer: flash 285 / 221, cuDNN 512 / 392 TFLOP/s (fwd / fwd+bwd)
 //   hd128 B4  H16 S8192    peer: flash 331 / 290, cuDNN 598 / 497
 //   hd64  B16 H32 S2048    peer: flash 244 / 200, cuDNN 387 / 309
-// and a packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens); and
+// and a packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens), beside
+// as many sequences of its mean length; and
 // one sequence of 8192 tokens whole and as 4 micro-sequence chunks of 2048 (queries of a chunk
 // against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
 // The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
@@ -239,6 +240,11 @@ BENCH_CASES("attention") {
   const std::vector<int> docs = documents(32768);
   const std::vector<AttnShape> more = {
       {"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs, 16, 128, ""},
+      // The packed batch's document count at its mean length, every sequence alike: what the
+      // same work costs without the spread of lengths.
+      {"causal hd128 H16 B" + std::to_string(docs.size()) + " S" + std::to_string(32768 / docs.size()) +
+           " (equal lengths: the packed documents' mean)",
+       equal(static_cast<int>(docs.size()), 32768 / static_cast<int>(docs.size())), 16, 128, ""},
       {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
       {"causal hd128 B4 H16 S4096", equal(4, 4096), 16, 128, ""},
       {"causal hd128 B4 H16 KV8 S4096 (the Llama 0.89B config: GQA)", equal(4, 4096), 16, 128, "", 8},

@@ -3,7 +3,8 @@
 // gradients) at the GPT-2 and Llama widths; the norms with the residual add fused, against the
 // same work as separate kernels, at the Llama and GPT-2 shapes. Each result carries the bytes
 // the op must read + write at least (statistics and parameter vectors included, scratch and
-// cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h).
+// cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h); a device copy of
+// one (T, C) tensor, first at each width, shows what a copy of that size reaches.
 // swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); embedding
 // draws ids uniformly from V = 32000 and counts the distinct rows it must touch.
 #include <algorithm>
@@ -88,7 +89,12 @@ BENCH_CASES("memory_bound") {
   const DType bf = DType::BF16, f32 = DType::F32;
   for (int64_t c : {int64_t{2048}, int64_t{4096}}) {
     const double act = static_cast<double>(kT) * c * kB16;  // bytes of one (T, C) bf16 tensor
-    {                                                       // norms
+    {  // the yardstick at this size: a device-to-device copy of one (T, C) tensor
+      Owned x = device_random({kT, c}, bf, 12), y = empty({kT, c}, bf, Device::CUDA);
+      const double ms = time_ms([&] { copy_tensor(y, x); });
+      results.push_back({label("copy (cudaMemcpyAsync)", kT, c), ms, 0, 2 * act, ""});
+    }
+    {  // norms
       Owned x = device_random({kT, c}, bf, 1), w = device_random({c}, bf, 2),
             b = device_random({c}, bf, 3), dy = device_random({kT, c}, bf, 4);
       Owned y = empty({kT, c}, bf, Device::CUDA), dx = empty({kT, c}, bf, Device::CUDA);
