@@ -237,14 +237,18 @@ BENCH_CASES("attention") {
       {"causal hd128 B4 H16 S8192", equal(4, 8192), 16, 128, "flash 331 / 290, cuDNN 598 / 497"},
       {"causal hd64 B16 H32 S2048", equal(16, 2048), 32, 64, "flash 244 / 200, cuDNN 387 / 309"},
   };
-  const std::vector<int> docs = documents(32768);
+  constexpr int kPackedTokens = 32768;
+  const std::vector<int> docs = documents(kPackedTokens);
+  const int n_docs = static_cast<int>(docs.size()), mean_len = kPackedTokens / n_docs;
   const std::vector<AttnShape> more = {
-      {"causal hd128 H16 packed " + std::to_string(docs.size()) + " docs 64..2047, T=32768", docs, 16, 128, ""},
+      {"causal hd128 H16 packed " + std::to_string(n_docs) + " docs 64..2047, T=" +
+           std::to_string(kPackedTokens),
+       docs, 16, 128, ""},
       // The packed batch's document count at its mean length, every sequence alike: what the
       // same work costs without the spread of lengths.
-      {"causal hd128 H16 B" + std::to_string(docs.size()) + " S" + std::to_string(32768 / docs.size()) +
+      {"causal hd128 H16 B" + std::to_string(n_docs) + " S" + std::to_string(mean_len) +
            " (equal lengths: the packed documents' mean)",
-       equal(static_cast<int>(docs.size()), 32768 / static_cast<int>(docs.size())), 16, 128, ""},
+       equal(n_docs, mean_len), 16, 128, ""},
       {"causal hd128 B1 H16 S8192", equal(1, 8192), 16, 128, ""},
       {"causal hd128 B4 H16 S4096", equal(4, 4096), 16, 128, ""},
       {"causal hd128 B4 H16 KV8 S4096 (the Llama 0.89B config: GQA)", equal(4, 4096), 16, 128, "", 8},
