@@ -38,6 +38,9 @@
 // the previous reduction has read the staging tile: its issuing thread waits for that first),
 // (d) the staging tile is complete; (d) also orders every dQ product of a tile before the next
 // tile's dS^T stores.
+// D = 64: warpgroup 1 skips its products for the q tiles none of whose queries see its keys
+// (q_tile's kDead: the causal diagonal's first q tile, a sequence ending in the key tile's first
+// half); it stores zeros as its dS^T rows and runs only its share of dQ.
 // Masks only where the tile crosses the diagonal, the window edge or the sequence end (keys past
 // the end get P = 0, so they add nothing to dQ; their dK, dV rows are never written). Blocks
 // (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16
@@ -48,6 +51,7 @@
 // (D = 64) + barriers; one block per SM.
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "core/buffer.h"
 #include "cuda/attention/flash_common.cuh"
@@ -148,6 +152,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   constexpr int kDqCols = kD / C::kConsumers;
   constexpr int kDqSteps = kBlockN / 16;
+  constexpr int kFull = 0, kDead = 1;  // q tile modes (q_tile)
   // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.
   auto wgmma_rs = [](float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (kD == 128)
@@ -282,102 +287,128 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     const int n_iter = G * tiles;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
-    for (int it = 0, h = kv * G, mt = 0; it < n_iter; ++it, ++qt, next_q_tile(h, mt, tiles)) {
-      const int s = qt % kStages;
-      const int m0 = b.m_begin + mt * kBlockM;
-      mbar_wait(q_full(s), (qt / kStages) & 1);
-      // This thread's lse and dsum columns (queries 8 j + 2 (lane % 4) + x), read while the
-      // products below run.
-      float lse_r[kBlockM / 4], dsum_r[kBlockM / 4];
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        const float2 l = *reinterpret_cast<const float2*>(sLse + s * kBlockM + 8 * j + 2 * (lane & 3));
-        const float2 d = *reinterpret_cast<const float2*>(sDsum + s * kBlockM + 8 * j + 2 * (lane & 3));
-        lse_r[2 * j] = l.x, lse_r[2 * j + 1] = l.y, dsum_r[2 * j] = d.x, dsum_r[2 * j + 1] = d.y;
-      }
-
-      float st[kBlockM / 2], dpt[kBlockM / 2];  // S^T, dP^T: 64 keys x 64 queries
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_m64n64k16_ss(st, kv_desc(sK_t, kk), q_desc(sQ(s), kk), kk > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_m64n64k16_ss(dpt, kv_desc(sV_t, kk), q_desc(sdO(s), kk), kk > 0);
-      wgmma_commit();
-      wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
-      reg_fence(st);
-
-      // P^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
-      const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
-                             (p.causal && n0 + kBlockN - 1 > m0) ||
-                             (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const float l2 = lse_r[2 * j + x];
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) st[4 * j + 2 * hf + x] = ex2(fmaf(st[4 * j + 2 * hf + x], c, -l2));
-        }
-      if (need_mask) {  // apart from the exponentials, so the unmasked tiles run a straight line
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          // Key row n0 + key_row + 8 hf sees the tile's columns (queries m0 + col) in [lo, hi).
-          const int key = n0 + key_row + 8 * hf;
-          const int lo = key >= L ? kBlockM : p.causal ? key - m0 : 0;
-          const int hi = p.window > 0 ? key - m0 + p.window : kBlockM;
-#pragma unroll
-          for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              const int col = 8 * j + 2 * (lane & 3) + x;
-              if (col < lo || col >= hi) st[4 * j + 2 * hf + x] = 0.f;
-            }
-        }
-      }
+    // One q tile: stage s, q head h, rows [m0, m0 + 64). kFull: as the top of this file. kDead
+    // (D = 64 only): warpgroup 1 when none of the tile's queries sees any of its 64 keys (the
+    // causal diagonal's first q tile, or a sequence ending in the key tile's first half): its
+    // P^T and dS^T are 0, so it skips S^T, dP^T, dV and dK, stores zeros as its dS^T rows and
+    // runs only its share of dQ. The modes are compile-time, each a whole issue-to-wait block: a
+    // wgmma issued on a run-time condition between its issue and its wait makes ptxas serialise
+    // every wgmma of the kernel (C7520); and the condition goes through __all_sync, or ptxas
+    // cannot prove it warp-uniform and moves the loop's descriptor arithmetic off the uniform
+    // datapath. Measured (H200, bwd): D = 64 +2% (B16 H32 S2048 319 -> 325 TFLOP/s, the GPT-2
+    // shape 256 -> 263); D = 128 3-6% slower (S2048 444 -> 430, B1 S8192 555 -> 524): at D = 128
+    // warpgroup 0 alone takes about as long as both (the warpgroups meet at two barriers a
+    // tile), and the second variant costs the full one. Skipping warpgroup 0's dQ over the dead
+    // keys as well (k = 64) measured slower at both head dims; so did the same idea in the
+    // forward (half-width S and P V for the first warpgroup on the diagonal, nothing for a
+    // warpgroup whose rows are all past the sequence): 2-8% slower there.
+    auto q_tile = [&](int s, int h, int m0, auto mode) {
+      constexpr int kMode = decltype(mode)::value;
       // A fragments: pa[kk][q] / da[kk][q] hold n8 block 2 kk + q / 2, row + 8 (q & 1).
       uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
+      if constexpr (kMode != kDead) {
+        // This thread's lse and dsum columns (queries 8 j + 2 (lane % 4) + x), read while the
+        // products below run.
+        float lse_r[kBlockM / 4], dsum_r[kBlockM / 4];
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        for (int j = 0; j < kBlockM / 8; ++j) {
+          const int col = s * kBlockM + 8 * j + 2 * (lane & 3);
+          const float2 l = *reinterpret_cast<const float2*>(sLse + col);
+          const float2 d = *reinterpret_cast<const float2*>(sDsum + col);
+          lse_r[2 * j] = l.x, lse_r[2 * j + 1] = l.y, dsum_r[2 * j] = d.x, dsum_r[2 * j + 1] = d.y;
+        }
+
+        float st[kBlockM / 2], dpt[kBlockM / 2];  // S^T, dP^T: 64 keys x 64 queries
+        wgmma_fence();
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          pa[kk][q] = pack_bf16(st[8 * kk + 2 * q], st[8 * kk + 2 * q + 1]);
-      // dV += P^T dO runs while dS^T is computed.
-      wgmma_fence();
+        for (int kk = 0; kk < kD / 16; ++kk)
+          wgmma_m64n64k16_ss(st, kv_desc(sK_t, kk), q_desc(sQ(s), kk), kk > 0);
+        wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-        wgmma_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
-      wgmma_commit();
-      wgmma_wait<1>();  // dP^T done (dV may still run)
-      reg_fence(dpt);
+        for (int kk = 0; kk < kD / 16; ++kk)
+          wgmma_m64n64k16_ss(dpt, kv_desc(sV_t, kk), q_desc(sdO(s), kk), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
+        reg_fence(st);
+
+        // P^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
+        const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
+                               (p.causal && n0 + kBlockN - 1 > m0) ||
+                               (p.window > 0 && m0 + kBlockM - 1 - n0 >= p.window);
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
+        for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const float ds = dsum_r[2 * j + x];
+          for (int x = 0; x < 2; ++x) {
+            const float l2 = lse_r[2 * j + x];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+              st[4 * j + 2 * hf + x] = ex2(fmaf(st[4 * j + 2 * hf + x], c, -l2));
+          }
+        if (need_mask) {  // apart from the exponentials, so the unmasked tiles run a straight line
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            const int e = 4 * j + 2 * hf + x;
-            dpt[e] = st[e] * (dpt[e] - ds);
+            // Key row n0 + key_row + 8 hf sees the tile's columns (queries m0 + col) in [lo, hi).
+            const int key = n0 + key_row + 8 * hf;
+            const int lo = key >= L ? kBlockM : p.causal ? key - m0 : 0;
+            const int hi = p.window > 0 ? key - m0 + p.window : kBlockM;
+#pragma unroll
+            for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+              for (int x = 0; x < 2; ++x) {
+                const int col = 8 * j + 2 * (lane & 3) + x;
+                if (col < lo || col >= hi) st[4 * j + 2 * hf + x] = 0.f;
+              }
           }
         }
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
-      // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
-      // 16-byte chunk j, swizzled by the row).
+          for (int q = 0; q < 4; ++q)
+            pa[kk][q] = pack_bf16(st[8 * kk + 2 * q], st[8 * kk + 2 * q + 1]);
+        // dV += P^T dO runs while dS^T is computed.
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          wgmma_rs(dv, pa[kk], smem_desc_sw128(sdO(s) + kk * 2048, kBlockM * 128));
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T done (dV may still run)
+        reg_fence(dpt);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
-          const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kk][q]) : "memory");
-        }
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const float ds = dsum_r[2 * j + x];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int e = 4 * j + 2 * hf + x;
+              dpt[e] = st[e] * (dpt[e] - ds);
+            }
+          }
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
+        // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
+        // 16-byte chunk j, swizzled by the row).
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
+            const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kk][q]) : "memory");
+          }
+      } else {  // zeros for this warpgroup's dS^T rows, which dQ reads
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
+            const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(0u) : "memory");
+          }
+      }
       fence_proxy_async();  // the dS^T stores, visible to wgmma (the async proxy)
       if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
       named_barrier_sync(1, 256);      // (a)
@@ -400,11 +431,15 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         }
       }
       wgmma_commit();
+      if constexpr (kMode != kDead) {
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-        wgmma_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
-      wgmma_commit();
-      wgmma_wait<1>();  // dV and dQ retired
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          wgmma_rs(dk, da[kk], smem_desc_sw128(sQ(s) + kk * 2048, kBlockM * 128));
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ retired
+      } else {
+        wgmma_wait<0>();
+      }
       reg_fence(dq);
 
       // dQ -> staging tile (dq_accum layout: row r = token m0 + r, chunk swizzled by the token).
@@ -430,14 +465,28 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         bulk_reduce_add_f32(dst, sdQ, static_cast<uint32_t>(rows * kD * 4));
         bulk_commit();
       }
-      wgmma_wait<0>();  // dK retired
-      reg_fence(dv);
-      reg_fence(dk);
+      if constexpr (kMode != kDead) {
+        wgmma_wait<0>();  // dK retired
+        reg_fence(dv);
+        reg_fence(dk);
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        reg_fence(pa[kk]);
-        reg_fence(da[kk]);
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          reg_fence(pa[kk]);
+          reg_fence(da[kk]);
+        }
       }
+    };
+    for (int it = 0, h = kv * G, mt = 0; it < n_iter; ++it, ++qt, next_q_tile(h, mt, tiles)) {
+      const int s = qt % kStages;
+      const int m0 = b.m_begin + mt * kBlockM;
+      mbar_wait(q_full(s), (qt / kStages) & 1);
+      bool dead = false;
+      if constexpr (kD == 64)
+        dead = __all_sync(0xffffffffu, wg == 1 && (n0 + 64 >= L || (p.causal && n0 >= m0)));
+      if (dead)
+        q_tile(s, h, m0, std::integral_constant<int, kDead>{});
+      else
+        q_tile(s, h, m0, std::integral_constant<int, kFull>{});
       if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
     }
     if (leader) mbar_arrive(kv_empty(t));  // every product reading K and V of the item retired
