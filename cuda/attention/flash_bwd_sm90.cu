@@ -389,26 +389,22 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
 #pragma unroll
           for (int q = 0; q < 4; ++q)
             da[kk][q] = pack_bf16(dpt[8 * kk + 2 * q], dpt[8 * kk + 2 * q + 1]);
-        // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
-        // 16-byte chunk j, swizzled by the row).
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
-            const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kk][q]) : "memory");
-          }
       } else {  // zeros for this warpgroup's dS^T rows, which dQ reads
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
-            const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(0u) : "memory");
-          }
+          for (int q = 0; q < 4; ++q) da[kk][q] = 0u;
       }
+      // dS^T into the shared tile: key row r, queries 8 j + 2 (lane % 4) .. + 1 (4 bytes of the
+      // 16-byte chunk j, swizzled by the row).
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = key_row + 8 * (q & 1), j = 2 * kk + (q >> 1);
+          const uint32_t addr = sdS + r * 128 + 16 * (j ^ (r & 7)) + 4 * (lane & 3);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kk][q]) : "memory");
+        }
       fence_proxy_async();  // the dS^T stores, visible to wgmma (the async proxy)
       if (tid == 0) bulk_wait_read();  // the previous tile's reduction has read the staging tile
       named_barrier_sync(1, 256);      // (a)
