@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         wgmma_commit();
         wgmma_wait<1>();  // dV and dQ retired
       } else {
-        wgmma_wait<0>();
+        wgmma_wait<0>();  // dQ retired (no dV, no dK)
       }
       reg_fence(dq);
 
