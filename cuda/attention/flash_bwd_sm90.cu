@@ -16,8 +16,9 @@
 // then for every (q head of the kv group, q tile of kBlockM = 64 rows that sees any of the
 // keys) the tile's Q and dO (TMA) and its lse (times log2 e; +inf for rows past the sequence,
 // whose P is then 0) and dsum (0 past the sequence) (plain loads by the warp's 32 lanes into
-// shared memory) into a 2-stage ring (stage and phase count q tiles across items): q_full[s] (32
-// arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup).
+// shared memory) into a 3-stage ring (stage and phase count q tiles across items): q_full[s] (32
+// arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup, once the
+// tile's dK has retired: in the next q tile, whose first wait covers it, or at the item's end).
 // Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
 //   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
 //   P^T = 2^(S^T c - lse log2 e) (0 where masked)   (registers; while dP^T runs)
@@ -28,7 +29,8 @@
 //                                          keys of the block: wgmma m64n64k16 (D = 128) or
 //                                          m64n32k16 (D = 64), A = dS from the dS^T tile (written
 //                                          by both warpgroups: MN-major), B = K MN-major
-//   dK_w += dS^T Q                         as dV; runs while dQ goes to the staging tile
+//   dK_w += dS^T Q                         as dV; runs while dQ goes to the staging tile and
+//                                          into the next q tile's S^T and dP^T
 // with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
 // layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
 // dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). (D = 64 used to split dQ's
@@ -46,8 +48,8 @@
 // (items) whose keys no query sees write dK = dV = 0. dK = scale dS^T Q and dV go out as bf16
 // straight from the registers, 8 bytes a store (store_row_pairs: adjacent lanes swap one pair).
 //
-// Shared memory: K, V 128 x D (two stages at D = 64), Q, dO 2 stages of 64 x D (bf16), dS^T
-// 128 x 64 bf16, dQ staging 64 x D f32, lse and dsum 2 x 2 x 64 f32: 177 KiB (D = 128), 129 KiB
+// Shared memory: K, V 128 x D (two stages at D = 64), Q, dO 3 stages of 64 x D (bf16), dS^T
+// 128 x 64 bf16, dQ staging 64 x D f32, lse and dsum 3 x 2 x 64 f32: 210 KiB (D = 128), 146 KiB
 // (D = 64) + barriers; one block per SM.
 #include <algorithm>
 #include <limits>
@@ -73,7 +75,12 @@ struct BwdSm90Config : BwdTiles {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static constexpr int kStages = 2;
+  // Q / dO stages: three, as a tile's dK (which reads Q) retires only in the next tile (below).
+  // One H200, backward TFLOP/s against two stages with dK retired in its own tile: hd128 B16
+  // S2048 447 -> 451, B1 S8192 558-562 -> 565-568, packed 30 documents 373-376 -> 380, hd64 B16
+  // H32 S2048 323-326 -> 333-335, the GPT-2 shape 262-263 -> 266-268 (three stages alone: about
+  // half of that at hd128, nothing at hd64; the deferral alone with two stages: hd64 2% slower).
+  static constexpr int kStages = 3;
   static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // [column block][128][64]
   static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // [column block][64][64]
   // K and V of kKVStages items (D = 64: two, so the next item's arrive while this one runs; D =
@@ -302,21 +309,30 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     // keys as well (k = 64) measured slower at both head dims; so did the same idea in the
     // forward (half-width S and P V for the first warpgroup on the diagonal, nothing for a
     // warpgroup whose rows are all past the sequence): 2-8% slower there.
+    // Stage whose Q, dO, lse and dsum are read but whose dK may still run (-1: none): a q tile
+    // leaves its dK in flight, and the next tile's first wait retires it.
+    int held = -1;
+    auto release_held = [&] {
+      if (held >= 0 && leader) mbar_arrive(q_empty(held));
+      held = -1;
+    };
     auto q_tile = [&](int s, int h, int m0, auto mode) {
       constexpr int kMode = decltype(mode)::value;
       // A fragments: pa[kk][q] / da[kk][q] hold n8 block 2 kk + q / 2, row + 8 (q & 1).
       uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
       if constexpr (kMode != kDead) {
         // This thread's lse and dsum columns (queries 8 j + 2 (lane % 4) + x), read while the
-        // products below run.
+        // products below run (dsum after the first wait, when the previous dK's A operand is free).
         float lse_r[kBlockM / 4], dsum_r[kBlockM / 4];
+        auto read_cols = [&](const float* src, float (&dst)[kBlockM / 4]) {
 #pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-          const int col = s * kBlockM + 8 * j + 2 * (lane & 3);
-          const float2 l = *reinterpret_cast<const float2*>(sLse + col);
-          const float2 d = *reinterpret_cast<const float2*>(sDsum + col);
-          lse_r[2 * j] = l.x, lse_r[2 * j + 1] = l.y, dsum_r[2 * j] = d.x, dsum_r[2 * j + 1] = d.y;
-        }
+          for (int j = 0; j < kBlockM / 8; ++j) {
+            const float2 v =
+                *reinterpret_cast<const float2*>(src + s * kBlockM + 8 * j + 2 * (lane & 3));
+            dst[2 * j] = v.x, dst[2 * j + 1] = v.y;
+          }
+        };
+        read_cols(sLse, lse_r);
 
         float st[kBlockM / 2], dpt[kBlockM / 2];  // S^T, dP^T: 64 keys x 64 queries
         wgmma_fence();
@@ -330,6 +346,8 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         wgmma_commit();
         wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
         reg_fence(st);
+        release_held();  // the previous tile's dK retired with S^T
+        read_cols(sDsum, dsum_r);
 
         // P^T (in place); the columns are queries m0 + 8 j + 2 (lane % 4) + x.
         const bool need_mask = m0 + kBlockM > L || n0 + kBlockN > L ||
@@ -434,7 +452,8 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         wgmma_commit();
         wgmma_wait<1>();  // dV and dQ retired
       } else {
-        wgmma_wait<0>();  // dQ retired (no dV, no dK)
+        wgmma_wait<0>();  // dQ retired (no dV, no dK), and the previous tile's dK
+        release_held();
       }
       reg_fence(dq);
 
@@ -462,14 +481,9 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         bulk_commit();
       }
       if constexpr (kMode != kDead) {
-        wgmma_wait<0>();  // dK retired
-        reg_fence(dv);
-        reg_fence(dk);
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-          reg_fence(pa[kk]);
-          reg_fence(da[kk]);
-        }
+        held = s;  // dK still reads Q of stage s: released when the next wait retires it
+      } else {
+        if (leader) mbar_arrive(q_empty(s));
       }
     };
     for (int it = 0, h = kv * G, mt = 0; it < n_iter; ++it, ++qt, next_q_tile(h, mt, tiles)) {
@@ -483,8 +497,11 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         q_tile(s, h, m0, std::integral_constant<int, kDead>{});
       else
         q_tile(s, h, m0, std::integral_constant<int, kFull>{});
-      if (leader) mbar_arrive(q_empty(s));  // Q, dO, lse, dsum of stage s are read
     }
+    wgmma_wait<0>();  // the last dK
+    reg_fence(dv);
+    reg_fence(dk);
+    release_held();
     if (leader) mbar_arrive(kv_empty(t));  // every product reading K and V of the item retired
 
     // dK = scale dS^T Q and dV, rows inside the sequence (8-byte stores, store_row_pairs).
