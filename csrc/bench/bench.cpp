@@ -21,8 +21,16 @@ namespace engine::bench {
 
 double time_ms(const std::function<void()>& fn, int warmup, int reps) {
   ENSURE(reps > 0, "time_ms needs at least one repeat");
+  if (const char* r = std::getenv("BENCH_REPS"); r && *r) {  // more (or fewer) timed repeats
+    char* end = nullptr;
+    const long n = std::strtol(r, &end, 10);
+    ENSURE(*end == '\0' && n > 0 && n <= 100000, "BENCH_REPS=", r, ": expected a count of repeats (1-100000)");
+    reps = static_cast<int>(n);
+  }
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> ms;
+  static int timed = 0;  // timed cases so far, numbering the optional printouts below
+  ++timed;
 #ifdef ENGINE_CUDA
   // Every repeat is queued behind the one before (no host wait between them), each between its
   // own pair of events, so an event pair brackets fn's GPU work only: with a wait after each
@@ -45,8 +53,6 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
   for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventDestroy(e));
   // BENCH_KERNELS=1: what the timed calls are made of, a per-kernel table of `reps` more calls
   // (times per call), numbered in the order the area times its cases (its results' order).
-  static int timed = 0;
-  ++timed;
   if (const char* k = std::getenv("BENCH_KERNELS"); k && *k && std::string(k) != "0") {
     KernelProfile prof;
     std::string why;
@@ -66,6 +72,13 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
 #endif
+  // BENCH_TIMES=1: every repeat in the order run (a median hides a timing with two modes).
+  if (const char* t = std::getenv("BENCH_TIMES"); t && *t && std::string(t) != "0") {
+    std::printf("-- repeats of timed case %d (ms):", timed);
+    for (double m : ms) std::printf(" %.3f", m);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
