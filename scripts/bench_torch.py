@@ -132,8 +132,9 @@ def attention():
             with sdpa_kernel(backend):
                 fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
                 # The output gradient: random like ./bench's (the default), and all ones as this
-                # script used before 2026-12-01. The GPU runs at its power cap, and a constant
-                # operand draws less power in the backward's products, so ones time faster.
+                # script used before 2026-12-01. The GPU runs at its power cap, where a constant
+                # operand (less power in the backward's products) is speed: cuDNN at hd128 B4
+                # S8192 fwd+bwd 512-513 TFLOP/s with ones, 489-490 random (docs/PERF.md).
                 fb = {}
                 for name, grad in (("random", torch.randn_like(q)), ("ones", torch.ones_like(q))):
                     def both():
