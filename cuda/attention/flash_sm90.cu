@@ -13,7 +13,7 @@
 // within a group); the producer hands each item to the consumers with its Q tile (the item
 // index in shared memory, published by the q_full arrival; -1 ends the block) and loads the
 // next item's Q and first keys while the consumers finish the last one (q_empty: every consumer
-// has done its last S = Q K^T of the item).
+// has done its last S = Q K^T of the item; at D = 128, every consumer warp has its Q fragments).
 // The producer loads the Q tile once per item and then the K and V tiles of kBlockN = 128 keys,
 // from the last visible key tile down to the first (causal: the diagonal tile first), into a
 // 2-stage ring (stage and phase count key tiles across items), all by TMA; stage s has the
@@ -28,7 +28,8 @@
 //
 // Consumer warpgroup (64 rows; thread = the wgmma accumulator fragment: warp w of the group rows
 // 16 w + lane / 4 and + 8, columns 8 j + 2 (lane % 4) and + 1 of every n8 block j):
-//   S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major), D / 16 steps
+//   S = Q K^T   wgmma m64n128k16, B = K from shared memory (K-major), A = Q from registers (D =
+//               128: loaded once per item) or shared memory (D = 64, K-major), D / 16 steps
 //   online softmax in registers as flash_fwd.cuh (exp2 with scale * log2(e) folded in)
 //   O += P V    wgmma m64nDk16, A = P from registers (bf16, the accumulator layout of S is the A
 //               fragment layout), B = V from shared memory MN-major (transposed), 128 / 16 steps
@@ -136,6 +137,13 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   using C = Sm90Config<kD>;
   constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kColBlocks = C::kColBlocks;
   constexpr int kStages = C::kStages, kBoxRows = C::kBoxRows;
+  // D = 128: each warpgroup's Q rows in registers for the item (the A operand of S = Q K^T), read
+  // once by ldmatrix, so the tensor cores read only K from shared memory; Q's stage is released
+  // as soon as every consumer warp has its fragments (q_empty: one arrival per warp). One H200,
+  // forward TFLOP/s against Q read from shared memory: B4 H16 S8192 665 -> 671, B16 S2048 560 ->
+  // 565, 30 packed documents 440 -> 445, B30 S1092 424 -> 432; at the power cap (40 repeats)
+  // fwd+bwd 528-529 -> 530. D = 64 measured 8-13% slower this way (B16 H32 S2048 390-398 -> 343).
+  constexpr bool kQRegs = kD == 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;
@@ -165,7 +173,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, C::kConsumers);
+    mbar_init(q_empty, kQRegs ? 4 * C::kConsumers : C::kConsumers);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
@@ -242,11 +250,28 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   uint32_t pa[kBlockN / 16][4];
   float m_run[2], l_run[2];
 
+  // This warpgroup's Q rows as the A fragments of S = Q K^T (qa[kk]: the k16 slice kk), loaded
+  // once per item by ldmatrix from the swizzled tile (lanes 0-15 rows 0-15 at the slice's first
+  // 8 columns, lanes 16-31 the same rows at the next 8).
+  uint32_t qa[kD / 16][4];
+  auto load_q = [&] {
+    const int r = wg * 64 + wq * 16 + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int chunk = 2 * (kk & 3) + (lane >> 4);
+      ldmatrix_x4(qa[kk], sQ + (kk >> 2) * kBlockM * 128 + r * 128 + ((chunk ^ (r & 7)) << 4));
+    }
+  };
   // S = Q K[s]^T, issued (not waited for).
   auto issue_s = [&](int s) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128k16_ss(sc, q_desc(kk), k_desc(s, kk), kk > 0);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if constexpr (kQRegs)
+        wgmma_m64n128k16_rs<0>(sc, qa[kk], k_desc(s, kk), kk > 0);
+      else
+        wgmma_m64n128k16_ss(sc, q_desc(kk), k_desc(s, kk), kk > 0);
+    }
     wgmma_commit();
   };
   auto issue_pv = [&](int s) {
@@ -314,6 +339,11 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     mbar_wait(q_full, j & 1);
     const int64_t w = *s_item;
     if (w < 0) break;
+    if constexpr (kQRegs) {
+      load_q();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(q_empty);  // this warp has read Q and the item index
+    }
     const FwdItem it = fwd_item<kBlockM>(p, w);
     int n_first, n_last;
     tile_range(it, n_first, n_last);
@@ -331,7 +361,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       reg_fence(sc);
       if (leader) {
         mbar_arrive(k_empty(s));
-        if (n_tiles == 1) mbar_arrive(q_empty);  // the item's last use of Q
+        if (!kQRegs && n_tiles == 1) mbar_arrive(q_empty);  // the item's last use of Q
       }
       float alpha[2];
       softmax(n_last, it.L, it.m0, alpha);
@@ -347,7 +377,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
       reg_fence(sc);
       if (leader) {
         mbar_arrive(k_empty(s));
-        if (i == n_tiles - 1) mbar_arrive(q_empty);
+        if (!kQRegs && i == n_tiles - 1) mbar_arrive(q_empty);
       }
       float alpha[2];
       softmax(n_last - i, it.L, it.m0, alpha);
