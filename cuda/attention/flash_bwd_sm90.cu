@@ -21,6 +21,7 @@
 // tile's dK has retired: in the next q tile, whose first wait covers it, or at the item's end).
 // Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
 //   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
+//                                          (D = 64: K_w and V_w from registers, read per item)
 //   P^T = 2^(S^T c - lse log2 e) (0 where masked)   (registers; while dP^T runs)
 //   dV_w += P^T dO                         wgmma m64n128k16, A = P^T from registers (bf16), B = dO
 //                                          MN-major (transposed) from shared memory; runs while
@@ -160,6 +161,7 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
   constexpr int kDqCols = kD / C::kConsumers;
   constexpr int kDqSteps = kBlockN / 16;
   constexpr int kFull = 0, kDead = 1;  // q tile modes (q_tile)
+  constexpr bool kKVRegs = kD == 64;     // K_w and V_w in registers (below)
   // d (64 x kD) += A (registers) B (MN-major, shared), one k16 step.
   auto wgmma_rs = [](float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (kD == 128)
@@ -289,6 +291,22 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     const int64_t w = s_item[t];
     const uint32_t sK_t = sK(t), sV_t = sV(t);
     if (w < 0) break;
+    // D = 64: this warpgroup's K and V rows in registers for the item (ka, va: the A operands
+    // of S^T and dP^T, 16 registers each, read by ldmatrix as the forward's Q), so the tensor
+    // cores read only Q and dO from shared memory for those products. One H200, backward TFLOP/s
+    // against both from shared memory: B16 H32 S2048 334-335 -> 354-355 (K alone 346-348), the
+    // GPT-2 shape 266-267 -> 277. D = 128 has no registers for them (K alone spills 112 bytes).
+    uint32_t ka[kD / 16][4], va[kD / 16][4];
+    if constexpr (kKVRegs) {
+      const int r = wg * 64 + wq * 16 + (lane & 15);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int chunk = 2 * (kk & 3) + (lane >> 4);
+        const uint32_t off = (kk >> 2) * kBlockN * 128 + r * 128 + ((chunk ^ (r & 7)) << 4);
+        ldmatrix_x4(ka[kk], sK_t + off);
+        ldmatrix_x4(va[kk], sV_t + off);
+      }
+    }
     const BwdItem b = bwd_item(p, w);
     const int seq_begin = b.seq_begin, L = b.L, n0 = b.n0, kv = b.kv, tiles = b.tiles;
     const int n_iter = G * tiles;
@@ -338,11 +356,17 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk)
-          wgmma_m64n64k16_ss(st, kv_desc(sK_t, kk), q_desc(sQ(s), kk), kk > 0);
+          if constexpr (kKVRegs)
+            wgmma_m64n64k16_rs<0>(st, ka[kk], q_desc(sQ(s), kk), kk > 0);
+          else
+            wgmma_m64n64k16_ss(st, kv_desc(sK_t, kk), q_desc(sQ(s), kk), kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk)
-          wgmma_m64n64k16_ss(dpt, kv_desc(sV_t, kk), q_desc(sdO(s), kk), kk > 0);
+          if constexpr (kKVRegs)
+            wgmma_m64n64k16_rs<0>(dpt, va[kk], q_desc(sdO(s), kk), kk > 0);
+          else
+            wgmma_m64n64k16_ss(dpt, kv_desc(sV_t, kk), q_desc(sdO(s), kk), kk > 0);
         wgmma_commit();
         wgmma_wait<1>();  // S^T done; P^T is computed while dP^T runs
         reg_fence(st);
