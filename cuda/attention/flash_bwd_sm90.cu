@@ -292,20 +292,14 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     const uint32_t sK_t = sK(t), sV_t = sV(t);
     if (w < 0) break;
     // D = 64: this warpgroup's K and V rows in registers for the item (ka, va: the A operands
-    // of S^T and dP^T, 16 registers each, read by ldmatrix as the forward's Q), so the tensor
+    // of S^T and dP^T, 16 registers each, read by ldmatrix_a as the forward's Q), so the tensor
     // cores read only Q and dO from shared memory for those products. One H200, backward TFLOP/s
     // against both from shared memory: B16 H32 S2048 334-335 -> 354-355 (K alone 346-348), the
     // GPT-2 shape 266-267 -> 277. D = 128 has no registers for them (K alone spills 112 bytes).
     uint32_t ka[kD / 16][4], va[kD / 16][4];
     if constexpr (kKVRegs) {
-      const int r = wg * 64 + wq * 16 + (lane & 15);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int chunk = 2 * (kk & 3) + (lane >> 4);
-        const uint32_t off = (kk >> 2) * kBlockN * 128 + r * 128 + ((chunk ^ (r & 7)) << 4);
-        ldmatrix_x4(ka[kk], sK_t + off);
-        ldmatrix_x4(va[kk], sV_t + off);
-      }
+      ldmatrix_a(ka, sK_t, kBlockN, wg * 64 + wq * 16, lane);
+      ldmatrix_a(va, sV_t, kBlockN, wg * 64 + wq * 16, lane);
     }
     const BwdItem b = bwd_item(p, w);
     const int seq_begin = b.seq_begin, L = b.L, n0 = b.n0, kv = b.kv, tiles = b.tiles;

@@ -250,18 +250,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   uint32_t pa[kBlockN / 16][4];
   float m_run[2], l_run[2];
 
-  // This warpgroup's Q rows as the A fragments of S = Q K^T (qa[kk]: the k16 slice kk), loaded
-  // once per item by ldmatrix from the swizzled tile (lanes 0-15 rows 0-15 at the slice's first
-  // 8 columns, lanes 16-31 the same rows at the next 8).
-  uint32_t qa[kD / 16][4];
-  auto load_q = [&] {
-    const int r = wg * 64 + wq * 16 + (lane & 15);
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int chunk = 2 * (kk & 3) + (lane >> 4);
-      ldmatrix_x4(qa[kk], sQ + (kk >> 2) * kBlockM * 128 + r * 128 + ((chunk ^ (r & 7)) << 4));
-    }
-  };
+  uint32_t qa[kD / 16][4];  // D = 128: this warp's Q rows, the A operand of S (k16 slice kk)
   // S = Q K[s]^T, issued (not waited for).
   auto issue_s = [&](int s) {
     wgmma_fence();
@@ -340,7 +329,7 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
     const int64_t w = *s_item;
     if (w < 0) break;
     if constexpr (kQRegs) {
-      load_q();
+      ldmatrix_a(qa, sQ, kBlockM, wg * 64 + wq * 16, lane);
       __syncwarp();
       if (lane == 0) mbar_arrive(q_empty);  // this warp has read Q and the item index
     }

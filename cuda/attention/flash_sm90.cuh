@@ -10,11 +10,28 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "cuda/attention/flash_common.cuh"
 #include "cuda/common/sm90.cuh"
 
 namespace engine::cuda::flash {
 
 #ifdef ENGINE_SM90A
+
+// The register A operands of kSteps k16 slices for this warp's 16 rows [r0, r0 + 16) of a tile
+// in the kernels' layout (column blocks of 64 at c * tile_rows * 128 bytes, 128-byte rows, 16-byte
+// chunks swizzled by the row), by ldmatrix: lanes 0-15 address rows r0 .. r0 + 15 at the slice's
+// first 8 columns, lanes 16-31 the same rows at the next 8, giving a[kk] = {rows + 0 / + 8} x
+// {columns + 0 / + 8} as the wgmma A fragment.
+template <int kSteps>
+__device__ __forceinline__ void ldmatrix_a(uint32_t (&a)[kSteps][4], uint32_t tile, int tile_rows, int r0,
+                                           int lane) {
+  const int r = r0 + (lane & 15);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const int chunk = 2 * (kk & 3) + (lane >> 4);
+    ldmatrix_x4(a[kk], tile + (kk >> 2) * tile_rows * 128 + r * 128 + ((chunk ^ (r & 7)) << 4));
+  }
+}
 
 // Stores one accumulator row of kBlocks n8 blocks (bf16) as 8-byte writes: pair(j) is this
 // lane's packed pair of block j (columns 8 j + 2 (lane % 4) and + 1). Lanes 2 i and 2 i + 1 of a
