@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   // as soon as every consumer warp has its fragments (q_empty: one arrival per warp). One H200,
   // forward TFLOP/s against Q read from shared memory: B4 H16 S8192 665 -> 671, B16 S2048 560 ->
   // 565, 30 packed documents 440 -> 445, B30 S1092 424 -> 432; at the power cap (40 repeats)
-  // fwd+bwd 528-529 -> 530. D = 64 measured 8-13% slower this way (B16 H32 S2048 390-398 -> 343).
+  // fwd+bwd 528-529 -> 530. D = 64 measured 8-13% slower this way (B16 H32 S2048 390-398 -> 343),
+  // mostly from the early release: with Q released after the item's last S still 1-3% slower.
   constexpr bool kQRegs = kD == 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
