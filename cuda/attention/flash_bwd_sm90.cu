@@ -76,6 +76,8 @@ struct BwdSm90Config : BwdTiles {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(sm90::setmaxnreg_fits(kThreads, kProducerRegs + kConsumers * kConsumerRegs),
+                "register file");
   // Q / dO stages: three, as a tile's dK (which reads Q) retires only in the next tile (below).
   // One H200, backward TFLOP/s against two stages with dK retired in its own tile: hd128 B16
   // S2048 447 -> 451, B1 S8192 558-562 -> 565-568, packed 30 documents 373-376 -> 380, hd64 B16

@@ -69,7 +69,8 @@ struct Sm90Config {
   static constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
   // Registers per thread after setmaxnreg (the block is compiled for 65536 / kThreads).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
+  static_assert(sm90::setmaxnreg_fits(kThreads, kProducerRegs + kConsumers * kConsumerRegs),
+                "register file");
   static constexpr int kStages = 2;
   static constexpr int kBoxRows = 64;        // rows per TMA box
   static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile

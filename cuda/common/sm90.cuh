@@ -31,6 +31,16 @@
 
 namespace engine::cuda::sm90 {
 
+// Whether a warp-specialised block of `threads` threads (warpgroups of 128) can run its
+// warpgroups at these register counts after setmaxnreg (`regs_per_128`: the sum over the
+// warpgroups). setmaxnreg only moves registers between the block's warpgroups: the block keeps
+// what it was launched with, 65536 / threads a thread rounded down to the allocation unit of 8
+// (384 threads: 168, 64512 in all), and an inc that asks for more than the others gave up waits
+// for ever (a hang, not an error: measured with 24 + 2 x 240 raised to 32 + 2 x 240 = 65536).
+constexpr bool setmaxnreg_fits(int threads, int regs_per_128) {
+  return 128 * regs_per_128 <= threads * (65536 / threads / 8 * 8);
+}
+
 #ifdef ENGINE_SM90A
 // Shared-memory matrix descriptor, 128-byte swizzle, 1024 bytes between 8-row groups; lbo: bytes
 // between 64-column blocks of an MN-major operand (unused by K-major ones: pass 16).

@@ -78,7 +78,7 @@ using sm90::tma_load_3d;
 constexpr int kTmaThreads = 384;  // 2 consumer warpgroups + 1 producer warpgroup
 // Registers per thread after setmaxnreg (the block is compiled for 65536 / 384 = 168).
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
-static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 65536, "register file");
+static_assert(sm90::setmaxnreg_fits(kTmaThreads, kProducerRegs + 2 * kConsumerRegs), "register file");
 constexpr int kBox = 64;          // rows of a TMA box (each row 64 bf16 = 128 bytes)
 constexpr uint32_t kBoxBytes = kBox * kBK * 2;
 constexpr uint32_t kEpiBytes = 64 * 256;  // epilogue staging per consumer warpgroup
