@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -18,6 +19,9 @@ namespace engine {
 namespace {
 
 // Documents whose tokens are the consecutive ids base, base + 1, ...; `where` maps an id back.
+// Lengths are drawn from [min_len, max_len] by the test seed and the file's name (not its
+// directory, which holds the process id: a failing seed must replay); first_max_len > 0 caps
+// the first document's, so that a set surely holds a document that fits a short sequence.
 struct UniqueData {
   std::string path;
   std::vector<std::vector<int32_t>> docs;
@@ -35,14 +39,15 @@ struct UniqueData {
 };
 
 UniqueData unique_data(const std::string& path, int count, int min_len, int max_len, int32_t base,
-                       bool with_spans, int vocab) {
+                       bool with_spans, int vocab, int first_max_len = 0) {
   UniqueData u;
   u.path = path;
-  PhiloxKey key = testing::test_key("unique " + path);
+  PhiloxKey key = testing::test_key("unique " + std::filesystem::path(path).filename().string());
   uint64_t c = 0;
   int32_t id = base;
   for (int d = 0; d < count; ++d) {
-    int len = min_len + static_cast<int>(philox_below(key, c++, static_cast<uint64_t>(max_len - min_len + 1)));
+    const int hi = d == 0 && first_max_len > 0 ? std::min(first_max_len, max_len) : max_len;
+    int len = min_len + static_cast<int>(philox_below(key, c++, static_cast<uint64_t>(hi - min_len + 1)));
     std::vector<int32_t> doc;
     for (int o = 0; o < len; ++o) {
       u.where[id] = {d, o};
@@ -114,7 +119,8 @@ std::vector<uint8_t> expected_mask(const Sample& s, const UniqueData& u) {
 TEST_CASE("sampling: deterministic, independent of access order, threads and num_samples") {
   std::string dir = data_testing::data_test_dir("determinism");
   UniqueData u = unique_data(dir + "/a", 37, 1, 29, 1, true, 5000);
-  UniqueData v = unique_data(dir + "/b.fast_llm_dataset", 19, 3, 51, 3000, false, 5000);
+  // Sequence length 13: with truncate_documents = false a set needs a document of <= 14 tokens.
+  UniqueData v = unique_data(dir + "/b.fast_llm_dataset", 19, 3, 51, 3000, false, 5000, 14);
   for (bool truncate : {true, false}) {
     CAPTURE(truncate);
     Config c = data_testing::data_config({u.path, v.path}, 13, 5000, truncate, {2, 1});
