@@ -67,7 +67,8 @@ struct Sm90Config {
   static constexpr int kConsumers = 2;  // warpgroups of 64 query rows (the top of this file)
   static constexpr int kBlockM = 64 * kConsumers, kBlockN = 128;
   static constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
-  // Registers per thread after setmaxnreg (the block is compiled for 65536 / kThreads).
+  // Registers per thread after setmaxnreg (the block is launched with 65536 / kThreads rounded
+  // down to 8 a thread, 168; setmaxnreg only moves them between warpgroups: setmaxnreg_fits).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(sm90::setmaxnreg_fits(kThreads, kProducerRegs + kConsumers * kConsumerRegs),
                 "register file");
