@@ -1,5 +1,7 @@
 // Communication between the ranks of one process group, on tensors:
 //   all_reduce      t = sum (or max) over ranks of t, in place
+//   reduce          root's t = sum over ranks of t, in place; t on the other ranks is left
+//                   unspecified (ZeRO: each gradient range summed only on the rank that owns it)
 //   reduce_scatter  out (n) = rank's slice [rank*n, (rank+1)*n) of the sum over ranks of in (size*n)
 //   all_gather      out (size*n) = concatenation of every rank's in (n), in rank order; `in` may
 //                   be this rank's own slice of `out` (in place)
@@ -31,6 +33,9 @@ class Comm {
   // pending one. Host backends complete it at once.
   virtual void all_reduce_async(const Tensor& t) { all_reduce(t, ReduceOp::Sum); }
   virtual void wait_async() {}
+  virtual void reduce(const Tensor& t, int root) = 0;
+  // A sum reduce that may still run when it returns, as all_reduce_async (same wait_async()).
+  virtual void reduce_async(const Tensor& t, int root) { reduce(t, root); }
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;

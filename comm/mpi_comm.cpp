@@ -61,6 +61,18 @@ void MpiComm::all_reduce(const Tensor& t, ReduceOp op) {
   }
 }
 
+void MpiComm::reduce(const Tensor& t, int root) {
+  check_host(t, "reduce");
+  ENSURE(root >= 0 && root < size_, "reduce: root ", root, " in a group of ", size_);
+  const MPI_Datatype type = mpi_type(t.dtype, "reduce");
+  for (int64_t off = 0; off < t.numel(); off += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, t.numel() - off));
+    void* at = bytes(t, off);
+    check_mpi(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : at, rank_ == root ? at : nullptr, n, type, MPI_SUM, root, comm_),
+              "MPI_Reduce");
+  }
+}
+
 void MpiComm::reduce_scatter(const Tensor& in, const Tensor& out) {
   check_host(in, "reduce_scatter");
   check_host(out, "reduce_scatter");
@@ -169,6 +181,7 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key) const {
   return std::make_unique<MpiComm>(sub, true);
 }
 
+void SelfComm::reduce(const Tensor&, int root) { ENSURE(root == 0, "reduce to rank ", root, " in a group of one"); }
 void SelfComm::reduce_scatter(const Tensor& in, const Tensor& out) {
   if (in.data != out.data) copy_tensor(out, in);
 }

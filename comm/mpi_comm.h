@@ -17,6 +17,7 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
   void all_reduce(const Tensor& t, ReduceOp op) override;
+  void reduce(const Tensor& t, int root) override;
   void reduce_scatter(const Tensor& in, const Tensor& out) override;
   void all_gather(const Tensor& in, const Tensor& out) override;
   void broadcast(const Tensor& t, int root) override;
@@ -41,6 +42,7 @@ class SelfComm final : public Comm {
   int size() const override { return 1; }
   const char* backend() const override { return "self"; }
   void all_reduce(const Tensor&, ReduceOp) override {}
+  void reduce(const Tensor&, int root) override;
   void reduce_scatter(const Tensor& in, const Tensor& out) override;
   void all_gather(const Tensor& in, const Tensor& out) override;
   void broadcast(const Tensor&, int root) override;

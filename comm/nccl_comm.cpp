@@ -76,6 +76,8 @@ class NcclComm final : public Comm {
     CUDA_CHECK(cudaEventRecord(after_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), after_, 0));
   }
+  void reduce(const Tensor& t, int root) override { reduce_on_stream(t, root, "reduce", /*wait=*/true); }
+  void reduce_async(const Tensor& t, int root) override { reduce_on_stream(t, root, "reduce_async", false); }
   void reduce_scatter(const Tensor& in, const Tensor& out) override {
     check_device(in, "reduce_scatter");
     check_device(out, "reduce_scatter");
@@ -142,6 +144,15 @@ class NcclComm final : public Comm {
     if (!wait) return;
     CUDA_CHECK(cudaEventRecord(after_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(compute, after_, 0));
+  }
+
+  void reduce_on_stream(const Tensor& t, int root, const char* op, bool wait) {
+    check_device(t, op);
+    ENSURE(root >= 0 && root < size(), op, ": root ", root, " in a group of ", size());
+    run([&] {
+      NCCL_CHECK(ncclReduce(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, op), ncclSum, root,
+                            comm_, stream_));
+    }, wait);
   }
 
   std::unique_ptr<Comm> host_;

@@ -144,7 +144,7 @@ struct TrainingConfig {
 struct DistributedConfig {
   int zero_stage = 0;  // 0: replicated; 1: optimizer state and master weights sharded over dp;
                        // 2: also gradients reduce-scattered; 3: also weights sharded, gathered per step
-  double reduce_bucket_mb = 64.0;  // f32 gradient MiB per data-parallel all-reduce bucket (stage 0/1)
+  double reduce_bucket_mb = 64.0;  // f32 gradient MiB per data-parallel reduction bucket
   int tensor_parallel = 1;         // ranks splitting each layer (heads, ffn and vocabulary) Megatron style
   bool sequence_parallel = false;  // with tensor_parallel > 1: activations outside attention and MLP
                                    // sharded along tokens over the tensor-parallel group

@@ -36,7 +36,6 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zer
   }
   m_ = zeros({len}, DType::F32, dev);
   v_ = zeros({len}, DType::F32, dev);
-  if (stage_ >= 2 && dp.size() > 1) grad_shard_ = zeros({len}, DType::F32, dev);
   if (stage_ == 3 && dp.size() > 1) store.release_weights();
 
   // Maximal runs of equal weight decay within the shard, each from the end of the one before
@@ -75,14 +74,28 @@ Tensor AdamW::master() const {
 }
 
 void AdamW::grads_ready(int64_t offset) {
-  if (dp_.size() == 1 || stage_ >= 2) return;
+  // Stage 2/3 with tied copies: their sum over the tied group must come before the reduction to
+  // the owners (the two ranks' shards do not line up), so every bucket waits for step().
+  if (dp_.size() == 1 || (stage_ >= 2 && tied_)) return;
   const int64_t end = reduced_from_ < 0 ? store_.capacity() : reduced_from_;
   // Whole buckets as soon as they are complete; the rest when the buffer is complete (offset 0).
   if (end - offset >= bucket_ || (offset == 0 && end > 0)) reduce_range(offset, end);
 }
 
 void AdamW::reduce_range(int64_t begin, int64_t end) {
-  dp_.all_reduce_async(store_.grads_flat().slice(begin, end));
+  const Tensor grads = store_.grads_flat();
+  if (stage_ < 2) {
+    dp_.all_reduce_async(grads.slice(begin, end));
+  } else {
+    // Each piece of the range summed on the rank whose shard holds it (shards are contiguous and
+    // of equal length): half an all-reduce's traffic, and nothing outside the shard is needed.
+    const int64_t shard = end_ - begin_;
+    for (int64_t b = begin; b < end;) {
+      const int64_t owner = b / shard, e = std::min(end, (owner + 1) * shard);
+      dp_.reduce_async(grads.slice(b, e), static_cast<int>(owner));
+      b = e;
+    }
+  }
   reduced_from_ = begin;
 }
 
@@ -110,15 +123,12 @@ StepStats AdamW::step(int step, bool skip_update) {
   if (dp_.size() == 1) {
     reduce_tied();
     grads = store_.grads_flat();
-  } else if (stage_ >= 2) {
-    reduce_tied();
-    dp_.reduce_scatter(store_.grads_flat(), grad_shard_);
-    grads = grad_shard_.t;
   } else {
+    if (stage_ >= 2) reduce_tied();  // before the reduction to the owners (no bucket started)
     // Buckets the backward did not start (all of them when no grads_ready came) go now.
     if (reduced_from_ != 0) reduce_range(0, reduced_from_ < 0 ? store_.capacity() : reduced_from_);
     dp_.wait_async();
-    reduce_tied();
+    if (stage_ < 2) reduce_tied();
     grads = store_.grads_flat().slice(begin_, end_);
   }
   // Model-parallel gradient sums (after the dp reduction: sums over different groups commute).
@@ -187,7 +197,7 @@ void AdamW::weights_from_master() {
 }
 
 size_t AdamW::state_bytes() const {
-  size_t b = m_.buf.bytes() + v_.buf.bytes() + grad_shard_.buf.bytes();
+  size_t b = m_.buf.bytes() + v_.buf.bytes();
   b += master_aliased_ ? 0 : master_.buf.bytes();
   return b;
 }

@@ -2,9 +2,12 @@
 // Each dp rank owns one contiguous shard [rank * n / dp, (rank + 1) * n / dp) of the flat buffers
 // (n = the store's capacity, a multiple of dp) and keeps for it the f32 master weights and both
 // moments (stage 0: one "shard" = everything, on every rank). A step:
-//   gradients: stage 0/1 all-reduce the full gradient buffer in buckets, started from the
-//              backward as suffixes of the buffer complete (grads_ready) so they overlap the rest
-//              of backward on GPUs; stage 2/3 reduce-scatter it after the last micro-batch
+//   gradients: reduced in buckets, started from the last micro-batch's backward as suffixes
+//              of the buffer complete (grads_ready), so they overlap the rest of backward on
+//              GPUs: stage 0/1 all-reduce them; stage 2/3 reduce each piece of a bucket only
+//              onto the rank whose shard holds it (in place in the gradient buffer: half the
+//              traffic, no separate gradient shard). With tied copies under stage 2/3 every
+//              bucket waits for step(), after the tied sum.
 //   tp:        (tensor parallelism) replicated parameters' gradients summed over the tp group
 //              under sequence parallelism; the norm counts them once and the split ones on
 //              every tp rank
@@ -57,14 +60,15 @@ class AdamW {
  public:
   // dp: the data-parallel group the gradients are summed over. seed: the init seed (master
   // weights of a shard are generated directly in f32, never rounded through the compute dtype).
-  // bucket_elements: gradient elements per all-reduce bucket (stage 0/1).
+  // bucket_elements: gradient elements per reduction bucket.
   // groups: how the model is split besides dp (ModelParallelGroups).
   AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
         int64_t bucket_elements = int64_t{16} << 20, const ModelParallelGroups& groups = {});
 
   void begin_step();         // before the first forward of a step (stage 3: gather the weights)
   // During the last micro-batch's backward: gradients at offsets >= offset are complete; reduces
-  // whole buckets of them as they fill (no-op for stages 2/3 and a single rank).
+  // whole buckets of them as they fill (no-op for a single rank, and for stages 2/3 with tied
+  // copies).
   void grads_ready(int64_t offset);
   // After the last backward: reduce, clip, update; step counts from 1. The update is skipped
   // (weights, master and moments unchanged) when the gradient norm, which every rank computes
@@ -95,7 +99,7 @@ class AdamW {
   Comm* tp() const { return tp_; }  // nullptr without tensor parallelism
   Comm* pp() const { return pp_; }  // nullptr without pipeline parallelism
   const ParamStore& store() const { return store_; }
-  // Bytes this rank keeps between steps for the optimizer (master, moments, gradient shard).
+  // Bytes this rank keeps between steps for the optimizer (master, moments).
   size_t state_bytes() const;
 
  private:
@@ -119,7 +123,7 @@ class AdamW {
   int64_t bucket_ = 0;
   int64_t reduced_from_ = -1;  // gradients in [reduced_from_, capacity) are reduced; -1: none this step
   bool master_aliased_ = false;
-  Owned master_, m_, v_, grad_shard_;
+  Owned master_, m_, v_;
   // The weight decay by runs of the shard (ends shard-relative; a run starts where the one before
   // it ends), as ops::adamw_step takes it.
   std::vector<ops::DecayRun> decay_runs_;

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "comm/comm.h"
+#include "comm/nccl_comm.h"
 #include "core/buffer.h"
 #include "tests/common/testing.h"
 
@@ -62,6 +63,40 @@ TEST_CASE("reduce_scatter and all_gather (also in place): exact") {
   w.all_gather(inplace->slice(r * k, (r + 1) * k), inplace);
   for (int q = 0; q < n; ++q)
     for (int64_t i = 0; i < k; ++i) REQUIRE(testing::get(inplace, q * k + i) == -q - static_cast<double>(i));
+}
+
+namespace {
+// reduce and reduce_async onto every root in turn, over ranges of one buffer as ZeRO cuts them
+// (the async ones all in flight before one wait_async): each root's range holds the exact sum.
+void check_reduce_onto_owners(Comm& c, Device dev) {
+  const int r = c.rank(), n = c.size();
+  const int64_t k = 29;
+  for (bool async : {false, true}) {
+    CAPTURE(async);
+    Owned host = filled(k * n, DType::F32, [&](int64_t j) { return static_cast<double>(r * 1000 + j); });
+    Owned buf = testing::to_device(host, dev);
+    for (int q = 0; q < n; ++q) {
+      if (async)
+        c.reduce_async(buf->slice(q * k, (q + 1) * k), q);
+      else
+        c.reduce(buf->slice(q * k, (q + 1) * k), q);
+    }
+    c.wait_async();
+    Owned got = testing::to_host(buf, DType::F64);
+    for (int64_t i = 0; i < k; ++i)
+      REQUIRE(testing::get(got, r * k + i) == n * (n - 1) / 2 * 1000.0 + n * static_cast<double>(r * k + i));
+  }
+  Owned small = testing::to_device(filled(3, DType::F32, [](int64_t) { return 0.0; }), dev);
+  CHECK_THROWS_WITH_AS(c.reduce(small, n), doctest::Contains("root"), std::exception);
+}
+}  // namespace
+
+TEST_CASE("reduce and reduce_async onto each rank's range: exact") { check_reduce_onto_owners(world(), Device::CPU); }
+
+TEST_CASE("GPUs with NCCL: reduce and reduce_async onto each rank's range, exact" * doctest::test_suite("gpu")) {
+  if (!testing::gpus_for_ranks_or_skip(world().size())) return;
+  auto nccl = make_nccl_comm(world());
+  check_reduce_onto_owners(*nccl, Device::CUDA);
 }
 
 TEST_CASE("broadcast, send/recv around a ring, barrier") {

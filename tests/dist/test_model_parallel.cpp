@@ -150,6 +150,8 @@ std::vector<Case> pipeline_cases_for(int n) {
       return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
     case 4:
       return {{"llama", 1, pp(2, 2, "breadth_first", {"distributed.zero_stage=1"})},       // dp2 x pp2
+              // tied embeddings under ZeRO 2: their sum over the pipeline comes before the reduction
+              {"gpt2", 1, pp(2, 2, "breadth_first", {"distributed.zero_stage=2"})},
               {"gpt2", 2, pp(2, 1, "breadth_first", {"distributed.sequence_parallel=true"})},  // tp2 x pp2
               {"mistral", 1, pp(4, 1, "depth_first", {"model.sliding_window=7"})}};
     case 8:  // dp2 x tp2 x pp2, 2 stages per rank, 4 micro-batches per data-parallel rank
