@@ -1,6 +1,7 @@
 // Collective bandwidth over the world (run under mpirun with one GPU per rank): all-reduce,
-// reduce-scatter and all-gather of large buffers through NCCL, reported as bus bandwidth
-// (nccl-tests' convention: all-reduce moves 2 (n-1)/n of the buffer per rank, the others (n-1)/n).
+// reduce-scatter, all-gather and reduces onto each rank's range of large buffers through NCCL,
+// reported as bus bandwidth (nccl-tests' convention: all-reduce moves 2 (n-1)/n of the buffer per
+// rank, the others (n-1)/n).
 #include <cstdio>
 
 #include "bench/bench.h"
@@ -40,6 +41,12 @@ BENCH_CASES("comm") {
     report("all_reduce", time_ms([&] { comm->all_reduce(buf); }), 2.0 * (n - 1) / n);
     report("reduce_scatter", time_ms([&] { comm->reduce_scatter(buf, shard); }), (n - 1.0) / n);
     report("all_gather", time_ms([&] { comm->all_gather(shard, buf); }), (n - 1.0) / n);
+    // ZeRO 2/3's gradient path: each rank's range reduced onto it alone (as a reduce-scatter).
+    const int64_t k = elems / n;
+    report("reduce onto each owner", time_ms([&] {
+             for (int r = 0; r < n; ++r) comm->reduce_async(buf->slice(r * k, (r + 1) * k), r);
+             comm->wait_async();
+           }), (n - 1.0) / n);
   }
 #else
   out.push_back({"comm: built without CUDA (skipped)", 0, 0, 0, ""});
