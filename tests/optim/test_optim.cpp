@@ -133,3 +133,69 @@ TEST_CASE("AdamW: one update over the flat buffer gives every parameter its own 
   CHECK(differ == 0);
   CHECK(gap_nonzero == 0);
 }
+
+namespace {
+// Rank 0 of a group of two that moves nothing and records the gradient reductions it is asked
+// for, as element ranges of `base` (the gradient buffer).
+struct RecordingComm final : Comm {
+  const float* base = nullptr;
+  std::vector<std::string> calls;
+  std::string range(const Tensor& t) const {
+    const int64_t b = t.ptr<float>() - base;
+    return "[" + std::to_string(b) + ", " + std::to_string(b + t.numel()) + ")";
+  }
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const char* backend() const override { return "recording"; }
+  void all_reduce(const Tensor&, ReduceOp) override {}
+  void all_reduce_async(const Tensor& t) override { calls.push_back("all_reduce " + range(t)); }
+  void wait_async() override { calls.push_back("wait"); }
+  void reduce(const Tensor& t, int root) override { calls.push_back("reduce " + range(t) + " -> " + std::to_string(root)); }
+  void reduce_async(const Tensor& t, int root) override {
+    calls.push_back("reduce_async " + range(t) + " -> " + std::to_string(root));
+  }
+  void reduce_scatter(const Tensor&, const Tensor&) override { calls.push_back("reduce_scatter"); }
+  void all_gather(const Tensor&, const Tensor&) override {}
+  void broadcast(const Tensor&, int) override {}
+  void send(const Tensor&, int, int) override {}
+  void recv(const Tensor&, int, int) override {}
+  void barrier() override {}
+  std::unique_ptr<Comm> split(int, int) const override { return nullptr; }
+};
+}  // namespace
+
+TEST_CASE("AdamW: gradient buckets start from the backward; ZeRO 2/3 reduce each piece onto its shard's owner") {
+  // Buckets of a third of the buffer: the backward completes the last third, then the middle one
+  // (which straddles the two shards), and step() reduces the first. Stage 0/1 all-reduce each
+  // bucket; stage 2/3 cut it at the shard boundary and reduce each piece onto the rank owning it.
+  auto model = make_model(testing::tiny_model(ModelFamily::Llama), Device::CPU, DType::F32);
+  ParamStore& p = model->params();
+  p.init(3);
+  const int64_t n = p.capacity(), half = n / 2, third = n / 3;
+  REQUIRE(n % 2 == 0);
+  auto r = [](int64_t b, int64_t e) { return "[" + std::to_string(b) + ", " + std::to_string(e) + ")"; };
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    RecordingComm comm;
+    AdamW opt(p, constant_lr(0.1, 0), comm, stage, 3, third);
+    CHECK(opt.shard_end() - opt.shard_begin() == half);
+    opt.begin_step();
+    p.zero_grads();
+    comm.base = p.grads_flat().ptr<float>();
+    opt.grads_ready(n - third / 2);  // not a whole bucket yet: nothing starts
+    CHECK(comm.calls.empty());
+    opt.grads_ready(n - third);
+    opt.grads_ready(n - 2 * third);
+    opt.step(1);
+    std::vector<std::string> expect;
+    if (stage == 1) {
+      expect = {"all_reduce " + r(n - third, n), "all_reduce " + r(n - 2 * third, n - third),
+                "all_reduce " + r(0, n - 2 * third), "wait"};
+    } else {
+      expect = {"reduce_async " + r(n - third, n) + " -> 1", "reduce_async " + r(n - 2 * third, half) + " -> 0",
+                "reduce_async " + r(half, n - third) + " -> 1", "reduce_async " + r(0, n - 2 * third) + " -> 0",
+                "wait"};
+    }
+    CHECK(comm.calls == expect);
+  }
+}
