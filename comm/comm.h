@@ -11,6 +11,7 @@
 // tensors, its own stream ordered after the compute stream). Groups for the dp, tp and pp
 // dimensions of the mesh come from Comm::split. A group of one rank is valid and does nothing.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,13 @@ class Comm {
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;
+  // A broadcast that may still run when it returns, as all_reduce_async (same wait_async()).
+  virtual void broadcast_async(const Tensor& t, int root) { broadcast(t, root); }
+  // A marker after every operation issued so far: calling it orders the compute issued after
+  // the call after those operations (one of them, unlike wait_async(), which waits for all that
+  // are pending when it is called). Host backends complete operations when issued: none
+  // (an empty function).
+  virtual std::function<void()> fence() { return {}; }
   // `tag` tells messages between the same two ranks apart (MPI matches on it; NCCL ignores it:
   // its messages match in order).
   virtual void send(const Tensor& t, int peer, int tag = 0) = 0;

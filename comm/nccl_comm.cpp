@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <memory>
+
 #include "core/buffer.h"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.cuh"
@@ -96,12 +98,18 @@ class NcclComm final : public Comm {
                                comm_, stream_));
     });
   }
-  void broadcast(const Tensor& t, int root) override {
-    check_device(t, "broadcast");
-    run([&] {
-      NCCL_CHECK(ncclBroadcast(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "broadcast"), root,
-                               comm_, stream_));
-    });
+  void broadcast(const Tensor& t, int root) override { broadcast_on_stream(t, root, "broadcast", /*wait=*/true); }
+  void broadcast_async(const Tensor& t, int root) override { broadcast_on_stream(t, root, "broadcast_async", false); }
+  std::function<void()> fence() override {
+    // An event of its own (fences are waited in any order); destroyed with the last copy of the
+    // function, which CUDA allows before the event completes.
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    std::shared_ptr<CUevent_st> event(e, [](cudaEvent_t ev) { cudaEventDestroy(ev); });
+    CUDA_CHECK(cudaEventRecord(e, stream_));
+    return [event] {
+      CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), event.get(), 0));
+    };
   }
   void send(const Tensor& t, int peer, int) override {
     check_device(t, "send");
@@ -146,6 +154,14 @@ class NcclComm final : public Comm {
     CUDA_CHECK(cudaStreamWaitEvent(compute, after_, 0));
   }
 
+  void broadcast_on_stream(const Tensor& t, int root, const char* op, bool wait) {
+    check_device(t, op);
+    ENSURE(root >= 0 && root < size(), op, ": root ", root, " in a group of ", size());
+    run([&] {
+      NCCL_CHECK(ncclBroadcast(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, op), root, comm_,
+                               stream_));
+    }, wait);
+  }
   void reduce_on_stream(const Tensor& t, int root, const char* op, bool wait) {
     check_device(t, op);
     ENSURE(root >= 0 && root < size(), op, ": root ", root, " in a group of ", size());

@@ -143,8 +143,9 @@ struct TrainingConfig {
 // at launch (the world size is not in the file).
 struct DistributedConfig {
   int zero_stage = 0;  // 0: replicated; 1: optimizer state and master weights sharded over dp;
-                       // 2: also gradients reduce-scattered; 3: also weights sharded, gathered per step
-  double reduce_bucket_mb = 64.0;  // f32 gradient MiB per data-parallel reduction bucket
+                       // 2: also gradients reduced onto their owners only; 3: also weights sharded, gathered per step
+  // f32 gradient MiB per data-parallel reduction bucket (the weight gather's buckets: as many elements)
+  double reduce_bucket_mb = 64.0;
   int tensor_parallel = 1;         // ranks splitting each layer (heads, ffn and vocabulary) Megatron style
   bool sequence_parallel = false;  // with tensor_parallel > 1: activations outside attention and MLP
                                    // sharded along tokens over the tensor-parallel group

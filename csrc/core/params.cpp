@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "core/rng.h"
 #include "ops/elementwise.h"
@@ -171,8 +172,30 @@ void ParamStore::allocate_weights() {
   fill_zero_bytes(weights_.data(), device_, weights_.bytes());
 }
 
+void ParamStore::release_weights() {
+  wait_weights(capacity_);
+  weights_.release();
+}
+
+void ParamStore::set_pending_weights(std::vector<PendingWeights> ranges) {
+  wait_weights(capacity_);
+  for (size_t i = 0; i < ranges.size(); ++i)
+    ENSURE(ranges[i].begin >= 0 && ranges[i].begin < capacity_ && (i == 0 || ranges[i].begin > ranges[i - 1].begin) &&
+               ranges[i].wait,
+           "pending weight range ", i, " begins at ", ranges[i].begin, ": not increasing within the buffer");
+  pending_.assign(std::make_move_iterator(ranges.begin()), std::make_move_iterator(ranges.end()));
+}
+
+void ParamStore::wait_weights(int64_t end) const {
+  while (!pending_.empty() && pending_.front().begin < end) {
+    pending_.front().wait();
+    pending_.pop_front();
+  }
+}
+
 Tensor ParamStore::weight_at(int64_t offset, Shape s) const {
   ENSURE(has_weights(), "weights are not resident (ZeRO-3: gathered only during a step)");
+  wait_weights(offset + s.numel());
   return Tensor(static_cast<char*>(weights_.data()) + offset * static_cast<int64_t>(dtype_size(compute_dtype_)),
                 compute_dtype_, device_, s);
 }

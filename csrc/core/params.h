@@ -16,6 +16,7 @@
 // layouts (and ZeRO shards) of all tensor-parallel ranks line up.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -114,8 +115,22 @@ class ParamStore {
 
   // ZeRO stage 3 keeps the full weights only while a step runs.
   bool has_weights() const { return weights_.data() != nullptr; }
-  void release_weights() { weights_.release(); }
+  void release_weights();  // after waiting for any pending weights
   void allocate_weights();
+
+  // Weights still arriving (ZeRO: other ranks' shards, gathered on a communication stream while
+  // the compute goes on): ranges of the flat buffer from each `begin` to the next one's (the last
+  // to the end), begins increasing, each with the call that orders compute issued after it after
+  // that range's arrival. Every view (weight, weight_at, weights_flat) first waits for the pending
+  // ranges that begin below its end, so a forward in buffer order starts on the first ranges
+  // while the later ones still arrive. Replaces (after waiting for) any earlier pending ranges.
+  struct PendingWeights {
+    int64_t begin;
+    std::function<void()> wait;
+  };
+  void set_pending_weights(std::vector<PendingWeights> ranges);
+  void wait_weights(int64_t end) const;  // waits for the pending ranges that begin below `end`
+  size_t pending_weight_ranges() const { return pending_.size(); }
 
  private:
   ParamTable table_;
@@ -123,6 +138,7 @@ class ParamStore {
   DType compute_dtype_;
   int64_t capacity_;
   Buffer weights_, grads_;
+  mutable std::deque<PendingWeights> pending_;  // views are const; waiting for a range retires it
 };
 
 }  // namespace engine

@@ -109,7 +109,26 @@ void AdamW::begin_step() {
 void AdamW::write_and_gather_weights() {
   const Tensor shard = store_.weights_flat().slice(begin_, end_);
   if (!master_aliased_) ops::cast(master_, shard);
-  if (end_ - begin_ != store_.capacity()) dp_.all_gather(shard, store_.weights_flat());
+  if (end_ - begin_ != store_.capacity()) gather_weights();
+}
+
+void AdamW::gather_weights() {
+  // Bucket by bucket in buffer order, each piece broadcast from the rank whose shard holds it (an
+  // all-gather's traffic). The store's views wait for a bucket only when something reads it, so
+  // the forward after this starts on the first buckets while the later ones still arrive.
+  const Tensor w = store_.weights_flat();
+  const int64_t n = store_.capacity(), shard = end_ - begin_;
+  std::vector<ParamStore::PendingWeights> pending;
+  for (int64_t b = 0; b < n; b += bucket_) {
+    const int64_t e = std::min(n, b + bucket_);
+    for (int64_t p = b; p < e;) {
+      const int64_t owner = p / shard, q = std::min(e, (owner + 1) * shard);
+      dp_.broadcast_async(w.slice(p, q), static_cast<int>(owner));
+      p = q;
+    }
+    if (std::function<void()> wait = dp_.fence()) pending.push_back({b, std::move(wait)});
+  }
+  store_.set_pending_weights(std::move(pending));
 }
 
 StepStats AdamW::step(int step, bool skip_update) {
@@ -174,7 +193,7 @@ StepStats AdamW::step(int step, bool skip_update) {
     if (stage_ == 3)
       store_.release_weights();  // gathered again by the next begin_step()
     else
-      dp_.all_gather(weights, store_.weights_flat());
+      gather_weights();
   }
   return st;
 }

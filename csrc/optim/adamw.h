@@ -15,8 +15,10 @@
 //   update:    AdamW (ops/adamw.h) on the shard in one call, the weight decay by runs of
 //              parameters (none for norms and biases); the compute-dtype weights of the shard
 //              are written in the same pass
-//   weights:   stage 1/2 all-gather the updated weights; stage 3 keeps only the shard between
-//              steps and gathers the full weights in begin_step()
+//   weights:   stage 1/2 gather the updated weights at once; stage 3 keeps only the shard
+//              between steps and gathers the full weights in begin_step(). Either way in buckets
+//              broadcast from their owners on the comm stream, which the store's views wait for
+//              as the next forward reaches them (ParamStore::set_pending_weights)
 // Master weights alias the shard of the compute weights when those are f32 (CPU) and resident.
 #pragma once
 #include <cstdint>
@@ -60,7 +62,7 @@ class AdamW {
  public:
   // dp: the data-parallel group the gradients are summed over. seed: the init seed (master
   // weights of a shard are generated directly in f32, never rounded through the compute dtype).
-  // bucket_elements: gradient elements per reduction bucket.
+  // bucket_elements: elements per gradient reduction and weight gather bucket.
   // groups: how the model is split besides dp (ModelParallelGroups).
   AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
         int64_t bucket_elements = int64_t{16} << 20, const ModelParallelGroups& groups = {});
@@ -104,6 +106,7 @@ class AdamW {
 
  private:
   void write_and_gather_weights();
+  void gather_weights();  // the shards of every rank to every rank, asynchronously (bucket_ elements)
   void reduce_range(int64_t begin, int64_t end);
 
   ParamStore& store_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <vector>
 
 #include "comm/comm.h"
 #include "comm/nccl_comm.h"
@@ -68,7 +69,8 @@ TEST_CASE("reduce_scatter and all_gather (also in place): exact") {
 namespace {
 // reduce and reduce_async onto every root in turn, over ranges of one buffer as ZeRO cuts them
 // (the async ones all in flight before one wait_async): each root's range holds the exact sum.
-void check_reduce_onto_owners(Comm& c, Device dev) {
+// Then broadcast_async from every root with fences, as ZeRO gathers the weights.
+void check_owner_collectives(Comm& c, Device dev) {
   const int r = c.rank(), n = c.size();
   const int64_t k = 29;
   for (bool async : {false, true}) {
@@ -88,15 +90,33 @@ void check_reduce_onto_owners(Comm& c, Device dev) {
   }
   Owned small = testing::to_device(filled(3, DType::F32, [](int64_t) { return 0.0; }), dev);
   CHECK_THROWS_WITH_AS(c.reduce(small, n), doctest::Contains("root"), std::exception);
+
+  // The weights' way back: each range broadcast from its owner, a fence after each, the fences
+  // waited in order (device backends give one; host ones complete at once and give none).
+  Owned host = filled(k * n, DType::F32, [&](int64_t j) { return j / k == r ? 7.0 * static_cast<double>(j) : -1.0; });
+  Owned buf = testing::to_device(host, dev);
+  std::vector<std::function<void()>> fences;
+  for (int q = 0; q < n; ++q) {
+    c.broadcast_async(buf->slice(q * k, (q + 1) * k), q);
+    fences.push_back(c.fence());
+  }
+  CHECK(static_cast<bool>(fences.back()) == (dev == Device::CUDA));
+  for (auto& f : fences)
+    if (f) f();
+  Owned got = testing::to_host(buf, DType::F64);
+  for (int64_t j = 0; j < k * n; ++j) REQUIRE(testing::get(got, j) == 7.0 * static_cast<double>(j));
 }
 }  // namespace
 
-TEST_CASE("reduce and reduce_async onto each rank's range: exact") { check_reduce_onto_owners(world(), Device::CPU); }
+TEST_CASE("reduce and reduce_async onto each rank's range, broadcast_async from it with fences: exact") {
+  check_owner_collectives(world(), Device::CPU);
+}
 
-TEST_CASE("GPUs with NCCL: reduce and reduce_async onto each rank's range, exact" * doctest::test_suite("gpu")) {
+TEST_CASE("GPUs with NCCL: reduce and reduce_async onto each rank's range, broadcast_async from it with fences, exact" *
+          doctest::test_suite("gpu")) {
   if (!testing::gpus_for_ranks_or_skip(world().size())) return;
   auto nccl = make_nccl_comm(world());
-  check_reduce_onto_owners(*nccl, Device::CUDA);
+  check_owner_collectives(*nccl, Device::CUDA);
 }
 
 TEST_CASE("broadcast, send/recv around a ring, barrier") {

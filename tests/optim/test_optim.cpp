@@ -13,6 +13,15 @@
 #include "tests/common/testing.h"
 #include "tests/common/tiny.h"
 
+#ifdef ENGINE_CUDA
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cuda/common/device.cuh"
+#endif
+
 using namespace engine;
 
 TEST_CASE("learning-rate schedules: warmup, cosine, linear, constant, floor") {
@@ -135,11 +144,21 @@ TEST_CASE("AdamW: one update over the flat buffer gives every parameter its own 
 }
 
 namespace {
-// Rank 0 of a group of two that moves nothing and records the gradient reductions it is asked
-// for, as element ranges of `base` (the gradient buffer).
+// Rank 0 of a group of two that moves nothing and records what it is asked for: the gradient
+// reductions as element ranges of `base` (the gradient buffer) in `calls`; the asynchronous
+// broadcasts (as pointer, count, root) and fences in `gathers`; each fence's wait, when the
+// store calls it, in `waits`.
 struct RecordingComm final : Comm {
+  struct Gather {
+    const void* data;
+    int64_t numel;
+    int root;  // -1: a fence
+  };
   const float* base = nullptr;
   std::vector<std::string> calls;
+  std::vector<Gather> gathers;
+  std::vector<int> waits;
+  int fences = 0;
   std::string range(const Tensor& t) const {
     const int64_t b = t.ptr<float>() - base;
     return "[" + std::to_string(b) + ", " + std::to_string(b + t.numel()) + ")";
@@ -157,6 +176,11 @@ struct RecordingComm final : Comm {
   void reduce_scatter(const Tensor&, const Tensor&) override { calls.push_back("reduce_scatter"); }
   void all_gather(const Tensor&, const Tensor&) override {}
   void broadcast(const Tensor&, int) override {}
+  void broadcast_async(const Tensor& t, int root) override { gathers.push_back({t.data, t.numel(), root}); }
+  std::function<void()> fence() override {
+    gathers.push_back({nullptr, 0, -1});
+    return [this, k = fences++] { waits.push_back(k); };
+  }
   void send(const Tensor&, int, int) override {}
   void recv(const Tensor&, int, int) override {}
   void barrier() override {}
@@ -197,5 +221,107 @@ TEST_CASE("AdamW: gradient buckets start from the backward; ZeRO 2/3 reduce each
                 "wait"};
     }
     CHECK(comm.calls == expect);
+    p.wait_weights(n);  // (stage 1/2: the update's gather; the store must not outlive its fences)
   }
+}
+
+TEST_CASE("AdamW: ZeRO gathers the weights bucket by bucket from their owners; a view waits only for the buckets it reaches") {
+  // Buckets of 3/8 of the buffer: [0, 3n/8) from rank 0, [3n/8, 6n/8) straddling the shards
+  // (rank 0's piece, then rank 1's), [6n/8, n) from rank 1; a fence after each. Stage 1/2 gather
+  // after the update, stage 3 in begin_step(); the views then wait for the buckets in order.
+  const ModelConfig config = testing::tiny_model(ModelFamily::Llama);
+  const int64_t table = make_model(config, Device::CPU, DType::F32)->params().capacity();
+  auto model = make_model(config, Device::CPU, DType::F32, (table + 127) / 128 * 128);
+  ParamStore& p = model->params();
+  p.init(3);
+  const int64_t n = p.capacity(), e = n / 8;
+  REQUIRE(n % 16 == 0);
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    RecordingComm comm;
+    AdamW opt(p, constant_lr(0.1, 0), comm, stage, 3, 3 * e);
+    opt.begin_step();
+    p.zero_grads();
+    if (stage < 3) {
+      CHECK(comm.gathers.empty());
+      opt.step(1);
+    }
+    REQUIRE(p.has_weights());
+    REQUIRE(p.pending_weight_ranges() == 3);
+    const char* w0 = static_cast<const char*>(p.weight_at(0, {1}).data);  // waits for bucket 0 only
+    std::vector<std::string> got;
+    for (const auto& g : comm.gathers)
+      got.push_back(g.root < 0 ? "fence"
+                               : "[" + std::to_string((static_cast<const char*>(g.data) - w0) / 4) + ", " +
+                                     std::to_string((static_cast<const char*>(g.data) - w0) / 4 + g.numel) + ") <- " +
+                                     std::to_string(g.root));
+    auto r = [](int64_t b, int64_t en, int root) {
+      return "[" + std::to_string(b) + ", " + std::to_string(en) + ") <- " + std::to_string(root);
+    };
+    CHECK(got == std::vector<std::string>{r(0, 3 * e, 0), "fence", r(3 * e, 4 * e, 0), r(4 * e, 6 * e, 1), "fence",
+                                          r(6 * e, n, 1), "fence"});
+    CHECK(comm.waits == std::vector<int>{0});
+    p.weight_at(3 * e - 5, {5});  // still inside bucket 0
+    CHECK(comm.waits == std::vector<int>{0});
+    p.weight_at(5 * e, {e});  // bucket 1
+    CHECK(comm.waits == std::vector<int>{0, 1});
+    CHECK(p.pending_weight_ranges() == 1);
+    if (stage == 3) {
+      opt.step(1);  // releases the weights: after the last bucket
+    } else {
+      p.weights_flat();
+    }
+    CHECK(comm.waits == std::vector<int>{0, 1, 2});
+    CHECK(p.pending_weight_ranges() == 0);
+  }
+  p.allocate_weights();  // (stage 3 left them released)
+}
+
+TEST_CASE("ParamStore on the GPU: a view waits for its pending range (a late writer on another stream)" *
+          doctest::test_suite("gpu")) {
+  if (!testing::gpu_available_or_skip()) return;
+#ifdef ENGINE_CUDA
+  // The second range's bytes arrive on a side stream held back 300 ms by a host function, as a
+  // gather's broadcast would; the view of that range must see them (its copy to the host runs on
+  // the compute stream, after the wait the store made it issue). The first range, already there,
+  // needs no wait: reading it returns the old bytes at once.
+  auto model = make_model(testing::tiny_model(ModelFamily::Llama), Device::CUDA, DType::BF16);
+  ParamStore& p = model->params();
+  p.init(3);
+  const int64_t n = p.capacity(), half = n / 2;
+  const Tensor w = p.weights_flat();
+  Owned before = testing::to_host(w, DType::F64);
+  Owned ones_host = empty({n - half}, DType::F32, Device::CPU);
+  for (int64_t i = 0; i < n - half; ++i) testing::set(ones_host, i, 1.0);
+  Owned ones = testing::to_device(ones_host, Device::CUDA, DType::BF16);
+  cudaStream_t side = nullptr;
+  cudaEvent_t arrived = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&arrived, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(side, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                             nullptr) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(w.slice(half, n).data, ones->data, static_cast<size_t>(n - half) * 2,
+                          cudaMemcpyDeviceToDevice, side) == cudaSuccess);
+  REQUIRE(cudaEventRecord(arrived, side) == cudaSuccess);
+  int waited = 0;
+  std::vector<ParamStore::PendingWeights> ranges;
+  ranges.push_back({0, [&] { ++waited; }});
+  ranges.push_back({half, [&] {
+                      ++waited;
+                      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), arrived, 0);
+                    }});
+  p.set_pending_weights(std::move(ranges));
+  Owned first = testing::to_host(p.weight_at(0, {half}), DType::F64);
+  CHECK(waited == 1);
+  Owned second = testing::to_host(p.weight_at(half, {n - half}), DType::F64);
+  CHECK(waited == 2);
+  int64_t stale = 0, changed = 0;
+  for (int64_t i = 0; i < half; ++i) changed += testing::get(first, i) != testing::get(before, i);
+  for (int64_t i = 0; i < n - half; ++i) stale += testing::get(second, i) != 1.0;
+  CHECK(changed == 0);
+  CHECK(stale == 0);
+  cudaStreamSynchronize(side);
+  cudaEventDestroy(arrived);
+  cudaStreamDestroy(side);
+#endif
 }
