@@ -1,5 +1,6 @@
 // Collective bandwidth over the world (run under mpirun with one GPU per rank): all-reduce,
-// reduce-scatter, all-gather and reduces onto each rank's range of large buffers through NCCL,
+// reduce-scatter, all-gather, and reduces onto / broadcasts from each rank's range (ZeRO's
+// gradient and weight paths) of large buffers through NCCL,
 // reported as bus bandwidth (nccl-tests' convention: all-reduce moves 2 (n-1)/n of the buffer per
 // rank, the others (n-1)/n).
 #include <cstdio>
@@ -45,6 +46,11 @@ BENCH_CASES("comm") {
     const int64_t k = elems / n;
     report("reduce onto each owner", time_ms([&] {
              for (int r = 0; r < n; ++r) comm->reduce_async(buf->slice(r * k, (r + 1) * k), r);
+             comm->wait_async();
+           }), (n - 1.0) / n);
+    // ZeRO's weight path: each rank's range broadcast from it (as an all-gather).
+    report("broadcast from each owner", time_ms([&] {
+             for (int r = 0; r < n; ++r) comm->broadcast_async(buf->slice(r * k, (r + 1) * k), r);
              comm->wait_async();
            }), (n - 1.0) / n);
   }
