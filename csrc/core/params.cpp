@@ -172,6 +172,13 @@ void ParamStore::allocate_weights() {
   fill_zero_bytes(weights_.data(), device_, weights_.bytes());
 }
 
+ParamStore::~ParamStore() {
+  try {
+    wait_weights(capacity_);
+  } catch (...) {  // (a failing device at exit: nothing left to order)
+  }
+}
+
 void ParamStore::release_weights() {
   wait_weights(capacity_);
   weights_.release();

@@ -93,6 +93,8 @@ class ParamStore {
  public:
   // compute_dtype: F32 or F64 on CPU, BF16 (or F32) on CUDA. capacity >= table.total_elements().
   ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity = 0);
+  ParamStore(ParamStore&&) = default;
+  ~ParamStore();  // orders the compute stream after any pending weights before freeing them
 
   const ParamTable& table() const { return table_; }
   Device device() const { return device_; }
@@ -102,7 +104,8 @@ class ParamStore {
 
   Tensor weight(const std::string& name) const;
   Tensor grad(const std::string& name) const;
-  // Views at a flat offset (what layers hold: valid across release/allocate of the buffers).
+  // Views at a flat offset. Layers hold offsets and make views on use: a view is valid until the
+  // weights are released, and waits for the pending ranges (below) that exist when it is made.
   Tensor weight_at(int64_t offset, Shape s) const;
   Tensor grad_at(int64_t offset, Shape s) const;
   // Whole flat buffers (capacity elements), for the optimizer and collectives.

@@ -137,8 +137,9 @@ StepStats AdamW::step(int step, bool skip_update) {
   const bool sharded = end_ - begin_ != store_.capacity();
   Tensor grads;
   // Tied copies are summed on the full buffers, where every holder has all of them (the dp
-  // shards of two pipeline ranks' buffers need not line up): before a reduce-scatter, or after
-  // the all-reduce (a sum over dp and one over the tied group commute).
+  // shards of two pipeline ranks' buffers need not line up): before the reductions onto the
+  // owners (stage 2/3), or after the all-reduce (stage 0/1: a sum over dp and one over the tied
+  // group commute).
   if (dp_.size() == 1) {
     reduce_tied();
     grads = store_.grads_flat();
