@@ -17,6 +17,10 @@
 //             (2^-9 relative at worst, ~1.1e-3 RMS) is the floor and the f32 math adds ~1e-6;
 //             1e-2 leaves room for tensors dominated by a few large entries (near one-hot rows
 //             at 30x scale), where the RMS of the rounding is set by those few. f32: 1e-5.
+//             Both plus an absolute RMS floor of grad_scale / sqrt(V) x 4 x 2^-24 (at most the
+//             RMS of p - onehot times the rounding of a probability near one): a row whose
+//             target's p is near one has a gradient p - 1 that cancels to far below its error
+//             relative to p.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -205,8 +209,12 @@ TEST_CASE("cross_entropy cuda matches the f64 reference (shapes, dtypes, paths, 
             const Comparison g = compare(out.logits, ref_grad, "gradient");
             INFO(g.report);
             CHECK(g.nonfinite == 0);
-            CHECK(g.rel_rms <= grad_tol);
-            if (dtype == DType::BF16) CHECK(g.rel_rms <= 2 * naive + 1e-7);
+            // (plus the absolute floor of the header: grad_tol alone failed the vocab-parallel
+            // twin of this test on T1 V2, TEST_SEED=60761218)
+            const double grad_abs = c.grad_scale / std::sqrt(static_cast<double>(c.v)) * 4 * std::ldexp(1.0, -24) /
+                                    std::max(g.scale, 1e-30);
+            CHECK(g.rel_rms <= grad_tol + grad_abs);
+            if (dtype == DType::BF16) CHECK(g.rel_rms <= 2 * naive + 1e-7 + grad_abs);
             int64_t nonzero_masked = 0;
             for (int64_t r = 0; r < c.t; ++r)
               if (!in.mask_host.ptr<uint8_t>()[r])
