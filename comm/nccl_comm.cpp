@@ -78,8 +78,8 @@ class NcclComm final : public Comm {
     CUDA_CHECK(cudaEventRecord(after_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), after_, 0));
   }
-  void reduce(const Tensor& t, int root) override { reduce_on_stream(t, root, "reduce", /*wait=*/true); }
-  void reduce_async(const Tensor& t, int root) override { reduce_on_stream(t, root, "reduce_async", false); }
+  void reduce(const Tensor& t, int root) override { rooted(t, root, "reduce", true, /*wait=*/true); }
+  void reduce_async(const Tensor& t, int root) override { rooted(t, root, "reduce_async", true, false); }
   void reduce_scatter(const Tensor& in, const Tensor& out) override {
     check_device(in, "reduce_scatter");
     check_device(out, "reduce_scatter");
@@ -98,8 +98,8 @@ class NcclComm final : public Comm {
                                comm_, stream_));
     });
   }
-  void broadcast(const Tensor& t, int root) override { broadcast_on_stream(t, root, "broadcast", /*wait=*/true); }
-  void broadcast_async(const Tensor& t, int root) override { broadcast_on_stream(t, root, "broadcast_async", false); }
+  void broadcast(const Tensor& t, int root) override { rooted(t, root, "broadcast", false, /*wait=*/true); }
+  void broadcast_async(const Tensor& t, int root) override { rooted(t, root, "broadcast_async", false, false); }
   std::function<void()> fence() override {
     // An event of its own (fences are waited in any order); destroyed with the last copy of the
     // function, which CUDA allows before the event completes.
@@ -154,20 +154,17 @@ class NcclComm final : public Comm {
     CUDA_CHECK(cudaStreamWaitEvent(compute, after_, 0));
   }
 
-  void broadcast_on_stream(const Tensor& t, int root, const char* op, bool wait) {
+  // An in-place collective with a root (ncclBroadcast or, with `reduce`, ncclReduce sum).
+  void rooted(const Tensor& t, int root, const char* op, bool reduce, bool wait) {
     check_device(t, op);
     ENSURE(root >= 0 && root < size(), op, ": root ", root, " in a group of ", size());
+    const size_t n = static_cast<size_t>(t.numel());
+    const ncclDataType_t type = nccl_type(t.dtype, op);
     run([&] {
-      NCCL_CHECK(ncclBroadcast(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, op), root, comm_,
-                               stream_));
-    }, wait);
-  }
-  void reduce_on_stream(const Tensor& t, int root, const char* op, bool wait) {
-    check_device(t, op);
-    ENSURE(root >= 0 && root < size(), op, ": root ", root, " in a group of ", size());
-    run([&] {
-      NCCL_CHECK(ncclReduce(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, op), ncclSum, root,
-                            comm_, stream_));
+      if (reduce)
+        NCCL_CHECK(ncclReduce(t.data, t.data, n, type, ncclSum, root, comm_, stream_));
+      else
+        NCCL_CHECK(ncclBroadcast(t.data, t.data, n, type, root, comm_, stream_));
     }, wait);
   }
 

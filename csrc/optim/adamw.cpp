@@ -82,19 +82,25 @@ void AdamW::grads_ready(int64_t offset) {
   if (end - offset >= bucket_ || (offset == 0 && end > 0)) reduce_range(offset, end);
 }
 
+void AdamW::for_each_owned_piece(int64_t begin, int64_t end,
+                                 const std::function<void(int64_t, int64_t, int)>& f) const {
+  const int64_t shard = end_ - begin_;  // shards are contiguous and of equal length
+  for (int64_t b = begin; b < end;) {
+    const int64_t owner = b / shard, e = std::min(end, (owner + 1) * shard);
+    f(b, e, static_cast<int>(owner));
+    b = e;
+  }
+}
+
 void AdamW::reduce_range(int64_t begin, int64_t end) {
   const Tensor grads = store_.grads_flat();
   if (stage_ < 2) {
     dp_.all_reduce_async(grads.slice(begin, end));
   } else {
-    // Each piece of the range summed on the rank whose shard holds it (shards are contiguous and
-    // of equal length): half an all-reduce's traffic, and nothing outside the shard is needed.
-    const int64_t shard = end_ - begin_;
-    for (int64_t b = begin; b < end;) {
-      const int64_t owner = b / shard, e = std::min(end, (owner + 1) * shard);
-      dp_.reduce_async(grads.slice(b, e), static_cast<int>(owner));
-      b = e;
-    }
+    // Each piece summed only on its owner: half an all-reduce's traffic, and nothing outside the
+    // shard is needed.
+    for_each_owned_piece(begin, end,
+                         [&](int64_t b, int64_t e, int owner) { dp_.reduce_async(grads.slice(b, e), owner); });
   }
   reduced_from_ = begin;
 }
@@ -117,15 +123,11 @@ void AdamW::gather_weights() {
   // all-gather's traffic). The store's views wait for a bucket only when something reads it, so
   // the forward after this starts on the first buckets while the later ones still arrive.
   const Tensor w = store_.weights_flat();
-  const int64_t n = store_.capacity(), shard = end_ - begin_;
+  const int64_t n = store_.capacity();
   std::vector<ParamStore::PendingWeights> pending;
   for (int64_t b = 0; b < n; b += bucket_) {
-    const int64_t e = std::min(n, b + bucket_);
-    for (int64_t p = b; p < e;) {
-      const int64_t owner = p / shard, q = std::min(e, (owner + 1) * shard);
-      dp_.broadcast_async(w.slice(p, q), static_cast<int>(owner));
-      p = q;
-    }
+    for_each_owned_piece(b, std::min(n, b + bucket_),
+                         [&](int64_t p, int64_t q, int owner) { dp_.broadcast_async(w.slice(p, q), owner); });
     if (std::function<void()> wait = dp_.fence()) pending.push_back({b, std::move(wait)});
   }
   store_.set_pending_weights(std::move(pending));

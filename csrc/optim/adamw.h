@@ -22,6 +22,7 @@
 // Master weights alias the shard of the compute weights when those are f32 (CPU) and resident.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +109,9 @@ class AdamW {
   void write_and_gather_weights();
   void gather_weights();  // the shards of every rank to every rank, asynchronously (bucket_ elements)
   void reduce_range(int64_t begin, int64_t end);
+  // f(piece begin, piece end, owner) for [begin, end) cut at the dp shards' boundaries.
+  void for_each_owned_piece(int64_t begin, int64_t end,
+                            const std::function<void(int64_t, int64_t, int)>& f) const;
 
   ParamStore& store_;
   OptimizerConfig config_;
