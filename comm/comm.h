@@ -39,6 +39,10 @@ class Comm {
   virtual void reduce_async(const Tensor& t, int root) { reduce(t, root); }
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
+  // reduce_scatter and all_gather that may still run when they return, as all_reduce_async
+  // (tensor parallelism: paired with fence(), they run beside the GEMMs queued after them).
+  virtual void reduce_scatter_async(const Tensor& in, const Tensor& out) { reduce_scatter(in, out); }
+  virtual void all_gather_async(const Tensor& in, const Tensor& out) { all_gather(in, out); }
   virtual void broadcast(const Tensor& t, int root) = 0;
   // A broadcast that may still run when it returns, as all_reduce_async (same wait_async()).
   virtual void broadcast_async(const Tensor& t, int root) { broadcast(t, root); }

@@ -21,6 +21,12 @@ void copy_to_tp_backward(Comm& tp, const Tensor& dy, const Tensor& dx) {
   tp.all_reduce(dx);
 }
 
+std::function<void()> copy_to_tp_backward_async(Comm& tp, const Tensor& dy, const Tensor& dx) {
+  same_or_copy(dy, dx);
+  tp.all_reduce_async(dx);
+  return tp.fence();
+}
+
 void reduce_from_tp_forward(Comm& tp, const Tensor& x, const Tensor& y) {
   same_or_copy(x, y);
   tp.all_reduce(y);
@@ -34,6 +40,17 @@ void gather_from_sp_forward(Comm& tp, const Tensor& x, const Tensor& y) {
 void gather_from_sp_backward(Comm& tp, const Tensor& dy, const Tensor& dx) {
   expect_rows(tp, dx, dy, "gather_from_sp_backward");
   tp.reduce_scatter(dy, dx);
+}
+
+std::function<void()> gather_from_sp_forward_async(Comm& tp, const Tensor& x, const Tensor& y) {
+  expect_rows(tp, x, y, "gather_from_sp_forward_async");
+  tp.all_gather_async(x, y);
+  return tp.fence();
+}
+std::function<void()> gather_from_sp_backward_async(Comm& tp, const Tensor& dy, const Tensor& dx) {
+  expect_rows(tp, dx, dy, "gather_from_sp_backward_async");
+  tp.reduce_scatter_async(dy, dx);
+  return tp.fence();
 }
 
 void scatter_to_sp_forward(Comm& tp, const Tensor& x, const Tensor& y) {

@@ -12,13 +12,20 @@
 //   split_to_sp     keep own rows all-gather              (enter sequence parallelism)
 //
 // `in` and `out` may be the same tensor for the identity and all-reduce directions.
+//
+// The *_async forms start the same collective on the group's stream and return what orders later
+// compute after it (comm.h's fence; empty on host backends, where it is already done). Call it
+// before the output is read and before any of the tensors is freed or reused.
 #pragma once
+#include <functional>
+
 #include "comm/comm.h"
 
 namespace engine::tp {
 
 void copy_to_tp_forward(Comm& tp, const Tensor& x, const Tensor& y);
 void copy_to_tp_backward(Comm& tp, const Tensor& dy, const Tensor& dx);
+std::function<void()> copy_to_tp_backward_async(Comm& tp, const Tensor& dy, const Tensor& dx);
 
 void reduce_from_tp_forward(Comm& tp, const Tensor& x, const Tensor& y);
 void reduce_from_tp_backward(Comm& tp, const Tensor& dy, const Tensor& dx);
@@ -26,6 +33,8 @@ void reduce_from_tp_backward(Comm& tp, const Tensor& dy, const Tensor& dx);
 // x (rows, ...) -> y (tp.size() * rows, ...)
 void gather_from_sp_forward(Comm& tp, const Tensor& x, const Tensor& y);
 void gather_from_sp_backward(Comm& tp, const Tensor& dy, const Tensor& dx);
+std::function<void()> gather_from_sp_forward_async(Comm& tp, const Tensor& x, const Tensor& y);
+std::function<void()> gather_from_sp_backward_async(Comm& tp, const Tensor& dy, const Tensor& dx);
 
 // x (tp.size() * rows, ...) -> y (rows, ...): this rank's row block of the sum over ranks
 void scatter_to_sp_forward(Comm& tp, const Tensor& x, const Tensor& y);

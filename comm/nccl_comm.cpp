@@ -80,24 +80,12 @@ class NcclComm final : public Comm {
   }
   void reduce(const Tensor& t, int root) override { rooted(t, root, "reduce", true, /*wait=*/true); }
   void reduce_async(const Tensor& t, int root) override { rooted(t, root, "reduce_async", true, false); }
-  void reduce_scatter(const Tensor& in, const Tensor& out) override {
-    check_device(in, "reduce_scatter");
-    check_device(out, "reduce_scatter");
-    ENSURE(in.dtype == out.dtype && in.numel() == out.numel() * size(), "reduce_scatter: in must hold size x out");
-    run([&] {
-      NCCL_CHECK(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
-                                   nccl_type(in.dtype, "reduce_scatter"), ncclSum, comm_, stream_));
-    });
+  void reduce_scatter(const Tensor& in, const Tensor& out) override { scatter(in, out, "reduce_scatter", true); }
+  void reduce_scatter_async(const Tensor& in, const Tensor& out) override {
+    scatter(in, out, "reduce_scatter_async", false);
   }
-  void all_gather(const Tensor& in, const Tensor& out) override {
-    check_device(in, "all_gather");
-    check_device(out, "all_gather");
-    ENSURE(in.dtype == out.dtype && out.numel() == in.numel() * size(), "all_gather: out must hold size x in");
-    run([&] {  // in place when `in` is this rank's slice of `out` (NCCL's in-place convention)
-      NCCL_CHECK(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()), nccl_type(in.dtype, "all_gather"),
-                               comm_, stream_));
-    });
-  }
+  void all_gather(const Tensor& in, const Tensor& out) override { gather(in, out, "all_gather", true); }
+  void all_gather_async(const Tensor& in, const Tensor& out) override { gather(in, out, "all_gather_async", false); }
   void broadcast(const Tensor& t, int root) override { rooted(t, root, "broadcast", false, /*wait=*/true); }
   void broadcast_async(const Tensor& t, int root) override { rooted(t, root, "broadcast_async", false, false); }
   std::function<void()> fence() override {
@@ -152,6 +140,25 @@ class NcclComm final : public Comm {
     if (!wait) return;
     CUDA_CHECK(cudaEventRecord(after_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(compute, after_, 0));
+  }
+
+  void scatter(const Tensor& in, const Tensor& out, const char* op, bool wait) {
+    check_device(in, op);
+    check_device(out, op);
+    ENSURE(in.dtype == out.dtype && in.numel() == out.numel() * size(), op, ": in must hold size x out");
+    run([&] {
+      NCCL_CHECK(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()), nccl_type(in.dtype, op),
+                                   ncclSum, comm_, stream_));
+    }, wait);
+  }
+  void gather(const Tensor& in, const Tensor& out, const char* op, bool wait) {
+    check_device(in, op);
+    check_device(out, op);
+    ENSURE(in.dtype == out.dtype && out.numel() == in.numel() * size(), op, ": out must hold size x in");
+    run([&] {  // in place when `in` is this rank's slice of `out` (NCCL's in-place convention)
+      NCCL_CHECK(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()), nccl_type(in.dtype, op), comm_,
+                               stream_));
+    }, wait);
   }
 
   // An in-place collective with a root (ncclBroadcast or, with `reduce`, ncclReduce sum).

@@ -32,24 +32,25 @@ for step in "${steps[@]}"; do
         timeout 300 ./bench train "$c" 2>&1 | grep -v "^\[" | tee -a "$out/train.log"
       done
       ;;
-    dp)  # needs 2 GPUs: NCCL tests under mpirun, collective bandwidth, data-parallel throughput
+    dp)  # needs 2 GPUs: the NCCL test cases under mpirun, collective bandwidth, data-parallel throughput
       export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
       mpi=(timeout 300 mpirun -n 2 --bind-to none -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS=4)
-      "${mpi[@]}" build/dist_tests 2>&1 | tee "$out/dp.log" | grep -E "FAILED|ERROR|skipped:|^tests:"
+      "${mpi[@]}" build/dist_tests -ts=gpu 2>&1 | tee "$out/dp.log" | grep -E "FAILED|ERROR|skipped:|^tests:|^\[doctest\] (test cases|assertions)"
       "${mpi[@]}" ./bench comm 2>&1 | tee -a "$out/dp.log"
       timeout 300 ./bench train configs/bench-llama-0.9b.toml 2>&1 | grep -v "^\[" | tee -a "$out/dp.log"
-      for z in 0 1 3; do
+      for z in 0 1 2 3; do
         "${mpi[@]}" ./bench train configs/bench-llama-0.9b.toml batch.global_batch_size=8 \
           distributed.zero_stage=$z 2>&1 | grep -v "^\[" | tee -a "$out/dp.log"
       done
       ;;
-    tp)  # needs 2 GPUs: tensor parallelism beside data parallelism on the 0.9B config
+    tp)  # needs 2 GPUs: tensor parallelism (overlap on and off) beside data parallelism on the 0.9B config (run dp first for the tests)
       export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
       mpi=(timeout 300 mpirun -n 2 --bind-to none -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS=4)
-      "${mpi[@]}" build/dist_tests 2>&1 | tee "$out/tp.log" | grep -E "FAILED|ERROR|skipped:|^tests:|^ +[0-9.]+ s "
       for layout in "batch.global_batch_size=8" \
                     "batch.global_batch_size=4 distributed.tensor_parallel=2" \
-                    "batch.global_batch_size=4 distributed.tensor_parallel=2 distributed.sequence_parallel=true"; do
+                    "batch.global_batch_size=4 distributed.tensor_parallel=2 distributed.tp_overlap=false" \
+                    "batch.global_batch_size=4 distributed.tensor_parallel=2 distributed.sequence_parallel=true" \
+                    "batch.global_batch_size=4 distributed.tensor_parallel=2 distributed.sequence_parallel=true distributed.tp_overlap=false"; do
         "${mpi[@]}" ./bench train configs/bench-llama-0.9b.toml training.steps=6 $layout 2>&1 | grep -v "^\[" | tee -a "$out/tp.log"
       done
       ;;

@@ -164,6 +164,7 @@ void visit_fields(C& c, V& v) {
   v.field("reduce_bucket_mb", c.distributed.reduce_bucket_mb);
   v.field("tensor_parallel", c.distributed.tensor_parallel);
   v.field("sequence_parallel", c.distributed.sequence_parallel);
+  v.field("tp_overlap", c.distributed.tp_overlap);
   v.field("cross_entropy_splits", c.distributed.cross_entropy_splits);
   v.field("pipeline_parallel", c.distributed.pipeline_parallel);
   v.field("stages_per_rank", c.distributed.stages_per_rank);

@@ -72,10 +72,10 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   s.qkv = env.act_tensor({T, NH, head_dim_});
   s.out = env.act_tensor({T, heads_, head_dim_});
   s.lse = env.stat_tensor({T, heads_});
-  Owned gathered;
-  const Tensor x = column_input_forward(env, xn, gathered);
-  linear_forward(x, wqkv_.w(), bqkv_.w(), s.qkv->view({T, int64_t{NH} * head_dim_}));
-  gathered = Owned{};
+  const Tensor qkv = s.qkv->view({T, int64_t{NH} * head_dim_});
+  column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
+    linear_forward(x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
+  });
   if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, theta_);
   if (seg.kv) {  // this chunk's keys and values join the micro-batch's
     KvChunks::Layer& l = seg.kv->layers[this];
@@ -110,6 +110,7 @@ void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, con
   if (bo_ && !out_bias_done) ops::sum_rows(dy.rows(), bo_.g(), 1.f);
   Owned dy_storage;
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
+  ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows), not kept since the forward
   Owned dout = env.act_tensor({T, heads_, head_dim_});
   linear_backward(dy_full, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(),
                   dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
@@ -140,12 +141,7 @@ void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, con
   }
   dout = Owned{};
   if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, theta_);
-  Owned gathered;  // sequence parallel: gathered again rather than kept since the forward
-  const Tensor x = column_input_forward(env, xn, gathered);
-  Owned dx_storage;
-  const Tensor dx_full = env.sp() ? (dx_storage = env.act_tensor({T, xn.size(1)})).t : dxn;
-  linear_backward(dqkv->view({T, int64_t{NH} * head_dim_}), x, wqkv_.w(), dx_full, wqkv_.g(), bqkv_.g());
-  column_input_backward(env, dx_full, dxn);
+  column_linear_backward(env, dqkv->view({T, int64_t{NH} * head_dim_}), in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g());
 }
 
 }  // namespace engine::layers

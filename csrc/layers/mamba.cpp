@@ -102,10 +102,9 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
   ENSURE(!seg.kv, "Mamba blocks cannot run on micro-sequences (the scan state would pass between chunks)");
   const int64_t T = full_rows(env, xn.size(0));
   s.xz = env.act_tensor({T, 2 * di_});
-  {
-    Owned gathered;
-    linear_forward(column_input_forward(env, xn, gathered), w_in_.w(), b_in_.w(), s.xz);
-  }
+  column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
+    linear_forward(x, w_in_.w(), b_in_.w(), s.xz->slice(r0, r1));
+  });
   Owned xc = env.act_tensor({T, di_});
   ops::causal_conv1d_forward(ops::ColumnBlock(s.xz, 0, di_), conv_w_.w(), conv_b_.w(), seg.cu_seqlens,
                              true, xc);
@@ -147,6 +146,7 @@ void Mamba::backward(const Env& env, const Tensor& dy, const Tensor& xn, const S
     const Tensor dy_full = row_output_backward(env, dy, dy_storage);
     linear_backward(dy_full, s.y, w_out_.w(), dys, w_out_.g(), {});
   }
+  ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows)
   Owned xc = env.act_tensor({T, di_});
   ops::causal_conv1d_forward(ops::ColumnBlock(s.xz, 0, di_), conv_w_.w(), conv_b_.w(), seg.cu_seqlens,
                              true, xc);
@@ -176,11 +176,7 @@ void Mamba::backward(const Env& env, const Tensor& dy, const Tensor& xn, const S
   ops::causal_conv1d_backward(dxc, ops::ColumnBlock(s.xz, 0, di_), conv_w_.w(), conv_b_.w(), seg.cu_seqlens,
                               true, ops::ColumnBlock(dxz, 0, di_), conv_w_.g(), conv_b_.g());
   dxc = Owned{};
-  Owned gathered, dx_storage;
-  const Tensor x = column_input_forward(env, xn, gathered);
-  const Tensor dx_full = env.sp() ? (dx_storage = env.act_tensor({T, xn.size(1)})).t : dxn;
-  linear_backward(dxz, x, w_in_.w(), dx_full, w_in_.g(), b_in_.g());
-  column_input_backward(env, dx_full, dxn);
+  column_linear_backward(env, dxz, in, w_in_.w(), dxn, w_in_.g(), b_in_.g());
 }
 
 }  // namespace engine::layers

@@ -54,19 +54,19 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
   s.a = env.act_tensor({T, ffn_});
-  Owned gathered;
-  const Tensor x = column_input_forward(env, xn, gathered);
-  if (glu) {
-    linear_forward(x, w_in_.w(), b_in_.w(), s.h);
-    ops::swiglu_forward(s.h, s.a);
-  } else {  // h = x W_in^T + b_in and a = gelu(h) from one GEMM (the GELU in its epilogue)
+  column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
+    if (glu) {
+      linear_forward(x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
+      return;
+    }
+    // h = x W_in^T + b_in and a = gelu(h) from one GEMM (the GELU in its epilogue)
     ops::MatmulOptions o;
     o.bias = b_in_.w();
     o.gelu = true;
-    o.gelu_input = s.h;
-    ops::matmul(x.rows(), false, w_in_.w(), true, s.a, o);
-  }
-  gathered = Owned{};
+    o.gelu_input = s.h->slice(r0, r1);
+    ops::matmul(x.rows(), false, w_in_.w(), true, s.a->slice(r0, r1), o);
+  });
+  if (glu) ops::swiglu_forward(s.h, s.a);
   // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
   const Tensor bias = first_rank_ ? b_out_.w() : Tensor{};
   if (env.sp()) {
@@ -85,11 +85,11 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
                    const Tensor& dxn, bool out_bias_done) const {
-  const int64_t T = full_rows(env, xn.size(0));
   // this rank's rows (see Attention)
   if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);
   Owned dy_storage;
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
+  ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows)
   Owned dh = env.act_tensor(s.h->shape);
   const bool glu = act_ == ActivationKind::SwiGLU;
   if (glu) {
@@ -106,11 +106,7 @@ void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Mlp
     if (b_in_) ops::add_inplace(b_in_.g(), db);
   }
   dy_storage = Owned{};
-  Owned gathered, dx_storage;
-  const Tensor x = column_input_forward(env, xn, gathered);
-  const Tensor dx_full = env.sp() ? (dx_storage = env.act_tensor({T, xn.size(1)})).t : dxn;
-  linear_backward(dh, x, w_in_.w(), dx_full, w_in_.g(), glu ? b_in_.g() : Tensor{});
-  column_input_backward(env, dx_full, dxn);
+  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), glu ? b_in_.g() : Tensor{});
 }
 
 }  // namespace engine::layers

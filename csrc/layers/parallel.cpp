@@ -1,6 +1,8 @@
 #include "layers/parallel.h"
 
 #include "comm/mappings.h"
+#include "layers/linear.h"
+#include "ops/gemm.h"
 
 namespace engine::layers {
 
@@ -31,6 +33,53 @@ void column_input_backward(const Env& env, const Tensor& dx_full, const Tensor& 
     tp::gather_from_sp_backward(*env.tp, dx_full, dx);
   else
     tp::copy_to_tp_backward(*env.tp, dx_full, dx);
+}
+
+void column_gemm_forward(const Env& env, const Tensor& xn, const RowGemm& gemm) {
+  if (!env.sp() || !env.tp_overlap) {
+    Owned storage;
+    const Tensor x = column_input_forward(env, xn, storage);
+    gemm(x, 0, x.size(0));
+    return;
+  }
+  const int64_t n = xn.size(0), r0 = n * env.tp_rank(), T = full_rows(env, n);
+  Owned storage = env.act_tensor(with_rows(xn.shape, T));
+  std::function<void()> gathered = tp::gather_from_sp_forward_async(*env.tp, xn, storage);
+  gemm(xn, r0, r0 + n);
+  if (gathered) gathered();
+  if (r0 > 0) gemm(storage->slice(0, r0), 0, r0);
+  if (r0 + n < T) gemm(storage->slice(r0 + n, T), r0 + n, T);
+}
+
+ColumnInput::ColumnInput(const Env& env, const Tensor& xn) {
+  if (!env.sp()) {
+    x_ = xn;
+    return;
+  }
+  storage_ = env.act_tensor(with_rows(xn.shape, full_rows(env, xn.size(0))));
+  x_ = storage_;
+  if (env.tp_overlap)
+    pending_ = tp::gather_from_sp_forward_async(*env.tp, xn, x_);
+  else
+    tp::gather_from_sp_forward(*env.tp, xn, x_);
+}
+
+void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
+                            const Tensor& dxn, const Tensor& dweight, const Tensor& dbias) {
+  if (env.tp_size() == 1 || !env.tp_overlap) {
+    Owned storage;
+    const Tensor dx_full = env.sp() ? (storage = env.act_tensor(with_rows(dxn.shape, dy.size(0)))).t : dxn;
+    linear_backward(dy, in.get(), weight, dx_full, dweight, dbias);
+    column_input_backward(env, dx_full, dxn);
+    return;
+  }
+  Owned storage;
+  const Tensor dx_full = env.sp() ? (storage = env.act_tensor(with_rows(dxn.shape, dy.size(0)))).t : dxn;
+  ops::matmul(dy.rows(), false, weight, false, dx_full.rows());  // dx = dy W
+  const std::function<void()> reduced = env.sp() ? tp::gather_from_sp_backward_async(*env.tp, dx_full, dxn)
+                                                 : tp::copy_to_tp_backward_async(*env.tp, dx_full, dxn);
+  linear_backward(dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction
+  if (reduced) reduced();
 }
 
 void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y) {

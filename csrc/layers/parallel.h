@@ -9,7 +9,19 @@
 //     tp + sp:  scatter_to_sp   forward reduce-scatter into token shards, backward all-gather
 //
 // With no tensor parallelism every function is the identity and moves no bytes.
+//
+// Overlap (Env::tp_overlap, distributed.tp_overlap): a column-parallel layer's collectives run on
+// the tensor-parallel group's stream beside its GEMMs wherever the data allow:
+//   forward, tp + sp   the GEMM of this rank's own rows runs while the other ranks' rows arrive
+//   backward, tp + sp  the input's all-gather (for the weight gradient) runs beside the compute
+//                      before it (started when the sublayer's backward begins), and the input
+//                      gradient's reduce-scatter beside the weight-gradient GEMM
+//   backward, tp       the input gradient's all-reduce beside the weight-gradient GEMM
+// What stays exposed: the row-parallel output's all-reduce or reduce-scatter in the forward and
+// the all-gather of its gradient in the backward (every later GEMM needs all of them).
 #pragma once
+#include <functional>
+
 #include "layers/common.h"
 
 namespace engine::layers {
@@ -25,6 +37,45 @@ Tensor column_input_forward(const Env& env, const Tensor& x, Owned& storage);
 // dx_full (full rows): the partial input gradient of this rank's columns; dx (x's rows) gets the
 // sum over ranks (in place when they are the same tensor, without sequence parallelism).
 void column_input_backward(const Env& env, const Tensor& dx_full, const Tensor& dx);
+
+// A column-parallel GEMM's forward from xn (this rank's rows): `gemm(x, r0, r1)` computes the
+// output rows [r0, r1) of the full rows from x, those rows of the input. Called once with all
+// rows, or under sequence parallelism first for this rank's own rows (from xn, while the other
+// ranks' rows are gathered; overlap) and then for the rest.
+using RowGemm = std::function<void(const Tensor& x, int64_t r0, int64_t r1)>;
+void column_gemm_forward(const Env& env, const Tensor& xn, const RowGemm& gemm);
+
+// A column-parallel layer's input (full rows) for its backward: xn itself, or under sequence
+// parallelism the all-gather of the token shards, started when this is made so that it runs
+// beside the compute queued until get() (overlap). Destroying it waits for the gather, so its
+// storage is never handed out again before the bytes have landed.
+class ColumnInput {
+ public:
+  ColumnInput(const Env& env, const Tensor& xn);
+  ~ColumnInput() { wait(); }
+  ColumnInput(const ColumnInput&) = delete;
+  ColumnInput& operator=(const ColumnInput&) = delete;
+  const Tensor& get() {  // later compute sees the gathered rows
+    wait();
+    return x_;
+  }
+
+ private:
+  void wait() {
+    if (pending_) pending_();
+    pending_ = nullptr;
+  }
+  Owned storage_;
+  Tensor x_;
+  std::function<void()> pending_;
+};
+
+// The backward of a column-parallel linear y = x W^T (+ b) with x = in.get() and dy of full rows:
+// dW += dy^T x, db += the column sums of dy (when given), and dxn (xn's rows) = the sum over the
+// tp ranks of dy W, whose reduction runs beside the weight-gradient GEMM (overlap). dxn is
+// complete for the compute queued after the call.
+void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
+                            const Tensor& dxn, const Tensor& dweight, const Tensor& dbias);
 
 // y (x's local rows) = the sum over ranks of the partial outputs (full rows); `partial` may be
 // `y` itself without sequence parallelism (reduced in place).

@@ -80,6 +80,7 @@ struct ModelLayout {
   // Activation recomputation: forward keeps only each block's output; backward runs the block's
   // forward again before its backward (memory of one block's activations for one more forward).
   bool recompute = false;
+  bool tp_overlap = true;  // layers::Env::tp_overlap
   int tp_rank() const { return tp ? tp->rank() : 0; }
   int tp_size() const { return tp ? tp->size() : 1; }
   int stages() const { return pipeline_size * stages_per_rank; }

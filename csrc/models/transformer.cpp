@@ -62,7 +62,7 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
                          const ModelLayout& layout)
     : config_(c), layout_(layout), plan_(stage_plan(c.num_layers, layout.stages())),
       store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity),
-      env_{device, compute_dtype, layout.tp, layout.sequence_parallel} {
+      env_{device, compute_dtype, layout.tp, layout.sequence_parallel, layout.tp_overlap} {
   blocks_.resize(static_cast<size_t>(c.num_layers));
   moe_aux_ = c.moe_aux_loss_coef > 0 || c.moe_z_loss_coef > 0;
   block_offsets_.assign(static_cast<size_t>(c.num_layers), -1);

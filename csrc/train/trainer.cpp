@@ -150,7 +150,8 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   const int64_t unit = 64 * int64_t{dp_size};
   const DistributedConfig& dist = config_.distributed;
   ModelLayout layout{mesh_->tp(),       dist.sequence_parallel, dist.cross_entropy_splits, mesh_->pp_rank(),
-                     mesh_->pp_size(), dist.stages_per_rank,  config_.training.recompute_activations};
+                     mesh_->pp_size(), dist.stages_per_rank,  config_.training.recompute_activations,
+                     dist.tp_overlap};
   const int64_t table_size =
       model_param_table(config_.model, layout, mesh_->tp_rank(), mesh_->tp_size()).total_elements();
   const int64_t capacity = (table_size + unit - 1) / unit * unit;
@@ -269,6 +270,7 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
     ModelLayout layout;
     layout.tp = student.tp;
     layout.sequence_parallel = student.sequence_parallel;
+    layout.tp_overlap = student.tp_overlap;
     teacher_ = make_model(tc, device_, compute, 0, layout);
     std::unique_ptr<hf::HfWeights> weights;
     checkpoint::Fetch fetch;

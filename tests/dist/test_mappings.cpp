@@ -90,3 +90,35 @@ TEST_CASE("gather_from_sp / scatter_to_sp / split_to_sp: row blocks in rank orde
   CHECK(tp.all_reduce_sum(dot(own, down)) == dot(full, dfull));
   CHECK_THROWS_AS(tp::split_to_sp_forward(tp, full, empty({kRows + 1, kCols}, DType::F64, Device::CPU).t), Error);
 }
+
+TEST_CASE("the *_async forms give what the blocking forms give, once their fence is waited") {
+  Comm& tp = world();
+  const int r = tp.rank(), n = tp.size();
+  const auto wait = [](const std::function<void()>& fence) {
+    if (fence) fence();
+  };
+  auto same = [](const Tensor& a, const Tensor& b) {
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (get(a, i) != get(b, i)) return false;
+    return a.numel() == b.numel();
+  };
+  Owned dy = ints(kRows, "a.dy", r), dx = empty({kRows, kCols}, DType::F64, Device::CPU),
+        dx_async = empty({kRows, kCols}, DType::F64, Device::CPU);
+  tp::copy_to_tp_backward(tp, dy, dx);
+  wait(tp::copy_to_tp_backward_async(tp, dy, dx_async));
+  CHECK(same(dx_async, dx));
+
+  Owned x = ints(kRows, "a.x", r), y = empty({kRows * n, kCols}, DType::F64, Device::CPU),
+        y_async = empty({kRows * n, kCols}, DType::F64, Device::CPU);
+  tp::gather_from_sp_forward(tp, x, y);
+  wait(tp::gather_from_sp_forward_async(tp, x, y_async));
+  CHECK(same(y_async, y));
+
+  Owned g = ints(kRows * n, "a.g", r), s = empty({kRows, kCols}, DType::F64, Device::CPU),
+        s_async = empty({kRows, kCols}, DType::F64, Device::CPU);
+  tp::gather_from_sp_backward(tp, g, s);
+  wait(tp::gather_from_sp_backward_async(tp, g, s_async));
+  CHECK(same(s_async, s));
+  CHECK_THROWS_AS(tp::gather_from_sp_backward_async(tp, g, empty({kRows + 1, kCols}, DType::F64, Device::CPU).t),
+                  Error);
+}

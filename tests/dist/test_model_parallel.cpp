@@ -177,6 +177,9 @@ std::vector<Case> cases_for(int n) {
               {"gpt2", 2, {"model.z_loss=0.001", "distributed.sequence_parallel=true"}},
               {"gpt2", 2, {"distributed.sequence_parallel=true", "distributed.cross_entropy_splits=5"}},
               {"llama", 2, {"distributed.sequence_parallel=true", "batch.micro_sequence_length=8"}},
+              // each collective in line with its GEMM (the path without overlap)
+              {"llama", 2, {"distributed.sequence_parallel=true", "distributed.tp_overlap=false"}},
+              {"gpt2", 2, {"distributed.tp_overlap=false"}},
               // mixture of experts (experts' F split) and Mamba (d_inner split) blocks
               {"mixtral", 2, {"model.num_experts=4", "model.moe_aux_loss_coef=0.01", "model.moe_z_loss_coef=0.001"}},
               {"hybrid", 2, {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
@@ -285,6 +288,8 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" *
   auto nccl = make_nccl_comm(world());
   for (const Case& c : std::vector<Case>{{"llama", 2, {}},
                                          {"llama", 2, {"distributed.sequence_parallel=true"}},
+                                         {"llama", 2, {"distributed.sequence_parallel=true",
+                                                       "distributed.tp_overlap=false"}},
                                          {"gpt2", 2, {"distributed.sequence_parallel=true",
                                                       "distributed.cross_entropy_splits=3"}},
                                          // the experts' intermediate split (grouped GEMMs over
