@@ -60,20 +60,8 @@ class NcclComm final : public Comm {
   int size() const override { return host_->size(); }
   const char* backend() const override { return "nccl"; }
 
-  void all_reduce(const Tensor& t, ReduceOp op) override {
-    check_device(t, "all_reduce");
-    run([&] {
-      NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "all_reduce"),
-                               op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, stream_));
-    });
-  }
-  void all_reduce_async(const Tensor& t) override {
-    check_device(t, "all_reduce_async");
-    run([&] {
-      NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, "all_reduce"),
-                               ncclSum, comm_, stream_));
-    }, /*wait=*/false);
-  }
+  void all_reduce(const Tensor& t, ReduceOp op) override { reduce_all(t, op, "all_reduce", /*wait=*/true); }
+  void all_reduce_async(const Tensor& t) override { reduce_all(t, ReduceOp::Sum, "all_reduce_async", false); }
   void wait_async() override {
     CUDA_CHECK(cudaEventRecord(after_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), after_, 0));
@@ -142,6 +130,13 @@ class NcclComm final : public Comm {
     CUDA_CHECK(cudaStreamWaitEvent(compute, after_, 0));
   }
 
+  void reduce_all(const Tensor& t, ReduceOp reduce, const char* op, bool wait) {
+    check_device(t, op);
+    run([&] {
+      NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<size_t>(t.numel()), nccl_type(t.dtype, op),
+                               reduce == ReduceOp::Sum ? ncclSum : ncclMax, comm_, stream_));
+    }, wait);
+  }
   void scatter(const Tensor& in, const Tensor& out, const char* op, bool wait) {
     check_device(in, op);
     check_device(out, op);

@@ -11,6 +11,10 @@ Shape with_rows(Shape s, int64_t rows) {
   s.d[0] = rows;
   return s;
 }
+// A tensor shaped like `t` with the full rows of the parallel region (t: this rank's rows).
+Owned full_rows_tensor(const Env& env, const Tensor& t) {
+  return env.act_tensor(with_rows(t.shape, full_rows(env, t.size(0))));
+}
 }  // namespace
 
 Tensor column_input_forward(const Env& env, const Tensor& x, Owned& storage) {
@@ -19,7 +23,7 @@ Tensor column_input_forward(const Env& env, const Tensor& x, Owned& storage) {
     tp::copy_to_tp_forward(*env.tp, x, x);
     return x;
   }
-  storage = env.act_tensor(with_rows(x.shape, full_rows(env, x.size(0))));
+  storage = full_rows_tensor(env, x);
   tp::gather_from_sp_forward(*env.tp, x, storage);
   return storage;
 }
@@ -43,38 +47,39 @@ void column_gemm_forward(const Env& env, const Tensor& xn, const RowGemm& gemm) 
     return;
   }
   const int64_t n = xn.size(0), r0 = n * env.tp_rank(), T = full_rows(env, n);
-  Owned storage = env.act_tensor(with_rows(xn.shape, T));
-  std::function<void()> gathered = tp::gather_from_sp_forward_async(*env.tp, xn, storage);
+  Owned storage = full_rows_tensor(env, xn);
+  const std::function<void()> gathered = tp::gather_from_sp_forward_async(*env.tp, xn, storage);
   gemm(xn, r0, r0 + n);
   if (gathered) gathered();
   if (r0 > 0) gemm(storage->slice(0, r0), 0, r0);
   if (r0 + n < T) gemm(storage->slice(r0 + n, T), r0 + n, T);
 }
 
-ColumnInput::ColumnInput(const Env& env, const Tensor& xn) {
+ColumnInput::ColumnInput(const Env& env, const Tensor& xn) : env_(&env), xn_(xn) {
   if (!env.sp()) {
     x_ = xn;
-    return;
-  }
-  storage_ = env.act_tensor(with_rows(xn.shape, full_rows(env, xn.size(0))));
-  x_ = storage_;
-  if (env.tp_overlap)
+  } else if (env.tp_overlap) {
+    storage_ = full_rows_tensor(env, xn);
+    x_ = storage_;
     pending_ = tp::gather_from_sp_forward_async(*env.tp, xn, x_);
-  else
-    tp::gather_from_sp_forward(*env.tp, xn, x_);
+  }
+}
+
+const Tensor& ColumnInput::get() {
+  if (!x_.data) x_ = column_input_forward(*env_, xn_, storage_);  // without overlap: gathered here
+  wait();
+  return x_;
 }
 
 void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
                             const Tensor& dxn, const Tensor& dweight, const Tensor& dbias) {
+  Owned storage;
+  const Tensor dx_full = env.sp() ? (storage = full_rows_tensor(env, dxn)).t : dxn;
   if (env.tp_size() == 1 || !env.tp_overlap) {
-    Owned storage;
-    const Tensor dx_full = env.sp() ? (storage = env.act_tensor(with_rows(dxn.shape, dy.size(0)))).t : dxn;
     linear_backward(dy, in.get(), weight, dx_full, dweight, dbias);
     column_input_backward(env, dx_full, dxn);
     return;
   }
-  Owned storage;
-  const Tensor dx_full = env.sp() ? (storage = env.act_tensor(with_rows(dxn.shape, dy.size(0)))).t : dxn;
   ops::matmul(dy.rows(), false, weight, false, dx_full.rows());  // dx = dy W
   const std::function<void()> reduced = env.sp() ? tp::gather_from_sp_backward_async(*env.tp, dx_full, dxn)
                                                  : tp::copy_to_tp_backward_async(*env.tp, dx_full, dxn);
@@ -99,7 +104,7 @@ Tensor row_output_backward(const Env& env, const Tensor& dy, Owned& storage) {
     tp::reduce_from_tp_backward(*env.tp, dy, dy);
     return dy;
   }
-  storage = env.act_tensor(with_rows(dy.shape, full_rows(env, dy.size(0))));
+  storage = full_rows_tensor(env, dy);
   tp::scatter_to_sp_backward(*env.tp, dy, storage);
   return storage;
 }

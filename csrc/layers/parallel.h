@@ -17,8 +17,9 @@
 //                      before it (started when the sublayer's backward begins), and the input
 //                      gradient's reduce-scatter beside the weight-gradient GEMM
 //   backward, tp       the input gradient's all-reduce beside the weight-gradient GEMM
-// What stays exposed: the row-parallel output's all-reduce or reduce-scatter in the forward and
-// the all-gather of its gradient in the backward (every later GEMM needs all of them).
+// What stays in line: the row-parallel output's all-reduce (reduce-scatter with sp) in the
+// forward and, with sp, the all-gather of its gradient in the backward (every GEMM after them
+// needs all of their rows).
 #pragma once
 #include <functional>
 
@@ -46,27 +47,27 @@ using RowGemm = std::function<void(const Tensor& x, int64_t r0, int64_t r1)>;
 void column_gemm_forward(const Env& env, const Tensor& xn, const RowGemm& gemm);
 
 // A column-parallel layer's input (full rows) for its backward: xn itself, or under sequence
-// parallelism the all-gather of the token shards, started when this is made so that it runs
-// beside the compute queued until get() (overlap). Destroying it waits for the gather, so its
-// storage is never handed out again before the bytes have landed.
+// parallelism the all-gather of the token shards. With overlap the gather starts when this is
+// made, so that it runs beside the compute queued until get(); without, get() gathers in line.
+// Destroying it waits for a gather still pending, so its storage is never handed out again
+// before the bytes have landed.
 class ColumnInput {
  public:
   ColumnInput(const Env& env, const Tensor& xn);
   ~ColumnInput() { wait(); }
   ColumnInput(const ColumnInput&) = delete;
   ColumnInput& operator=(const ColumnInput&) = delete;
-  const Tensor& get() {  // later compute sees the gathered rows
-    wait();
-    return x_;
-  }
+  const Tensor& get();  // x, complete for the compute queued after the call
 
  private:
   void wait() {
     if (pending_) pending_();
     pending_ = nullptr;
   }
+  const Env* env_;
+  Tensor xn_;
   Owned storage_;
-  Tensor x_;
+  Tensor x_;  // empty until gathered (sequence parallel without overlap)
   std::function<void()> pending_;
 };
 

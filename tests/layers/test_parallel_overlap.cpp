@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "layers/linear.h"
 #include "layers/parallel.h"
@@ -29,11 +30,11 @@ namespace {
 cudaStream_t compute() { return static_cast<cudaStream_t>(cuda::compute_stream()); }
 size_t bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * dtype_size(t.dtype); }
 
-// A group of two on one GPU, this process being rank `rank`. Its other rank holds zeros where a
-// gather takes its rows and minus this rank's values where a reduction sums, so every result is a
-// copy of this rank's bytes or zeros. With `late`, an *_async collective first fills its output
-// with NaN (on the compute stream, at once) and writes the result on a side stream held back
-// 100 ms: compute that reads the output without its fence's wait reads NaN.
+// A group of two on one GPU, this process being rank `rank`, whose other rank holds zeros: an
+// all-gather puts zeros in the other rank's rows, a reduce-scatter returns this rank's rows of its
+// input, an all-reduce leaves its tensor as it is. With `late`, an *_async collective first fills
+// its output with NaN (on the compute stream, at once) and writes the result on a side stream
+// held back 100 ms: compute that reads the output without its fence's wait reads NaN.
 class StandInPair final : public Comm {
  public:
   StandInPair(int rank, bool late) : rank_(rank), late_(late) {
@@ -47,13 +48,17 @@ class StandInPair final : public Comm {
   int size() const override { return 2; }
   const char* backend() const override { return "stand-in pair"; }
 
-  void all_reduce(const Tensor& t, ReduceOp) override { zero(t, compute()); }
+  void all_reduce(const Tensor&, ReduceOp) override {}
   void all_reduce_async(const Tensor& t) override {
-    later(t, [this, t](cudaStream_t s) { zero(t, s); });
+    if (!late_) return;
+    scratch_.push_back(empty(t.shape, t.dtype, Device::CUDA));  // the values, kept past the poison
+    const Tensor kept = scratch_.back();
+    copy(kept, t, compute());
+    later(t, [this, t, kept](cudaStream_t s) { copy(t, kept, s); });
   }
-  void reduce_scatter(const Tensor&, const Tensor& out) override { zero(out, compute()); }
-  void reduce_scatter_async(const Tensor&, const Tensor& out) override {
-    later(out, [this, out](cudaStream_t s) { zero(out, s); });
+  void reduce_scatter(const Tensor& in, const Tensor& out) override { own_rows(in, out, compute()); }
+  void reduce_scatter_async(const Tensor& in, const Tensor& out) override {
+    later(out, [this, in, out](cudaStream_t s) { own_rows(in, out, s); });
   }
   void all_gather(const Tensor& in, const Tensor& out) override { gather(in, out, compute()); }
   void all_gather_async(const Tensor& in, const Tensor& out) override {
@@ -88,7 +93,14 @@ class StandInPair final : public Comm {
 
  private:
   static void unused(const char* op) { FAIL("the stand-in pair does not do ", op); }
-  void zero(const Tensor& t, cudaStream_t s) { REQUIRE(cudaMemsetAsync(t.data, 0, bytes(t), s) == cudaSuccess); }
+  static void copy(const Tensor& to, const Tensor& from, cudaStream_t s) {
+    REQUIRE(cudaMemcpyAsync(to.data, from.data, bytes(from), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+  }
+  void own_rows(const Tensor& in, const Tensor& out, cudaStream_t s) {
+    REQUIRE(in.numel() == 2 * out.numel());
+    REQUIRE(cudaMemcpyAsync(out.data, static_cast<const char*>(in.data) + rank_ * bytes(out), bytes(out),
+                            cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+  }
   void gather(const Tensor& in, const Tensor& out, cudaStream_t s) {
     REQUIRE(out.numel() == 2 * in.numel());
     char* o = static_cast<char*>(out.data);
@@ -112,6 +124,7 @@ class StandInPair final : public Comm {
   int rank_;
   bool late_;
   cudaStream_t side_ = nullptr;
+  std::vector<Owned> scratch_;
   int fences_ = 0, waits_ = 0;
 };
 
@@ -122,9 +135,9 @@ struct Outputs {
 
 // y = x W^T + b through column_gemm_forward, then column_linear_backward from dy.
 Outputs run_linear(const Tensor& xn, const Tensor& w, const Tensor& b, const Tensor& dy, int rank, bool sp,
-                   bool late) {
+                   bool overlap, bool late) {
   StandInPair pair(rank, late);
-  const layers::Env env{Device::CUDA, DType::BF16, &pair, sp, /*tp_overlap=*/true};
+  const layers::Env env{Device::CUDA, DType::BF16, &pair, sp, overlap};
   const int64_t T = dy.size(0), F = w.size(0), C = w.size(1);
   Owned y = empty({T, F}, DType::BF16, Device::CUDA);
   layers::column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
@@ -157,28 +170,47 @@ TEST_CASE("tensor-parallel overlap on the GPU: late collectives give the bits of
   for (const Case& k : {Case{false, 0}, Case{true, 0}, Case{true, 1}}) {
     SUBCASE((std::string(k.sp ? "sequence parallel, rank " : "tensor parallel, rank ") + std::to_string(k.rank))
                 .c_str()) {
-      Owned xn = to_device(randn({k.sp ? T / 2 : T, C}, DType::F32, "xn"), Device::CUDA, DType::BF16);
-      Owned w = to_device(randn({F, C}, DType::F32, "w", 0.1), Device::CUDA, DType::BF16);
-      Owned b = to_device(randn({F}, DType::F32, "b"), Device::CUDA, DType::BF16);
-      Owned dy = to_device(randn({T, F}, DType::F32, "dy"), Device::CUDA, DType::BF16);
-      const Outputs now = run_linear(xn, w, b, dy, k.rank, k.sp, false);
-      const Outputs late = run_linear(xn, w, b, dy, k.rank, k.sp, true);
+      const int64_t n = k.sp ? T / 2 : T, r0 = k.sp ? k.rank * n : 0;
+      const DeviceInput xn = device_input(randn({n, C}, DType::F32, "xn"), DType::BF16);
+      const DeviceInput w = device_input(randn({F, C}, DType::F32, "w", 0.1), DType::BF16);
+      const DeviceInput b = device_input(randn({F}, DType::F32, "b"), DType::BF16);
+      const DeviceInput dy = device_input(randn({T, F}, DType::F32, "dy"), DType::BF16);
+      const Outputs now = run_linear(xn.dev.t, w.dev.t, b.dev.t, dy.dev.t, k.rank, k.sp, true, false);
+      const Outputs late = run_linear(xn.dev.t, w.dev.t, b.dev.t, dy.dev.t, k.rank, k.sp, true, true);
+      const Outputs inline_ = run_linear(xn.dev.t, w.dev.t, b.dev.t, dy.dev.t, k.rank, k.sp, false, false);
       // with sequence parallelism: two gathers (forward, backward) and the reduce-scatter;
       // without: the all-reduce
       CHECK(late.fences == (k.sp ? 3 : 1));
       CHECK(late.waits == late.fences);
+      CHECK(inline_.fences == 0);
       CHECK(bitwise_equal(late.y, now.y));
       CHECK(bitwise_equal(late.dw, now.dw));
       CHECK(bitwise_equal(late.db, now.db));
       CHECK(bitwise_equal(late.dxn, now.dxn));
-      // and the prompt run computed something: no NaN, the gathered rows reached the products
-      int64_t nan = 0;
-      for (const Owned* t : {&now.y, &now.dw, &now.db, &now.dxn})
-        for (int64_t i = 0; i < (*t)->numel(); ++i) nan += std::isnan(get(*t, i));
-      CHECK(nan == 0);
-      double dw_sum = 0;
-      for (int64_t i = 0; i < now.dw->numel(); ++i) dw_sum += std::abs(get(now.dw, i));
-      CHECK(dw_sum > 0);
+
+      // f64 on the host: the full input is xn in this rank's rows and the other rank's zeros.
+      Owned x = zeros({T, C}, DType::F64, Device::CPU);
+      for (int64_t i = 0; i < n * C; ++i) set(x, r0 * C + i, get(xn.f64, i));
+      Owned y = empty({T, F}, DType::F64, Device::CPU), dw = zeros({F, C}, DType::F64, Device::CPU),
+            db = zeros({F}, DType::F64, Device::CPU), dxn = zeros({n, C}, DType::F64, Device::CPU);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t f = 0; f < F; ++f) {
+          double acc = get(b.f64, f);
+          for (int64_t c = 0; c < C; ++c) acc += get(x, t * C + c) * get(w.f64, f * C + c);
+          set(y, t * F + f, acc);
+          const double g = get(dy.f64, t * F + f);
+          set(db, f, get(db, f) + g);
+          for (int64_t c = 0; c < C; ++c) {
+            set(dw, f * C + c, get(dw, f * C + c) + g * get(x, t * C + c));
+            if (t >= r0 && t < r0 + n) set(dxn, (t - r0) * C + c, get(dxn, (t - r0) * C + c) + g * get(w.f64, f * C + c));
+          }
+        }
+      for (const Outputs* o : {&now, &inline_}) {
+        CHECK_CLOSE(o->y, y, bf16_tol(y));
+        CHECK_CLOSE(o->dw, dw, 1e-5);
+        CHECK_CLOSE(o->db, db, 1e-5);
+        CHECK_CLOSE(o->dxn, dxn, bf16_tol(dxn));
+      }
     }
   }
 #endif
