@@ -7,10 +7,18 @@
 //             dx = rstd (g - mean(g) - xhat mean(g xhat))        (mean(g): layernorm only)
 //             dweight += sum_t dy xhat,  dbias += sum_t dy
 // Kernels (measured on one H200, T = 16384, C = 2048 / 4096; docs/PERF.md):
-//   - layernorm forward, 16-byte packs, C <= 512 packs: one warp per row (warp sums only, no
-//     barrier, every load of the row in flight at once; 4 rows per block, a plain grid);
-//   - rmsnorm forward and the other layouts: one block per row of a persistent grid, thread i
-//     holding packs i, i + B, ..., i + (K-1) B, the next row loaded before this one is reduced;
+//   - rmsnorm forward (plain and residual), 16-byte packs, 128..512 packs: one row per block of
+//     a plain grid, two packs per thread (norm_forward_row_kernel). Nothing is kept across rows,
+//     so a thread needs few registers (43-48 in bf16) and many blocks fit per multiprocessor:
+//     their loads are the bytes in flight. The weight packs are all asked for before the first
+//     store (a load after a store of y would wait for it: y may alias the weight as far as the
+//     compiler knows);
+//   - layernorm forward, 16-byte packs, C <= 512 packs, plain: one warp per row (warp sums
+//     only, no barrier, every load of the row in flight at once; 4 rows per block, a plain grid);
+//   - the other forwards (layernorm + residual, scalar packs, other widths): one block per row
+//     of a persistent grid, thread i holding packs i, i + B, ..., i + (K-1) B and its columns'
+//     weight and bias packs for all its rows, the next row loaded before this one is reduced;
+//     which kernel serves which case, and the figures behind the choice: launch_forward;
 //   - backward, 16-byte packs, C <= 128 packs (bf16 C <= 1024, f32 C <= 512): one warp per row
 //     of a persistent grid (norm_backward_warp_kernel: lane l holds packs l, l + 32, ...; the two
 //     row sums are warp butterflies, no barrier; the per-column sums in registers per lane, added
@@ -66,6 +74,8 @@ using namespace norm_detail;
 
 constexpr int kWarpRowWarps = 4;         // warp-per-row forward: rows (warps) per block
 constexpr int kMaxWarpPacks = 16;        // warp-per-row forward: packs per lane (C <= 512 packs)
+constexpr int kRowThreads = 256;         // row-per-block forward: block size cap
+constexpr int kRowMinBlocks = 4;         // ... and 4 such blocks resident: <= 64 registers
 
 // x += r in f32, rounded to T: the add kernel's x + r (bf16: round to nearest even).
 template <typename T, int N>
@@ -85,9 +95,15 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   const int64_t packs = p.cols / N;
   const float inv_cols = 1.f / static_cast<float>(p.cols);
   constexpr int KR = kResidual ? K : 1;  // residual packs held (unused by the plain form)
-  Pack<T, N> cur[K], nxt[K], rcur[KR], rnxt[KR];
+  Pack<T, N> cur[K], nxt[K], rcur[KR], rnxt[KR], wk[K], bk[K];
   load_row<T, N, K>(p.x, blockIdx.x, p.cols, packs, cur);  // the grid has at most one block per row
   if constexpr (kResidual) load_row<T, N, K>(p.residual, blockIdx.x, p.cols, packs, rcur);
+  // The weight and bias packs of the thread's columns, held for all the block's rows (loaded
+  // beside the stores of y, each would wait for the store before it: y may alias them as far as
+  // the compiler knows). Measured (T 16384, C 2048, share of copy): rmsnorm+residual 83-84 ->
+  // 88-90%, layernorm+residual 84 -> 87-89%.
+  load_row<T, N, K>(p.weight, 0, p.cols, packs, wk);
+  if (p.bias) load_row<T, N, K>(p.bias, 0, p.cols, packs, bk);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     if (row + gridDim.x < p.rows) {
       load_row<T, N, K>(p.x, row + gridDim.x, p.cols, packs, nxt);
@@ -145,9 +161,9 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
       const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (q < packs) {
         float w[N], b[N], o[N];
-        load_pack<T, N>(p.weight + q * N, w);
+        unpack<T, N>(wk[k], w);
         if (p.bias) {
-          load_pack<T, N>(p.bias + q * N, b);
+          unpack<T, N>(bk[k], b);
         } else {
 #pragma unroll
           for (int j = 0; j < N; ++j) b[j] = 0.f;
@@ -166,6 +182,80 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
       cur[k] = nxt[k];
       if constexpr (kResidual) rcur[k] = rnxt[k];
     }
+  }
+}
+
+// One row per block of a plain grid (blocks start as others finish), thread i holding packs i,
+// i + B, ..., i + (K-1) B as raw vectors: no prefetch of another row and nothing kept across
+// rows, so few registers and many blocks resident per multiprocessor, which keeps enough bytes
+// in flight. The weight and bias packs are all asked for before the first store of y (y may
+// alias them as far as the compiler knows, so a load after a store would wait for it).
+template <typename T, int N, int K, bool kCentered, bool kResidual>
+static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
+    norm_forward_row_kernel(const NormFwdParams<T> p) {
+  __shared__ float smem[2 * 32];
+  int phase = 0;
+  const int packs = static_cast<int>(p.cols / N);
+  const int64_t row = blockIdx.x;
+  const float inv_cols = 1.f / static_cast<float>(p.cols);
+  Pack<T, N> raw[K];
+  load_row<T, N, K>(p.x, row, p.cols, packs, raw);
+  if constexpr (kResidual) {
+    Pack<T, N> res[K];
+    load_row<T, N, K>(p.residual, row, p.cols, packs, res);
+    Pack<T, N>* sr = reinterpret_cast<Pack<T, N>*>(p.sum + row * p.cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int q = threadIdx.x + k * blockDim.x;
+      if (q < packs) {
+        add_rounded<T, N>(raw[k], res[k]);
+        sr[q] = raw[k];
+      }
+    }
+  }
+  float mu = 0.f;
+  if constexpr (kCentered) {
+    float s[1] = {0.f};
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (static_cast<int>(threadIdx.x + k * blockDim.x) < packs)
+#pragma unroll
+        for (int j = 0; j < N; ++j) s[0] += to_float(raw[k].v[j]);
+    block_sum(s, smem, phase);
+    mu = s[0] * inv_cols;
+  }
+  float ss[1] = {0.f};
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (static_cast<int>(threadIdx.x + k * blockDim.x) < packs)
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float d = to_float(raw[k].v[j]) - mu;
+        ss[0] += d * d;
+      }
+  block_sum(ss, smem, phase);
+  const float rs = rsqrtf(ss[0] * inv_cols + p.eps);
+  const bool has_bias = kCentered && p.bias;  // rmsnorm has no bias
+  Pack<T, N> wk[K], bk[K];
+  load_row<T, N, K>(p.weight, 0, p.cols, packs, wk);
+  if (has_bias) load_row<T, N, K>(p.bias, 0, p.cols, packs, bk);
+  T* yr = p.y + row * p.cols;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q < packs) {
+      float o[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float b = has_bias ? to_float(bk[k].v[j]) : 0.f;
+        o[j] = (to_float(raw[k].v[j]) - mu) * rs * to_float(wk[k].v[j]) + b;
+      }
+      store_pack<T, N>(yr + q * N, o);
+    }
+  }
+  if (threadIdx.x == 0) {
+    if constexpr (kCentered) p.mean[row] = mu;
+    p.rstd[row] = rs;
   }
 }
 
@@ -270,11 +360,29 @@ static void launch_forward_warp(const NormFwdParams<T>& p) {
 template <typename T, bool kCentered, bool kResidual>
 static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
   constexpr int V = 16 / sizeof(T);
-  // Layernorm: warp per row (its two reductions and the bias made the block-per-row kernel the
-  // slower one: 63% vs 72% of copy at C = 2048). Rmsnorm keeps the block-per-row kernel, which
-  // measured 1-3 points faster than a warp per row at C = 2048 and 4096.
-  if constexpr (kCentered) {
-    if (plan.vec) {
+  // Which kernel: `./bench memory_bound`, share of copy, the three kernels in one call (T 16384
+  // at C 2048 / 4096; the residual forms at C 2048 and at T 32768, C 768; docs/PERF.md,
+  // 2026-12-01):
+  //   rmsnorm, 16-byte packs, 64..256 threads at two packs each: one row per block of a plain
+  //     grid. Plain 85.9-87.2 / 88.4-88.7% against 83.2-83.7 / 86.9-87.5 for the persistent
+  //     block kernel; with the residual 91.6 / 87.8-89.5% against 87.7-89.3 / 86.2-86.3;
+  //   layernorm, 16-byte packs, plain: warp per row, 77.7-78.7 / 80.8-81.1%, against
+  //     73.2-74.2 / 74.4-74.6 (persistent block) and 71.9-73.8 / 71.9-72.2 (row per block: the
+  //     two reductions need 62 registers a thread, so fewer blocks fit);
+  //   layernorm + residual: the persistent block kernel, 87.5-88.9 / 80.6-80.7%, against
+  //     83.8-84.5 / 81.4-81.5 (warp per row) and 82.0-82.3 / 74.2-75.1 (row per block);
+  //   every other layout (scalar packs, rows too wide or too narrow): the persistent block
+  //     kernel.
+  if (plan.vec) {
+    if constexpr (!kCentered) {
+      const int threads = round_up_warp(ceil_div(p.cols / V, 2));
+      if (threads >= 64 && threads <= kRowThreads) {
+        norm_forward_row_kernel<T, V, 2, kCentered, kResidual>
+            <<<static_cast<unsigned>(p.rows), static_cast<unsigned>(threads), 0, stream()>>>(p);
+        return check_launch("rmsnorm_forward_kernel");
+      }
+    }
+    if constexpr (kCentered && !kResidual) {
       switch (warp_row_packs(p.cols / V)) {
         case 1: return launch_forward_warp<T, 1, kCentered, kResidual>(p);
         case 2: return launch_forward_warp<T, 2, kCentered, kResidual>(p);
