@@ -82,6 +82,9 @@ $(BUILD)/obj/%.o: %.cpp $(FLAGS_STAMP) | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
+# Test objects see tests/common/doctest_strings.h first (INFO's C strings print as text).
+$(BUILD)/obj/tests/%.o: CPPFLAGS += -include tests/common/doctest_strings.h
+
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP) | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
