@@ -19,7 +19,7 @@ enum class PositionKind { Learned, Rope };
 enum class AttentionBackendKind { Flash, Cudnn };
 enum class DeviceChoice { Auto, CPU, CUDA };
 enum class DecayKind { Cosine, Linear, Constant };
-enum class ScheduleKind { BreadthFirst, DepthFirst };
+enum class ScheduleKind { BreadthFirst, DepthFirst, OneFOneB };
 enum class DistillationKind { ForwardKL, ReverseKL, SoftCE };
 
 struct RunConfig {

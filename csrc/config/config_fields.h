@@ -47,7 +47,8 @@ inline constexpr EnumName<DistillationKind> kDistillationNames[] = {{"forward_kl
                                                                     {"reverse_kl", DistillationKind::ReverseKL},
                                                                     {"soft_ce", DistillationKind::SoftCE}};
 inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{"breadth_first", ScheduleKind::BreadthFirst},
-                                                            {"depth_first", ScheduleKind::DepthFirst}};
+                                                            {"depth_first", ScheduleKind::DepthFirst},
+                                                            {"1f1b", ScheduleKind::OneFOneB}};
 
 template <typename E, size_t N>
 constexpr std::span<const EnumName<E>> names_of(const EnumName<E> (&names)[N]) {

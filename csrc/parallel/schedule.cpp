@@ -1,8 +1,67 @@
 #include "parallel/schedule.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace engine {
+namespace {
+
+// 1f1b (schedule.h) over M micro-batches of C chunks, one stage per rank.
+std::vector<PipelineStep> one_f_one_b(const PipelineLayout& layout, int M, int C) {
+  const int S = layout.stages;
+  ENSURE(S == layout.ranks, "the 1f1b schedule runs one stage per pipeline rank, got ", S, " stages over ",
+         layout.ranks, " ranks");
+  // Each stage's own order, a micro-batch at a time: its chunks' forwards in order, or their
+  // backwards in reverse.
+  std::vector<std::vector<PipelineStep>> local(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) {
+    auto& l = local[static_cast<size_t>(s)];
+    auto forward = [&](int m) {
+      for (int c = 0; c < C; ++c) l.push_back({false, s, m * C + c});
+    };
+    auto backward = [&](int m) {
+      for (int c = C; c-- > 0;) l.push_back({true, s, m * C + c});
+    };
+    const int warmup = std::min(S - 1 - s, M);
+    int f = 0, b = 0;
+    while (f < warmup) forward(f++);
+    while (f < M) {
+      forward(f++);
+      backward(b++);
+    }
+    while (b < M) backward(b++);
+  }
+  // One global order: in turn, each stage takes its next step once the input it receives from
+  // the neighbouring stage (the previous stage's forward, the next stage's backward) is placed.
+  const int U = M * C;
+  std::vector<char> placed(static_cast<size_t>(2 * S * U), 0);
+  auto at = [&](bool backward, int s, int u) -> char& {
+    return placed[static_cast<size_t>(((backward ? S : 0) + s) * U + u)];
+  };
+  std::vector<PipelineStep> out;
+  std::vector<size_t> next(static_cast<size_t>(S), 0);
+  while (out.size() < static_cast<size_t>(2 * S * U)) {
+    bool moved = false;
+    for (int s = 0; s < S; ++s) {
+      const auto& l = local[static_cast<size_t>(s)];
+      size_t& i = next[static_cast<size_t>(s)];
+      if (i == l.size()) continue;
+      const PipelineStep& st = l[i];
+      const bool ready = st.backward ? (s + 1 == S || at(true, s + 1, st.micro_batch))
+                                     : (s == 0 || at(false, s - 1, st.micro_batch));
+      if (!ready) continue;
+      at(st.backward, s, st.micro_batch) = 1;
+      out.push_back(st);
+      ++i;
+      moved = true;
+    }
+    ENSURE(moved, "internal error: the 1f1b schedule of ", S, " stages and ", M, " micro-batches is stuck");
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int units, ScheduleKind kind, bool with_grad,
                                          int chunks) {
@@ -22,6 +81,7 @@ std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int units
     }
     return out;
   }
+  if (kind == ScheduleKind::OneFOneB && with_grad) return one_f_one_b(layout, M, C);
   for (int s = 0; s < S; ++s)
     for (int u = 0; u < U; ++u) out.push_back({false, s, u});
   if (with_grad)

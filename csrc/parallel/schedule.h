@@ -16,13 +16,21 @@
 //                  takes micro-batch m: the pipeline fills (bubble (pp - 1) / (M + pp - 1) of the
 //                  time with one stage per rank) at the cost of keeping every micro-batch's
 //                  activations until its backward
+//   1f1b           one forward, one backward (one stage per rank): rank r first runs the forwards
+//                  of min(S - 1 - r, M) micro-batches, then alternates the next forward with the
+//                  oldest backward, then runs the backwards left. The bubble is breadth_first's,
+//                  but rank r holds the activations of at most S - r micro-batches, not M. The
+//                  global order interleaves the ranks' orders, each step after its input from the
+//                  neighbouring stage; on each link the messages go in the same micro-batch order
+//                  on both sides (forwards in order, backwards in order), as NCCL needs.
 // Micro-sequences: each micro-batch runs as `chunks` consecutive token chunks (see
 // models/micro_batch.h); the schedule's units are (micro-batch, chunk) pairs, numbered
 // u = m * chunks + c. A chunk's forward on a stage needs the previous chunk's forward on that
 // stage (its keys and values) and a chunk's backward the next chunk's backward on that stage
 // (the gradients of its keys and values), so chunks run forward in order and backward in
 // reverse: depth_first runs F(all stages) of chunks 0..C-1, then B(all stages) of chunks C-1..0;
-// breadth_first keeps its stage order with the units of each micro-batch reversed in backward.
+// breadth_first keeps its stage order with the units of each micro-batch reversed in backward;
+// 1f1b alternates whole micro-batches: all chunks' forwards, or all chunks' backwards in reverse.
 #pragma once
 #include <string>
 #include <vector>
@@ -44,7 +52,8 @@ struct PipelineLayout {
 };
 
 // The global order of the steps of one batch of `units` = micro-batches x chunks (forwards only
-// without gradients); chunks divides units.
+// without gradients: 1f1b then runs breadth_first's forwards); chunks divides units; 1f1b needs
+// one stage per rank.
 std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int units, ScheduleKind kind, bool with_grad,
                                          int chunks = 1);
 // The steps of one pipeline rank, in order.

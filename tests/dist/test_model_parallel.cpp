@@ -145,7 +145,11 @@ std::vector<Case> pipeline_cases_for(int n) {
                                                        "model.moe_aux_loss_coef=0.01"})},
               // activation recomputation with interleaved stages and micro-sequences
               {"llama", 1, pp(2, 2, "breadth_first", {"training.recompute_activations=true",
-                                                      "batch.micro_sequence_length=12"})}};
+                                                      "batch.micro_sequence_length=12"})},
+              // one forward, one backward: tied embeddings, and micro-sequences alternating whole
+              // micro-batches
+              {"gpt2", 1, pp(2, 1, "1f1b")},
+              {"mistral", 1, pp(2, 1, "1f1b", {"model.sliding_window=7", "batch.micro_sequence_length=6"})}};
     case 3:
       return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
     case 4:
@@ -153,7 +157,8 @@ std::vector<Case> pipeline_cases_for(int n) {
               // tied embeddings under ZeRO 2: their sum over the pipeline comes before the reduction
               {"gpt2", 1, pp(2, 2, "breadth_first", {"distributed.zero_stage=2"})},
               {"gpt2", 2, pp(2, 1, "breadth_first", {"distributed.sequence_parallel=true"})},  // tp2 x pp2
-              {"mistral", 1, pp(4, 1, "depth_first", {"model.sliding_window=7"})}};
+              {"mistral", 1, pp(4, 1, "depth_first", {"model.sliding_window=7"})},
+              {"llama", 1, pp(4, 1, "1f1b")}};  // 4 micro-batches over 4 stages: warm-up 3, 2, 1, 0
     case 8:  // dp2 x tp2 x pp2, 2 stages per rank, 4 micro-batches per data-parallel rank
       return {{"gpt2", 2, pp(2, 2, "breadth_first", {"distributed.zero_stage=1", "batch.global_batch_size=16"})},
               {"llama", 2, pp(2, 2, "breadth_first", {"distributed.sequence_parallel=true", "batch.global_batch_size=16"})}};
@@ -307,6 +312,7 @@ TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance"
   for (const Case& c : std::vector<Case>{{"llama", 1, pp(2, 1, "breadth_first")},
                                          {"gpt2", 1, pp(2, 2, "breadth_first")},
                                          {"llama", 1, pp(2, 2, "depth_first")},
+                                         {"llama", 1, pp(2, 1, "1f1b")},
                                          {"llama", 1, pp(2, 1, "breadth_first", {"batch.micro_sequence_length=8"})}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }

@@ -3,7 +3,9 @@
 // step on exactly one rank, unique message tags, and the printed form.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
+#include <vector>
 
 #include "parallel/schedule.h"
 
@@ -47,12 +49,56 @@ TEST_CASE("pipeline schedules with micro-sequences: chunks forward in order, bac
   CHECK_THROWS_WITH(build_schedule(l, 3, ScheduleKind::DepthFirst, true, 2), doctest::Contains("whole micro-batches"));
 }
 
+TEST_CASE("pipeline schedules: 1f1b warms up, alternates, drains; at most S - r micro-batches in flight") {
+  const PipelineLayout l{2, 2};
+  const auto s = build_schedule(l, 3, ScheduleKind::OneFOneB, true);
+  CHECK(names(steps_of_rank(s, l, 0)) == "F0.0 F0.1 B0.0 F0.2 B0.1 B0.2");
+  CHECK(names(steps_of_rank(s, l, 1)) == "F1.0 B1.0 F1.1 B1.1 F1.2 B1.2");
+  CHECK(names(s) == "F0.0 F1.0 F0.1 B1.0 B0.0 F1.1 F0.2 B1.1 B0.1 F1.2 B1.2 B0.2");
+  const PipelineLayout l4{4, 4};
+  const auto s4 = build_schedule(l4, 6, ScheduleKind::OneFOneB, true);
+  CHECK(names(steps_of_rank(s4, l4, 0)) == "F0.0 F0.1 F0.2 F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 B0.3 B0.4 B0.5");
+  CHECK(names(steps_of_rank(s4, l4, 2)) == "F2.0 F2.1 B2.0 F2.2 B2.1 F2.3 B2.2 F2.4 B2.3 F2.5 B2.4 B2.5");
+  // Fewer micro-batches than stages: the warm-up takes them all.
+  CHECK(names(steps_of_rank(build_schedule(l4, 2, ScheduleKind::OneFOneB, true), l4, 0)) == "F0.0 F0.1 B0.0 B0.1");
+  // Micro-sequences: whole micro-batches alternate (2 micro-batches of 2 chunks).
+  CHECK(names(steps_of_rank(build_schedule(l, 4, ScheduleKind::OneFOneB, true, 2), l, 0)) ==
+        "F0.0 F0.1 F0.2 F0.3 B0.1 B0.0 B0.3 B0.2");
+  CHECK(names(steps_of_rank(build_schedule(l, 4, ScheduleKind::OneFOneB, true, 2), l, 1)) ==
+        "F1.0 F1.1 B1.1 B1.0 F1.2 F1.3 B1.3 B1.2");
+  // Forwards only: breadth_first's order.
+  CHECK(names(build_schedule(l, 2, ScheduleKind::OneFOneB, false)) == "F0.0 F0.1 F1.0 F1.1");
+  CHECK_THROWS_WITH(build_schedule(PipelineLayout{4, 2}, 2, ScheduleKind::OneFOneB, true),
+                    doctest::Contains("one stage per pipeline rank"));
+  // The memory bound: micro-batches forwarded and not yet backwarded on rank r stay <= S - r.
+  for (int S : {1, 2, 3, 4, 5})
+    for (int M : {1, 2, 3, 7, 12})
+      for (int chunks : {1, 3}) {
+        const PipelineLayout pl{S, S};
+        const auto sc = build_schedule(pl, M * chunks, ScheduleKind::OneFOneB, true, chunks);
+        for (int r = 0; r < S; ++r) {
+          int in_flight = 0, most = 0;
+          for (const PipelineStep& st : steps_of_rank(sc, pl, r)) {
+            const int c = st.micro_batch % chunks;
+            if (!st.backward && c == 0) most = std::max(most, ++in_flight);
+            if (st.backward && c == 0) --in_flight;
+          }
+          CAPTURE(S);
+          CAPTURE(M);
+          CAPTURE(r);
+          CHECK(most == std::min(S - r, M));
+          CHECK(in_flight == 0);
+        }
+      }
+}
+
 TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags") {
-  for (ScheduleKind kind : {ScheduleKind::BreadthFirst, ScheduleKind::DepthFirst})
-    for (int ranks : {1, 2, 3})
+  for (ScheduleKind kind : {ScheduleKind::BreadthFirst, ScheduleKind::DepthFirst, ScheduleKind::OneFOneB})
+    for (int ranks : {1, 2, 3, 4})
       for (int per_rank : {1, 2, 3})
         for (int chunks : {1, 2, 3})
         for (int mbs : {1, 2, 5}) {
+          if (kind == ScheduleKind::OneFOneB && per_rank > 1) continue;  // one stage per rank
           const int M = mbs * chunks;
           const PipelineLayout l{ranks * per_rank, ranks};
           const auto s = build_schedule(l, M, kind, true, chunks);
@@ -76,6 +122,25 @@ TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags"
             CHECK(done.insert({st.backward, st.stage, st.micro_batch}).second);
             CHECK(tags.insert(pipeline_tag(l, M, st.backward, st.stage, st.micro_batch)).second);
           }
+          // Each link (rank x to rank y, one direction) carries its messages in one order on both
+          // sides, as NCCL matches them by order: a stage's output is sent at its forward and
+          // received at the next stage's forward, an input gradient sent at a stage's backward and
+          // received at the previous stage's backward.
+          for (bool backward : {false, true})
+            for (int x = 0; x < ranks; ++x)
+              for (int y = 0; y < ranks; ++y) {
+                if (x == y) continue;
+                std::vector<std::pair<int, int>> sent, got;  // (boundary, unit)
+                for (const PipelineStep& st : s) {
+                  if (st.backward != backward) continue;
+                  const int to = backward ? st.stage - 1 : st.stage + 1, from = backward ? st.stage + 1 : st.stage - 1;
+                  if (to >= 0 && to < l.stages && l.rank_of(st.stage) == x && l.rank_of(to) == y)
+                    sent.push_back({std::min(st.stage, to), st.micro_batch});
+                  if (from >= 0 && from < l.stages && l.rank_of(from) == x && l.rank_of(st.stage) == y)
+                    got.push_back({std::min(st.stage, from), st.micro_batch});
+                }
+                CHECK(sent == got);
+              }
           size_t total = 0;
           for (int r = 0; r < ranks; ++r) {
             for (const PipelineStep& st : steps_of_rank(s, l, r)) CHECK(l.rank_of(st.stage) == r);
