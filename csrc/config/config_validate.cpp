@@ -435,9 +435,6 @@ struct Checker {
       RAISE(c.where(set("distributed.stages_per_rank") ? "distributed.stages_per_rank" : "distributed.pipeline_parallel"),
             "pipeline_parallel x stages_per_rank = ", stages, " stages, more than model.num_layers (", m.num_layers,
             "): every stage needs at least one block");
-    if (d.pipeline_schedule == ScheduleKind::OneFOneB && d.stages_per_rank > 1)
-      RAISE(c.where("distributed.pipeline_schedule"), "\"1f1b\" runs one stage per pipeline rank, got stages_per_rank = ",
-            d.stages_per_rank, " (interleaved stages run \"breadth_first\" or \"depth_first\")");
     const int64_t tokens = int64_t{c.batch.micro_batch_size} * c.data.sequence_length;
     if (d.sequence_parallel && tp > 1 && tokens % tp != 0)
       RAISE(c.where("distributed.sequence_parallel"), "needs the tokens of a micro-batch (micro_batch_size ",

@@ -7,47 +7,58 @@
 namespace engine {
 namespace {
 
-// 1f1b (schedule.h) over M micro-batches of C chunks, one stage per rank.
+// 1f1b (schedule.h) over M micro-batches of C chunks; with k stages per rank, the interleaved
+// form (M a multiple of the P ranks).
 std::vector<PipelineStep> one_f_one_b(const PipelineLayout& layout, int M, int C) {
-  const int S = layout.stages;
-  ENSURE(S == layout.ranks, "the 1f1b schedule runs one stage per pipeline rank, got ", S, " stages over ",
-         layout.ranks, " ranks");
-  // Each stage's own order, a micro-batch at a time: its chunks' forwards in order, or their
-  // backwards in reverse.
-  std::vector<std::vector<PipelineStep>> local(static_cast<size_t>(S));
-  for (int s = 0; s < S; ++s) {
-    auto& l = local[static_cast<size_t>(s)];
-    auto forward = [&](int m) {
-      for (int c = 0; c < C; ++c) l.push_back({false, s, m * C + c});
+  const int S = layout.stages, P = layout.ranks, k = S / P;
+  ENSURE(k == 1 || M % P == 0, "the interleaved 1f1b schedule (", k, " stages per rank) needs the micro-batches (",
+         M, ") in whole groups of the ", P, " pipeline ranks");
+  // Each rank's own order over its k stages ("virtual steps" i = 0 .. M k - 1, a micro-batch on
+  // one of its stages): forwards take the micro-batches in groups of P, a group through the
+  // rank's first stage, then its second, ...; backwards the same groups through the stages in
+  // reverse. A step is a whole micro-batch: its chunks' forwards in order, or their backwards in
+  // reverse.
+  const int total = M * k;
+  std::vector<std::vector<PipelineStep>> local(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    auto& l = local[static_cast<size_t>(r)];
+    auto step = [&](int i, bool backward) {
+      const int group = i / (P * k), in = i % (P * k);
+      const int chunk = backward ? k - 1 - in / P : in / P;
+      const int s = chunk * P + r, m = group * P + in % P;
+      if (backward) {
+        for (int c = C; c-- > 0;) l.push_back({true, s, m * C + c});
+      } else {
+        for (int c = 0; c < C; ++c) l.push_back({false, s, m * C + c});
+      }
     };
-    auto backward = [&](int m) {
-      for (int c = C; c-- > 0;) l.push_back({true, s, m * C + c});
-    };
-    const int warmup = std::min(S - 1 - s, M);
+    const int warmup = k == 1 ? std::min(P - 1 - r, M) : std::min((P - 1 - r) * 2 + (k - 1) * P, total);
     int f = 0, b = 0;
-    while (f < warmup) forward(f++);
-    while (f < M) {
-      forward(f++);
-      backward(b++);
+    while (f < warmup) step(f++, false);
+    while (f < total) {
+      step(f++, false);
+      step(b++, true);
     }
-    while (b < M) backward(b++);
+    while (b < total) step(b++, true);
   }
-  // One global order: in turn, each stage takes its next step once the input it receives from
-  // the neighbouring stage (the previous stage's forward, the next stage's backward) is placed.
+  // One global order: in turn, each rank takes its next step once the input it receives from the
+  // neighbouring stage (the previous stage's forward, the next stage's backward) is placed. A
+  // placed step never makes another unready, so this finds an order whenever one exists.
   const int U = M * C;
   std::vector<char> placed(static_cast<size_t>(2 * S * U), 0);
   auto at = [&](bool backward, int s, int u) -> char& {
     return placed[static_cast<size_t>(((backward ? S : 0) + s) * U + u)];
   };
   std::vector<PipelineStep> out;
-  std::vector<size_t> next(static_cast<size_t>(S), 0);
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
   while (out.size() < static_cast<size_t>(2 * S * U)) {
     bool moved = false;
-    for (int s = 0; s < S; ++s) {
-      const auto& l = local[static_cast<size_t>(s)];
-      size_t& i = next[static_cast<size_t>(s)];
+    for (int r = 0; r < P; ++r) {
+      const auto& l = local[static_cast<size_t>(r)];
+      size_t& i = next[static_cast<size_t>(r)];
       if (i == l.size()) continue;
       const PipelineStep& st = l[i];
+      const int s = st.stage;
       const bool ready = st.backward ? (s + 1 == S || at(true, s + 1, st.micro_batch))
                                      : (s == 0 || at(false, s - 1, st.micro_batch));
       if (!ready) continue;
@@ -56,7 +67,8 @@ std::vector<PipelineStep> one_f_one_b(const PipelineLayout& layout, int M, int C
       ++i;
       moved = true;
     }
-    ENSURE(moved, "internal error: the 1f1b schedule of ", S, " stages and ", M, " micro-batches is stuck");
+    ENSURE(moved, "internal error: the 1f1b schedule of ", S, " stages over ", P, " ranks and ", M,
+           " micro-batches is stuck");
   }
   return out;
 }

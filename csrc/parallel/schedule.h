@@ -16,13 +16,17 @@
 //                  takes micro-batch m: the pipeline fills (bubble (pp - 1) / (M + pp - 1) of the
 //                  time with one stage per rank) at the cost of keeping every micro-batch's
 //                  activations until its backward
-//   1f1b           one forward, one backward (one stage per rank): rank r first runs the forwards
-//                  of min(S - 1 - r, M) micro-batches, then alternates the next forward with the
-//                  oldest backward, then runs the backwards left. The bubble is breadth_first's,
-//                  but rank r holds the activations of at most S - r micro-batches, not M. The
-//                  global order interleaves the ranks' orders, each step after its input from the
-//                  neighbouring stage; on each link the messages go in the same micro-batch order
-//                  on both sides (forwards in order, backwards in order), as NCCL needs.
+//   1f1b           one forward, one backward. One stage per rank: rank r first runs the forwards
+//                  of min(P - 1 - r, M) micro-batches, then alternates the next forward with the
+//                  oldest backward, then runs the backwards left; the bubble is breadth_first's,
+//                  but rank r holds the activations of at most P - r micro-batches, not M.
+//                  Interleaved (k stages per rank, M a multiple of P; Megatron-LM's schedule):
+//                  a rank's forwards take the micro-batches in groups of P through its first
+//                  stage, then its second, ..., its backwards the same groups through its stages
+//                  in reverse, after (P - 1 - r) 2 + (k - 1) P warm-up forwards; the bubble
+//                  shrinks k times against one stage per rank. The global order interleaves the
+//                  ranks' orders, each step after its input from the neighbouring stage; on each
+//                  link the messages go in one order on both sides, as NCCL needs (tested).
 // Micro-sequences: each micro-batch runs as `chunks` consecutive token chunks (see
 // models/micro_batch.h); the schedule's units are (micro-batch, chunk) pairs, numbered
 // u = m * chunks + c. A chunk's forward on a stage needs the previous chunk's forward on that
@@ -52,8 +56,8 @@ struct PipelineLayout {
 };
 
 // The global order of the steps of one batch of `units` = micro-batches x chunks (forwards only
-// without gradients: 1f1b then runs breadth_first's forwards); chunks divides units; 1f1b needs
-// one stage per rank.
+// without gradients: 1f1b then runs breadth_first's forwards); chunks divides units; the
+// interleaved 1f1b needs the micro-batches (units / chunks) in whole groups of the ranks.
 std::vector<PipelineStep> build_schedule(const PipelineLayout& layout, int units, ScheduleKind kind, bool with_grad,
                                          int chunks = 1);
 // The steps of one pipeline rank, in order.

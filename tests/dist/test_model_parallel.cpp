@@ -149,7 +149,10 @@ std::vector<Case> pipeline_cases_for(int n) {
               // one forward, one backward: tied embeddings, and micro-sequences alternating whole
               // micro-batches
               {"gpt2", 1, pp(2, 1, "1f1b")},
-              {"mistral", 1, pp(2, 1, "1f1b", {"model.sliding_window=7", "batch.micro_sequence_length=6"})}};
+              {"mistral", 1, pp(2, 1, "1f1b", {"model.sliding_window=7", "batch.micro_sequence_length=6"})},
+              // interleaved 1f1b: 4 stages on 2 ranks, tied embeddings on stages 0 and 3
+              {"gpt2", 1, pp(2, 2, "1f1b")},
+              {"llama", 1, pp(2, 2, "1f1b", {"batch.micro_sequence_length=8"})}};
     case 3:
       return {{"gpt2", 1, pp(3, 1, "breadth_first", {"model.num_layers=3"})}};
     case 4:
@@ -158,7 +161,8 @@ std::vector<Case> pipeline_cases_for(int n) {
               {"gpt2", 1, pp(2, 2, "breadth_first", {"distributed.zero_stage=2"})},
               {"gpt2", 2, pp(2, 1, "breadth_first", {"distributed.sequence_parallel=true"})},  // tp2 x pp2
               {"mistral", 1, pp(4, 1, "depth_first", {"model.sliding_window=7"})},
-              {"llama", 1, pp(4, 1, "1f1b")}};  // 4 micro-batches over 4 stages: warm-up 3, 2, 1, 0
+              {"llama", 1, pp(4, 1, "1f1b")},  // 4 micro-batches over 4 stages: warm-up 3, 2, 1, 0
+              {"llama", 1, pp(2, 2, "1f1b", {"distributed.zero_stage=1"})}};  // dp2 x pp2, interleaved
     case 8:  // dp2 x tp2 x pp2, 2 stages per rank, 4 micro-batches per data-parallel rank
       return {{"gpt2", 2, pp(2, 2, "breadth_first", {"distributed.zero_stage=1", "batch.global_batch_size=16"})},
               {"llama", 2, pp(2, 2, "breadth_first", {"distributed.sequence_parallel=true", "batch.global_batch_size=16"})}};
@@ -277,6 +281,23 @@ TEST_CASE("debug statistics (run.debug_level = 2) are layout independent: tp, sp
     }
   }
   log_set_level(LogLevel::Info);
+}
+
+TEST_CASE("interleaved 1f1b refuses micro-batches that do not fill whole groups of the pipeline ranks") {
+  if (world().size() != 2) {
+    skip_test("runs on 2 ranks");
+    return;
+  }
+  // 3 micro-batches (of 4 sequences) over 2 pipeline ranks with 2 stages each.
+  std::string what = "no error";
+  try {
+    Trainer t(tiny_run_config("llama", pp(2, 2, "1f1b", {"batch.global_batch_size=12"})), false, &world());
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("distributed.pipeline_schedule") != std::string::npos);
+  CHECK(what.find("groups of pipeline_parallel (2), got 3") != std::string::npos);
 }
 
 TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradients, weights") {

@@ -49,7 +49,7 @@ TEST_CASE("pipeline schedules with micro-sequences: chunks forward in order, bac
   CHECK_THROWS_WITH(build_schedule(l, 3, ScheduleKind::DepthFirst, true, 2), doctest::Contains("whole micro-batches"));
 }
 
-TEST_CASE("pipeline schedules: 1f1b warms up, alternates, drains; at most S - r micro-batches in flight") {
+TEST_CASE("pipeline schedules: 1f1b warms up, alternates, drains; at most P - r micro-batches in flight") {
   const PipelineLayout l{2, 2};
   const auto s = build_schedule(l, 3, ScheduleKind::OneFOneB, true);
   CHECK(names(steps_of_rank(s, l, 0)) == "F0.0 F0.1 B0.0 F0.2 B0.1 B0.2");
@@ -68,8 +68,14 @@ TEST_CASE("pipeline schedules: 1f1b warms up, alternates, drains; at most S - r 
         "F1.0 F1.1 B1.1 B1.0 F1.2 F1.3 B1.3 B1.2");
   // Forwards only: breadth_first's order.
   CHECK(names(build_schedule(l, 2, ScheduleKind::OneFOneB, false)) == "F0.0 F0.1 F1.0 F1.1");
-  CHECK_THROWS_WITH(build_schedule(PipelineLayout{4, 2}, 2, ScheduleKind::OneFOneB, true),
-                    doctest::Contains("one stage per pipeline rank"));
+  // Interleaved (2 stages per rank, 4 micro-batches in groups of 2): rank 0 holds stages 0 and 2.
+  const PipelineLayout il{4, 2};
+  const auto si = build_schedule(il, 4, ScheduleKind::OneFOneB, true);
+  CHECK(names(steps_of_rank(si, il, 0)) ==
+        "F0.0 F0.1 F2.0 F2.1 F0.2 B2.0 F0.3 B2.1 F2.2 B0.0 F2.3 B0.1 B2.2 B2.3 B0.2 B0.3");
+  CHECK(names(steps_of_rank(si, il, 1)) ==
+        "F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3");
+  CHECK_THROWS_WITH(build_schedule(il, 3, ScheduleKind::OneFOneB, true), doctest::Contains("whole groups"));
   // The memory bound: micro-batches forwarded and not yet backwarded on rank r stay <= S - r.
   for (int S : {1, 2, 3, 4, 5})
     for (int M : {1, 2, 3, 7, 12})
@@ -97,8 +103,9 @@ TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags"
     for (int ranks : {1, 2, 3, 4})
       for (int per_rank : {1, 2, 3})
         for (int chunks : {1, 2, 3})
-        for (int mbs : {1, 2, 5}) {
-          if (kind == ScheduleKind::OneFOneB && per_rank > 1) continue;  // one stage per rank
+        for (int mbs : {1, 2, 5, 12}) {
+          // interleaved 1f1b: micro-batches in whole groups of the ranks
+          if (kind == ScheduleKind::OneFOneB && per_rank > 1 && mbs % ranks != 0) continue;
           const int M = mbs * chunks;
           const PipelineLayout l{ranks * per_rank, ranks};
           const auto s = build_schedule(l, M, kind, true, chunks);

@@ -119,8 +119,6 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
       {"too many stages", good + " distributed.pipeline_parallel=2 distributed.stages_per_rank=2",
        {"distributed.stages_per_rank", "model.num_layers (2)"}},
       {"bad schedule", good + " distributed.pipeline_schedule=\"zigzag\"", {"distributed.pipeline_schedule"}},
-      {"1f1b interleaved", good + " distributed.pipeline_schedule=\"1f1b\" distributed.stages_per_rank=2",
-       {"distributed.pipeline_schedule", "one stage per pipeline rank", "stages_per_rank = 2"}},
       {"bad debug steps", good + " run.debug_steps=\"3-1\"", {"run.debug_steps", "3-1"}},
   };
   for (const Case& k : cases) {
