@@ -334,6 +334,7 @@ TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance"
                                          {"gpt2", 1, pp(2, 2, "breadth_first")},
                                          {"llama", 1, pp(2, 2, "depth_first")},
                                          {"llama", 1, pp(2, 1, "1f1b")},
+                                         {"gpt2", 1, pp(2, 2, "1f1b")},
                                          {"llama", 1, pp(2, 1, "breadth_first", {"batch.micro_sequence_length=8"})}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
