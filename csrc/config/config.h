@@ -196,6 +196,11 @@ struct Config {
 // absolute, so the effective config reloads from anywhere; parse_config leaves them as given
 // when source_name has no directory); paths given as overrides stay relative to the cwd.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The checks that need the data-parallel size (known at launch): global_batch_size a multiple
+// of micro_batch_size x data_parallel, and for the interleaved 1f1b schedule micro-batches per
+// data-parallel rank in whole groups of pipeline_parallel. Throws naming the key; returns the
+// micro-batches per data-parallel rank.
+int micro_batches_per_rank(const Config& c, int data_parallel);
 // "1,5,10-12" -> {1, 5, 10, 11, 12}; throws on anything else (run.debug_steps).
 std::set<int> parse_step_list(const std::string& text);
 Config parse_config(const std::string& toml_text, const std::string& source_name,

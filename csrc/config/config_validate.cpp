@@ -526,4 +526,20 @@ void finish_config(Config& c) {
 }
 
 }  // namespace config_detail
+
+int micro_batches_per_rank(const Config& c, int dp) {
+  const BatchConfig& b = c.batch;
+  const DistributedConfig& d = c.distributed;
+  if (b.global_batch_size % (b.micro_batch_size * dp) != 0)
+    RAISE(c.where("batch.global_batch_size"), "must be a multiple of micro_batch_size (", b.micro_batch_size,
+          ") x data_parallel (", dp, " ranks) = ", b.micro_batch_size * dp, ", got ", b.global_batch_size);
+  const int m = b.global_batch_size / (b.micro_batch_size * dp);
+  if (d.pipeline_schedule == ScheduleKind::OneFOneB && d.stages_per_rank > 1 && m % d.pipeline_parallel != 0)
+    RAISE(c.where("distributed.pipeline_schedule"), "\"1f1b\" with stages_per_rank = ", d.stages_per_rank,
+          " (interleaved) takes the micro-batches in groups of pipeline_parallel (", d.pipeline_parallel, "), got ", m,
+          " per data-parallel rank (global_batch_size ", b.global_batch_size, " / (micro_batch_size ",
+          b.micro_batch_size, " x data_parallel ", dp, "))");
+  return m;
+}
+
 }  // namespace engine

@@ -24,14 +24,17 @@ std::vector<PipelineStep> one_f_one_b(const PipelineLayout& layout, int M, int C
     auto& l = local[static_cast<size_t>(r)];
     auto step = [&](int i, bool backward) {
       const int group = i / (P * k), in = i % (P * k);
-      const int chunk = backward ? k - 1 - in / P : in / P;
-      const int s = chunk * P + r, m = group * P + in % P;
+      const int nth = backward ? k - 1 - in / P : in / P;  // which of the rank's stages
+      const int s = nth * P + r, m = group * P + in % P;
       if (backward) {
         for (int c = C; c-- > 0;) l.push_back({true, s, m * C + c});
       } else {
         for (int c = 0; c < C; ++c) l.push_back({false, s, m * C + c});
       }
     };
+    // (With M == P and k > 1, Megatron-LM runs every forward first on every rank; here the
+    // warm-up formula caps at M k only where it reaches it, so later ranks alternate sooner:
+    // also a valid order, holding fewer activations.)
     const int warmup = k == 1 ? std::min(P - 1 - r, M) : std::min((P - 1 - r) * 2 + (k - 1) * P, total);
     int f = 0, b = 0;
     while (f < warmup) step(f++, false);
@@ -62,6 +65,12 @@ std::vector<PipelineStep> one_f_one_b(const PipelineLayout& layout, int M, int C
       const bool ready = st.backward ? (s + 1 == S || at(true, s + 1, st.micro_batch))
                                      : (s == 0 || at(false, s - 1, st.micro_batch));
       if (!ready) continue;
+      // What the rank's own order guarantees: a backward after its forward, a chunk's forward
+      // after the previous chunk's and its backward after the next chunk's.
+      const int c = st.micro_batch % C;
+      ENSURE(!st.backward || at(false, s, st.micro_batch), "internal error: 1f1b backward before forward");
+      ENSURE(st.backward ? (c + 1 == C || at(true, s, st.micro_batch + 1)) : (c == 0 || at(false, s, st.micro_batch - 1)),
+             "internal error: 1f1b chunks out of order");
       at(st.backward, s, st.micro_batch) = 1;
       out.push_back(st);
       ++i;

@@ -23,8 +23,10 @@
 //                  Interleaved (k stages per rank, M a multiple of P; Megatron-LM's schedule):
 //                  a rank's forwards take the micro-batches in groups of P through its first
 //                  stage, then its second, ..., its backwards the same groups through its stages
-//                  in reverse, after (P - 1 - r) 2 + (k - 1) P warm-up forwards; the bubble
-//                  shrinks k times against one stage per rank. The global order interleaves the
+//                  in reverse, after min(M k, (P - 1 - r) 2 + (k - 1) P) warm-up forwards (with
+//                  M == P Megatron-LM warms up fully on every rank; here only where the formula
+//                  reaches M k); the bubble shrinks k times against one stage per rank, and rank r
+//                  holds up to warm-up + 1 (stage, micro-batch) activations of 1/k of its layers. The global order interleaves the
 //                  ranks' orders, each step after its input from the neighbouring stage; on each
 //                  link the messages go in one order on both sides, as NCCL needs (tested).
 // Micro-sequences: each micro-batch runs as `chunks` consecutive token chunks (see

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
       const engine::DistributedConfig& d = config.distributed;
       const int model_ranks = d.tensor_parallel * d.pipeline_parallel;
       const int dp = std::max(1, engine::world().size() / model_ranks);
-      const int micro = config.batch.global_batch_size / (config.batch.micro_batch_size * dp);
+      const int micro = engine::micro_batches_per_rank(config, dp);
       const engine::PipelineLayout layout{d.pipeline_parallel * d.stages_per_rank, d.pipeline_parallel};
       const int msl = config.batch.micro_sequence_length;
       const int chunks = msl > 0 ? config.batch.micro_batch_size * config.data.sequence_length / msl : 1;

@@ -141,16 +141,7 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
 #endif
   const int dp_size = dp_.size();
   BatchConfig& b = config_.batch;
-  if (b.global_batch_size % (b.micro_batch_size * dp_size) != 0)
-    RAISE(config_.where("batch.global_batch_size"), "must be a multiple of micro_batch_size (", b.micro_batch_size,
-          ") x data_parallel (", dp_size, " ranks) = ", b.micro_batch_size * dp_size, ", got ", b.global_batch_size);
-  b.accumulation_steps = b.global_batch_size / (b.micro_batch_size * dp_size);
-  if (config_.distributed.pipeline_schedule == ScheduleKind::OneFOneB && config_.distributed.stages_per_rank > 1 &&
-      b.accumulation_steps % mesh_->pp_size() != 0)
-    RAISE(config_.where("distributed.pipeline_schedule"), "\"1f1b\" with stages_per_rank = ",
-          config_.distributed.stages_per_rank, " (interleaved) takes the micro-batches in groups of pipeline_parallel (",
-          mesh_->pp_size(), "), got ", b.accumulation_steps, " per data-parallel rank (global_batch_size ",
-          b.global_batch_size, " / (micro_batch_size ", b.micro_batch_size, " x data_parallel ", dp_size, "))");
+  b.accumulation_steps = micro_batches_per_rank(config_, dp_size);
   const DType compute = device_ == Device::CPU ? DType::F32 : DType::BF16;
   // Pad the flat buffers so they split into equal, aligned shards over the dp ranks.
   const int64_t unit = 64 * int64_t{dp_size};

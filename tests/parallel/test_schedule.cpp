@@ -96,6 +96,25 @@ TEST_CASE("pipeline schedules: 1f1b warms up, alternates, drains; at most P - r 
           CHECK(in_flight == 0);
         }
       }
+  // Interleaved: (stage, micro-batch) pairs forwarded and not yet backwarded on rank r stay at
+  // most its warm-up plus one, min(M k, 2 (P - 1 - r) + (k - 1) P + 1).
+  for (int P : {2, 3, 4})
+    for (int k : {2, 3})
+      for (int groups : {1, 2, 3}) {
+        const int M = groups * P;
+        const PipelineLayout pl{P * k, P};
+        const auto sc = build_schedule(pl, M, ScheduleKind::OneFOneB, true);
+        for (int r = 0; r < P; ++r) {
+          int in_flight = 0, most = 0;
+          for (const PipelineStep& st : steps_of_rank(sc, pl, r)) most = std::max(most, in_flight += st.backward ? -1 : 1);
+          CAPTURE(P);
+          CAPTURE(k);
+          CAPTURE(M);
+          CAPTURE(r);
+          CHECK(most == std::min(M * k, 2 * (P - 1 - r) + (k - 1) * P + 1));
+          CHECK(in_flight == 0);
+        }
+      }
 }
 
 TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags") {
@@ -103,7 +122,7 @@ TEST_CASE("pipeline schedules: inputs come earlier, each step once, unique tags"
     for (int ranks : {1, 2, 3, 4})
       for (int per_rank : {1, 2, 3})
         for (int chunks : {1, 2, 3})
-        for (int mbs : {1, 2, 5, 12}) {
+        for (int mbs : {1, 2, 3, 4, 5, 12}) {
           // interleaved 1f1b: micro-batches in whole groups of the ranks
           if (kind == ScheduleKind::OneFOneB && per_rank > 1 && mbs % ranks != 0) continue;
           const int M = mbs * chunks;

@@ -55,6 +55,10 @@ TEST_CASE("micro-sequences reproduce whole sequences: losses, gradients, weights
                   "batch.micro_sequence_length=4", 1e-5);
   compare_chunked("qwen2", {"model.num_layers=3", "distributed.stages_per_rank=3"}, "batch.micro_sequence_length=5",
                   1e-5);  // three stages on one rank: chunks interleave with stages
+  // the same on the 1f1b schedule (one rank: adjacent stages, the interleaved order)
+  compare_chunked("qwen2",
+                  {"model.num_layers=3", "distributed.stages_per_rank=3", "distributed.pipeline_schedule=\"1f1b\""},
+                  "batch.micro_sequence_length=5", 1e-5);
 }
 
 TEST_CASE("micro-sequences on the GPU reproduce whole sequences (flash and fallback attention)" * doctest::test_suite("gpu")) {
