@@ -25,10 +25,11 @@
 //                  stage, then its second, ..., its backwards the same groups through its stages
 //                  in reverse, after min(M k, (P - 1 - r) 2 + (k - 1) P) warm-up forwards (with
 //                  M == P Megatron-LM warms up fully on every rank; here only where the formula
-//                  reaches M k); the bubble shrinks k times against one stage per rank, and rank r
-//                  holds up to warm-up + 1 (stage, micro-batch) activations of 1/k of its layers. The global order interleaves the
-//                  ranks' orders, each step after its input from the neighbouring stage; on each
-//                  link the messages go in one order on both sides, as NCCL needs (tested).
+//                  reaches M k); by Megatron-LM's analysis the bubble shrinks k times against one
+//                  stage per rank, and rank r holds up to warm-up + 1 (stage, micro-batch)
+//                  activations of 1/k of its layers. The global order interleaves the ranks'
+//                  orders, each step after its input from the neighbouring stage; on each link
+//                  the messages go in one order on both sides, as NCCL needs (tested).
 // Micro-sequences: each micro-batch runs as `chunks` consecutive token chunks (see
 // models/micro_batch.h); the schedule's units are (micro-batch, chunk) pairs, numbered
 // u = m * chunks + c. A chunk's forward on a stage needs the previous chunk's forward on that

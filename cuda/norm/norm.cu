@@ -185,12 +185,13 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   }
 }
 
-// One row per block of a plain grid (blocks start as others finish), thread i holding packs i,
-// i + B, ..., i + (K-1) B as raw vectors: no prefetch of another row and nothing kept across
-// rows, so few registers and many blocks resident per multiprocessor, which keeps enough bytes
-// in flight. The weight and bias packs are all asked for before the first store of y (y may
-// alias them as far as the compiler knows, so a load after a store would wait for it).
-template <typename T, int N, int K, bool kCentered, bool kResidual>
+// The rmsnorm forward, one row per block of a plain grid (blocks start as others finish), thread
+// i holding packs i, i + B, ..., i + (K-1) B as raw vectors: no prefetch of another row and
+// nothing kept across rows, so few registers and many blocks resident per multiprocessor, which
+// keeps enough bytes in flight. The weight packs are all asked for before the first store of y
+// (y may alias them as far as the compiler knows, so a load after a store would wait for it).
+// Layernorm does not use it (two reductions: 62 registers, slower; see launch_forward).
+template <typename T, int N, int K, bool kResidual>
 static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
     norm_forward_row_kernel(const NormFwdParams<T> p) {
   __shared__ float smem[2 * 32];
@@ -213,32 +214,19 @@ static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
       }
     }
   }
-  float mu = 0.f;
-  if constexpr (kCentered) {
-    float s[1] = {0.f};
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (static_cast<int>(threadIdx.x + k * blockDim.x) < packs)
-#pragma unroll
-        for (int j = 0; j < N; ++j) s[0] += to_float(raw[k].v[j]);
-    block_sum(s, smem, phase);
-    mu = s[0] * inv_cols;
-  }
   float ss[1] = {0.f};
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (static_cast<int>(threadIdx.x + k * blockDim.x) < packs)
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        const float d = to_float(raw[k].v[j]) - mu;
-        ss[0] += d * d;
+        const float v = to_float(raw[k].v[j]);
+        ss[0] += v * v;
       }
   block_sum(ss, smem, phase);
   const float rs = rsqrtf(ss[0] * inv_cols + p.eps);
-  const bool has_bias = kCentered && p.bias;  // rmsnorm has no bias
-  Pack<T, N> wk[K], bk[K];
+  Pack<T, N> wk[K];
   load_row<T, N, K>(p.weight, 0, p.cols, packs, wk);
-  if (has_bias) load_row<T, N, K>(p.bias, 0, p.cols, packs, bk);
   T* yr = p.y + row * p.cols;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -246,24 +234,19 @@ static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
     if (q < packs) {
       float o[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float b = has_bias ? to_float(bk[k].v[j]) : 0.f;
-        o[j] = (to_float(raw[k].v[j]) - mu) * rs * to_float(wk[k].v[j]) + b;
-      }
+      for (int j = 0; j < N; ++j) o[j] = to_float(raw[k].v[j]) * rs * to_float(wk[k].v[j]);
       store_pack<T, N>(yr + q * N, o);
     }
   }
-  if (threadIdx.x == 0) {
-    if constexpr (kCentered) p.mean[row] = mu;
-    p.rstd[row] = rs;
-  }
+  if (threadIdx.x == 0) p.rstd[row] = rs;
 }
 
-// Warp-per-row forward (16-byte packs, C <= 32 kMaxWarpPacks packs): warp w of the block
-// normalises row blockIdx.x * kWarpRowWarps + w; lane l holds packs l, l + 32, ... of the row as
-// raw vectors (all K loads in flight at once), and the sums are warp butterflies (no barrier).
-// Independent warps keep many rows in flight per multiprocessor while others reduce.
-template <typename T, int N, int K, bool kCentered, bool kResidual>
+// The plain layernorm forward, a warp per row (16-byte packs, C <= 32 kMaxWarpPacks packs): warp
+// w of the block normalises row blockIdx.x * kWarpRowWarps + w; lane l holds packs l, l + 32, ...
+// of the row as raw vectors (all K loads in flight at once), and the sums are warp butterflies
+// (no barrier). Independent warps keep many rows in flight per multiprocessor while others
+// reduce. (The residual forms measured faster in the other kernels: launch_forward.)
+template <typename T, int N, int K>
 static __global__ void __launch_bounds__(kWarpRowWarps * 32)
     norm_forward_warp_kernel(const NormFwdParams<T> p) {
   const int lane = threadIdx.x & 31;
@@ -276,32 +259,15 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < packs) raw[k] = xr[lane + 32 * k];
-  if constexpr (kResidual) {
-    const Pack<T, N>* rr = reinterpret_cast<const Pack<T, N>*>(p.residual + row * p.cols);
-    Pack<T, N>* sr = reinterpret_cast<Pack<T, N>*>(p.sum + row * p.cols);
-    Pack<T, N> res[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < packs) res[k] = rr[lane + 32 * k];
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < packs) {
-        add_rounded<T, N>(raw[k], res[k]);
-        sr[lane + 32 * k] = raw[k];
-      }
-  }
   const float inv_cols = 1.f / static_cast<float>(p.cols);
-  float mu = 0.f;
-  if constexpr (kCentered) {
-    float s[1] = {0.f};
+  float s[1] = {0.f};
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < packs)
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < packs)
 #pragma unroll
-        for (int j = 0; j < N; ++j) s[0] += to_float(raw[k].v[j]);
-    warp_sum(s);
-    mu = s[0] * inv_cols;
-  }
+      for (int j = 0; j < N; ++j) s[0] += to_float(raw[k].v[j]);
+  warp_sum(s);
+  const float mu = s[0] * inv_cols;
   float ss[1] = {0.f};
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -332,7 +298,7 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
     }
   }
   if (lane == 0) {
-    if constexpr (kCentered) p.mean[row] = mu;
+    p.mean[row] = mu;
     p.rstd[row] = rs;
   }
 }
@@ -348,13 +314,12 @@ static int warp_row_packs(int64_t packs) {
   return 0;
 }
 
-template <typename T, int K, bool kCentered, bool kResidual>
+template <typename T, int K>
 static void launch_forward_warp(const NormFwdParams<T>& p) {
   constexpr int V = 16 / sizeof(T);
   const auto grid = static_cast<unsigned>(ceil_div(p.rows, kWarpRowWarps));
-  norm_forward_warp_kernel<T, V, K, kCentered, kResidual>
-      <<<grid, kWarpRowWarps * 32, 0, stream()>>>(p);
-  check_launch(kCentered ? "layernorm_forward_kernel" : "rmsnorm_forward_kernel");
+  norm_forward_warp_kernel<T, V, K><<<grid, kWarpRowWarps * 32, 0, stream()>>>(p);
+  check_launch("layernorm_forward_kernel");
 }
 
 template <typename T, bool kCentered, bool kResidual>
@@ -377,18 +342,18 @@ static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
     if constexpr (!kCentered) {
       const int threads = round_up_warp(ceil_div(p.cols / V, 2));
       if (threads >= 64 && threads <= kRowThreads) {
-        norm_forward_row_kernel<T, V, 2, kCentered, kResidual>
+        norm_forward_row_kernel<T, V, 2, kResidual>
             <<<static_cast<unsigned>(p.rows), static_cast<unsigned>(threads), 0, stream()>>>(p);
         return check_launch("rmsnorm_forward_kernel");
       }
     }
     if constexpr (kCentered && !kResidual) {
       switch (warp_row_packs(p.cols / V)) {
-        case 1: return launch_forward_warp<T, 1, kCentered, kResidual>(p);
-        case 2: return launch_forward_warp<T, 2, kCentered, kResidual>(p);
-        case 4: return launch_forward_warp<T, 4, kCentered, kResidual>(p);
-        case 8: return launch_forward_warp<T, 8, kCentered, kResidual>(p);
-        case 16: return launch_forward_warp<T, 16, kCentered, kResidual>(p);
+        case 1: return launch_forward_warp<T, 1>(p);
+        case 2: return launch_forward_warp<T, 2>(p);
+        case 4: return launch_forward_warp<T, 4>(p);
+        case 8: return launch_forward_warp<T, 8>(p);
+        case 16: return launch_forward_warp<T, 16>(p);
         default: break;
       }
     }
