@@ -1,6 +1,7 @@
 // Helpers for kernel files (.cu only): the launchers' argument checks, the compute stream as a
 // cudaStream_t, a post-launch check, ceil-division, grid sizes (one wave of a grid-stride loop, a
-// persistent grid), the device bf16 type with f32 conversions and the bf16 / f32 dtype switch.
+// persistent grid), programmatic dependent launches, the device bf16 type with f32 conversions
+// and the bf16 / f32 dtype switch.
 // Every launcher runs on stream() and calls check_launch("name") after its launch.
 #pragma once
 #include <cuda_bf16.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -78,6 +80,51 @@ int persistent_grid(Kernel kernel, int threads, size_t smem_bytes, int64_t rows)
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
   return static_cast<int>(std::min(rows, resident));
+}
+
+// Programmatic dependent launch (compute capability 9 and later; elsewhere an ordinary launch):
+// a kernel launched by launch_dependent may have its blocks resident before the kernel ahead of
+// it on the stream has finished, so its launch latency is hidden. It must call
+// wait_for_previous_kernel() before it reads anything an earlier kernel wrote: that waits for
+// the kernel ahead (and so every earlier one) to have finished and its writes to be visible, and
+// lets the next dependent launch at once. A kernel ahead may let its dependent launch early with
+// allow_dependents() (else that happens as its blocks exit). Outside such a launch all three
+// device calls are no-ops.
+static __device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream()>>>(args...) as a programmatic dependent of the kernel
+// ahead.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      Args&&... args) {
+  static const bool dependent_launch = [] {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream();
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = dependent_launch ? 1 : 0;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // f(bf16_t{}) for a bf16 tensor, else f(float{}) (the launcher has checked for bf16 or f32).

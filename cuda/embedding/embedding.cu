@@ -404,30 +404,6 @@ static int* run_counters(size_t count) {
   return static_cast<int*>(buf.data());
 }
 
-// Launches kernel<<<grid, block>>>(args...) on the compute stream as a programmatic dependent of
-// the kernel ahead (see wait_for_previous_kernel) where the device has it (compute capability 9
-// and later; elsewhere an ordinary launch).
-template <typename... Params, typename... Args>
-static void launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block,
-                             Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.stream = stream();
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  static const bool dependent_launch = [] {
-    int dev = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 9;
-  }();
-  attr.val.programmaticStreamSerializationAllowed = dependent_launch ? 1 : 0;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
 // A device int set to kNoError, for the first bad token position.
 static Buffer error_flag() {
   Buffer flag(sizeof(int), Device::CUDA);
@@ -555,11 +531,11 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     sp.shift = q * kDigitBits;
     const unsigned grid = static_cast<unsigned>(tiles);
     if (short_sort) {
-      launch_dependent(radix_scatter_kernel<kCountsRead>, grid, kSortTile, sp);
+      launch_dependent(radix_scatter_kernel<kCountsRead>, grid, kSortTile, 0, sp);
     } else {
-      launch_dependent(exclusive_scan_kernel, 1, kScanThreads, h, int64_t{kDigits} * tiles);
+      launch_dependent(exclusive_scan_kernel, 1, kScanThreads, 0, h, int64_t{kDigits} * tiles);
       check_launch("exclusive_scan_kernel");
-      launch_dependent(radix_scatter_kernel<kScanned>, grid, kSortTile, sp);
+      launch_dependent(radix_scatter_kernel<kScanned>, grid, kSortTile, 0, sp);
     }
     check_launch("radix_scatter_kernel");
   }
@@ -585,7 +561,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
       p.chunks = chunks;
       constexpr int V = 16 / sizeof(T);
       auto kernel = vec ? embedding_cell_kernel<T, V> : embedding_cell_kernel<T, 1>;
-      launch_dependent(kernel, static_cast<unsigned>(cells * chunks), threads, p);
+      launch_dependent(kernel, static_cast<unsigned>(cells * chunks), threads, 0, p);
       check_launch("embedding_cell_kernel");
     });
   }

@@ -25,17 +25,9 @@ static __device__ __forceinline__ uint32_t sort_key(int32_t id, int64_t begin, i
   return mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
 }
 
-// Programmatic dependent launch: the backward's kernels after the first are launched so that
-// their blocks may be resident before the kernel ahead finishes (its launch latency hidden);
-// each waits here for the kernel ahead (and so every earlier one) to have finished and its
-// writes to be visible, and lets the next one launch at once. Outside such a launch both are
-// no-ops.
-static __device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+// The backward's kernels after the first are launched as programmatic dependents of the kernel
+// ahead (launch_dependent, cuda/common/launch.cuh): their blocks may be resident before it
+// finishes; each calls wait_for_previous_kernel() before it reads what an earlier one wrote.
 
 // Where a pass's count of digit d in tile t lives: tile-major for short sorts (a scatter block
 // reads all tiles' counts, neighbouring lanes neighbouring digits: whole sectors), digit-major for
