@@ -13,10 +13,14 @@ namespace engine::cuda {
 
 using namespace norm_detail;
 
-constexpr int kRowLanes = 16;            // partial rows summed in parallel by the second pass
 constexpr int kBwdMinPacks = 2;          // backward: at least 2 packs per thread where C allows
 constexpr size_t kMaxAccSmem = 48 * 1024;  // backward: column sums in shared memory up to this
-constexpr int kGradUnroll = 8;           // second pass: partial rows in flight per thread
+// Second pass (the partial rows' sums): blocks of kGradLanes row lanes x kGradGroups groups of
+// 4 columns, kGradUnroll partial rows in flight per thread.
+constexpr int kGradGroups = 2;
+constexpr int kGradLanes = 128;
+constexpr int kGradThreads = kGradGroups * kGradLanes;
+constexpr int kGradUnroll = 8;
 constexpr int kBwdWarpPacks = 4;         // warp-per-row backward: packs per lane (C <= 128 packs)
 // Warp-per-row backward, block size and the blocks per multiprocessor its registers must allow:
 // bf16 (no prefetch) 8 warps, 2 blocks (at most 128 registers); f32 (prefetch) 4 warps, 3 blocks.
@@ -37,6 +41,7 @@ template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool k
           bool kColSum>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_backward_kernel(const NormBwdParams<T> p) {
+  allow_dependents();  // the partial rows' sums (norm_param_grad_kernel) may launch now
   constexpr int S = D + 1;  // ring stages
   constexpr int kRegN = kSmemAcc ? 1 : N;
   constexpr int kRegC = kColSum && !kSmemAcc ? N : 1;  // dx sums in registers
@@ -227,6 +232,7 @@ static __device__ __forceinline__ int opaque(int v) {
 template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch, bool kColSum>
 static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMinBlocks<kPrefetch>)
     norm_backward_warp_kernel(const NormBwdParams<T> p) {
+  allow_dependents();  // the partial rows' sums (norm_param_grad_kernel) may launch now
   constexpr int C4 = N / 4;  // float4 per pack of column sums
   constexpr int kQuantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);  // dw (db) (dx sums)
   constexpr int kDxs = kCentered ? 2 : 1;                               // the dx sums' quantity
@@ -416,35 +422,74 @@ struct ParamGrads {
   float* grad[3];
 };
 
-// grad[j] += sum_b partial[b][j] over the `blocks` partial rows, in a fixed order: thread
-// (x, y) sums rows b = y, y + kRowLanes, ... in turn (U loads in flight, added in that order),
-// then y == 0 adds the kRowLanes sums in order. blockIdx.y selects the (partial, grad) pair.
-template <int U>
-static __global__ void __launch_bounds__(32 * kRowLanes)
+// grad[j] += sum_b partial[b][j] over the `blocks` partial rows, in a fixed order. A block
+// takes kGradGroups groups of 4 columns (8 columns: 32-byte row segments, whole sectors) and all
+// partial rows: thread (lane y, group x) sums rows b = y, y + kGradLanes, ... in turn (U rows in
+// flight, added in that order, rows past the last as zeros: up to U kGradLanes = 1024 rows in
+// one round of loads), then the lanes' sums are added by a butterfly over each warp's lanes of
+// the group and the warps' sums in warp order. blockIdx.y selects the (partial, grad) pair.
+// kVec: 16-byte loads of the partial rows (cols a multiple of 4), else scalar. Launched as a
+// programmatic dependent of the backward kernel that writes the partials (which allows it at its
+// start): its blocks take the multiprocessors as that kernel's blocks leave, and wait there for
+// the partials.
+template <int U, bool kVec>
+static __global__ void __launch_bounds__(kGradThreads)
     norm_param_grad_kernel(const ParamGrads g, int blocks, int64_t cols) {
-  __shared__ float sums[kRowLanes][33];
-  const float* partial = g.partial[blockIdx.y];
-  float* grad = g.grad[blockIdx.y];
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float s = 0.f;
-  if (j < cols) {
-    int b = threadIdx.y;
-    for (; b + (U - 1) * kRowLanes < blocks; b += U * kRowLanes) {
-      float v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = partial[(b + u * kRowLanes) * cols + j];
-#pragma unroll
-      for (int u = 0; u < U; ++u) s += v[u];
+  static_assert(32 % kGradGroups == 0 && kGradThreads % 32 == 0);
+  __shared__ float4 warp_sums[kGradThreads / 32][kGradGroups];
+  const int x = static_cast<int>(threadIdx.x) % kGradGroups;
+  const int y = static_cast<int>(threadIdx.x) / kGradGroups;
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * kGradGroups + x) * 4;
+  const unsigned q = blockIdx.y;  // selected without indexing the parameter arrays (no stack copy)
+  const float* partial = q == 0 ? g.partial[0] : q == 1 ? g.partial[1] : g.partial[2];
+  float* grad = q == 0 ? g.grad[0] : q == 1 ? g.grad[1] : g.grad[2];
+  auto load = [&](int b) {
+    const float* row = partial + static_cast<int64_t>(b) * cols + j;
+    if constexpr (kVec) {
+      return *reinterpret_cast<const float4*>(row);
+    } else {
+      float4 v;
+      v.x = row[0];
+      v.y = j + 1 < cols ? row[1] : 0.f;
+      v.z = j + 2 < cols ? row[2] : 0.f;
+      v.w = j + 3 < cols ? row[3] : 0.f;
+      return v;
     }
-    for (; b < blocks; b += kRowLanes) s += partial[b * cols + j];
-  }
-  sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < cols) {
-    float t = 0.f;
+  };
+  auto add = [](float4& a, const float4& b) { a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w; };
+  wait_for_previous_kernel();
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (j < cols) {
+    for (int b = y; b < blocks; b += U * kGradLanes) {
+      float4 v[U];
 #pragma unroll
-    for (int r = 0; r < kRowLanes; ++r) t += sums[r][threadIdx.x];
-    grad[j] += t;
+      for (int u = 0; u < U; ++u)
+        v[u] = b + u * kGradLanes < blocks ? load(b + u * kGradLanes)
+                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < U; ++u) add(s, v[u]);
+    }
+  }
+  // Lanes x, x + kGradGroups, ... of a warp hold one group's sums: a butterfly over the lane bits
+  // above the group's.
+#pragma unroll
+  for (int off = kGradGroups; off < 32; off *= 2) {
+    s.x += __shfl_xor_sync(0xffffffffu, s.x, off);
+    s.y += __shfl_xor_sync(0xffffffffu, s.y, off);
+    s.z += __shfl_xor_sync(0xffffffffu, s.z, off);
+    s.w += __shfl_xor_sync(0xffffffffu, s.w, off);
+  }
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if (lane < kGradGroups) warp_sums[warp][lane] = s;
+  __syncthreads();
+  if (y == 0 && j < cols) {  // threads 0 .. kGradGroups - 1: group x = threadIdx.x
+    float4 t = warp_sums[0][x];
+#pragma unroll
+    for (int w = 1; w < kGradThreads / 32; ++w) add(t, warp_sums[w][x]);
+    grad[j] += t.x;  // grad: any alignment (a flat buffer's slice)
+    if (j + 1 < cols) grad[j + 1] += t.y;
+    if (j + 2 < cols) grad[j + 2] += t.z;
+    if (j + 3 < cols) grad[j + 3] += t.w;
   }
 }
 
@@ -487,8 +532,15 @@ static void run_backward(Kernel kernel, int grid, int threads, size_t smem, Norm
   }
   kernel<<<grid, threads, smem, stream()>>>(p);
   check_launch(name);
-  const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 32)), static_cast<unsigned>(u));
-  norm_param_grad_kernel<kGradUnroll><<<rgrid, dim3(32, kRowLanes), 0, stream()>>>(g, grid, p.cols);
+  const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 4 * kGradGroups)),
+                   static_cast<unsigned>(u));
+  // 16-byte loads: every partial row starts 16-byte aligned (the scratch is, and cols % 4 == 0).
+  if (p.cols % 4 == 0)
+    launch_dependent(norm_param_grad_kernel<kGradUnroll, true>, rgrid, kGradThreads, 0, g, grid,
+                     p.cols);
+  else
+    launch_dependent(norm_param_grad_kernel<kGradUnroll, false>, rgrid, kGradThreads, 0, g, grid,
+                     p.cols);
   check_launch("norm_param_grad_kernel");
 }
 
