@@ -19,13 +19,18 @@
 
 namespace engine::bench {
 
-double time_ms(const std::function<void()>& fn, int warmup, int reps) {
+double time_ms(const std::function<void()>& fn, int warmup, int reps, Timing timing) {
   ENSURE(reps > 0, "time_ms needs at least one repeat");
   if (const char* r = std::getenv("BENCH_REPS"); r && *r) {  // more (or fewer) timed repeats
     char* end = nullptr;
     const long n = std::strtol(r, &end, 10);
     ENSURE(*end == '\0' && n > 0 && n <= 100000, "BENCH_REPS=", r, ": expected a count of repeats (1-100000)");
     reps = static_cast<int>(n);
+  }
+  if (const char* t = std::getenv("BENCH_TIMING"); t && *t) {
+    const std::string v = t;
+    ENSURE(v == "per-call" || v == "stream", "BENCH_TIMING=", v, ": expected per-call or stream");
+    timing = v == "stream" ? Timing::Stream : Timing::PerCall;
   }
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> ms;
@@ -36,19 +41,22 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
   // own pair of events, so an event pair brackets fn's GPU work only: with a wait after each
   // repeat the GPU would drain, and a kernel of ~10 us would be timed with the host's launch
   // latency (several us) in front of it.
+  // Stream: a pair of events per group of `reps` calls (see Timing in bench.h).
   cudaStream_t s = static_cast<cudaStream_t>(cuda::compute_stream());
-  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(reps));
+  const bool stream_mode = timing == Timing::Stream;
+  const int pairs = stream_mode ? kStreamGroups : reps, per_pair = stream_mode ? reps : 1;
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(pairs));
   for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
+  for (int i = 0; i < pairs; ++i) {
     CUDA_CHECK(cudaEventRecord(events[2 * i], s));
-    fn();
+    for (int j = 0; j < per_pair; ++j) fn();
     CUDA_CHECK(cudaEventRecord(events[2 * i + 1], s));
   }
   CUDA_CHECK(cudaEventSynchronize(events.back()));
-  for (int i = 0; i < reps; ++i) {
+  for (int i = 0; i < pairs; ++i) {
     float t = 0;
     CUDA_CHECK(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
-    ms.push_back(t);
+    ms.push_back(t / per_pair);
   }
   for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventDestroy(e));
   // BENCH_KERNELS=1: what the timed calls are made of, a per-kernel table of `reps` more calls
@@ -72,7 +80,8 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps) {
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
 #endif
-  // BENCH_TIMES=1: every repeat in the order run (a median hides a timing with two modes).
+  // BENCH_TIMES=1: every repeat in the order run (a median hides a timing with two modes); in
+  // the Stream mode every group's time per call.
   if (const char* t = std::getenv("BENCH_TIMES"); t && *t && std::string(t) != "0") {
     std::printf("-- repeats of timed case %d (ms):", timed);
     for (double m : ms) std::printf(" %.3f", m);

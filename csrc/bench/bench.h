@@ -22,11 +22,24 @@ struct Result {
   std::string note;     // anything else worth printing (a peer's figure, memory)
 };
 
-// Median milliseconds of fn() over `reps` timed calls after `warmup` untimed ones, measured with
-// CUDA events on the compute stream (requires a GPU): the calls are queued back to back and each
-// is bracketed by its own events, so the figure is fn's GPU time, without the host's launch
-// latency (which a wait after every call would put in front of each kernel).
-double time_ms(const std::function<void()>& fn, int warmup = 3, int reps = 10);
+// How time_ms brackets the calls with CUDA events. Either way the calls are queued back to back
+// on the compute stream (no host wait between them), so the figure is fn's GPU time without the
+// host's launch latency (which a wait after every call would put in front of each kernel).
+//   PerCall: an event pair around every call; the median of `reps` calls. An event between two
+//     kernels makes the second start only after the first has finished and drained, so each
+//     call also pays the gap between kernels.
+//   Stream: kStreamGroups groups of `reps` calls with no event inside a group; the median over
+//     the groups of (group time / reps). Consecutive kernels run as in a training step, where a
+//     kernel launched as a programmatic dependent (cuda/common/launch.cuh) is resident before
+//     the one ahead has finished. The memory-bound cases use it.
+// BENCH_TIMING=per-call or =stream overrides the mode of every case (for comparisons).
+enum class Timing { PerCall, Stream };
+constexpr int kStreamGroups = 5;
+
+// Median milliseconds of one fn() call over the timed calls (see Timing) after `warmup` untimed
+// ones, measured with CUDA events on the compute stream (requires a GPU).
+double time_ms(const std::function<void()>& fn, int warmup = 3, int reps = 10,
+               Timing timing = Timing::PerCall);
 
 // Fills a bf16 or f32 tensor (any device) with N(0, std^2) values keyed by `name`: a tile of up
 // to 1M elements made on the host, copied over the tensor in doubling copies (cheap at any size;

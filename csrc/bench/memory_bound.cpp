@@ -6,7 +6,8 @@
 // cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h); a device copy of
 // one (T, C) tensor, first at each width, shows what a copy of that size reaches.
 // swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); embedding
-// draws ids uniformly from V = 32000 and counts the distinct rows it must touch.
+// draws ids uniformly from V = 32000 and counts the distinct rows it must touch. Every case is
+// timed back to back (Timing::Stream, bench.h), as the kernels run in a training step.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -69,6 +70,11 @@ std::pair<Owned, int64_t> device_ids(int64_t t, int64_t vocab, uint64_t seed) {
   return {std::move(d), static_cast<int64_t>(distinct.size())};
 }
 
+// These kernels are timed back to back (Timing::Stream): in a training step each follows the
+// kernel before it with no event between them, which lets a kernel launched as a programmatic
+// dependent start while the one ahead drains.
+double stream_ms(const std::function<void()>& fn) { return time_ms(fn, 3, 10, Timing::Stream); }
+
 std::string label(const char* op, int64_t t, int64_t c) {
   return std::string(op) + " T=" + std::to_string(t) + " C=" + std::to_string(c);
 }
@@ -91,7 +97,7 @@ BENCH_CASES("memory_bound") {
     const double act = static_cast<double>(kT) * c * kB16;  // bytes of one (T, C) bf16 tensor
     {  // the yardstick at this size: a device-to-device copy of one (T, C) tensor
       Owned x = device_random({kT, c}, bf, 12), y = empty({kT, c}, bf, Device::CUDA);
-      const double ms = time_ms([&] { copy_tensor(y, x); });
+      const double ms = stream_ms([&] { copy_tensor(y, x); });
       results.push_back({label("copy (cudaMemcpyAsync)", kT, c), ms, 0, 2 * act, ""});
     }
     {  // norms
@@ -101,13 +107,13 @@ BENCH_CASES("memory_bound") {
       Owned mean = empty({kT}, f32, Device::CUDA), rstd = empty({kT}, f32, Device::CUDA);
       Owned dw = zeros({c}, f32, Device::CUDA), db = zeros({c}, f32, Device::CUDA);
       const double stat = kT * kF32, vec = c * kB16, grad = 2 * c * kF32;  // grad: read + write
-      double ms = time_ms([&] { ops::rmsnorm_forward(x, w, 1e-5f, y, rstd); });
+      double ms = stream_ms([&] { ops::rmsnorm_forward(x, w, 1e-5f, y, rstd); });
       results.push_back({label("rmsnorm fwd", kT, c), ms, 0, 2 * act + stat + vec, ""});
-      ms = time_ms([&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
+      ms = stream_ms([&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
       results.push_back({label("rmsnorm bwd", kT, c), ms, 0, 3 * act + stat + vec + grad, ""});
-      ms = time_ms([&] { ops::layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); });
+      ms = stream_ms([&] { ops::layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); });
       results.push_back({label("layernorm fwd", kT, c), ms, 0, 2 * act + 2 * stat + 2 * vec, ""});
-      ms = time_ms([&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
+      ms = stream_ms([&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
       results.push_back(
           {label("layernorm bwd", kT, c), ms, 0, 3 * act + 2 * stat + vec + 2 * grad, ""});
     }
@@ -118,23 +124,23 @@ BENCH_CASES("memory_bound") {
       Owned gpos = empty({kT}, DType::I32, Device::CUDA);
       copy_tensor(gpos, pos);
       const int heads = static_cast<int>(c / kHeadDim);
-      const double ms = time_ms([&] { ops::rope_forward(x, gpos, heads, 10000.f); });
+      const double ms = stream_ms([&] { ops::rope_forward(x, gpos, heads, 10000.f); });
       results.push_back({label("rope fwd", kT, c) + " D=128", ms, 0, 2 * act + kT * 4.0, ""});
     }
     {  // swiglu, F = C
       Owned gu = device_random({kT, 2 * c}, bf, 6), dy = device_random({kT, c}, bf, 7);
       Owned y = empty({kT, c}, bf, Device::CUDA), dgu = empty({kT, 2 * c}, bf, Device::CUDA);
-      double ms = time_ms([&] { ops::swiglu_forward(gu, y); });
+      double ms = stream_ms([&] { ops::swiglu_forward(gu, y); });
       results.push_back({label("swiglu fwd", kT, c) + " F=C", ms, 0, 3 * act, ""});
-      ms = time_ms([&] { ops::swiglu_backward(dy, gu, dgu); });
+      ms = stream_ms([&] { ops::swiglu_backward(dy, gu, dgu); });
       results.push_back({label("swiglu bwd", kT, c) + " F=C", ms, 0, 5 * act, ""});
     }
     {  // gelu
       Owned x = device_random({kT, c}, bf, 8), dy = device_random({kT, c}, bf, 9);
       Owned y = empty({kT, c}, bf, Device::CUDA);
-      double ms = time_ms([&] { ops::gelu_forward(x, y); });
+      double ms = stream_ms([&] { ops::gelu_forward(x, y); });
       results.push_back({label("gelu fwd", kT, c), ms, 0, 2 * act, ""});
-      ms = time_ms([&] { ops::gelu_backward(dy, x, y); });
+      ms = stream_ms([&] { ops::gelu_backward(dy, x, y); });
       results.push_back({label("gelu bwd", kT, c), ms, 0, 3 * act, ""});
     }
     {  // embedding: distinct rows read once (forward) / read + written once in f32 (backward)
@@ -147,10 +153,10 @@ BENCH_CASES("memory_bound") {
       // id check read back (the op's default: the host waits for the kernels).
       for (ops::IdCheck check : {ops::IdCheck::kTrusted, ops::IdCheck::kRaise}) {
         const std::string how = check == ops::IdCheck::kRaise ? "; + id-check read-back" : "";
-        double ms = time_ms([&] { ops::embedding_forward(ids, table, out, false, 0, 0, check); });
+        double ms = stream_ms([&] { ops::embedding_forward(ids, table, out, false, 0, 0, check); });
         results.push_back({label("embedding fwd", kT, c) + (check == ops::IdCheck::kRaise ? " checked" : ""), ms,
                            0, kT * 4.0 + rows * kB16 + act, note + how});
-        ms = time_ms([&] { ops::embedding_backward(ids, out, dtable, 0, 0, check); });
+        ms = stream_ms([&] { ops::embedding_backward(ids, out, dtable, 0, 0, check); });
         results.push_back({label("embedding bwd", kT, c) + (check == ops::IdCheck::kRaise ? " checked" : ""), ms,
                            0, kT * 4.0 + act + 2 * rows * kF32, note + how});
       }
@@ -175,31 +181,31 @@ BENCH_CASES("memory_bound") {
     const double ln_fwd = 4 * act + 2 * stat + 2 * vec;
     const double ln_bwd = 4 * act + 2 * stat + vec + 2 * grad;
     const std::string sep = "add + norm as separate kernels";
-    double ms = time_ms([&] { ops::rmsnorm_residual_forward(x, r, w, 1e-5f, sum, y, rstd); });
+    double ms = stream_ms([&] { ops::rmsnorm_residual_forward(x, r, w, 1e-5f, sum, y, rstd); });
     results.push_back({label("rmsnorm+residual fwd", t, c), ms, 0, rms_fwd, "fused"});
-    ms = time_ms([&] {
+    ms = stream_ms([&] {
       ops::add(x, r, sum);
       ops::rmsnorm_forward(sum, w, 1e-5f, y, rstd);
     });
     results.push_back({label("rmsnorm+residual fwd", t, c) + " separate", ms, 0, rms_fwd, sep});
-    ms = time_ms([&] { ops::rmsnorm_residual_backward(dy, sum, w, rstd, dres, dx, dw); });
+    ms = stream_ms([&] { ops::rmsnorm_residual_backward(dy, sum, w, rstd, dres, dx, dw); });
     results.push_back({label("rmsnorm+residual bwd", t, c), ms, 0, rms_bwd, "fused"});
-    ms = time_ms([&] {
+    ms = stream_ms([&] {
       ops::rmsnorm_backward(dy, sum, w, rstd, dx, dw);
       ops::add_inplace(dx, dres);
     });
     results.push_back({label("rmsnorm+residual bwd", t, c) + " separate", ms, 0, rms_bwd, sep});
-    ms = time_ms([&] { ops::layernorm_residual_forward(x, r, w, b, 1e-5f, sum, y, mean, rstd); });
+    ms = stream_ms([&] { ops::layernorm_residual_forward(x, r, w, b, 1e-5f, sum, y, mean, rstd); });
     results.push_back({label("layernorm+residual fwd", t, c), ms, 0, ln_fwd, "fused"});
-    ms = time_ms([&] {
+    ms = stream_ms([&] {
       ops::add(x, r, sum);
       ops::layernorm_forward(sum, w, b, 1e-5f, y, mean, rstd);
     });
     results.push_back({label("layernorm+residual fwd", t, c) + " separate", ms, 0, ln_fwd, sep});
-    ms = time_ms(
+    ms = stream_ms(
         [&] { ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db); });
     results.push_back({label("layernorm+residual bwd", t, c), ms, 0, ln_bwd, "fused"});
-    ms = time_ms([&] {
+    ms = stream_ms([&] {
       ops::layernorm_backward(dy, sum, w, mean, rstd, dx, dw, db);
       ops::add_inplace(dx, dres);
     });
@@ -208,12 +214,12 @@ BENCH_CASES("memory_bound") {
     // a GPT-2 block's norm backward and the output bias it feeds), fused and as a sum_rows after.
     Owned dbias = zeros({c}, f32, Device::CUDA);
     const double ln_bwd_sum = ln_bwd + 2 * c * kF32;
-    ms = time_ms([&] {
+    ms = stream_ms([&] {
       ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db, dbias);
     });
     results.push_back({label("layernorm+residual bwd + dx column sums", t, c), ms, 0, ln_bwd_sum,
                        "fused"});
-    ms = time_ms([&] {
+    ms = stream_ms([&] {
       ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db);
       ops::sum_rows(dx, dbias, 1.f);
     });
@@ -225,7 +231,7 @@ BENCH_CASES("memory_bound") {
   for (auto [t, n] : {std::pair<int64_t, int64_t>{32768, 768}, {32768, 2304}, {32768, 3072}, {16384, 2048}}) {
     Owned dy = device_random({t, n}, bf, 12);
     Owned db = zeros({n}, f32, Device::CUDA);
-    const double ms = time_ms([&] { ops::sum_rows(dy, db, 1.f); });
+    const double ms = stream_ms([&] { ops::sum_rows(dy, db, 1.f); });
     results.push_back({"sum_rows T=" + std::to_string(t) + " N=" + std::to_string(n), ms, 0,
                        t * n * kB16 + 2 * n * kF32, "bias gradient, f32 +="});
   }
