@@ -63,6 +63,7 @@ static __device__ __forceinline__ void map_pack(const T* a, const T* b, T* out, 
 template <typename T, int N, int U, typename Op, bool kBinary>
 static __global__ void __launch_bounds__(kThreads)
     map_kernel(const T* a, const T* b, T* out, int64_t n) {
+  wait_for_previous_kernel();
   const int64_t packs = n / N;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -127,6 +128,7 @@ static __device__ __forceinline__ void for_each_row_pack(int64_t rows, int64_t p
 template <typename T, int N>
 static __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(const T* gate_up, T* y, int64_t rows, int64_t f) {
+  wait_for_previous_kernel();
   for_each_row_pack(rows, f / N, [&](int64_t row, int64_t col) {
     const T* g = gate_up + row * 2 * f + col * N;
     float vg[N], vu[N], o[N];
@@ -141,6 +143,7 @@ static __global__ void __launch_bounds__(kThreads)
 template <typename T, int N>
 static __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(const T* dy, const T* gate_up, T* dgate_up, int64_t rows, int64_t f) {
+  wait_for_previous_kernel();
   for_each_row_pack(rows, f / N, [&](int64_t row, int64_t col) {
     const int64_t gi = row * 2 * f + col * N;
     float vd[N], vg[N], vu[N], dg[N], du[N];
@@ -180,9 +183,9 @@ static void launch_map(const Tensor& a, const Tensor* b, const Tensor& out, cons
     const auto grid = static_cast<unsigned>(
         std::max<int64_t>(1, ceil_div(ceil_div(items, kMapUnroll), kThreads)));
     if (vec)
-      map_kernel<T, V, kMapUnroll, Op, kBinary><<<grid, kThreads, 0, stream()>>>(pa, pb, po, n);
+      launch_dependent(map_kernel<T, V, kMapUnroll, Op, kBinary>, grid, kThreads, 0, pa, pb, po, n);
     else
-      map_kernel<T, 1, kMapUnroll, Op, kBinary><<<grid, kThreads, 0, stream()>>>(pa, pb, po, n);
+      launch_dependent(map_kernel<T, 1, kMapUnroll, Op, kBinary>, grid, kThreads, 0, pa, pb, po, n);
     check_launch(op);
   });
 }
@@ -227,9 +230,9 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
     const bool vec = f % V == 0 && aligned16(gu) && aligned16(py);
     const unsigned grid = stream_blocks(rows * (vec ? f / V : f), kThreads);
     if (vec)
-      swiglu_forward_kernel<T, V><<<grid, kThreads, 0, stream()>>>(gu, py, rows, f);
+      launch_dependent(swiglu_forward_kernel<T, V>, grid, kThreads, 0, gu, py, rows, f);
     else
-      swiglu_forward_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(gu, py, rows, f);
+      launch_dependent(swiglu_forward_kernel<T, 1>, grid, kThreads, 0, gu, py, rows, f);
     check_launch(op);
   });
 }
@@ -248,9 +251,9 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgat
     const bool vec = f % V == 0 && aligned16(pdy) && aligned16(gu) && aligned16(dgu);
     const unsigned grid = stream_blocks(rows * (vec ? f / V : f), kThreads);
     if (vec)
-      swiglu_backward_kernel<T, V><<<grid, kThreads, 0, stream()>>>(pdy, gu, dgu, rows, f);
+      launch_dependent(swiglu_backward_kernel<T, V>, grid, kThreads, 0, pdy, gu, dgu, rows, f);
     else
-      swiglu_backward_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(pdy, gu, dgu, rows, f);
+      launch_dependent(swiglu_backward_kernel<T, 1>, grid, kThreads, 0, pdy, gu, dgu, rows, f);
     check_launch(op);
   });
 }

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(256) dsum_kernel(const bf16* __restrict__ out,
                                                    float* __restrict__ dsum, int64_t rows,
                                                    int D, float* __restrict__ dq_accum,
                                                    int64_t T, int H) {
+  wait_for_previous_kernel();
   const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 8;
   const int sub = threadIdx.x % 8;
   float acc = 0.f;
@@ -74,6 +75,7 @@ template <int kD>
 __global__ void __launch_bounds__(256)
     dq_convert_kernel(const float* __restrict__ dq_accum, bf16* __restrict__ dq, int64_t T,
                       int64_t q_row, float scale) {
+  wait_for_previous_kernel();
   constexpr int kChunks = kD / 4;
   const int h = blockIdx.y;
   const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;  // t * kChunks + chunk
@@ -256,11 +258,11 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   const bool vec = d % 8 == 0 && aligned16(bp.dout) && aligned16(bp.fwd.out);
   const unsigned dsum_blocks = static_cast<unsigned>(ceil_div(rows, kRowsPerBlock));
   if (vec)
-    dsum_kernel<true><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows, k.head_dim,
-                                                         k.dq_accum, t, k.num_heads);
+    launch_dependent(dsum_kernel<true>, dsum_blocks, 256, 0, k.out, k.dout, k.dsum, rows,
+                     k.head_dim, k.dq_accum, t, k.num_heads);
   else
-    dsum_kernel<false><<<dsum_blocks, 256, 0, stream()>>>(k.out, k.dout, k.dsum, rows,
-                                                          k.head_dim, k.dq_accum, t, k.num_heads);
+    launch_dependent(dsum_kernel<false>, dsum_blocks, 256, 0, k.out, k.dout, k.dsum, rows,
+                     k.head_dim, k.dq_accum, t, k.num_heads);
   check_launch("dsum_kernel");
 
   if (!mma) {
@@ -275,7 +277,7 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
       flash::run_flash_bwd<kD>(k, l.g, stream());
     const dim3 grid(static_cast<unsigned>(ceil_div(t * (kD / 4), 256)),
                     static_cast<unsigned>(k.num_heads));
-    dq_convert_kernel<kD><<<grid, 256, 0, stream()>>>(k.dq_accum, k.dq, t, k.q_row, k.scale);
+    launch_dependent(dq_convert_kernel<kD>, grid, 256, 0, k.dq_accum, k.dq, t, k.q_row, k.scale);
   });
   check_launch("dq_convert_kernel");
 }

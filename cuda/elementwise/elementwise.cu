@@ -45,6 +45,7 @@ void expect_like(const Tensor& t, const Tensor& like, const char* op, const char
 // Runs op.one(i) over the scalar head and tail and op.vec(i) over the aligned body.
 template <typename Op>
 __global__ void map_kernel(Op op, int64_t n, int64_t head) {
+  wait_for_previous_kernel();
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t nvec = (n - head) / kE, tail = head + nvec * kE;
@@ -110,6 +111,7 @@ constexpr int kCastSpans = 4;
 
 __global__ void __launch_bounds__(kThreads) cast_bf16_f32_kernel(const bf16_t* src, float* dst,
                                                                  int64_t n, int64_t head) {
+  wait_for_previous_kernel();
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int lane = threadIdx.x & 31;
@@ -155,7 +157,7 @@ void launch_map(const Op& op, int64_t n, std::initializer_list<VecPtr> ptrs, con
   if (n == 0) return;
   const int64_t head = vector_head(ptrs, kE, n);
   const unsigned blocks = stream_blocks(vector_items(n, head, kE), kThreads);
-  map_kernel<<<blocks, kThreads, 0, stream()>>>(op, n, head);
+  launch_dependent(map_kernel<Op>, blocks, kThreads, 0, op, n, head);
   check_launch(name);
 }
 
@@ -163,7 +165,7 @@ void launch_cast_bf16_f32(const bf16_t* src, float* dst, int64_t n, int64_t head
   const int64_t spans = (n - head) / kCastSpan;
   const int blocks = persistent_grid(cast_bf16_f32_kernel, kThreads, 0,
                                      std::max<int64_t>(1, ceil_div(spans * 32, kThreads)));
-  cast_bf16_f32_kernel<<<blocks, kThreads, 0, stream()>>>(src, dst, n, head);
+  launch_dependent(cast_bf16_f32_kernel, blocks, kThreads, 0, src, dst, n, head);
   check_launch("cast_bf16_f32_kernel");
 }
 

@@ -93,6 +93,7 @@ template <typename T, int N, bool kAccumulate>
 static __global__ void __launch_bounds__(kFwdMaxThreads)
     embedding_forward_kernel(const int32_t* ids, const T* table, T* out, int64_t n, int64_t begin,
                              int64_t rows, int64_t vocab, int64_t cols, int* err) {
+  wait_for_previous_kernel();
   const int64_t packs = cols / N;
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const int32_t id = ids[row];
@@ -447,7 +448,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
     T* po = static_cast<T*>(out.data);
     auto go = [&](auto kernel) {
       const int grid = persistent_grid(kernel, threads, 0, n);
-      kernel<<<grid, threads, 0, stream()>>>(pid, tab, po, n, vocab_begin, rows, vocab, cols, err);
+      launch_dependent(kernel, grid, threads, 0, pid, tab, po, n, vocab_begin, rows, vocab, cols,
+                       err);
       check_launch("embedding_forward_kernel");
     };
     if (vec) {
@@ -509,8 +511,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   const bool short_sort = tiles <= kShortSortTiles;
   Buffer hist_buf(static_cast<size_t>(passes) * kDigits * tiles * sizeof(int), Device::CUDA);
   int* hist = static_cast<int*>(hist_buf.data());
-  radix_first_hist_kernel<<<static_cast<unsigned>(tiles), kSortTile, 0, stream()>>>(
-      pid, n, vocab_begin, rows, vocab, tiles, passes, short_sort, hist);
+  launch_dependent(radix_first_hist_kernel, static_cast<unsigned>(tiles), kSortTile, 0, pid, n,
+                   vocab_begin, rows, vocab, tiles, passes, short_sort, hist);
   check_launch("radix_first_hist_kernel");
   for (int q = 0; q < passes; ++q) {
     int* h = hist + static_cast<int64_t>(q) * kDigits * tiles;

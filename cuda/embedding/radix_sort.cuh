@@ -44,9 +44,7 @@ static __global__ void __launch_bounds__(kSortTile)
     radix_first_hist_kernel(const int32_t* ids, int64_t n, int64_t begin, int64_t rows,
                             int64_t vocab, int64_t tiles, int passes, bool tile_major, int* hist) {
   __shared__ int count[kDigits];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the first scatter
-#endif
+  wait_for_previous_kernel();  // and the first scatter may launch
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x) count[d] = 0;
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortTile + threadIdx.x;

@@ -96,6 +96,7 @@ static __device__ __forceinline__ void add_rounded(Pack<T, N>& x, const Pack<T, 
 template <typename T, int N, int K, bool kCentered, bool kResidual>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_forward_kernel(const NormFwdParams<T> p) {
+  wait_for_previous_kernel();
   __shared__ float smem[2 * 32];
   int phase = 0;
   const int64_t packs = p.cols / N;
@@ -200,6 +201,7 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
 template <typename T, int N, int K, bool kResidual>
 static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
     norm_forward_row_kernel(const NormFwdParams<T> p) {
+  wait_for_previous_kernel();
   __shared__ float smem[2 * 32];
   int phase = 0;
   const int packs = static_cast<int>(p.cols / N);
@@ -255,6 +257,7 @@ static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
 template <typename T, int N, int K>
 static __global__ void __launch_bounds__(kWarpRowWarps * 32)
     norm_forward_warp_kernel(const NormFwdParams<T> p) {
+  wait_for_previous_kernel();
   const int lane = threadIdx.x & 31;
   const int64_t row =
       static_cast<int64_t>(blockIdx.x) * kWarpRowWarps + static_cast<int>(threadIdx.x >> 5);
@@ -324,7 +327,7 @@ template <typename T, int K>
 static void launch_forward_warp(const NormFwdParams<T>& p) {
   constexpr int V = 16 / sizeof(T);
   const auto grid = static_cast<unsigned>(ceil_div(p.rows, kWarpRowWarps));
-  norm_forward_warp_kernel<T, V, K><<<grid, kWarpRowWarps * 32, 0, stream()>>>(p);
+  launch_dependent(norm_forward_warp_kernel<T, V, K>, grid, kWarpRowWarps * 32, 0, p);
   check_launch("layernorm_forward_kernel");
 }
 
@@ -348,8 +351,8 @@ static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
     if constexpr (!kCentered) {
       const int threads = round_up_warp(ceil_div(p.cols / V, 2));
       if (threads >= 64 && threads <= kRowThreads) {
-        norm_forward_row_kernel<T, V, 2, kResidual>
-            <<<static_cast<unsigned>(p.rows), static_cast<unsigned>(threads), 0, stream()>>>(p);
+        launch_dependent(norm_forward_row_kernel<T, V, 2, kResidual>, static_cast<unsigned>(p.rows),
+                         static_cast<unsigned>(threads), 0, p);
         return check_launch("rmsnorm_forward_kernel");
       }
     }
@@ -368,7 +371,7 @@ static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
     auto kernel =
         norm_forward_kernel<T, decltype(n)::value, decltype(k)::value, kCentered, kResidual>;
     const int grid = persistent_grid(kernel, plan.threads, 0, p.rows);
-    kernel<<<grid, plan.threads, 0, stream()>>>(p);
+    launch_dependent(kernel, grid, plan.threads, 0, p);
     check_launch(kCentered ? "layernorm_forward_kernel" : "rmsnorm_forward_kernel");
   });
 }

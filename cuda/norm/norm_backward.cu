@@ -41,7 +41,7 @@ template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool k
           bool kColSum>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_backward_kernel(const NormBwdParams<T> p) {
-  allow_dependents();  // the partial rows' sums (norm_param_grad_kernel) may launch now
+  wait_for_previous_kernel();  // and the partial rows' sums (norm_param_grad_kernel) may launch
   constexpr int S = D + 1;  // ring stages
   constexpr int kRegN = kSmemAcc ? 1 : N;
   constexpr int kRegC = kColSum && !kSmemAcc ? N : 1;  // dx sums in registers
@@ -232,7 +232,7 @@ static __device__ __forceinline__ int opaque(int v) {
 template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch, bool kColSum>
 static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMinBlocks<kPrefetch>)
     norm_backward_warp_kernel(const NormBwdParams<T> p) {
-  allow_dependents();  // the partial rows' sums (norm_param_grad_kernel) may launch now
+  wait_for_previous_kernel();  // and the partial rows' sums (norm_param_grad_kernel) may launch
   constexpr int C4 = N / 4;  // float4 per pack of column sums
   constexpr int kQuantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);  // dw (db) (dx sums)
   constexpr int kDxs = kCentered ? 2 : 1;                               // the dx sums' quantity
@@ -530,7 +530,7 @@ static void run_backward(Kernel kernel, int grid, int threads, size_t smem, Norm
     g.grad[u++] = grad;
     next += part;
   }
-  kernel<<<grid, threads, smem, stream()>>>(p);
+  launch_dependent(kernel, grid, threads, smem, p);
   check_launch(name);
   const dim3 rgrid(static_cast<unsigned>(ceil_div(p.cols, 4 * kGradGroups)),
                    static_cast<unsigned>(u));

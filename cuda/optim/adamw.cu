@@ -76,6 +76,7 @@ template <typename Copy>
 __global__ void adamw_kernel(Hyper h, const __grid_constant__ RunTable runs, float* param,
                              const float* grad, float* exp_avg, float* exp_avg_sq, Copy* copy,
                              int64_t n, int64_t head) {
+  wait_for_previous_kernel();
   constexpr bool kCopy = !std::is_void_v<Copy>;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -174,16 +175,16 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
         vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
     const unsigned blocks = stream_blocks(vector_items(len, head, kE), kThreads);
     if (!copy) {
-      adamw_kernel<void><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv, nullptr, len,
-                                                            head);
+      launch_dependent(adamw_kernel<void>, blocks, kThreads, 0, h, runs, pp, pg, pm, pv, nullptr,
+                       len, head);
       check_launch("adamw_kernel");
     } else if (compute_copy.dtype == DType::BF16) {
-      adamw_kernel<bf16_t><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv,
-                                                              static_cast<bf16_t*>(pc), len, head);
+      launch_dependent(adamw_kernel<bf16_t>, blocks, kThreads, 0, h, runs, pp, pg, pm, pv,
+                       static_cast<bf16_t*>(pc), len, head);
       check_launch("adamw_kernel<bf16 copy>");
     } else {
-      adamw_kernel<float><<<blocks, kThreads, 0, stream()>>>(h, runs, pp, pg, pm, pv,
-                                                             static_cast<float*>(pc), len, head);
+      launch_dependent(adamw_kernel<float>, blocks, kThreads, 0, h, runs, pp, pg, pm, pv,
+                       static_cast<float*>(pc), len, head);
       check_launch("adamw_kernel<f32 copy>");
     }
   }

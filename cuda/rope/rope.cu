@@ -91,6 +91,7 @@ static __global__ void __launch_bounds__(kThreads, kMinBlocks) rope_kernel(const
   for (int i = threadIdx.x; i < p.half; i += blockDim.x)
     inv_freq[i] = pow(static_cast<double>(p.theta),
                       -2.0 * static_cast<double>(i) / static_cast<double>(p.head_dim));
+  wait_for_previous_kernel();  // the angles' table is computed while the kernel ahead finishes
   __syncthreads();
   const Index item = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<Index>(p.items)) return;
@@ -141,9 +142,9 @@ static void launch(const RopeParams<T>& p, const char* op) {
   const size_t smem = static_cast<size_t>(p.half) * sizeof(double);
   const auto grid = static_cast<unsigned>(ceil_div(p.items, kThreads));
   if (p.items <= (int64_t{1} << 31))
-    rope_kernel<T, N, uint32_t><<<grid, kThreads, smem, stream()>>>(p);
+    launch_dependent(rope_kernel<T, N, uint32_t>, grid, kThreads, smem, p);
   else
-    rope_kernel<T, N, int64_t><<<grid, kThreads, smem, stream()>>>(p);
+    launch_dependent(rope_kernel<T, N, int64_t>, grid, kThreads, smem, p);
   check_launch(op);
 }
 
