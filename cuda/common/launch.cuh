@@ -85,17 +85,18 @@ int persistent_grid(Kernel kernel, int threads, size_t smem_bytes, int64_t rows)
 // Programmatic dependent launch (compute capability 9 and later; elsewhere an ordinary launch):
 // a kernel launched by launch_dependent may have its blocks resident before the kernel ahead of
 // it on the stream has finished, so its launch latency is hidden. It must call
-// wait_for_previous_kernel() before it reads anything an earlier kernel wrote: that waits for
+// wait_for_previous_kernel() before it reads anything an earlier kernel wrote or writes anything
+// an earlier kernel may still read (a buffer reused from the caching allocator): that waits for
 // the kernel ahead (and so every earlier one) to have finished and its writes to be visible, and
 // lets the next dependent launch at once. A kernel ahead may let its dependent launch early with
 // allow_dependents() (else that happens as its blocks exit). Outside such a launch all three
 // device calls are no-ops.
-// The memory-bound kernels (norms, RoPE, activations, element-wise maps and casts, sum_rows,
-// the embedding, AdamW, attention's dsum and dq_convert) are launched this way and call
-// wait_for_previous_kernel() first, before any global access, so they keep stream order; each
-// block then lets the next kernel launch, which happens once all of this kernel's blocks have
-// started: the next grid's launch and block placement overlap this one's last wave instead of
-// following its end. Back to back (`./bench memory_bound`) that measured 1-8 points of copy
+// The memory-bound kernels (norms, RoPE, activations, element-wise maps and casts, sum_rows
+// but its narrow path, the embedding, AdamW, attention's dsum and dq_convert) are launched this
+// way and call wait_for_previous_kernel() first, before any global access, so they keep stream
+// order (tests/kernels/test_stream_order.cpp); each block then lets the next kernel launch, which
+// happens once all of this kernel's blocks have started: the next grid's launch and block
+// placement overlap this one's last wave instead of following its end. Back to back (`./bench memory_bound`) that measured 1-8 points of copy
 // bandwidth more (docs/PERF.md). After a kernel that never lets its dependents launch early
 // (cuBLASLt's), the launch happens at its end as before.
 static __device__ __forceinline__ void allow_dependents() {

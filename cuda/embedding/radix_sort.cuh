@@ -25,9 +25,9 @@ static __device__ __forceinline__ uint32_t sort_key(int32_t id, int64_t begin, i
   return mine ? static_cast<uint32_t>(local) : static_cast<uint32_t>(rows);
 }
 
-// The backward's kernels after the first are launched as programmatic dependents of the kernel
-// ahead (launch_dependent, cuda/common/launch.cuh): their blocks may be resident before it
-// finishes; each calls wait_for_previous_kernel() before it reads what an earlier one wrote.
+// The backward's kernels are launched as programmatic dependents of the kernel ahead
+// (launch_dependent, cuda/common/launch.cuh): their blocks may be resident before it finishes;
+// each calls wait_for_previous_kernel() before it touches memory an earlier kernel used.
 
 // Where a pass's count of digit d in tile t lives: tile-major for short sorts (a scatter block
 // reads all tiles' counts, neighbouring lanes neighbouring digits: whole sectors), digit-major for

@@ -7,7 +7,7 @@
 //             dx = rstd (g - mean(g) - xhat mean(g xhat))        (mean(g): layernorm only)
 //             dweight += sum_t dy xhat,  dbias += sum_t dy
 // Kernels (measured on one H200, T = 16384, C = 2048 / 4096; docs/PERF.md):
-//   - rmsnorm forward (plain and residual), 16-byte packs, 128..512 packs: one row per block of
+//   - rmsnorm forward (plain and residual), 16-byte packs, 65..512 packs: one row per block of
 //     a plain grid, two packs per thread (norm_forward_row_kernel). Nothing is kept across rows,
 //     so a thread needs few registers (43-48 in bf16) and many blocks fit per multiprocessor:
 //     their loads are the bytes in flight. The weight packs are all asked for before the first
