@@ -2,6 +2,8 @@
 // measurements: norm.cu's header; shared pieces: norm_common.cuh).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -14,6 +16,7 @@ namespace engine::cuda {
 using namespace norm_detail;
 
 constexpr int kBwdMinPacks = 2;          // backward: at least 2 packs per thread where C allows
+constexpr int kRowGroups = 4;            // block-per-row plain layernorm backward: rows a block
 constexpr size_t kMaxAccSmem = 48 * 1024;  // backward: column sums in shared memory up to this
 // Second pass (the partial rows' sums): blocks of kGradLanes row lanes x kGradGroups groups of
 // 4 columns, kGradUnroll partial rows in flight per thread.
@@ -31,29 +34,46 @@ constexpr int kBwdWarpMinBlocks = kPrefetch ? 3 : 2;
 
 // Backward, one block per row of a persistent grid. The thread's packs (columns) are the same
 // in every row, so its weight packs stay in registers. Rows come through D + 1 register stages:
-// row r + D G (G = gridDim.x) is asked for before row r is reduced (D = 1; D = 0: no prefetch,
+// row r + D G (G = gridDim.x RG) is asked for before row r is reduced (D = 1; D = 0: no prefetch,
 // for the scalar variant and wide rows, where the stages would spill). xhat and g are recomputed
 // from the raw packs in the second pass rather than kept. kSmemAcc: the per-column sums of
 // dy xhat and dy live in shared memory (each thread owns its columns' float4 slots, so no barrier
 // or atomics) instead of registers, which leaves registers for more resident blocks. kColSum:
-// the same for the column sums of dx as stored (the residual forms' dx_colsum).
+// the same for the column sums of dx as stored (the residual forms' dx_colsum). RG > 1 (with
+// kSmemAcc): the block is RG groups of blockDim / RG threads, each group a row at a time (rows
+// b RG + grp, then every RG G-th), its row sums behind its own named barrier and its own column
+// sums, which the block adds in group order at the end: one partial row per RG rows in flight,
+// a quarter of the partial rows' traffic at RG = 4. Both passes use FMA forms: xhat = x rs +
+// (-mu rs), dx = g rs + (x a + b) with a = -rs^2 mean(g xhat), b = -a mu - rs mean(g): 9% fewer
+// instructions than (x - mu) rs and rs (g - mean(g) - xhat mean(g xhat)) (ncu, layernorm
+// C 2048). Their rounding differs from those forms' in the last bits (the mean's share of x is
+// rounded once in b): within the f32 tolerances of the tests.
 template <typename T, int N, int K, int D, bool kCentered, bool kSmemAcc, bool kResidual,
-          bool kColSum>
+          bool kColSum, int RG>
 static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThreads)
     norm_backward_kernel(const NormBwdParams<T> p) {
+  static_assert(RG == 1 || kSmemAcc, "row groups need the column sums in shared memory");
   wait_for_previous_kernel();  // and the partial rows' sums (norm_param_grad_kernel) may launch
   constexpr int S = D + 1;  // ring stages
+  // RG groups of B threads, each a row at a time: thread t of group grp.
+  const unsigned B = RG == 1 ? blockDim.x : blockDim.x / RG;
+  const unsigned t = RG == 1 ? threadIdx.x : threadIdx.x % B;
+  const int grp = RG == 1 ? 0 : static_cast<int>(threadIdx.x / B);
   constexpr int kRegN = kSmemAcc ? 1 : N;
   constexpr int kRegC = kColSum && !kSmemAcc ? N : 1;  // dx sums in registers
   constexpr int kDxSlot = (kCentered ? 2 : 1) * (N / 4);  // kSmemAcc: the dx sums' first float4
-  __shared__ float smem[2 * 32 * 2];
+  __shared__ float smem_all[RG][2 * 32 * 2];
+  float* smem = smem_all[grp];
   // kSmemAcc: dw, then db (kCentered), then the dx sums (kColSum); float4 c of pack q of the
-  // quantity starting at float4 b lives at (b + c) packs + q.
-  extern __shared__ float4 acc_smem[];
+  // quantity starting at float4 b lives at (b + c) packs + q, group grp's at grp slots + that.
+  extern __shared__ float4 acc_all[];
+  constexpr int kQuantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);
   int phase = 0;
   const int64_t packs = p.cols / N;
+  const int64_t slots = kQuantities * (N / 4) * packs;  // float4 per group (kSmemAcc)
+  float4* acc_smem = acc_all + (kSmemAcc ? grp * slots : 0);
   const float inv_cols = 1.f / static_cast<float>(p.cols);
-  auto pack_of = [&](int k) { return threadIdx.x + static_cast<int64_t>(k) * blockDim.x; };
+  auto pack_of = [&](int k) { return t + static_cast<int64_t>(k) * B; };
   float dw[K][kRegN], db[K][kRegN], dxs[K][kRegC];
   Pack<T, N> w[K];
 #pragma unroll
@@ -79,18 +99,20 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   Pack<T, N> xs[S][K], ds[S][K];
   float mus[S], rss[S];
   auto load = [&](int64_t r, Pack<T, N>(&xd)[K], Pack<T, N>(&dd)[K], float& mu, float& rs) {
-    load_row<T, N, K>(p.x, r, p.cols, packs, xd);
-    load_row<T, N, K>(p.dy, r, p.cols, packs, dd);
+    load_row<T, N, K>(p.x, r, p.cols, packs, xd, t, B);
+    load_row<T, N, K>(p.dy, r, p.cols, packs, dd, t, B);
     mu = kCentered ? p.mean[r] : 0.f;
     rs = p.rstd[r];
   };
-  const int64_t g = gridDim.x;
+  const int64_t g = static_cast<int64_t>(gridDim.x) * RG;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * RG + grp;
 #pragma unroll
   for (int s = 0; s < D; ++s)
-    if (blockIdx.x + s * g < p.rows) load(blockIdx.x + s * g, xs[s], ds[s], mus[s], rss[s]);
-  for (int64_t row = blockIdx.x; row < p.rows; row += g) {
+    if (first + s * g < p.rows) load(first + s * g, xs[s], ds[s], mus[s], rss[s]);
+  for (int64_t row = first; row < p.rows; row += g) {
     if (row + D * g < p.rows) load(row + D * g, xs[D], ds[D], mus[D], rss[D]);
     const float mu = mus[0], rs = rss[0];
+    const float nmr = -mu * rs;  // xhat = x rs + nmr
     float s[2] = {0.f, 0.f};  // sum g, sum g xhat
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -99,7 +121,8 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const float dv = to_float(ds[0][k].v[j]);
-          const float xh = (to_float(xs[0][k].v[j]) - mu) * rs;
+          const float xh = kCentered ? fmaf(to_float(xs[0][k].v[j]), rs, nmr)
+                                     : to_float(xs[0][k].v[j]) * rs;
           const float gv = dv * to_float(w[k].v[j]);
           s[0] += gv;
           s[1] += gv * xh;
@@ -128,10 +151,16 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
     // kResidual: this row's dresidual packs, asked for before the block sum's barrier.
     constexpr int KR = kResidual ? K : 1;
     Pack<T, N> dr[KR];
-    if constexpr (kResidual) load_row<T, N, K>(p.dresidual, row, p.cols, packs, dr);
-    block_sum(s, smem, phase);
+    if constexpr (kResidual) load_row<T, N, K>(p.dresidual, row, p.cols, packs, dr, t, B);
+    if constexpr (RG == 1)
+      block_sum(s, smem, phase);
+    else
+      group_sum(s, smem, phase, static_cast<int>(t), static_cast<int>(B), grp);
     const float mg = kCentered ? s[0] * inv_cols : 0.f;
     const float mgx = s[1] * inv_cols;
+    // dx = rs (g - mg - xhat mgx) = g rs + (x a + b): a = -rs^2 mgx, b = -a mu - rs mg.
+    const float ca = -rs * rs * mgx;
+    const float cb = kCentered ? fmaf(-ca, mu, -rs * mg) : 0.f;
     T* dxr = p.dx + row * p.cols;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -139,9 +168,10 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
         float o[N];
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float xh = (to_float(xs[0][k].v[j]) - mu) * rs;
           const float gv = to_float(ds[0][k].v[j]) * to_float(w[k].v[j]);
-          o[j] = rs * (gv - mg - xh * mgx);
+          const float xa = kCentered ? fmaf(to_float(xs[0][k].v[j]), ca, cb)
+                                     : to_float(xs[0][k].v[j]) * ca;
+          o[j] = fmaf(gv, rs, xa);
           if constexpr (kResidual)
             o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
         }
@@ -173,6 +203,27 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
       mus[s2] = mus[s2 + 1];
       rss[s2] = rss[s2 + 1];
     }
+  }
+  if constexpr (RG > 1) {
+    // The groups' sums added in group order: one partial row per block. Slot
+    // i = (u C4 + c) packs + q holds float4 c of pack q of quantity u (dw, db, the dx sums).
+    __syncthreads();
+    constexpr int C4 = N / 4;
+    const int64_t out = static_cast<int64_t>(blockIdx.x) * p.cols;
+    for (int64_t i = threadIdx.x; i < slots; i += blockDim.x) {
+      float4 a = acc_all[i];
+#pragma unroll
+      for (int r = 1; r < RG; ++r) {
+        const float4 b = acc_all[r * slots + i];
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      }
+      const int u = static_cast<int>(i / (C4 * packs));
+      const int64_t rem = i % (C4 * packs), q = rem % packs;
+      const int c = static_cast<int>(rem / packs);
+      float* dst = u == 0 ? p.partial_dw : (kCentered && u == 1) ? p.partial_db : p.partial_dxs;
+      if (dst) reinterpret_cast<float4*>(dst + out + q * N)[c] = a;
+    }
+    return;
   }
   float* pdw = p.partial_dw + static_cast<int64_t>(blockIdx.x) * p.cols;
   float* pdb = p.partial_db ? p.partial_db + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
@@ -300,6 +351,7 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
         if (lane + 32 * k < packs) dr[k] = rr[lane + 32 * k];
     }
     const float mu = muc, rs = rsc;
+    const float nmr = -mu * rs;  // xhat = x rs + nmr (the FMA forms of norm_backward_kernel)
     float s[2] = {0.f, 0.f};  // sum g, sum g xhat
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -310,7 +362,8 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const float dv = to_float(dc[k].v[j]);
-          const float xh = (to_float(xc[k].v[j]) - mu) * rs;
+          const float xh = kCentered ? fmaf(to_float(xc[k].v[j]), rs, nmr)
+                                     : to_float(xc[k].v[j]) * rs;
           const float gv = dv * to_float(wk.v[j]);
           s[0] += gv;
           s[1] += gv * xh;
@@ -332,6 +385,8 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
     warp_sum(s);
     const float mg = kCentered ? s[0] * inv_cols : 0.f;
     const float mgx = s[1] * inv_cols;
+    const float ca = -rs * rs * mgx;  // dx = g rs + (x ca + cb)
+    const float cb = kCentered ? fmaf(-ca, mu, -rs * mg) : 0.f;
     Pack<T, N>* dxr = reinterpret_cast<Pack<T, N>*>(p.dx + row * p.cols);
     const int lane2 = opaque(lane);  // the weight packs read again, not kept
 #pragma unroll
@@ -342,9 +397,10 @@ static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMin
         float o[N];
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float xh = (to_float(xc[k].v[j]) - mu) * rs;
           const float gv = to_float(dc[k].v[j]) * to_float(wk.v[j]);
-          o[j] = rs * (gv - mg - xh * mgx);
+          const float xa = kCentered ? fmaf(to_float(xc[k].v[j]), ca, cb)
+                                     : to_float(xc[k].v[j]) * ca;
+          o[j] = fmaf(gv, rs, xa);
           if constexpr (kResidual)
             o[j] = __fadd_rn(to_float(from_float<T>(o[j])), to_float(dr[k].v[j]));
         }
@@ -617,16 +673,30 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
         constexpr int quantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);
         const size_t acc_bytes = static_cast<size_t>(p.cols) * sizeof(float) * quantities;
         if (acc_bytes <= kMaxAccSmem) {
-          constexpr auto kernel = norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual,
-                                                       kColSum>;
-          // Up to kMaxAccSmem besides the kernel's static 512 bytes: past the default 48 KB
-          // (three sums at C = 4096: a launch error without the attribute).
-          allow_dynamic_smem<kernel>(acc_bytes);
-          return run(kernel, acc_bytes);
+          auto grouped = [&](auto groups) {
+            constexpr int RG = decltype(groups)::value;
+            constexpr auto kernel = norm_backward_kernel<T, N, K, 1, kCentered, true, kResidual,
+                                                         kColSum, RG>;
+            // Up to kMaxAccSmem a group besides the kernel's static bytes: past the default 48
+            // KB (three sums at C = 4096: a launch error without the attribute).
+            const size_t smem = RG * acc_bytes;
+            allow_dynamic_smem<kernel>(smem);
+            const int threads = RG * plan.threads;
+            const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, RG));
+            run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, dx_colsum, name);
+          };
+          // The plain layernorm in 128-thread rows: four rows a block (a quarter of the
+          // partial rows; measured faster, see norm.cu). The other forms: one (the residual
+          // ones hit the register cap with groups and measured slower, rmsnorm too).
+          if constexpr (kCentered && !kResidual && !kColSum) {
+            if (kRowGroups * plan.threads <= kMaxVecThreads)
+              return grouped(std::integral_constant<int, kRowGroups>{});
+          }
+          return grouped(std::integral_constant<int, 1>{});
         }
-        return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual, kColSum>, 0);
+        return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual, kColSum, 1>, 0);
       } else {
-        return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual, kColSum>, 0);
+        return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual, kColSum, 1>, 0);
       }
     });
   };

@@ -45,6 +45,26 @@ __device__ __forceinline__ void block_sum(float (&v)[M], float* smem, int& phase
   warp_sum(v);
 }
 
+// block_sum over the `threads` threads (a multiple of 32) of group `group` of a block split into
+// groups, thread i of the group being i: named barrier 1 + group instead of __syncthreads, smem
+// the group's own 2 x (32 M) floats.
+template <int M>
+__device__ __forceinline__ void group_sum(float (&v)[M], float* smem, int& phase, int i,
+                                          int threads, int group) {
+  warp_sum(v);
+  float* buf = smem + (phase & 1) * 32 * M;
+  ++phase;
+  const int lane = i & 31, warp = i >> 5, warps = threads >> 5;
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) buf[m * 32 + warp] = v[m];
+  }
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads) : "memory");
+#pragma unroll
+  for (int m = 0; m < M; ++m) v[m] = lane < warps ? buf[m * 32 + lane] : 0.f;
+  warp_sum(v);
+}
+
 template <typename T>
 struct NormFwdParams {
   const T* x;       // (rows, cols)
@@ -74,16 +94,23 @@ struct NormBwdParams {
   int64_t rows, cols;
 };
 
-// Packs i, i + B, ..., i + (K-1) B of row `row` (those below `packs`) into registers, raw.
+// Packs i, i + B, ..., i + (K-1) B of row `row` (those below `packs`) into registers, raw:
+// i = thread of B (by default the block's).
 template <typename T, int N, int K>
 __device__ __forceinline__ void load_row(const T* base, int64_t row, int64_t cols,
-                                                int64_t packs, Pack<T, N> (&dst)[K]) {
+                                                int64_t packs, Pack<T, N> (&dst)[K],
+                                                unsigned i, unsigned b) {
   const Pack<T, N>* r = reinterpret_cast<const Pack<T, N>*>(base + row * cols);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    const int64_t q = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t q = i + static_cast<int64_t>(k) * b;
     if (q < packs) dst[k] = r[q];
   }
+}
+template <typename T, int N, int K>
+__device__ __forceinline__ void load_row(const T* base, int64_t row, int64_t cols,
+                                                int64_t packs, Pack<T, N> (&dst)[K]) {
+  load_row<T, N, K>(base, row, cols, packs, dst, threadIdx.x, blockDim.x);
 }
 
 struct RowPlan {
