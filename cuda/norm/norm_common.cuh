@@ -26,31 +26,13 @@ __device__ __forceinline__ void warp_sum(float (&v)[M]) {
     for (int m = 0; m < M; ++m) v[m] += __shfl_xor_sync(0xffffffffu, v[m], o);
 }
 
-// Sum of v over the block, the same bits in every thread. smem holds 2 x (32 M) floats used in
-// turn (phase), so one barrier per call suffices: a half is written again two calls later, only
-// after every warp passed the barrier of the call in between, hence after it read that half.
-template <int M>
-__device__ __forceinline__ void block_sum(float (&v)[M], float* smem, int& phase) {
-  warp_sum(v);
-  float* buf = smem + (phase & 1) * 32 * M;
-  ++phase;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (lane == 0) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) buf[m * 32 + warp] = v[m];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int m = 0; m < M; ++m) v[m] = lane < warps ? buf[m * 32 + lane] : 0.f;
-  warp_sum(v);
-}
-
-// block_sum over the `threads` threads (a multiple of 32) of group `group` of a block split into
-// groups, thread i of the group being i: named barrier 1 + group instead of __syncthreads, smem
-// the group's own 2 x (32 M) floats.
-template <int M>
-__device__ __forceinline__ void group_sum(float (&v)[M], float* smem, int& phase, int i,
-                                          int threads, int group) {
+// Sum of v over `threads` threads (a multiple of 32; thread i of them), the same bits in every
+// thread; sync() is their barrier. smem holds 2 x (32 M) floats used in turn (phase), so one
+// barrier per call suffices: a half is written again two calls later, only after every warp
+// passed the barrier of the call in between, hence after it read that half.
+template <int M, typename Sync>
+__device__ __forceinline__ void threads_sum(float (&v)[M], float* smem, int& phase, int i,
+                                            int threads, Sync sync) {
   warp_sum(v);
   float* buf = smem + (phase & 1) * 32 * M;
   ++phase;
@@ -59,10 +41,26 @@ __device__ __forceinline__ void group_sum(float (&v)[M], float* smem, int& phase
 #pragma unroll
     for (int m = 0; m < M; ++m) buf[m * 32 + warp] = v[m];
   }
-  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads) : "memory");
+  sync();
 #pragma unroll
   for (int m = 0; m < M; ++m) v[m] = lane < warps ? buf[m * 32 + lane] : 0.f;
   warp_sum(v);
+}
+
+// ... over the block.
+template <int M>
+__device__ __forceinline__ void block_sum(float (&v)[M], float* smem, int& phase) {
+  threads_sum(v, smem, phase, threadIdx.x, blockDim.x, [] { __syncthreads(); });
+}
+
+// ... over group `group` of `threads` threads of a block split into groups (thread i of the
+// group), behind named barrier 1 + group; smem is the group's own.
+template <int M>
+__device__ __forceinline__ void group_sum(float (&v)[M], float* smem, int& phase, int i,
+                                          int threads, int group) {
+  threads_sum(v, smem, phase, i, threads, [group, threads] {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads) : "memory");
+  });
 }
 
 template <typename T>
