@@ -88,23 +88,16 @@ int persistent_grid(Kernel kernel, int threads, size_t smem_bytes, int64_t rows)
 // wait_for_previous_kernel() before it reads anything an earlier kernel wrote or writes anything
 // an earlier kernel may still read (a buffer reused from the caching allocator): that waits for
 // the kernel ahead (and so every earlier one) to have finished and its writes to be visible, and
-// lets the next dependent launch at once. A kernel ahead may let its dependent launch early with
-// allow_dependents() (else that happens as its blocks exit). Outside such a launch all three
-// device calls are no-ops.
+// lets the next dependent launch at once. Outside such a launch it is a no-op.
 // The memory-bound kernels (norms, RoPE, activations, element-wise maps and casts, sum_rows
 // but its narrow path, the embedding, AdamW, attention's dsum and dq_convert) are launched this
 // way and call wait_for_previous_kernel() first, before any global access, so they keep stream
-// order (tests/kernels/test_stream_order.cpp); each block then lets the next kernel launch, which
-// happens once all of this kernel's blocks have started: the next grid's launch and block
-// placement overlap this one's last wave instead of following its end. Back to back (`./bench memory_bound`) that measured 1-8 points of copy
-// bandwidth more (docs/PERF.md). After a kernel that never lets its dependents launch early
-// (cuBLASLt's), the launch happens at its end as before.
-static __device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
+// order (tests/kernels/test_stream_order.cpp); each block then lets the next kernel launch,
+// which happens once all of this kernel's blocks have started: the next grid's launch and block
+// placement overlap this one's last wave instead of following its end. Back to back
+// (`./bench memory_bound`) that measured 1-8 points of copy bandwidth more (docs/PERF.md).
+// After a kernel that never lets its dependents launch early (cuBLASLt's), the launch happens
+// at its end as before.
 static __device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

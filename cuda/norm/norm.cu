@@ -50,7 +50,7 @@
 //     T = 16384, C = 2048). The residual forms and rmsnorm keep one row a block (with groups:
 //     65-67% and 85-86% against 85% and 87%; the residual ones, at the 128-register cap, split
 //     their 16-byte stores). Both backward kernels compute xhat and dx in FMA forms (9% fewer
-//     instructions; +0.4-1.8 points);
+//     instructions; +0.4-1.8 points).
 // Residual forms (kResidual): the forward loads the residual's packs beside x's, adds them in f32
 // and rounds to T in registers (the add kernel's arithmetic), writes that pack to sum and
 // normalises it unchanged; the backward loads dresidual's packs before the row's sums and adds

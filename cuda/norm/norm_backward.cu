@@ -2,8 +2,6 @@
 // measurements: norm.cu's header; shared pieces: norm_common.cuh).
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
