@@ -82,6 +82,18 @@ int persistent_grid(Kernel kernel, int threads, size_t smem_bytes, int64_t rows)
   return static_cast<int>(std::min(rows, resident));
 }
 
+// The fewest of `blocks` blocks that take `rows` rows (or rounds of rows) in as many rounds as
+// all of them would: every block then has the same number of rows, within one. A grid-stride
+// loop on the full grid leaves its last round to part of the blocks when rows is not a multiple
+// of it. Measured (one H200, docs/PERF.md): the warp-per-row norm backward at T = 32768, C = 768
+// (15.5 rows a warp on the full grid) gains 0.5-1 point of copy bandwidth; the block-per-row
+// norm kernels and the embedding forward lost 0.3-2 points with it (fewer multiprocessors busy
+// for the whole kernel costs more there than a short last round), so they keep the full grid.
+inline int64_t balanced_blocks(int64_t rows, int64_t blocks) {
+  if (rows <= 0 || blocks <= 0) return std::max<int64_t>(blocks, 1);
+  return ceil_div(rows, ceil_div(rows, blocks));
+}
+
 // Programmatic dependent launch (compute capability 9 and later; elsewhere an ordinary launch):
 // a kernel launched by launch_dependent may have its blocks resident before the kernel ahead of
 // it on the stream has finished, so its launch latency is hidden. It must call
