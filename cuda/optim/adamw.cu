@@ -173,20 +173,22 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
     void* pc = copy ? static_cast<char*>(compute_copy.data) + begin * copy_elem : nullptr;
     const int64_t head =
         vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
-    const unsigned blocks = stream_blocks(vector_items(len, head, kE), kThreads);
-    if (!copy) {
-      launch_dependent(adamw_kernel<void>, blocks, kThreads, 0, h, runs, pp, pg, pm, pv, nullptr,
-                       len, head);
-      check_launch("adamw_kernel");
-    } else if (compute_copy.dtype == DType::BF16) {
-      launch_dependent(adamw_kernel<bf16_t>, blocks, kThreads, 0, h, runs, pp, pg, pm, pv,
-                       static_cast<bf16_t*>(pc), len, head);
-      check_launch("adamw_kernel<bf16 copy>");
-    } else {
-      launch_dependent(adamw_kernel<float>, blocks, kThreads, 0, h, runs, pp, pg, pm, pv,
-                       static_cast<float*>(pc), len, head);
-      check_launch("adamw_kernel<f32 copy>");
-    }
+    // One wave of the blocks that fit at once (44 registers a thread: 5 blocks a
+    // multiprocessor), not stream_blocks' 8: with 8 a second, partial wave followed the first.
+    // One H200, 256M elements: 89.6-90.1 -> 92.0-92.3% of copy with the bf16 copy, 89.6-89.9 ->
+    // 93.2-93.3% without.
+    const int64_t want = ceil_div(vector_items(len, head, kE), kThreads);
+    auto go = [&](auto kernel, auto* pcopy, const char* name) {
+      const auto blocks = static_cast<unsigned>(persistent_grid(kernel, kThreads, 0, want));
+      launch_dependent(kernel, blocks, kThreads, 0, h, runs, pp, pg, pm, pv, pcopy, len, head);
+      check_launch(name);
+    };
+    if (!copy)
+      go(adamw_kernel<void>, static_cast<void*>(nullptr), "adamw_kernel");
+    else if (compute_copy.dtype == DType::BF16)
+      go(adamw_kernel<bf16_t>, static_cast<bf16_t*>(pc), "adamw_kernel<bf16 copy>");
+    else
+      go(adamw_kernel<float>, static_cast<float*>(pc), "adamw_kernel<f32 copy>");
   }
 }
 
