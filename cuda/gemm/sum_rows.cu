@@ -301,7 +301,10 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
     // A programmatic dependent of the kernel ahead (its blocks resident before that one ends),
     // except for narrow matrices: at 32768 x 768 that measured 79.1-79.4% of copy against
     // 80.9-81.1% launched plainly (back to back, docs/PERF.md), 2304 / 3072 / 16384 x 2048
-    // columns 94.5 / 97.7 / 81.1% against 90.6 / 94.4 / 74.9%.
+    // columns 94.5 / 97.7 / 81.1% against 90.6 / 94.4 / 74.9%. (Likely the trap in the register
+    // note above column_sums_kernel: the narrow kernel takes 120-124 registers, two blocks fit a
+    // multiprocessor, so an early grid of two a multiprocessor finds no free slot beside the
+    // kernel ahead. Not measured separately.)
     if (tiles <= kNarrowTiles)
       kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
                                               partial, ld, counters, static_cast<Out*>(out.data),
