@@ -14,10 +14,11 @@
 //   chunks' partials in a fixed order: thread group g of G adds chunks g, g + G, ... four
 //   columns at a time, U loads in flight (12; 24 for narrow matrices, so at 32768 x 768 the 88
 //   chunks' partials are asked for at once), the last round predicated; then the G group sums
-//   are added in group order, beta * out (loaded by every block at its start, so the last one
-//   does not wait for it at the end: 32768 x 768 82-85% -> 89-98% of copy, the wide cases +0.2-
-//   1.5 points) is added, and the block resets the counter for the next call. Which block comes last changes nothing in the order; the chunk count depends on (M, N)
-//   and the device only.
+//   are added in group order, beta * out is added (loaded by every block at its start, so the
+//   last one does not wait for it at the end: 32768 x 768 82-85% -> 88-98% of copy, noisy; the
+//   wide cases +0.1-0.7 points), and the block resets the counter for the next call. Which
+//   block comes last changes nothing in the order; the chunk count depends on (M, N) and the
+//   device only.
 //   Measured on one H200 (bench memory_bound, share of copy on the bytes of x): against the
 //   two-pass version it replaced (pass 1 with one wave of resident blocks writing partials, a
 //   second kernel adding them), 32768 x 768 61.5-70.4% against 57-64%, 2304 and 3072 columns

@@ -26,7 +26,8 @@
 //     loads each row at the top of its iteration, 8 warps per block, 16 warps per multiprocessor
 //     (128 registers); f32 loads the warp's next row before this one is reduced, 4 warps per
 //     block. The grid is trimmed so that every warp has the same number of rows
-//     (balanced_blocks: 256 blocks instead of 264 at T = 32768, C = 768, +0.5-1 point). Layernorm+residual at T = 32768, C = 768 (bf16): 78.9 / 79.4% of copy in two runs
+//     (balanced_blocks: 256 blocks instead of 264 at T = 32768, C = 768, +0.5-1 point).
+//     Layernorm+residual at T = 32768, C = 768 (bf16): 78.9 / 79.4% of copy in two runs
 //     against 69.1 / 68.3% for the block per row; rmsnorm+residual 80.1 / 81.7% against 72.5 /
 //     71.8%. Variants measured slower there: the next row prefetched (12 warps fit: 75.1 /
 //     74.8%), the column sums in shared memory (76.2 / 76.2%), the same at 24 warps per

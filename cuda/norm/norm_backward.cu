@@ -667,9 +667,11 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
       // (The f32 scalar variants spill a little, with or without kColSum; bf16 ones do not.)
       constexpr bool kPrefetch = N > 1 && K * N * sizeof(T) <= 32;
       const char* name = kCentered ? "layernorm_backward_kernel" : "rmsnorm_backward_kernel";
-      auto run = [&](auto kernel, size_t smem) {
-        const int grid = persistent_grid(kernel, plan.threads, smem, p.rows);
-        run_backward<T>(kernel, grid, plan.threads, smem, p, dweight, dbias, dx_colsum, name);
+      // The kernel on a persistent grid of blocks of rg rows at a time (rg row groups).
+      auto run = [&](auto kernel, size_t smem, int rg) {
+        const int threads = rg * plan.threads;
+        const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, rg));
+        run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, dx_colsum, name);
       };
       if constexpr (kPrefetch) {
         constexpr int quantities = (kCentered ? 2 : 1) + (kColSum ? 1 : 0);
@@ -683,9 +685,7 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
             // KB (three sums at C = 4096: a launch error without the attribute).
             const size_t smem = RG * acc_bytes;
             allow_dynamic_smem<kernel>(smem);
-            const int threads = RG * plan.threads;
-            const int grid = persistent_grid(kernel, threads, smem, ceil_div(p.rows, RG));
-            run_backward<T>(kernel, grid, threads, smem, p, dweight, dbias, dx_colsum, name);
+            run(kernel, smem, RG);
           };
           // The plain layernorm in 128-thread rows: four rows a block (a quarter of the
           // partial rows; measured faster, see norm.cu). The other forms: one (the residual
@@ -696,9 +696,11 @@ static void launch_backward(NormBwdParams<T> p, const RowPlan& plan, float* dwei
           }
           return grouped(std::integral_constant<int, 1>{});
         }
-        return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual, kColSum, 1>, 0);
+        return run(norm_backward_kernel<T, N, K, 1, kCentered, false, kResidual, kColSum, 1>, 0,
+                   1);
       } else {
-        return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual, kColSum, 1>, 0);
+        return run(norm_backward_kernel<T, N, K, 0, kCentered, false, kResidual, kColSum, 1>, 0,
+                   1);
       }
     });
   };

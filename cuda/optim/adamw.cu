@@ -175,7 +175,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
         vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
     // One wave of the blocks that fit at once (44 registers a thread: 5 blocks a
     // multiprocessor), not stream_blocks' 8: with 8 a second, partial wave followed the first.
-    // One H200, 256M elements: 89.6-90.1 -> 92.0-92.3% of copy with the bf16 copy, 89.6-89.9 ->
+    // One H200, 256M elements: 89.6-90.1 -> 92.0-92.3% of copy with the bf16 copy, 89.4-89.9 ->
     // 93.2-93.3% without.
     const int64_t want = std::max<int64_t>(1, ceil_div(vector_items(len, head, kE), kThreads));
     auto go = [&](auto kernel, auto* pcopy, const char* name) {
