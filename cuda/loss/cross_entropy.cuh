@@ -19,8 +19,9 @@
 //   Regs       a cluster of 1-8 blocks per row as Cluster, each holding its slice in registers
 //              (threads x reg_vecs 16-byte vectors), the part of a slice beyond them in shared
 //              memory: read once, written once, with more of the row on chip per multiprocessor
-// Auto picks by the row size (never Regs, always the Barrier exchange for now); tests and
-// benchmarks may force a path, a cluster size, (Regs) a block shape and the exchange.
+// Auto picks by the row size (never Regs; clusters of more than one block exchange by Push
+// where the slice fits, else Barrier); tests and benchmarks may force a path, a cluster size,
+// (Regs) a block shape and the exchange.
 // Plain C++ declarations: includable from g++-built files.
 #pragma once
 #include <cstdint>
