@@ -27,7 +27,10 @@ static __device__ __forceinline__ uint32_t sort_key(int32_t id, int64_t begin, i
 
 // The backward's kernels are launched as programmatic dependents of the kernel ahead
 // (launch_dependent, cuda/common/launch.cuh): their blocks may be resident before it finishes;
-// each calls wait_for_previous_kernel() before it touches memory an earlier kernel used.
+// each calls wait_for_previous_kernel() before it touches memory the kernel ahead writes. The
+// first scatter reads the op's ids (and may record a bad one in the error flag) before its
+// wait: the histogram kernel ahead lets it launch only after waiting for every earlier kernel,
+// and neither kernel writes the ids or the flag.
 
 // Where a pass's count of digit d in tile t lives: tile-major for short sorts (a scatter block
 // reads all tiles' counts, neighbouring lanes neighbouring digits: whole sectors), digit-major for

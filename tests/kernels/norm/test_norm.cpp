@@ -41,12 +41,16 @@ struct NormCase {
 // of 8, 64, 264, 320, 768 and 1000 columns: bf16 1, 1, 2, 2, 3 and 4 packs per lane (8 and 264
 // with idle lanes), f32 1, 1, 3, 3 (768 and 1000: the block kernel); the cases of a few thousand
 // rows give each warp several rows (the next row's prefetch, the per-lane column sums over rows).
+// The plain layernorm backward's four-row blocks (128-thread rows: bf16 C 1025..2048, f32 C
+// 513..1024) run at 2048 (bf16, a row a group), 768 and 1000 (f32, several rows a group and a
+// remainder) and 1032 (bf16: 129 packs in 96 threads of 2, so idle packs, and 2051 rows).
 const std::vector<NormCase> kCases = {{1, 11, 0},     {7, 64, 0},    {1000, 2047, 0},
                                       {300, 4096, 0}, {3, 8192, 0},  {5, 8190, 0},
                                       {33, 64, 1},    {6, 2047, 1},  {2, 768, 1},
                                       {5, 320, 0},    {9, 768, 0},   {64, 2048, 0},
                                       {2, 8, 0},      {4099, 768, 0}, {3301, 264, 0},
-                                      {3, 1000, 0},   {3333, 1000, 0}, {2999, 64, 0}};
+                                      {3, 1000, 0},   {3333, 1000, 0}, {2999, 64, 0},
+                                      {2051, 1032, 0}};
 
 Owned random_x(const NormCase& k) {
   Owned x = randn({k.t, k.c}, DType::F32, "norm.x");
