@@ -5,15 +5,11 @@
 //   conv fwd: x, y                      conv bwd: x, dy, dx            (+ the (Di, K) weights)
 //   scan fwd: x, dt, z, y, B, C         scan bwd: x, dt, z, dy, dx, ddt, dz, B, C, dB, dC
 // (parameters and their f32 gradients are a few hundred KB; the scan's chunk states, which the
-// design adds, are in the note). The scan is bound by exp: one ex2 per (token, channel, state)
-// per pass, two passes forward, three backward (see cuda/mamba/scan.cu), at 16 ex2 per clock and
-// multiprocessor. The scan runs once per implementation variant (cuda/mamba/scan.cuh), named in
-// its line ("scan fwd lean-poly2 ..."); the one-pass forwards (docs*) take one exp per element.
-// The last case is the whole layer (C = 2048, its GEMMs included) forward + backward, for scale.
-// Measured on one H200 (both shapes within 1%): conv1d fwd 0.37 ms (34% of copy), bwd 0.89 ms
-// (21%); scan fwd 2.17 ms (11.6%), bwd 8.27 ms (5.3%); layer fwd+bwd 19.1 ms (1.71M tokens/s).
-// PyTorch on the same machine (scripts/bench_torch_mamba.py): the HF slow-path scan forward,
-// eager, 8 x 4096: 535 ms; conv1d fwd eager 1.80 ms, compiled 1.66 ms; fwd+bwd 5.0 / 4.5 ms.
+// design adds, are in the note). The scan is bound by exp and instruction issue: one ex2 per
+// (token, channel, state) per pass, two passes forward, three backward (see cuda/mamba/scan.cu),
+// at 16 ex2 per clock and multiprocessor. The last case is the whole layer (C = 2048, its GEMMs
+// included) forward + backward, for scale. Figures, and PyTorch's on the same shapes
+// (scripts/bench_torch_mamba.py): docs/PERF.md.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +22,6 @@
 #include "core/buffer.h"
 #include "core/params.h"
 #include "cuda/common/device.cuh"
-#include "cuda/mamba/scan.cuh"
 #include "layers/mamba.h"
 #include "ops/mamba.h"
 #endif
@@ -119,33 +114,18 @@ BENCH_CASES("mamba") {
     const double state_bytes = static_cast<double>(chunks) * kN * kDi * 4;
     const double exps = static_cast<double>(T) * kDi * kN;
     char note[160];
-    // One line per implementation variant (cuda/mamba/scan.cuh); the layer case below runs the
-    // default.
-    const cuda::ScanVariant saved = cuda::scan_variant();
-    for (cuda::ScanForward f : cuda::kScanForwards) {
-      cuda::set_scan_variant({f, saved.backward});
-      const bool one_pass = cuda::one_pass(f);
-      ms = time_ms([&] { ops::selective_scan_forward(a, y, states); });
-      std::snprintf(note, sizeof note, "chunk states %.0f MB written; %.2f T exps/s (%d per element)",
-                    state_bytes / 1e6, (one_pass ? 1 : 2) * exps / (ms * 1e-3) / 1e12, one_pass ? 1 : 2);
-      results.push_back({label((std::string("scan fwd ") + cuda::scan_variant_name(f)).c_str(), seqs, len, kDi),
-                         ms, 0, 4 * act + 2 * bcb, note});
-    }
-    cuda::set_scan_variant(saved);
-    ops::selective_scan_forward(a, y, states);  // the backward's chunk states, from the default
-    for (cuda::ScanBackward b : cuda::kScanBackwards) {
-      cuda::set_scan_variant({saved.forward, b});
-      ms = time_ms([&] {
-        ops::selective_scan_backward(a, dy, states,
-                                     {dxc, ddt, ops::ColumnBlock(dbc, 0, kN), ops::ColumnBlock(dbc, kN, kN),
-                                      ops::ColumnBlock(dxz, kDi, kDi), da, dd, dbias});
-      });
-      std::snprintf(note, sizeof note, "chunk states %.0f MB read; %.2f T exps/s (3 per element)",
-                    state_bytes / 1e6, 3 * exps / (ms * 1e-3) / 1e12);
-      results.push_back({label((std::string("scan bwd ") + cuda::scan_variant_name(b)).c_str(), seqs, len, kDi),
-                         ms, 0, 7 * act + 4 * bcb, note});
-    }
-    cuda::set_scan_variant(saved);
+    ms = time_ms([&] { ops::selective_scan_forward(a, y, states); });
+    std::snprintf(note, sizeof note, "chunk states %.0f MB written; %.2f T exps/s (2 per element)",
+                  state_bytes / 1e6, 2 * exps / (ms * 1e-3) / 1e12);
+    results.push_back({label("scan fwd", seqs, len, kDi), ms, 0, 4 * act + 2 * bcb, note});
+    ms = time_ms([&] {
+      ops::selective_scan_backward(a, dy, states,
+                                   {dxc, ddt, ops::ColumnBlock(dbc, 0, kN), ops::ColumnBlock(dbc, kN, kN),
+                                    ops::ColumnBlock(dxz, kDi, kDi), da, dd, dbias});
+    });
+    std::snprintf(note, sizeof note, "chunk states %.0f MB read; %.2f T exps/s (3 per element)",
+                  state_bytes / 1e6, 3 * exps / (ms * 1e-3) / 1e12);
+    results.push_back({label("scan bwd", seqs, len, kDi), ms, 0, 7 * act + 4 * bcb, note});
   }
   {  // the whole layer, 8 x 4096 tokens, C = 2048 (Di 4096, R 128)
     constexpr int64_t kSeqs = 8, kLen = 4096, kT = kSeqs * kLen, kC = 2048;

@@ -87,29 +87,9 @@ template <typename T> T* block_ptr(const ops::ColumnBlock& b) {
 
 __device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v); }
 
-// 1 / (1 + e^-v) with the fast exp and a correctly rounded reciprocal (0 when e^-v overflows).
-__device__ __forceinline__ float sigmoid(float v) { return __frcp_rn(1.f + __expf(-v)); }
 // 1 / (1 + e^-v): 0 when e^-v overflows (rcp(inf) = 0), 1 when it underflows.
 __device__ __forceinline__ float sigmoid_fast(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
 // d silu(v) / dv from s = sigmoid(v).
 __device__ __forceinline__ float dsilu(float v, float s) { return s * (1.f + v * (1.f - s)); }
-// log(1 + e^v): above 20 the correction is below f32 resolution; for e = e^v < 1/8 the series
-// e - e^2/2 + ... - e^8/8 (truncation < 1e-8 relative), else the fast log of 1 + e (error a few
-// 1e-7 absolute on a result >= 0.118). Cheaper than log1pf, which the scans call per token and
-// channel.
-__device__ __forceinline__ float softplus(float v) {
-  if (v > 20.f) return v;
-  const float e = __expf(v);
-  if (e >= 0.125f) return __logf(1.f + e);
-  float p = -1.f / 8;
-  p = fmaf(p, e, 1.f / 7);
-  p = fmaf(p, e, -1.f / 6);
-  p = fmaf(p, e, 1.f / 5);
-  p = fmaf(p, e, -1.f / 4);
-  p = fmaf(p, e, 1.f / 3);
-  p = fmaf(p, e, -1.f / 2);
-  p = fmaf(p, e, 1.f);
-  return p * e;
-}
 
 }  // namespace engine::cuda::mamba

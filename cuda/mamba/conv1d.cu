@@ -17,16 +17,12 @@
 // Weight gradients without float atomics: each thread writes its run's partial sums to a scratch
 // (runs, K + 1, Di) f32 buffer; a second kernel adds them in run order into dweight / dbias
 // (bitwise reproducible).
-// Cost: the kernels are bound by instruction issue, not bytes (ncu, the one-channel forward:
-// SM throughput 68%, DRAM 30%), so what counts is instructions per element: the silu's sigmoid
-// with the one-instruction exp and reciprocal (the correctly rounded __frcp_rn added a call and a
-// dozen instructions), row pointers stepped by 32-bit strides instead of 64-bit offsets per
-// token, the check-free path for plain groups, and 4 channels a thread forward. H200, 8 x 4096
-// tokens, Di 4096, K 4 (bench mamba): forward 0.361 -> 0.175 ms (34.8 -> 71.6% of copy), backward
-// 0.873 -> 0.352 ms (21.5 -> 53.5%). Wider threads measured slower where they had been tried on
-// the same code: forward V = 8 0.180, V = 1 0.199 ms; backward V = 2 / 4 / 8 0.42 / 0.45 / 0.55 ms
-// (more state per thread, fewer threads); 32 tokens a group measured slower than 16 for both
-// (before the other changes).
+// Cost: the kernels are bound by instruction issue, not bytes (ncu: docs/PERF.md), so what
+// counts is instructions per element: the silu's sigmoid with the one-instruction exp and
+// reciprocal (the correctly rounded __frcp_rn added a call and a dozen instructions), row
+// pointers stepped by 32-bit strides instead of 64-bit offsets per token, the check-free path for
+// plain groups, and 4 channels a thread forward. Wider threads (more state per thread, fewer
+// threads) and groups of 32 tokens measured slower (docs/PERF.md).
 // Memory: x, y, dy, dx bf16 column blocks of row-major tensors (any alignment: scalar loads where
 // not aligned for the forward's 8-byte ones); weight, bias bf16; dweight, dbias f32. Limits: K <=
 // 4, Di < 2^31 / 128 blocks, T < 2^31, rows of at most 2^25 elements.

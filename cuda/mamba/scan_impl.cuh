@@ -1,6 +1,5 @@
-// Shared by the selective scan's kernel files (scan.cu: the chunked kernels and the launchers;
-// scan_lean.cu, scan_docs.cu: the variants of scan.cuh): the kernels' parameters, device helpers
-// and launcher checks. .cu only.
+// Shared by the selective scan's kernel files (scan.cu: the forward, scan_backward.cu: the
+// backward): the kernels' parameters, device helpers and launcher checks. .cu only.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -17,6 +16,7 @@ constexpr int kN = ops::kMambaMaxState;  // states per channel held in registers
 constexpr int kThreads = 128;   // channels per block
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 128;
+constexpr int kAhead = 24;  // chunks whose inputs the combine steps load before using any
 
 struct ScanParams {
   const bf16_t* x;          // (T, ldx): channel d of token t at x[t * ldx + d]
@@ -50,41 +50,20 @@ struct ScanParams {
   float* dbc_part;          // (channel groups, T, 2 kN): dB partials in [0, kN), dC in [kN, 2 kN)
   float* param_part;        // (chunk blocks, kN + 2, Di): dA_log partials, then dD, ddt_bias
   int chunks_per_block;
-  const int32_t* cu;        // (segments + 1) cu_seqlens: the one-pass forward walks documents
-  int segments;
 };
 
-
-// ---- helpers of the lean and one-pass variants ----
 // log(1 + e^v) = max(v, 0) + log1p(u), u = e^-|v| in (0, 1]: one exp (flushed to 0 below
 // 2^-126, where softplus is below 1e-38) and the polynomial log1p_q (poly_math.h), branch free;
-// within a few 1e-7 relative (the ex2's 2 ulp and log1p_q's 1.8e-7). mamba::softplus, which the
-// chunked kernels use, takes an exp and a log, or an exp and a series, by a branch that diverges
-// within a warp when channels' dt biases differ.
+// within a few 1e-7 relative (the ex2's 2 ulp and log1p_q's 1.8e-7). An exp and a log, or an exp
+// and a series chosen by a branch, would diverge within a warp when channels' dt biases differ.
 __device__ __forceinline__ float softplus_fast(float v) {
   const float u = ex2(fabsf(v) * -kLog2e);
   return fmaf(u, mamba::log1p_q(u), fmaxf(v, 0.f));
 }
 // The decay 2^(delta a2 + rb) of one state: rb is 0, or -inf at a document's first token, which
-// makes the decay 0 (ex2) or 2^-126 (polynomial), so that h = a h + b restarts the state without
-// a select per state. kPoly: on the FMA pipes (poly_math.h).
-template <bool kPoly>
+// makes the decay 0, so that h = a h + b restarts the state without a select per state.
 __device__ __forceinline__ float decay(float delta, float a2, float rb) {
-  const float v = fmaf(delta, a2, rb);
-  if constexpr (kPoly)
-    return mamba::exp2_poly(v);
-  else
-    return ex2(v);
-}
-
-// The decay's reset argument: -inf at a document's first token, else 0.
-__device__ __forceinline__ float reset_arg(bool start) { return start ? -INFINITY : 0.f; }
-
-// decay() of state n, on the FMA pipes for the first kPoly states (n is a constant once the
-// state loops are unrolled, so one of the two branches remains).
-template <int kPoly>
-__device__ __forceinline__ float decay_n(int n, float delta, float a2, float rb) {
-  return n < kPoly ? decay<true>(delta, a2, rb) : decay<false>(delta, a2, rb);
+  return ex2(fmaf(delta, a2, rb));
 }
 
 // Four states [4q, 4q + 4) of a shared-memory row of kN floats.
@@ -131,56 +110,6 @@ __device__ __forceinline__ bool load_resets(const ScanParams& p, int64_t t0, int
   return any;
 }
 
-__device__ __forceinline__ void row16(const float* s, float (&v)[kN]) {
-  const float4* s4 = reinterpret_cast<const float4*>(s);
-#pragma unroll
-  for (int q = 0; q < kN / 4; ++q) {
-    const float4 f = s4[q];
-    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-  }
-}
-
-// Sum over the warp's 32 lanes of each of v[0..15]; lanes 2m and 2m + 1 return the sum of v[m].
-// Each step halves the values a lane keeps and doubles the lanes they sum: 8 + 4 + 2 + 1 + 1
-// shuffles instead of 16 x 5.
-__device__ __forceinline__ float warp_sum16(const float (&v)[kN], int lane) {
-  float a[8], b[4], c[2];
-  bool hi = lane & 16;
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    a[i] = (hi ? v[i + 8] : v[i]) + __shfl_xor_sync(0xffffffffu, hi ? v[i] : v[i + 8], 16);
-  hi = lane & 8;
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    b[i] = (hi ? a[i + 4] : a[i]) + __shfl_xor_sync(0xffffffffu, hi ? a[i] : a[i + 4], 8);
-  hi = lane & 4;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    c[i] = (hi ? b[i + 2] : b[i]) + __shfl_xor_sync(0xffffffffu, hi ? b[i] : b[i + 2], 4);
-  hi = lane & 2;
-  float r = (hi ? c[1] : c[0]) + __shfl_xor_sync(0xffffffffu, hi ? c[0] : c[1], 2);
-  return r + __shfl_xor_sync(0xffffffffu, r, 1);
-}
-
-// Shared memory of the main backward kernel for chunks of `len` tokens: 56 KB for 64 tokens, so
-// 4 blocks (16 warps) fit a multiprocessor's 228 KB with their 1 KB reserves.
-inline size_t bwd_smem_bytes(int len) {
-  return sizeof(float) * (2 * len * kN + len * kThreads + kWarps * len * kN);
-}
-
-// Sums the block's per-warp partials red[w][i][n] and stores them for tokens t0 + i at
-// column offset `half` (0: dB, kN: dC) of this channel group's rows of dbc_part.
-__device__ __forceinline__ void store_bc_partial(const ScanParams& p, const float* red, int len,
-                                                 int64_t t0, int half) {
-  float* out = p.dbc_part + (static_cast<int64_t>(blockIdx.y) * p.tokens + t0) * (2 * kN) + half;
-  for (int j = threadIdx.x; j < len * kN; j += kThreads) {
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[w * len * kN + j];
-    out[(j / kN) * (2 * kN) + j % kN] = s;
-  }
-}
-
 struct ScanShape {
   int64_t tokens;
   int channels, states, chunks;
@@ -209,6 +138,13 @@ inline ScanShape check_scan(const char* op, const ops::ScanArgs& a, const Tensor
   return {t, static_cast<int>(di), static_cast<int>(n), static_cast<int>(chunks)};
 }
 
+// The token loops step the pointers into the (T, Di) blocks (x, z, y, dy, dx, dz) by 32-bit row
+// strides, one add a token instead of a 64-bit offset (B and C rows are indexed in 64 bits, dt and
+// ddt are Di wide): a row of 2^31 elements is no model's.
+inline void expect_int_stride(const ops::ColumnBlock& b, const char* op, const char* name) {
+  ENSURE(b.ld() < (int64_t{1} << 31), op, ": ", name, "'s row stride ", b.ld(), " does not fit 32 bits");
+}
+
 inline ScanParams scan_params(const ScanShape& s, const ops::ScanArgs& a, const Tensor& chunk_states,
                        const Owned& starts, const Owned& sums) {
   ScanParams p{};
@@ -232,22 +168,11 @@ inline ScanParams scan_params(const ScanShape& s, const ops::ScanArgs& a, const 
   p.chunk = static_cast<int>(a.chunk_len);
   p.chunks = s.chunks;
   p.chunk_states = static_cast<float*>(chunk_states.data);
-  p.sums = static_cast<float*>(sums.t.data);  // null for the one-pass forward
+  p.sums = static_cast<float*>(sums.t.data);
   return p;
 }
 
 inline unsigned channel_blocks(int channels) { return static_cast<unsigned>(ceil_div(channels, kThreads)); }
 inline unsigned flat_blocks(int64_t items, int threads) { return static_cast<unsigned>(ceil_div(items, threads)); }
-
-// The variants' kernels (scan.cuh), launched by scan.cu's launchers after their checks.
-// scan_lean.cu: forward steps 1-3 with `poly_summary` of the 16 states' exps on the FMA pipes in
-// step 1 and `poly_output` in step 3 (0, 1, 2 or 4).
-void forward_lean(const ScanParams& p, int poly_summary, int poly_output);
-// scan_lean.cu: backward steps 1-2 (carry) with `poly` states' exps in the FMA pipes, then step 3.
-void backward_lean_carry(const ScanParams& p, int poly);
-void backward_lean_main(const ScanParams& p, unsigned chunk_blocks, unsigned groups);
-// scan_docs.cu: the one-pass forward, `lanes` threads per channel (2 or 4), `poly` of each
-// thread's states on the FMA pipes.
-void forward_docs(const ScanParams& p, int lanes, int poly);
 
 }  // namespace engine::cuda::scan_impl

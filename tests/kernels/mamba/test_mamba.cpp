@@ -4,9 +4,8 @@
 // are not multiples of 32 or 128, every activation a column block of a wider tensor placed one
 // element past an aligned address (the layer's in_proj halves and B|C blocks), poisoned outputs
 // whose neighbouring columns must keep their poison, parameter gradients accumulated into
-// random prefills, bitwise reproducibility; the scan's every implementation variant
-// (cuda/mamba/scan.cuh: chunked, lean, lean with polynomial exps, one pass per document) on every
-// case. CPU cases check the polynomial exp2 and log1p the variants use (cuda/mamba/poly_math.h).
+// random prefills, bitwise reproducibility, row strides the kernels reject. A CPU case checks the
+// polynomial log1p of the scan's softplus (cuda/mamba/poly_math.h).
 // Tolerances: bf16 outputs within twice the error of rounding the exact result to bf16 plus 1e-4
 // (the reference runs on the same bf16-rounded inputs; the kernels compute in f32 and round
 // once). f32 outputs: chunk_states 1e-4 (f32 recurrences with ex2.approx over up to thousands of
@@ -24,10 +23,6 @@
 #include "cuda/mamba/poly_math.h"
 #include "ops/mamba.h"
 #include "tests/common/gpu_testing.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/mamba/scan.cuh"
-#endif
 
 using namespace engine;
 using namespace engine::testing;
@@ -172,38 +167,7 @@ TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference" * doc
   }
 }
 
-// ---- the polynomial exp2 of the scan's variants ----
-
-TEST_CASE("mamba exp2_poly: within 1 ulp of 2^x on [-126, 0], exact at the integers, at most 1, 2^-126 below") {
-  using cuda::mamba::exp2_poly;
-  using cuda::mamba::f32_bits;
-  using cuda::mamba::f32_from_bits;
-  // Every 1021st float of [-126, 0] (about 1M, both ends included), against exp2 in f64.
-  double worst = 0;
-  float worst_x = 0;
-  const uint32_t first = f32_bits(-0.f), last = f32_bits(-126.f);
-  for (uint64_t u = first;; u = std::min<uint64_t>(u + 1021, last)) {
-    const float x = f32_from_bits(static_cast<uint32_t>(u));
-    const double exact = std::exp2(static_cast<double>(x));
-    int e = 0;
-    std::frexp(exact, &e);
-    const double ulps = std::fabs(exp2_poly(x) - exact) / std::ldexp(1.0, e - 24);
-    if (ulps > worst) worst = ulps, worst_x = x;
-    if (u == last) break;
-  }
-  CAPTURE(worst_x);
-  CHECK(worst <= 1.0);
-  for (int k = 0; k <= 126; ++k) CHECK(exp2_poly(static_cast<float>(-k)) == std::ldexp(1.f, -k));
-  for (float x : {-126.5f, -127.f, -1000.f, -INFINITY}) CHECK(exp2_poly(x) == std::ldexp(1.f, -126));
-  // A decay never exceeds 1 (the state must not grow): every 1009th float of [-2^-10, 0], the
-  // 2^20 floats just above -2^-10, and a grid to -1.
-  bool at_most_one = true;
-  const uint32_t near0 = f32_bits(-0x1p-10f);
-  for (uint32_t u = first; u <= near0; u += 1009) at_most_one = at_most_one && exp2_poly(f32_from_bits(u)) <= 1.f;
-  for (uint32_t u = near0 - (1u << 20); u <= near0; ++u) at_most_one = at_most_one && exp2_poly(f32_from_bits(u)) <= 1.f;
-  for (int i = 0; i <= 100000; ++i) at_most_one = at_most_one && exp2_poly(-i * 1e-5f) <= 1.f;
-  CHECK(at_most_one);
-}
+// ---- the polynomial log1p of the scan's softplus ----
 
 TEST_CASE("mamba log1p_q: u log1p_q(u) within 2e-7 of log1p(u) on (0, 1]; the softplus built on it") {
   using cuda::mamba::log1p_q;
@@ -232,32 +196,6 @@ TEST_CASE("mamba log1p_q: u log1p_q(u) within 2e-7 of log1p(u) on (0, 1]; the so
 // ---- scan ----
 
 namespace {
-
-// The scan's implementation variants (one "default" entry without CUDA, where the GPU cases skip).
-struct ScanVariants {
-  std::vector<std::string> forward, backward;
-};
-ScanVariants scan_variants() {
-  ScanVariants v;
-#ifdef ENGINE_CUDA
-  for (cuda::ScanForward f : cuda::kScanForwards) v.forward.push_back(cuda::scan_variant_name(f));
-  for (cuda::ScanBackward b : cuda::kScanBackwards) v.backward.push_back(cuda::scan_variant_name(b));
-#else
-  v.forward = v.backward = {"default"};
-#endif
-  return v;
-}
-// Selects forward variant i and backward variant j (of scan_variants()) until destroyed, then
-// restores the previous choice.
-struct UseScanVariant {
-#ifdef ENGINE_CUDA
-  cuda::ScanVariant saved = cuda::scan_variant();
-  UseScanVariant(size_t i, size_t j) { cuda::set_scan_variant({cuda::kScanForwards[i], cuda::kScanBackwards[j]}); }
-  ~UseScanVariant() { cuda::set_scan_variant(saved); }
-#else
-  UseScanVariant(size_t, size_t) {}
-#endif
-};
 
 struct ScanCase {
   std::string name;
@@ -331,7 +269,6 @@ ScanProblem scan_problem(const ScanCase& c) {
 
 TEST_CASE("cuda mamba selective scan forward matches the f64 reference (outputs, chunk states)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
-  const ScanVariants variants = scan_variants();
   for (const ScanCase& c : scan_cases()) {
     SUBCASE(c.name.c_str()) {
       ScanProblem pb = scan_problem(c);
@@ -339,29 +276,24 @@ TEST_CASE("cuda mamba selective scan forward matches the f64 reference (outputs,
       Owned y64 = empty({pb.t, pb.di}, DType::F64, Device::CPU),
             s64 = empty({chunks, pb.n, pb.di}, DType::F64, Device::CPU);
       ops::selective_scan_forward(pb.args(false), y64, s64);
-      for (size_t v = 0; v < variants.forward.size(); ++v) {
-        INFO("forward variant " << variants.forward[v]);
-        UseScanVariant use(v, 0);
-        DeviceTensor gy = gpu_poisoned({pb.t, pb.di + 1}, DType::BF16, kOffset);  // y in [1, di + 1)
-        DeviceTensor gs = gpu_poisoned({chunks, pb.n, pb.di}, DType::F32, kOffset);
-        ops::selective_scan_forward(pb.args(true), ColumnBlock(gy.t, 1, pb.di), gs.t);
-        CHECK_CLOSE(block_host(gy.t, 1, pb.di).t, y64.t, bf16_tol(y64));
-        CHECK(outside_poisoned(gy.t, 1, pb.di));
-        CHECK_CLOSE(gs.t, s64.t, 1e-4);
-        // Bitwise reproducible.
-        DeviceTensor gy2 = gpu_poisoned({pb.t, pb.di + 1}, DType::BF16, kOffset);
-        DeviceTensor gs2 = gpu_poisoned({chunks, pb.n, pb.di}, DType::F32, kOffset);
-        ops::selective_scan_forward(pb.args(true), ColumnBlock(gy2.t, 1, pb.di), gs2.t);
-        CHECK(bitwise_equal(block_host(gy.t, 1, pb.di), block_host(gy2.t, 1, pb.di)));
-        CHECK(bitwise_equal(gs.t, gs2.t));
-      }
+      DeviceTensor gy = gpu_poisoned({pb.t, pb.di + 1}, DType::BF16, kOffset);  // y in [1, di + 1)
+      DeviceTensor gs = gpu_poisoned({chunks, pb.n, pb.di}, DType::F32, kOffset);
+      ops::selective_scan_forward(pb.args(true), ColumnBlock(gy.t, 1, pb.di), gs.t);
+      CHECK_CLOSE(block_host(gy.t, 1, pb.di).t, y64.t, bf16_tol(y64));
+      CHECK(outside_poisoned(gy.t, 1, pb.di));
+      CHECK_CLOSE(gs.t, s64.t, 1e-4);
+      // Bitwise reproducible.
+      DeviceTensor gy2 = gpu_poisoned({pb.t, pb.di + 1}, DType::BF16, kOffset);
+      DeviceTensor gs2 = gpu_poisoned({chunks, pb.n, pb.di}, DType::F32, kOffset);
+      ops::selective_scan_forward(pb.args(true), ColumnBlock(gy2.t, 1, pb.di), gs2.t);
+      CHECK(bitwise_equal(block_host(gy.t, 1, pb.di), block_host(gy2.t, 1, pb.di)));
+      CHECK(bitwise_equal(gs.t, gs2.t));
     }
   }
 }
 
 TEST_CASE("cuda mamba selective scan backward matches the f64 reference and accumulates" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
-  const ScanVariants variants = scan_variants();
   for (const ScanCase& c : scan_cases()) {
     SUBCASE(c.name.c_str()) {
       ScanProblem pb = scan_problem(c);
@@ -379,51 +311,47 @@ TEST_CASE("cuda mamba selective scan backward matches the f64 reference and accu
 
       // The states the kernels get are the reference's, rounded to f32.
       auto [gs, s_r] = device_input(s64, DType::F32, kOffset);
-      for (size_t v = 0; v < variants.backward.size(); ++v) {
-        INFO("backward variant " << variants.backward[v]);
-        UseScanVariant use(0, v);
-        DeviceTensor gdxz = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);  // dx and dz halves
-        DeviceTensor gddt = gpu_poisoned({t, di}, DType::BF16, kOffset);
-        DeviceTensor gdbc = gpu_poisoned({t, 2 * n + 1}, DType::BF16, kOffset);
-        Owned dalog0 = randn({di, n}, DType::F32, "scan.dalog0"), dD0 = randn({di}, DType::F32, "scan.dD0"),
-              dbias0 = randn({di}, DType::F32, "scan.dbias0");
-        DeviceTensor gdalog = to_gpu(dalog0, DType::F32), gdD = to_gpu(dD0, DType::F32),
-                     gdbias = to_gpu(dbias0, DType::F32);
-        const ops::ScanGrads grads{ColumnBlock(gdxz.t, 1, di),  gddt.t,   ColumnBlock(gdbc.t, 1, n),
-                                   ColumnBlock(gdbc.t, 1 + n, n), ColumnBlock(gdxz.t, 1 + di, di),
-                                   gdalog.t, gdD.t, gdbias.t};
-        ops::selective_scan_backward(pb.args(true), gdy.t, gs.t, grads);
-        CHECK_CLOSE(block_host(gdxz.t, 1, di).t, dx64.t, bf16_tol(dx64));
-        CHECK_CLOSE(block_host(gdxz.t, 1 + di, di).t, dz64.t, bf16_tol(dz64));
-        CHECK_CLOSE(gddt.t, ddt64.t, bf16_tol(ddt64));
-        CHECK_CLOSE(block_host(gdbc.t, 1, 2 * n).t, dbc64.t, bf16_tol(dbc64));
-        CHECK(outside_poisoned(gdbc.t, 1, 2 * n));
-        {
-          Owned h = to_host(gdxz.t, DType::F64);
-          bool col0 = true;
-          for (int64_t r = 0; r < t; ++r) col0 = col0 && std::isnan(get(h, r * (2 * di + 1)));
-          CHECK(col0);
-        }
-        CHECK_CLOSE(f64_from(gdalog.t, dalog0).t, dalog64.t, 1e-3);
-        CHECK_CLOSE(f64_from(gdD.t, dD0).t, dD64.t, 1e-3);
-        CHECK_CLOSE(f64_from(gdbias.t, dbias0).t, dbias64.t, 1e-3);
-
-        // Bitwise reproducible.
-        DeviceTensor gdalog2 = to_gpu(dalog0, DType::F32), gdD2 = to_gpu(dD0, DType::F32),
-                     gdbias2 = to_gpu(dbias0, DType::F32), gddt2 = gpu_poisoned({t, di}, DType::BF16, kOffset),
-                     gdbc2 = gpu_poisoned({t, 2 * n + 1}, DType::BF16, kOffset),
-                     gdxz2 = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);
-        ops::selective_scan_backward(pb.args(true), gdy.t, gs.t,
-                                     {ColumnBlock(gdxz2.t, 1, di), gddt2.t, ColumnBlock(gdbc2.t, 1, n),
-                                      ColumnBlock(gdbc2.t, 1 + n, n), ColumnBlock(gdxz2.t, 1 + di, di),
-                                      gdalog2.t, gdD2.t, gdbias2.t});
-        CHECK(bitwise_equal(gdalog.t, gdalog2.t));
-        CHECK(bitwise_equal(gdbias.t, gdbias2.t));
-        CHECK(bitwise_equal(gddt.t, gddt2.t));
-        CHECK(bitwise_equal(block_host(gdbc.t, 1, 2 * n), block_host(gdbc2.t, 1, 2 * n)));
-        CHECK(bitwise_equal(block_host(gdxz2.t, 1, 2 * di), block_host(gdxz.t, 1, 2 * di)));
-        CHECK(bitwise_equal(gdD.t, gdD2.t));
+      DeviceTensor gdxz = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);  // dx and dz halves
+      DeviceTensor gddt = gpu_poisoned({t, di}, DType::BF16, kOffset);
+      DeviceTensor gdbc = gpu_poisoned({t, 2 * n + 1}, DType::BF16, kOffset);
+      Owned dalog0 = randn({di, n}, DType::F32, "scan.dalog0"), dD0 = randn({di}, DType::F32, "scan.dD0"),
+            dbias0 = randn({di}, DType::F32, "scan.dbias0");
+      DeviceTensor gdalog = to_gpu(dalog0, DType::F32), gdD = to_gpu(dD0, DType::F32),
+                   gdbias = to_gpu(dbias0, DType::F32);
+      const ops::ScanGrads grads{ColumnBlock(gdxz.t, 1, di),  gddt.t,   ColumnBlock(gdbc.t, 1, n),
+                                 ColumnBlock(gdbc.t, 1 + n, n), ColumnBlock(gdxz.t, 1 + di, di),
+                                 gdalog.t, gdD.t, gdbias.t};
+      ops::selective_scan_backward(pb.args(true), gdy.t, gs.t, grads);
+      CHECK_CLOSE(block_host(gdxz.t, 1, di).t, dx64.t, bf16_tol(dx64));
+      CHECK_CLOSE(block_host(gdxz.t, 1 + di, di).t, dz64.t, bf16_tol(dz64));
+      CHECK_CLOSE(gddt.t, ddt64.t, bf16_tol(ddt64));
+      CHECK_CLOSE(block_host(gdbc.t, 1, 2 * n).t, dbc64.t, bf16_tol(dbc64));
+      CHECK(outside_poisoned(gdbc.t, 1, 2 * n));
+      {
+        Owned h = to_host(gdxz.t, DType::F64);
+        bool col0 = true;
+        for (int64_t r = 0; r < t; ++r) col0 = col0 && std::isnan(get(h, r * (2 * di + 1)));
+        CHECK(col0);
       }
+      CHECK_CLOSE(f64_from(gdalog.t, dalog0).t, dalog64.t, 1e-3);
+      CHECK_CLOSE(f64_from(gdD.t, dD0).t, dD64.t, 1e-3);
+      CHECK_CLOSE(f64_from(gdbias.t, dbias0).t, dbias64.t, 1e-3);
+
+      // Bitwise reproducible.
+      DeviceTensor gdalog2 = to_gpu(dalog0, DType::F32), gdD2 = to_gpu(dD0, DType::F32),
+                   gdbias2 = to_gpu(dbias0, DType::F32), gddt2 = gpu_poisoned({t, di}, DType::BF16, kOffset),
+                   gdbc2 = gpu_poisoned({t, 2 * n + 1}, DType::BF16, kOffset),
+                   gdxz2 = gpu_poisoned({t, 2 * di + 1}, DType::BF16, kOffset);
+      ops::selective_scan_backward(pb.args(true), gdy.t, gs.t,
+                                   {ColumnBlock(gdxz2.t, 1, di), gddt2.t, ColumnBlock(gdbc2.t, 1, n),
+                                    ColumnBlock(gdbc2.t, 1 + n, n), ColumnBlock(gdxz2.t, 1 + di, di),
+                                    gdalog2.t, gdD2.t, gdbias2.t});
+      CHECK(bitwise_equal(gdalog.t, gdalog2.t));
+      CHECK(bitwise_equal(gdbias.t, gdbias2.t));
+      CHECK(bitwise_equal(gddt.t, gddt2.t));
+      CHECK(bitwise_equal(block_host(gdbc.t, 1, 2 * n), block_host(gdbc2.t, 1, 2 * n)));
+      CHECK(bitwise_equal(block_host(gdxz2.t, 1, 2 * di), block_host(gdxz.t, 1, 2 * di)));
+      CHECK(bitwise_equal(gdD.t, gdD2.t));
     }
   }
 }
@@ -443,4 +371,24 @@ TEST_CASE("cuda mamba ops reject what the kernels do not cover, naming it" * doc
                        doctest::Contains("kernel size"), Error);
   DeviceTensor gy32 = gpu_empty({pb.t, pb.di}, DType::F32);
   CHECK_THROWS_WITH_AS(ops::selective_scan_forward(pb.args(true), gy32.t, gs.t), doctest::Contains("y"), Error);
+
+  // Row strides the scan kernels step in 32 bits: a (T, 2^31) view of a small buffer (only its
+  // shape is read: the checks come before any kernel).
+  const Tensor wide(pb.xz.dev.t.data, DType::BF16, Device::CUDA, {pb.t, int64_t{1} << 31});
+  ops::ScanArgs aw = pb.args(true);
+  aw.x = ColumnBlock(wide, 1, pb.di);
+  CHECK_THROWS_WITH_AS(ops::selective_scan_forward(aw, gy.t, gs.t),
+                       doctest::Contains("selective_scan_forward: x's row stride 2147483648 does not fit 32 bits"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::selective_scan_forward(pb.args(true), ColumnBlock(wide, 1, pb.di), gs.t),
+                       doctest::Contains("selective_scan_forward: y's row stride 2147483648"), Error);
+  DeviceTensor gdy = gpu_empty({pb.t, pb.di}, DType::BF16), gdx = gpu_empty({pb.t, pb.di}, DType::BF16),
+               gddt = gpu_empty({pb.t, pb.di}, DType::BF16), gdbc = gpu_empty({pb.t, 2 * pb.n}, DType::BF16),
+               gdalog = gpu_empty({pb.di, pb.n}, DType::F32), gdD = gpu_empty({pb.di}, DType::F32),
+               gdbias = gpu_empty({pb.di}, DType::F32);
+  const ops::ScanGrads gw{gdx.t, gddt.t, ColumnBlock(gdbc.t, 0, pb.n), ColumnBlock(gdbc.t, pb.n, pb.n),
+                          ColumnBlock(wide, 1, pb.di), gdalog.t, gdD.t, gdbias.t};
+  CHECK_THROWS_WITH_AS(ops::selective_scan_backward(pb.args(true), gdy.t, gs.t, gw),
+                       doctest::Contains("selective_scan_backward: dz's row stride 2147483648 does not fit 32 bits"),
+                       Error);
 }

@@ -1,195 +1,62 @@
-// The chunked selective scan of scan.cu (same steps, same layout: a thread per channel with its
-// 16 states in registers, chunks of the packed batch in parallel) with fewer instructions per
-// (token, state), for the ScanForward::kLean* and ScanBackward::kLean* variants (scan.cuh).
-// scan.cu's inner loops issue more instructions than the special-function unit's work takes
-// (per token and warp, cuobjdump -sass: output 199 instructions for 20 special-function ops at 8
-// issue-slot equivalents each, summary 138; backward summary 187, pass F 406, pass R 487), so
-// they are issue bound, not exp bound. Here:
-//   - a document start no longer zeroes 16 states with 16 selects: the decay's argument gets -inf
-//     (decay(), scan_impl.cuh; per token from a shared-memory row), so h = a h + b restarts by
-//     itself;
-//   - exp and sigmoid in their one-instruction flush-to-zero forms, softplus branch free with one
-//     exp (softplus_fast, sigmoid_fast) instead of __expf, __logf, a divergent series and the
-//     correctly rounded reciprocal (a call and a dozen instructions);
-//   - pointers advance by a 32-bit stride per token instead of recomputing 64-bit offsets;
-//   - the backward's passes run over the chunk's document parts (resets once per part, not as
-//     selects per token and state), its per-state arithmetic is regrouped (pass F: v = gs h first,
-//     gy h = C v; pass R: the g b terms one FMA each, q = du sum_n A2 g B), and its per-state
-//     arrays are lane-permuted so that the dB/dC butterfly needs 6 selects instead of 30;
-//   - the combine steps load 24 chunks' inputs at a time (scan.cu's wait on a load per chunk: 511
-//     dependent memory round trips at 32768 tokens).
-// Per token and warp then: summary 104, output 145 (19 special-function ops), backward summary
-// 117, pass F 292, pass R 307. The forward kernels are then at the special-function unit's bound
-// (8 x 17 = 136 and 8 x 19 = 152 issue-slot equivalents), so the kPoly template moves the first
-// kPoly states' exps to the FMA pipes (poly_math.h: 11 instructions for one ex2, within 1 ulp):
-// by the counts, 2 of 16 balance the summaries (125 instructions against 120), none the output
-// step (poly 1: 156 against 144); the backward's main kernel stays on ex2 (it issues far more than
-// its exps).
-// Everything else (shapes, chunk_states, the partial buffers and their reductions) as scan.cu.
-#include <cmath>
+// Backward of the selective scan (scan.cu: the recurrence, the layout and the forward's steps),
+// with g[t] = dL/dh[t] = gy[t] + a[t+1] g[t+1], gy = dy silu(z) C:
+//   1-2. the forward's two steps in reverse give carry[c] = a g flowing into chunk c's last token
+//        from the chunks after it;
+//   3. per (chunk, channel): pass F runs the chunk forward from chunk_states (dz, dD, dC terms),
+//      pass R runs it backward from carry (dx, ddt, dB terms). The term of ddelta and dA that
+//      pairs g[t] with h[t-1], q[t] = g[t] a[t] h[t-1], needs both directions at one token; it is
+//      rewritten with q[t] = sum_{s >= t in the document} (gy[s] h[s] - g[s] b[s]) (b = delta B x;
+//      by induction: g h - g b at t equals gy h - g b at t plus q[t+1]): split at the chunk end,
+//      q[t] = sum_{s = t}^{end} (gy h)[s] - sum_{s = t}^{end} (g b)[s] + carry h[end]. Pass F stores
+//      P[t] = sum_n A gy h per token (shared memory), pass R subtracts sum_n A g b, so ddelta
+//      needs no stored states; dA = sum_t delta q is split the same way (pass F: sum_s (gy h)[s]
+//      times the chunk-local cumulative delta, pass R: sum_t delta times the running sum of g b).
+//   dB and dC (sums over channels) are reduced across the warp (a transposing butterfly: 16
+//   values over 32 lanes in 16 shuffles), across the block's warps in shared memory, and across
+//   blocks through a scratch (channel groups, T, 32) f32 buffer summed by a second kernel;
+//   dA_log, dD, ddt_bias likewise through per-chunk-block partials. No float atomics: bitwise
+//   reproducible.
+// Instructions per (token, state), beside those of the forward's kernels (scan.cu): the passes
+// run over the chunk's document parts (resets once per part, not as selects per token and
+// state), the per-state arithmetic is regrouped (pass F: v = gs h first, gy h = C v; pass R: the
+// g b terms one FMA each, q = du sum_n A2 g B), and the per-state arrays are lane-permuted so that
+// the dB/dC butterfly needs 6 selects instead of 30.
+#include "cuda/mamba/scan.cuh"
+
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/mamba/scan_impl.cuh"
 
-namespace engine::cuda::scan_impl {
+namespace engine::cuda {
 
 namespace {
 
-// ---- forward ----
+using namespace scan_impl;
 
-// Step 1 (scan.cu's scan_chunk_summary_kernel): chunk c < chunks - 1 from a zero state; its end
-// state into chunk_states[c + 1], its delta sum (-1: a document starts in it) into sums[c].
-template <int kPoly>
-static __global__ void __launch_bounds__(kThreads, 8) lean_summary_kernel(ScanParams p) {
-  __shared__ __align__(16) float sB[kMaxChunk * kN];
-  __shared__ float2 sR[kMaxChunk];
-  const int c = blockIdx.x;
-  const int64_t t0 = static_cast<int64_t>(c) * p.chunk;
-  const int len = static_cast<int>(min(static_cast<int64_t>(p.chunk), p.tokens - t0));
-  load_rows(p.B, p.ldb, t0, len, p.states, sB);
-  const bool reset = __syncthreads_or(load_resets(p, t0, len, sR));  // a document starts in the chunk
-  const int d = blockIdx.y * kThreads + threadIdx.x;
-  if (d >= p.channels) return;
-  float a2[kN], h[kN];
-  load_a2(p, d, a2);
-#pragma unroll
-  for (int n = 0; n < kN; ++n) h[n] = 0.f;
-  const float bias = mamba::bf(p.dt_bias[d]);
-  float sum = 0.f;
-  const int sdt = p.channels, sx = static_cast<int>(p.ldx);
-  const bf16_t* dtp = p.dt + t0 * p.channels + d;
-  const bf16_t* xp = p.x + t0 * p.ldx + d;
-  float dt_next = mamba::bf(*dtp), x_next = mamba::bf(*xp);
-  for (int i = 0; i < len; ++i) {
-    const float dtv = dt_next, xv = x_next;
-    if (i + 1 < len) {
-      dtp += sdt;
-      xp += sx;
-      dt_next = mamba::bf(*dtp);
-      x_next = mamba::bf(*xp);
-    }
-    const float2 r = sR[i];  // (decay argument, running-sum factor)
-    const float delta = softplus_fast(dtv + bias), du = delta * xv;
-    sum = fmaf(r.y, sum, delta);
-    const float rb = r.x;
-    const float* row = sB + i * kN;
-#pragma unroll
-    for (int q = 0; q < kN / 4; ++q) {
-      const float4 b = quad(row, q);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int n = 4 * q + k;
-        h[n] = fmaf(decay_n<kPoly>(n, delta, a2[n], rb), h[n], du * at(b, k));
-      }
-    }
-  }
-  float* out = p.chunk_states + (static_cast<int64_t>(c + 1) * p.states) * p.channels + d;
-#pragma unroll
-  for (int n = 0; n < kN; ++n)
-    if (n < p.states) out[static_cast<int64_t>(n) * p.channels] = h[n];
-  p.sums[static_cast<int64_t>(c) * p.channels + d] = reset ? -1.f : sum;
+// Shared memory of the main backward kernel for chunks of `len` tokens: 56 KB for 64 tokens, so
+// 4 blocks (16 warps) fit a multiprocessor's 228 KB with their 1 KB reserves.
+inline size_t bwd_smem_bytes(int len) {
+  return sizeof(float) * (2 * len * kN + len * kThreads + kWarps * len * kN);
 }
 
-constexpr int kAhead = 24;  // chunks whose inputs the combine steps load before using any
-
-// Step 2 (scan.cu's scan_chunk_combine_kernel): chunk_states[c] for every chunk, in place over
-// the summaries, one thread per (state, channel); the inputs of kAhead chunks are loaded before
-// any is used, so the walk waits on one memory round trip per kAhead chunks (scan.cu's: one per
-// chunk). 128 registers (4 blocks of 128 per multiprocessor) keep the 65536 threads of Di 4096,
-// N 16 in one wave.
-static __global__ void __launch_bounds__(128, 4) lean_combine_kernel(ScanParams p) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= static_cast<int64_t>(p.states) * p.channels) return;
-  const int n = static_cast<int>(i / p.channels), d = static_cast<int>(i % p.channels);
-  const float a2 = -expf(mamba::bf(p.A_log[static_cast<int64_t>(d) * p.states + n])) * kLog2e;
-  const int64_t stride = static_cast<int64_t>(p.states) * p.channels;
-  float* st = p.chunk_states + i;
-  st[0] = 0.f;
-  const int steps = p.chunks - 1;  // chunk c < steps: the state after it is chunk_states[c + 1]
-  float state = 0.f;
-  for (int c0 = 0; c0 < steps; c0 += kAhead) {
-    float s[kAhead], m[kAhead];  // delta sum and summary of chunk c0 + j
+// Sums the block's per-warp partials red[w][i][n] and stores them for tokens t0 + i at
+// column offset `half` (0: dB, kN: dC) of this channel group's rows of dbc_part.
+__device__ __forceinline__ void store_bc_partial(const ScanParams& p, const float* red, int len,
+                                                 int64_t t0, int half) {
+  float* out = p.dbc_part + (static_cast<int64_t>(blockIdx.y) * p.tokens + t0) * (2 * kN) + half;
+  for (int j = threadIdx.x; j < len * kN; j += kThreads) {
+    float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
-      const int c = c0 + j;
-      s[j] = c < steps ? p.sums[static_cast<int64_t>(c) * p.channels + d] : 0.f;
-      m[j] = c < steps ? st[(c + 1) * stride] : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
-      const int c = c0 + j;
-      if (c < steps) {
-        state = (s[j] < 0.f ? 0.f : ex2(a2 * s[j]) * state) + m[j];
-        st[(c + 1) * stride] = state;
-      }
-    }
+    for (int w = 0; w < kWarps; ++w) s += red[w * len * kN + j];
+    out[(j / kN) * (2 * kN) + j % kN] = s;
   }
 }
 
-// Step 3 (scan.cu's scan_output_kernel): each chunk from its entering state; writes y.
-template <int kPoly>
-static __global__ void __launch_bounds__(kThreads, 7) lean_output_kernel(ScanParams p) {
-  __shared__ __align__(16) float sB[kMaxChunk * kN];
-  __shared__ __align__(16) float sC[kMaxChunk * kN];
-  __shared__ float2 sR[kMaxChunk];
-  const int c = blockIdx.x;
-  const int64_t t0 = static_cast<int64_t>(c) * p.chunk;
-  const int len = static_cast<int>(min(static_cast<int64_t>(p.chunk), p.tokens - t0));
-  load_rows(p.B, p.ldb, t0, len, p.states, sB);
-  load_rows(p.C, p.ldc, t0, len, p.states, sC);
-  load_resets(p, t0, len, sR);
-  __syncthreads();
-  const int d = blockIdx.y * kThreads + threadIdx.x;
-  if (d >= p.channels) return;
-  float a2[kN], h[kN];
-  load_a2(p, d, a2);
-  const float* in = p.chunk_states + (static_cast<int64_t>(c) * p.states) * p.channels + d;
-#pragma unroll
-  for (int n = 0; n < kN; ++n) h[n] = n < p.states ? in[static_cast<int64_t>(n) * p.channels] : 0.f;
-  const float bias = mamba::bf(p.dt_bias[d]), dd = mamba::bf(p.D[d]);
-  const int sdt = p.channels, sx = static_cast<int>(p.ldx), sz = static_cast<int>(p.ldz),
-            sy = static_cast<int>(p.ldy);
-  const bf16_t* dtp = p.dt + t0 * p.channels + d;
-  const bf16_t* xp = p.x + t0 * p.ldx + d;
-  const bf16_t* zp = p.z + t0 * p.ldz + d;
-  bf16_t* yp = p.y + t0 * p.ldy + d;
-  float dt_next = mamba::bf(*dtp), x_next = mamba::bf(*xp), z_next = mamba::bf(*zp);
-  for (int i = 0; i < len; ++i) {
-    const float dtv = dt_next, xv = x_next, zv = z_next;
-    if (i + 1 < len) {
-      dtp += sdt;
-      xp += sx;
-      zp += sz;
-      dt_next = mamba::bf(*dtp);
-      x_next = mamba::bf(*xp);
-      z_next = mamba::bf(*zp);
-    }
-    const float delta = softplus_fast(dtv + bias), du = delta * xv;
-    const float rb = sR[i].x;
-    const float* rowb = sB + i * kN;
-    const float* rowc = sC + i * kN;
-    float acc = dd * xv;
-#pragma unroll
-    for (int q = 0; q < kN / 4; ++q) {
-      const float4 b = quad(rowb, q), cc = quad(rowc, q);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int n = 4 * q + k;
-        h[n] = fmaf(decay_n<kPoly>(n, delta, a2[n], rb), h[n], du * at(b, k));
-        acc = fmaf(at(cc, k), h[n], acc);
-      }
-    }
-    *yp = __float2bfloat16(acc * zv * sigmoid_fast(zv));
-    yp += sy;
-  }
-}
-
-// ---- backward ----
-
-// Step 1 (scan.cu's scan_bwd_chunk_summary_kernel): chunk c >= 1 run backward from nothing; the
-// a g flowing out of its first token into carry[c], its delta sum into sums[c].
-template <int kPoly>
-static __global__ void __launch_bounds__(kThreads, 7) lean_bwd_summary_kernel(ScanParams p) {
+// Step 1: chunk c >= 1 run backward from nothing; the a g that flows out of its first token into
+// chunk c - 1 goes to carry[c] (the combine step turns it into chunk c's carry), its delta sum
+// (-1: a document starts in it) to sums[c].
+static __global__ void __launch_bounds__(kThreads, 7) scan_bwd_summary_kernel(ScanParams p) {
   __shared__ __align__(16) float sC[kMaxChunk * kN];
   __shared__ float2 sR[kMaxChunk];
   const int c = blockIdx.x + 1;
@@ -232,7 +99,7 @@ static __global__ void __launch_bounds__(kThreads, 7) lean_bwd_summary_kernel(Sc
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int n = 4 * q + k;
-        g[n] = decay_n<kPoly>(n, delta, a2[n], rb) * fmaf(gs, at(cc, k), g[n]);
+        g[n] = decay(delta, a2[n], rb) * fmaf(gs, at(cc, k), g[n]);
       }
     }
   }
@@ -243,9 +110,9 @@ static __global__ void __launch_bounds__(kThreads, 7) lean_bwd_summary_kernel(Sc
   p.sums[static_cast<int64_t>(c) * p.channels + d] = reset ? -1.f : sum;
 }
 
-// Step 2 (scan.cu's scan_bwd_chunk_combine_kernel): carry[c] for c = chunks - 1 down to 0, in
-// place over the summaries, kAhead chunks' inputs loaded at a time as lean_combine_kernel.
-static __global__ void __launch_bounds__(128, 4) lean_bwd_combine_kernel(ScanParams p) {
+// Step 2: carry[c] for c = chunks - 1 down to 0, in place over the summaries, kAhead chunks'
+// inputs loaded at a time as the forward's combine step (scan.cu).
+static __global__ void __launch_bounds__(128, 4) scan_bwd_combine_kernel(ScanParams p) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= static_cast<int64_t>(p.states) * p.channels) return;
   const int n = static_cast<int>(i / p.channels), d = static_cast<int>(i % p.channels);
@@ -275,11 +142,12 @@ static __global__ void __launch_bounds__(128, 4) lean_bwd_combine_kernel(ScanPar
 
 // ---- the main backward kernel ----
 
-// warp_sum16 (scan_impl.cuh) for per-state arrays whose register slot s holds state
-// s ^ state_perm(lane): lanes whose bits 3 and 4 differ hold their states in XOR-permuted slots,
-// so the butterfly's first two levels (xor 16, xor 8) pair equal states without the 24 selects
-// that pick which half a lane keeps and which it sends. Lanes 2m and 2m + 1 return the sum of
-// state m, as warp_sum16.
+// Sum over the warp's 32 lanes of each of a lane's 16 per-state values, whose register slot s
+// holds state s ^ state_perm(lane); lanes 2m and 2m + 1 return the sum of state m. Each step
+// halves the values a lane keeps and doubles the lanes they sum (8 + 4 + 2 + 1 + 1 shuffles
+// instead of 16 x 5). Lanes whose bits 3 and 4 differ hold their states in XOR-permuted slots, so
+// the first two levels (xor 16, xor 8) pair equal states without the 24 selects that pick which
+// half a lane keeps and which it sends; the xor 4 and xor 2 levels select as usual.
 __device__ __forceinline__ int state_perm(int lane) { return ((lane >> 3) & 3) << 2; }
 __device__ __forceinline__ float warp_sum16_perm(const float (&v)[kN], int lane) {
   float a[8], b[4], c[2];
@@ -287,7 +155,7 @@ __device__ __forceinline__ float warp_sum16_perm(const float (&v)[kN], int lane)
   for (int i = 0; i < 8; ++i) a[i] = v[i] + __shfl_xor_sync(0xffffffffu, v[i + 8], 16);
 #pragma unroll
   for (int i = 0; i < 4; ++i) b[i] = a[i] + __shfl_xor_sync(0xffffffffu, a[i + 4], 8);
-  bool hi = lane & 4;  // b[i] holds state state_perm(lane) + i from here: as warp_sum16
+  bool hi = lane & 4;  // b[i] holds state state_perm(lane) + i from here
 #pragma unroll
   for (int i = 0; i < 2; ++i)
     c[i] = (hi ? b[i + 2] : b[i]) + __shfl_xor_sync(0xffffffffu, hi ? b[i] : b[i + 2], 4);
@@ -321,12 +189,12 @@ __device__ __forceinline__ int last_start_at_or_before(const mamba::ChunkStarts&
   return m ? j - __clzll(static_cast<long long>(m)) : -1;
 }
 
-// Step 3 (scan.cu's scan_bwd_kernel, whose comments explain the passes and the q rewriting), with
-// each pass run over the chunk's document parts (the token ranges between document starts): the
-// resets (h, cum in pass F; g, h, cterm, rsum in pass R) happen once per part outside the token
-// loop instead of as selects per token and state, and the per-state arrays are lane-permuted for
-// warp_sum16_perm (slot s holds state s ^ sp; B and C rows are read a float4 group q ^ pq).
-static __global__ void __launch_bounds__(kThreads, 4) lean_bwd_kernel(ScanParams p) {
+// Step 3 (the passes and the q rewriting: the file comment), with each pass run over the chunk's
+// document parts (the token ranges between document starts): the resets (h, cum in pass F; g, h,
+// cterm, rsum in pass R) happen once per part outside the token loop instead of as selects per
+// token and state, and the per-state arrays are lane-permuted for warp_sum16_perm (slot s holds
+// state s ^ sp; B and C rows are read a float4 group q ^ pq).
+static __global__ void __launch_bounds__(kThreads, 4) scan_bwd_kernel(ScanParams p) {
   extern __shared__ __align__(16) float smem[];
   const int L = p.chunk;
   float* sB = smem;                     // [L][kN]
@@ -515,50 +383,108 @@ static __global__ void __launch_bounds__(kThreads, 4) lean_bwd_kernel(ScanParams
   part[static_cast<int64_t>(kN + 1) * p.channels] = dbias;
 }
 
+// ---- reductions ----
+
+// dB, dC (bf16 column blocks) = sums over channel groups of dbc_part, in group order.
+static __global__ void scan_bc_reduce_kernel(const float* __restrict__ part, int groups,
+                                             int64_t tokens, int states, bf16_t* db, int64_t lddb,
+                                             bf16_t* dc, int64_t lddc) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= tokens * 2 * kN) return;
+  const int64_t t = i / (2 * kN);
+  const int j = static_cast<int>(i % (2 * kN)), n = j % kN;
+  if (n >= states) return;
+  float s = 0.f;
+  for (int g = 0; g < groups; ++g) s += part[g * tokens * 2 * kN + i];
+  if (j < kN)
+    db[t * lddb + n] = __float2bfloat16(s);
+  else
+    dc[t * lddc + n] = __float2bfloat16(s);
+}
+
+// dA_log[d, n] += sum_b part[b, n, d]; dD[d] += sum_b part[b, kN, d]; ddt_bias likewise.
+static __global__ void scan_param_reduce_kernel(const float* __restrict__ part, int blocks,
+                                                int channels, int states, float* dA_log, float* dD,
+                                                float* ddt_bias) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= static_cast<int64_t>(kN + 2) * channels) return;
+  const int k = static_cast<int>(i / channels), d = static_cast<int>(i % channels);
+  if (k < kN && k >= states) return;
+  float s = 0.f;
+  for (int b = 0; b < blocks; ++b) s += part[static_cast<int64_t>(b) * (kN + 2) * channels + i];
+  if (k < kN)
+    dA_log[static_cast<int64_t>(d) * states + k] += s;
+  else if (k == kN)
+    dD[d] += s;
+  else
+    ddt_bias[d] += s;
+}
+
+
 }  // namespace
 
-void forward_lean(const ScanParams& p, int poly_summary, int poly_output) {
-  const dim3 summary_grid(p.chunks - 1, channel_blocks(p.channels));
-  const dim3 grid(p.chunks, channel_blocks(p.channels));
-  if (p.chunks > 1) {
-    switch (poly_summary) {
-      case 0: lean_summary_kernel<0><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-      case 1: lean_summary_kernel<1><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-      case 2: lean_summary_kernel<2><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-      default: lean_summary_kernel<4><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-    }
-    check_launch("lean_summary_kernel");
-    lean_combine_kernel<<<flat_blocks(int64_t{p.states} * p.channels, 128), 128, 0, stream()>>>(p);
-    check_launch("lean_combine_kernel");
+void selective_scan_backward(const ops::ScanArgs& a, const ops::ColumnBlock& dy,
+                             const Tensor& chunk_states, const ops::ScanGrads& g) {
+  const char* op = "selective_scan_backward";
+  const ScanShape s = check_scan(op, a, chunk_states);
+  mamba::expect_block(dy, s.tokens, s.channels, op, "dy");
+  mamba::expect_block(g.dx, s.tokens, s.channels, op, "dx");
+  expect_cuda(g.ddt, DType::BF16, {s.tokens, s.channels}, op, "ddt");
+  mamba::expect_block(g.dB, s.tokens, s.states, op, "dB");
+  mamba::expect_block(g.dC, s.tokens, s.states, op, "dC");
+  mamba::expect_block(g.dz, s.tokens, s.channels, op, "dz");
+  expect_cuda(g.dA_log, DType::F32, {s.channels, s.states}, op, "dA_log");
+  expect_cuda(g.dD, DType::F32, {s.channels}, op, "dD");
+  expect_cuda(g.ddt_bias, DType::F32, {s.channels}, op, "ddt_bias");
+  expect_int_stride(a.x, op, "x");
+  expect_int_stride(a.z, op, "z");
+  expect_int_stride(dy, op, "dy");
+  expect_int_stride(g.dx, op, "dx");
+  expect_int_stride(g.dz, op, "dz");
+  if (s.tokens == 0) return;
+  Owned starts = mamba::doc_start_bits(a.cu_seqlens, s.tokens);
+  Owned sums = empty({s.chunks, s.channels}, DType::F32, Device::CUDA);
+  Owned carry = empty({s.chunks, s.states, s.channels}, DType::F32, Device::CUDA);
+  ScanParams p = scan_params(s, a, chunk_states, starts, sums);
+  p.dy = mamba::block_ptr<const bf16_t>(dy);
+  p.lddy = dy.ld();
+  p.carry = carry.ptr<float>();
+  p.dx = mamba::block_ptr<bf16_t>(g.dx);
+  p.lddx = g.dx.ld();
+  p.ddt = static_cast<bf16_t*>(g.ddt.data);
+  p.dz = mamba::block_ptr<bf16_t>(g.dz);
+  p.lddz = g.dz.ld();
+  if (s.chunks > 1) {
+    scan_bwd_summary_kernel<<<dim3(p.chunks - 1, channel_blocks(p.channels)), kThreads, 0, stream()>>>(p);
+    check_launch("scan_bwd_summary_kernel");
+    scan_bwd_combine_kernel<<<flat_blocks(int64_t{p.states} * p.channels, 128), 128, 0, stream()>>>(p);
+    check_launch("scan_bwd_combine_kernel");
   } else {
-    CUDA_CHECK(cudaMemsetAsync(p.chunk_states, 0, sizeof(float) * p.states * p.channels, stream()));
+    CUDA_CHECK(cudaMemsetAsync(p.carry, 0, carry.t.nbytes(), stream()));
   }
-  switch (poly_output) {
-    case 0: lean_output_kernel<0><<<grid, kThreads, 0, stream()>>>(p); break;
-    case 1: lean_output_kernel<1><<<grid, kThreads, 0, stream()>>>(p); break;
-    case 2: lean_output_kernel<2><<<grid, kThreads, 0, stream()>>>(p); break;
-    default: lean_output_kernel<4><<<grid, kThreads, 0, stream()>>>(p); break;
-  }
-  check_launch("lean_output_kernel");
-}
-
-void backward_lean_carry(const ScanParams& p, int poly) {
-  const dim3 summary_grid(p.chunks - 1, channel_blocks(p.channels));
-  switch (poly) {
-    case 0: lean_bwd_summary_kernel<0><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-    case 1: lean_bwd_summary_kernel<1><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-    default: lean_bwd_summary_kernel<2><<<summary_grid, kThreads, 0, stream()>>>(p); break;
-  }
-  check_launch("lean_bwd_summary_kernel");
-  lean_bwd_combine_kernel<<<flat_blocks(int64_t{p.states} * p.channels, 128), 128, 0, stream()>>>(p);
-  check_launch("lean_bwd_combine_kernel");
-}
-
-void backward_lean_main(const ScanParams& p, unsigned chunk_blocks, unsigned groups) {
-  CUDA_CHECK(cudaFuncSetAttribute(lean_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // Several chunks per block when there are many (fewer parameter partials), keeping about four
+  // waves of blocks.
+  const int groups = static_cast<int>(channel_blocks(s.channels));
+  const int64_t wave = int64_t{sm_count()} * 4;
+  p.chunks_per_block = static_cast<int>(std::clamp<int64_t>(int64_t{s.chunks} * groups / (4 * wave), 1, 16));
+  const int chunk_blocks = static_cast<int>(ceil_div(s.chunks, p.chunks_per_block));
+  Owned bc_part = empty({groups, s.tokens, 2 * kN}, DType::F32, Device::CUDA);
+  Owned param_part = empty({chunk_blocks, kN + 2, s.channels}, DType::F32, Device::CUDA);
+  p.dbc_part = bc_part.ptr<float>();
+  p.param_part = param_part.ptr<float>();
+  CUDA_CHECK(cudaFuncSetAttribute(scan_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bwd_smem_bytes(kMaxChunk))));
-  lean_bwd_kernel<<<dim3(chunk_blocks, groups), kThreads, bwd_smem_bytes(p.chunk), stream()>>>(p);
-  check_launch("lean_bwd_kernel");
+  scan_bwd_kernel<<<dim3(static_cast<unsigned>(chunk_blocks), static_cast<unsigned>(groups)), kThreads,
+                    bwd_smem_bytes(p.chunk), stream()>>>(p);
+  check_launch("scan_bwd_kernel");
+  scan_bc_reduce_kernel<<<flat_blocks(s.tokens * 2 * kN, 256), 256, 0, stream()>>>(
+      bc_part.ptr<float>(), groups, s.tokens, s.states, mamba::block_ptr<bf16_t>(g.dB), g.dB.ld(),
+      mamba::block_ptr<bf16_t>(g.dC), g.dC.ld());
+  check_launch("scan_bc_reduce_kernel");
+  scan_param_reduce_kernel<<<flat_blocks(int64_t{kN + 2} * s.channels, 256), 256, 0, stream()>>>(
+      param_part.ptr<float>(), chunk_blocks, s.channels, s.states, g.dA_log.ptr<float>(),
+      g.dD.ptr<float>(), g.ddt_bias.ptr<float>());
+  check_launch("scan_param_reduce_kernel");
 }
 
-}  // namespace engine::cuda::scan_impl
+}  // namespace engine::cuda
