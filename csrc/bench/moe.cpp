@@ -1,7 +1,8 @@
-// Benchmarks of the mixture-of-experts grouped GEMM (cuda/moe/grouped_gemm.cu, on sm_90 the wgmma
-// kernels of grouped_gemm_sm90.cu) against a loop of
-// cuBLASLt GEMMs over the experts (ops::matmul on each expert's rows, host-known row counts), in
-// TFLOP/s of useful work (2 x rows x K x N, padding rows not counted), for the three products:
+// Benchmarks of the mixture-of-experts grouped GEMM on each of its kernels (ops::GroupedKernel:
+// Portable, cuda/moe/grouped_gemm.cu's mma.sync; Hopper, on sm_90 the TMA wgmma kernel of
+// grouped_gemm_sm90.cu) against a loop of cuBLASLt GEMMs over the experts (ops::matmul on each
+// expert's rows, host-known row counts), in TFLOP/s of useful work (2 x rows x K x N, padding
+// rows not counted), for the three products:
 //   fwd   Y_e = X_e W_e^T             (rows, K) x (N, K)^T -> (rows, N) bf16
 //   dgrad dX_e = dY_e W_e             (rows, N) x (N, K)   -> (rows, K) bf16 (mma.sync, and on
 //         sm_90 the TMA wgmma kernel reading W_e MN-major)
@@ -9,31 +10,15 @@
 //         the TMA wgmma kernel reading dY and X MN-major)
 // Shapes (scripts/bench_torch_moe.py times torch._grouped_mm and a torch.matmul loop on the same):
 //   balanced  8 experts sharing 32768 rows evenly (4096 each), 4096 -> 7168: the reading of
-//             ../shared/DEVICE.md's "8 experts, 32768 tokens, 4096 -> 7168" (torch._grouped_mm
-//             760 TFLOP/s there)
+//             ../shared/DEVICE.md's "8 experts, 32768 tokens, 4096 -> 7168"
 //   skewed    8 experts, 32768 rows, one expert with 24576 (75 %), the others 1168 or 1184
 //   small     64 experts x 80 rows (5120 rows), 2048 -> 2816 (fine-grained experts, gate|up)
 // And the whole layer (layers::Moe) forward and backward at T = 16384, C = 2048, F = 5632,
 // E = 8, k = 2 (its GEMM FLOPs: 3 products of 2 T k C F each forward, twice that backward, plus
 // the router).
 //
-// Measured on one H200 (2026-11-30, the persistent TMA kernel; torch 2.11 by
-// scripts/bench_torch_moe.py in the same call), TFLOP/s, ours (Auto's kernel) / torch._grouped_mm:
-//   balanced  fwd 733 / 760   dgrad 685 / 672   wgrad f32+= 626 / 675 (torch: bf16 out)
-//   skewed    fwd 731 / 693   dgrad 732 / 667   wgrad 618 / 660
-//   small     fwd 258 / 197   dgrad 266 / 228   wgrad 61 / 158 (f32 dW read-modify-write bound)
-//   (the default since: each k step retired before the next, balanced 739 / 733 / 636); other
-//   kernels: fwd mma.sync 349, fwd cp.async wgmma 426, dgrad mma.sync 296, wgrad mma.sync 302.
-//   With the expert table in shared memory and the wgrad's dW += by TMA reductions (two calls of
-//   one later session, beside the previous binary and torch in the same calls), balanced fwd /
-//   dgrad / wgrad 756 / 748 / 723 and 711-716 / 712-748 / 733 (previous binary 748 / 741 / 677,
-//   751 / 746 / 682, 708 / 747 / 646; torch 743 / 740 / 703, 747 / 741 / 683, 766 / 761 / 684):
-//   the forward and dgrad move ~7% between processes in both binaries; skewed wgrad 676-684
-//   (previous 595-641); small wgrad 49 (previous 61: the copy engine's f32 adds are slower than
-//   the threads' read-modify-write where each unit has 2 k steps).
-//   BENCH_MOE_CASES=balanced,skewed,small,layer picks cases, BENCH_MOE_KERNELS=tma times the TMA
-//   kernel's three products alone; the kernel's switches
-//   (ENGINE_MOE_NO_MULTICAST, ENGINE_MOE_RASTER, ENGINE_MOE_RETIRE_EACH): grouped_gemm_sm90.cu.
+// Figures: docs/PERF.md. BENCH_MOE_CASES=balanced,skewed,small,layer picks cases,
+// BENCH_MOE_KERNELS=tma times the Hopper (TMA wgmma) kernel's three products alone.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -92,79 +77,47 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
   const std::string base = c.name + " E=" + std::to_string(E) + " rows=" + std::to_string(rows) +
                            " " + std::to_string(c.k) + "->" + std::to_string(c.n);
   std::vector<Result> out;
-  // BENCH_MOE_KERNELS=tma: the TMA kernel's three products only (schedule comparisons).
+  const bool hopper = cuda::grouped_hopper_available();
+  const ops::GroupedLinearOptions portable{ops::GroupedKernel::Portable}, tma{ops::GroupedKernel::Hopper};
+  // BENCH_MOE_KERNELS=tma: the Hopper kernel's three products only (comparisons of its builds).
   const char* only_kernels = std::getenv("BENCH_MOE_KERNELS");
   if (only_kernels != nullptr && std::string(only_kernels) == "tma") {
-    if (!cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma)) return out;
-    using K = cuda::GroupedForwardKernel;
-    cuda::set_grouped_forward_kernel(K::WgmmaTma);
-    cuda::set_grouped_dgrad_kernel(K::WgmmaTma);
-    cuda::set_grouped_wgrad_kernel(K::WgmmaTma);
+    if (!hopper) return out;
     out.push_back({base + " fwd grouped wgmma TMA",
-                   time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y); }), flops, 0, ""});
+                   time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y, tma); }), flops, 0, ""});
     out.push_back({base + " dgrad grouped wgmma TMA (W MN-major)",
-                   time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx); }), flops, 0, ""});
+                   time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx, tma); }), flops, 0, ""});
     out.push_back({base + " wgrad grouped wgmma TMA (dY, X MN-major) f32+=",
-                   time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw); }), flops, 0, ""});
-    cuda::set_grouped_forward_kernel(K::Auto);
-    cuda::set_grouped_dgrad_kernel(K::Auto);
-    cuda::set_grouped_wgrad_kernel(K::Auto);
+                   time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw, tma); }), flops, 0, ""});
     return out;
   }
-  out.push_back({base + " fwd grouped mma.sync", time_ms([&] {
-                   cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::MmaSync);
-                   ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
-                 }),
-                 flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::Wgmma))
-    out.push_back({base + " fwd grouped wgmma cp.async", time_ms([&] {
-                     cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Wgmma);
-                     ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
-                   }),
-                   flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
-    out.push_back({base + " fwd grouped wgmma TMA", time_ms([&] {
-                     cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::WgmmaTma);
-                     ops::grouped_linear_forward(x, w, doffsets, dcounts, y);
-                   }),
-                   flops, 0, ""});
-  cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
+  out.push_back({base + " fwd grouped mma.sync",
+                 time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y, portable); }), flops, 0, ""});
+  if (hopper)
+    out.push_back({base + " fwd grouped wgmma TMA",
+                   time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y, tma); }), flops, 0, ""});
   out.push_back({base + " fwd cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
                      ops::matmul(x->slice(r0, r0 + n), false, we, true, y->slice(r0, r0 + n));
                    });
                  }),
                  flops, 0, ""});
-  out.push_back({base + " dgrad grouped mma.sync", time_ms([&] {
-                   cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::MmaSync);
-                   ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
-                 }),
-                 flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
-    out.push_back({base + " dgrad grouped wgmma TMA (W MN-major)", time_ms([&] {
-                     cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
-                     ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx);
-                   }),
-                   flops, 0, ""});
-  cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
+  out.push_back({base + " dgrad grouped mma.sync",
+                 time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx, portable); }), flops, 0, ""});
+  if (hopper)
+    out.push_back({base + " dgrad grouped wgmma TMA (W MN-major)",
+                   time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx, tma); }), flops, 0, ""});
   out.push_back({base + " dgrad cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
                      ops::matmul(y->slice(r0, r0 + n), false, we, false, dx->slice(r0, r0 + n));
                    });
                  }),
                  flops, 0, ""});
-  out.push_back({base + " wgrad grouped mma.sync f32+=", time_ms([&] {
-                   cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::MmaSync);
-                   ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
-                 }),
-                 flops, 0, ""});
-  if (cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma))
-    out.push_back({base + " wgrad grouped wgmma TMA (dY, X MN-major) f32+=", time_ms([&] {
-                     cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::WgmmaTma);
-                     ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw);
-                   }),
-                   flops, 0, ""});
-  cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
+  out.push_back({base + " wgrad grouped mma.sync f32+=",
+                 time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw, portable); }), flops, 0, ""});
+  if (hopper)
+    out.push_back({base + " wgrad grouped wgmma TMA (dY, X MN-major) f32+=",
+                   time_ms([&] { ops::grouped_linear_backward_weight(y, x, doffsets, dcounts, dw, tma); }), flops, 0, ""});
   out.push_back({base + " wgrad cuBLASLt loop f32+=", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor&, const Tensor& dwe) {
                      ops::matmul(y->slice(r0, r0 + n), true, x->slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});

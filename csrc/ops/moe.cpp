@@ -94,29 +94,32 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 }
 
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y) {
+                            const Tensor& counts, const Tensor& y,
+                            [[maybe_unused]] const GroupedLinearOptions& options) {
   if (device_of("grouped_linear_forward", {{"x", x}, {"w", w}, {"offsets", offsets},
                                            {"counts", counts}, {"y", y}}) == Device::CPU)
     return ref::grouped_linear_forward(x, w, offsets, counts, y);
-  MOE_CUDA(grouped_linear_forward(x, w, offsets, counts, y));
+  MOE_CUDA(grouped_linear_forward(x, w, offsets, counts, y, options));
   no_cuda_build("grouped_linear_forward");
 }
 
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx) {
+                                   const Tensor& counts, const Tensor& dx,
+                                   [[maybe_unused]] const GroupedLinearOptions& options) {
   if (device_of("grouped_linear_backward_input", {{"dy", dy}, {"w", w}, {"offsets", offsets},
                                                   {"counts", counts}, {"dx", dx}}) == Device::CPU)
     return ref::grouped_linear_backward_input(dy, w, offsets, counts, dx);
-  MOE_CUDA(grouped_linear_backward_input(dy, w, offsets, counts, dx));
+  MOE_CUDA(grouped_linear_backward_input(dy, w, offsets, counts, dx, options));
   no_cuda_build("grouped_linear_backward_input");
 }
 
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw) {
+                                    const Tensor& counts, const Tensor& dw,
+                                    [[maybe_unused]] const GroupedLinearOptions& options) {
   if (device_of("grouped_linear_backward_weight", {{"dy", dy}, {"x", x}, {"offsets", offsets},
                                                    {"counts", counts}, {"dw", dw}}) == Device::CPU)
     return ref::grouped_linear_backward_weight(dy, x, offsets, counts, dw);
-  MOE_CUDA(grouped_linear_backward_weight(dy, x, offsets, counts, dw));
+  MOE_CUDA(grouped_linear_backward_weight(dy, x, offsets, counts, dw, options));
   no_cuda_build("grouped_linear_backward_weight");
 }
 

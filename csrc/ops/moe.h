@@ -57,6 +57,8 @@
 // CPU: f32 or f64 for all (double accumulation). CUDA: x, dy, w bf16; y, dx bf16; dw f32
 // (f32 accumulation); offsets_e a multiple of kMoeRowAlign (as moe_dispatch makes them);
 // K and N multiples of 8; bf16 pointers 16-byte aligned, dw 8-byte aligned.
+// GroupedLinearOptions::kernel picks the CUDA kernels (CPU tensors always run the reference);
+// every kernel follows this contract.
 //
 // ---- Router jitter (Switch Transformer): y = x (1 + eps (2 u_i - 1)), u_i uniform in (0, 1]
 // from Philox keyed by moe_jitter_key(seed) at the element index i of x (the same numbers on
@@ -99,12 +101,28 @@ void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights
 void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
                             const Tensor& weights, const Tensor& dyp, const Tensor& dweights);
 
+// The CUDA kernels of the grouped linear ops (cuda/moe/):
+//   Portable  the mma.sync kernels (grouped_gemm.cu), any GPU.
+//   Hopper    the wgmma kernels (grouped_gemm_sm90*.cu; an error on a device where the TMA kernel
+//             is not built: sm_90a code on a compute capability 9.0 GPU): the persistent TMA
+//             kernel for the three products where it takes the shapes; otherwise (S > 1 weight
+//             stacks with N/S % 64 != 0, K = 0) the cp.async wgmma forward and the mma.sync dgrad.
+//   Auto      each product on the first of those kernels that is built for the device and takes
+//             the shapes, the mma.sync kernel last: Hopper on an sm_90 GPU, else Portable.
+enum class GroupedKernel { Auto, Hopper, Portable };
+struct GroupedLinearOptions {
+  GroupedKernel kernel = GroupedKernel::Auto;
+};
+
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y);
+                            const Tensor& counts, const Tensor& y,
+                            const GroupedLinearOptions& options = {});
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx);
+                                   const Tensor& counts, const Tensor& dx,
+                                   const GroupedLinearOptions& options = {});
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw);
+                                    const Tensor& counts, const Tensor& dw,
+                                    const GroupedLinearOptions& options = {});
 
 inline PhiloxKey moe_jitter_key(uint64_t seed) { return philox_key(seed, "moe.jitter"); }
 void moe_jitter(const Tensor& x, const Tensor& y, uint64_t seed, float eps);

@@ -19,15 +19,14 @@
 // atomics (deterministic); experts with no rows exit.
 // Weights may be S stacks (w (S, E, N/S, K), row n of W_e in stack n / (N/S)): every loaded or
 // stored weight row computes its own address, so stacks of any height work.
-// On sm_90 the launchers below hand the work to grouped_gemm_sm90.cu's persistent TMA wgmma
-// kernel by default (set_grouped_*_kernel in moe.cuh): all three products, the backward ones
-// reading their operands MN-major (no transposed copies); the cp.async wgmma forward where the
-// TMA kernel does not take the weight stacks. These mma.sync kernels remain the path elsewhere.
+// The launchers below run these kernels for GroupedKernel::Portable (ops/moe.h) and wherever the
+// Hopper kernels (grouped_gemm_sm90*.cu) are not built for the device or do not take the shapes;
+// otherwise (Auto on sm_90, Hopper) grouped_gemm_sm90.cu's persistent TMA wgmma kernel: all three
+// products, the backward ones reading their operands MN-major (no transposed copies); the
+// cp.async wgmma forward where the TMA kernel does not take the weight stacks.
 #include <algorithm>
-#include <atomic>
 #include <mutex>
 
-#include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
 #include "cuda/moe/moe.cuh"
@@ -226,43 +225,12 @@ void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, co
 }
 
 std::once_flag g_fwd_flag, g_dgrad_flag, g_wgrad_flag;
-std::atomic<GroupedForwardKernel> g_forward_kernel{GroupedForwardKernel::Auto};
-std::atomic<GroupedForwardKernel> g_dgrad_kernel{GroupedForwardKernel::Auto};
-std::atomic<GroupedForwardKernel> g_wgrad_kernel{GroupedForwardKernel::Auto};
 
-// wt (E, K, N) = W_e^T of every expert (W_e (N, K): the S stacks of w side by side).
-// 64 x 64 tiles through shared memory (padded rows: the column reads hit distinct banks); both
-// the reads (along K) and the writes (along N) are row-contiguous.
-constexpr int kT = 64;
-static __global__ void transpose_experts_kernel(const uint16_t* w, uint16_t* wt, int experts,
-                                                int64_t n, int64_t k, int64_t n_per_stack) {
-  __shared__ uint16_t tile[kT][kT + 2];  // bf16 bits
-  const int e = blockIdx.z;
-  const int64_t k0 = int64_t{blockIdx.x} * kT, n0 = int64_t{blockIdx.y} * kT;
-  for (int i = threadIdx.x; i < kT * kT; i += blockDim.x) {
-    const int r = i / kT, c = i % kT;  // r: along n, c: along k
-    const int64_t nn = n0 + r, kk = k0 + c;
-    if (nn < n && kk < k) {
-      const int64_t s = nn / n_per_stack;
-      tile[r][c] = w[((s * experts + e) * n_per_stack + (nn - s * n_per_stack)) * k + kk];
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kT * kT; i += blockDim.x) {
-    const int r = i / kT, c = i % kT;  // r: along k, c: along n
-    const int64_t kk = k0 + r, nn = n0 + c;
-    if (nn < n && kk < k) wt[(int64_t{e} * k + kk) * n + nn] = tile[c][r];
-  }
-}
-
-void transpose_experts(const Tensor& w, const ops::GroupedWeight& g, const Tensor& wt) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(g.k, kT)), static_cast<unsigned>(ceil_div(g.n, kT)),
-                  static_cast<unsigned>(g.experts));
-  transpose_experts_kernel<<<grid, 256, 0, stream()>>>(static_cast<const uint16_t*>(w.data),
-                                                       static_cast<uint16_t*>(wt.data),
-                                                       static_cast<int>(g.experts), g.n, g.k,
-                                                       g.n_per_stack());
-  check_launch("transpose_experts_kernel");
+// Whether the Hopper kernels may run; GroupedKernel::Hopper on a device without them is an error.
+bool try_hopper(ops::GroupedKernel kernel, const char* op) {
+  if (kernel == ops::GroupedKernel::Hopper)
+    ENSURE(grouped::tma_available(), op, ": the Hopper (TMA wgmma) kernels are not built for this device");
+  return kernel != ops::GroupedKernel::Portable;
 }
 
 void launch_rows(bool dgrad, const Tensor& a, const Tensor& w, const Tensor& offsets,
@@ -301,99 +269,54 @@ void launch_rows(bool dgrad, const Tensor& a, const Tensor& w, const Tensor& off
 
 }  // namespace
 
+bool grouped_hopper_available() { return grouped::tma_available(); }
+
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y) {
+                            const Tensor& counts, const Tensor& y,
+                            const ops::GroupedLinearOptions& options) {
   const char* op = "grouped_linear_forward";
   const ops::GroupedWeight g = check_grouped(w, DType::BF16, x, offsets, counts, op);
   ENSURE(x.ndim() == 2, op, ": x must be (R, K), got ", x.shape.str());
   const int64_t R = x.size(0);
   expect_rows(x, R, g.k, op, "x");
   expect_rows(y, R, g.n, op, "y");
-  const GroupedForwardKernel kernel = g_forward_kernel.load();
   const ForwardArgs a{static_cast<const gbf16*>(x.data), static_cast<const gbf16*>(w.data),
                       static_cast<gbf16*>(y.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
                       static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
-  switch (kernel) {
-    case GroupedForwardKernel::WgmmaTma:
-      ENSURE(forward_sm90_eligible(a, true), op,
-             ": the TMA wgmma kernel is not built for this device or needs N/S % 64 == 0");
-      forward_sm90(a, true);
-      return;
-    case GroupedForwardKernel::Wgmma:
-      ENSURE(forward_sm90_available(false), op, ": the wgmma kernel is not built for this device");
-      forward_sm90(a, false);
-      return;
-    case GroupedForwardKernel::MmaSync:
-      break;
-    case GroupedForwardKernel::Auto:
-      if (forward_sm90(a, true) || forward_sm90(a, false)) return;
-      break;
-  }
+  if (try_hopper(options.kernel, op) && forward_sm90(a)) return;
   launch_rows(false, x, w, offsets, counts, y, g);
 }
 
-void set_grouped_forward_kernel(GroupedForwardKernel k) { g_forward_kernel = k; }
-bool grouped_forward_kernel_available(GroupedForwardKernel k) {
-  switch (k) {
-    case GroupedForwardKernel::WgmmaTma: return forward_sm90_available(true);
-    case GroupedForwardKernel::Wgmma: return forward_sm90_available(false);
-    default: return true;
-  }
-}
-
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx) {
+                                   const Tensor& counts, const Tensor& dx,
+                                   const ops::GroupedLinearOptions& options) {
   const char* op = "grouped_linear_backward_input";
   const ops::GroupedWeight g = check_grouped(w, DType::BF16, dy, offsets, counts, op);
   ENSURE(dy.ndim() == 2, op, ": dy must be (R, N), got ", dy.shape.str());
   const int64_t R = dy.size(0);
   expect_rows(dy, R, g.n, op, "dy");
   expect_rows(dx, R, g.k, op, "dx");
-  // On sm_90 (Auto, WgmmaTma): the TMA wgmma kernel reading W_e MN-major (no copy) where it
-  // takes the weights' stacks; Wgmma: the cp.async forward kernel on a transposed copy of the
-  // weights (a scratch (E, K, N) for the call); else the mma.sync kernel (ldmatrix.trans).
-  GroupedForwardKernel kernel = g_dgrad_kernel.load();
+  // The TMA kernel reads W_e MN-major (no copy) where it takes the weights' stacks; else the
+  // mma.sync kernel (W_e through ldmatrix.trans).
   const ForwardArgs a{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(w.data),
                       static_cast<gbf16*>(dx.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
                       static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
-  if (kernel == GroupedForwardKernel::WgmmaTma || kernel == GroupedForwardKernel::Auto) {
-    ENSURE(kernel == GroupedForwardKernel::Auto || dgrad_sm90_eligible(a), op,
-           ": the TMA wgmma kernel is not built for this device or needs N/S % 64 == 0");
-    if (dgrad_sm90(a)) return;
-  }
-  if (kernel == GroupedForwardKernel::Wgmma) {
-    ENSURE(forward_sm90_available(false), op, ": the wgmma kernel is not built for this device");
-    if (R > 0 && g.k > 0 && g.n > 0) {
-      Owned wt = empty({g.experts, g.k, g.n}, DType::BF16, Device::CUDA);
-      transpose_experts(w, g, wt);
-      const ForwardArgs t{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(wt->data),
-                          static_cast<gbf16*>(dx.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
-                          static_cast<int>(g.experts), R, g.k, g.n, g.k, 1};
-      forward_sm90(t, false);
-    }
-    return;
-  }
+  if (try_hopper(options.kernel, op) && dgrad_sm90(a)) return;
   launch_rows(true, dy, w, offsets, counts, dx, g);
 }
 
-void set_grouped_dgrad_kernel(GroupedForwardKernel k) { g_dgrad_kernel = k; }
-void set_grouped_wgrad_kernel(GroupedForwardKernel k) { g_wgrad_kernel = k; }
-
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw) {
+                                    const Tensor& counts, const Tensor& dw,
+                                    const ops::GroupedLinearOptions& options) {
   const char* op = "grouped_linear_backward_weight";
   const ops::GroupedWeight g = check_grouped(dw, DType::F32, dy, offsets, counts, op);
   ENSURE(dy.ndim() == 2, op, ": dy must be (R, N), got ", dy.shape.str());
   const int64_t R = dy.size(0);
   expect_rows(dy, R, g.n, op, "dy");
   expect_rows(x, R, g.k, op, "x");
-  // Auto: the TMA kernel (on sm_90) at every size: balanced 8 x 4096 rows 684 TFLOP/s against
-  // 306 for mma.sync, 64 experts x 80 rows 0.97 ms against 1.44 ms (H200, 2026-11-30).
-  const GroupedForwardKernel kernel = g_wgrad_kernel.load();
-  ENSURE(kernel == GroupedForwardKernel::Auto || kernel == GroupedForwardKernel::MmaSync ||
-             forward_sm90_available(true),
-         op, ": the TMA wgmma kernel is not built for this device");
-  if (kernel != GroupedForwardKernel::MmaSync) {
+  // The TMA kernel (on sm_90) at every size, small experts included (faster than mma.sync on
+  // every case measured, docs/PERF.md).
+  if (try_hopper(options.kernel, op)) {
     const WgradArgs a{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(x.data),
                       dw.ptr<float>(), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
                       static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};

@@ -1,6 +1,6 @@
 // Device helpers shared by the grouped GEMM kernels (.cu only): mma.sync (grouped_gemm.cu) and
-// wgmma (grouped_gemm_sm90.cu). Expert row ranges, weight rows of stacked expert matrices,
-// swizzled cp.async tile loads, the tile -> expert search; and the sm90 forward's entry point.
+// wgmma (grouped_gemm_sm90*.cu). Expert row ranges, weight rows of stacked expert matrices,
+// swizzled cp.async tile loads, the tile -> expert search; and the Hopper products' entry points.
 #pragma once
 #include <cstdint>
 
@@ -104,10 +104,8 @@ __device__ __forceinline__ void raster(int block, int group_m, int tiles_m, int 
   tn = in_group / group_size;
 }
 
-// The forward product on wgmma (grouped_gemm_sm90.cu), all arguments checked by the caller;
-// tma: the persistent clustered TMA kernel, else the cp.async one. Returns false when that kernel
-// is not built for this device or (TMA) does not take these shapes (S > 1 stacks whose N/S is
-// not a multiple of 64): the caller then runs another.
+// The products on Hopper's wgmma (grouped_gemm_sm90_launch.cu), all arguments checked by the
+// caller. Each returns false where it ran nothing: the caller then runs the mma.sync kernel.
 struct ForwardArgs {
   const gbf16* x;          // (R, K); dgrad: dy (R, N)
   const gbf16* w;          // (S, E, N/S, K)
@@ -117,16 +115,19 @@ struct ForwardArgs {
   int experts;
   int64_t rows, n, k, n_per_stack, stacks;  // n, k: W_e is (N, K)
 };
-bool forward_sm90(const ForwardArgs& a, bool tma);
-bool forward_sm90_available(bool tma);
-bool forward_sm90_eligible(const ForwardArgs& a, bool tma);
-// The input gradient dx = dy W_e on the same TMA kernel, W_e read MN-major (no transposed
-// copy); the forward's shape rule. False when not available or not eligible.
+// Whether the persistent TMA kernel is built for this device and can run: sm_90a code in the
+// binary, a compute capability 9.0 GPU, the driver's cuTensorMapEncodeTiled.
+bool tma_available();
+// The forward: the TMA kernel where it takes the shapes (one weight stack or N/S % 64 == 0,
+// K, N > 0, R, K, N inside int), else the cp.async wgmma kernel where that is built for the
+// device; false when neither is.
+bool forward_sm90(const ForwardArgs& a);
+// The input gradient dx = dy W_e on the TMA kernel, W_e read MN-major (no transposed copy),
+// under the forward's shape rule; false when not available or the shapes are not taken.
 bool dgrad_sm90(const ForwardArgs& a);
-bool dgrad_sm90_eligible(const ForwardArgs& a);
 
 // The weight gradient on the TMA kernel, dy and x read MN-major straight from the row buffers
-// (no copies). Returns false when the kernel is not built for this device.
+// (no copies), every shape (R, K, N inside int). False when the kernel is not available.
 struct WgradArgs {
   const gbf16* dy;         // (R, N)
   const gbf16* x;          // (R, K)

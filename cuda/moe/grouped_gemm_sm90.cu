@@ -1,21 +1,17 @@
 // The grouped GEMMs on Hopper's wgmma (sm_90a), the contract of grouped_gemm.cu (whose mma.sync
-// kernels run where these are not built). Two kernels:
-//   - the persistent, clustered TMA kernel (here: forward, input gradient, weight gradient; the
-//     default on sm_90), and
-//   - the cp.async forward kernel (grouped_gemm_sm90_cp_async.cu; also the dgrad on a transposed
-//     weight copy when asked for by set_grouped_dgrad_kernel(Wgmma)).
-// The tile shape, stage ring and wgmma helpers they share: grouped_gemm_sm90.cuh.
+// kernels are the portable path). Two kernels:
+//   - the persistent, clustered TMA kernel (here: forward, input gradient, weight gradient), and
+//   - the cp.async forward kernel (grouped_gemm_sm90_cp_async.cu), the forward of the weight
+//     stacks the TMA kernel's 64-row weight boxes cannot take (S > 1 with N/S % 64 != 0).
+// The tile shape, stage ring and wgmma helpers they share: grouped_gemm_sm90.cuh; the TMA
+// kernel's tensor maps, shape rules and entry points: grouped_gemm_sm90_launch.cu (this file: the
+// kernel and its launch).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
 
-#include "core/buffer.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/sm90.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
 #include "cuda/moe/grouped_gemm_sm90.cuh"
-#include "cuda/moe/moe.cuh"
 
 namespace engine::cuda::grouped {
 namespace {
@@ -41,45 +37,42 @@ using sm90::tma_load_3d;
 //   wgrad    dW_e += dy_e^T x_e   A = dy_e MN-major (token rows are the reduction, 64 n per
 //                            run), B = x_e MN-major; reduction over the expert's rows only
 // wgmma reads MN-major operands through its transpose bits, so no transposed copies are made.
-// Block: warps 0-7 two consumer warpgroups (64 x 256 each, 128 f32 accumulators per thread,
-// 224 registers by setmaxnreg), warps 8-11 the producer warpgroup (56 registers; one thread
-// issues every copy, its box coordinates computed once per unit: a 64-bit division per box and
-// step had held the forward at 638 TFLOP/s, 733 without). 4-stage ring, stage s = A (two 64-row
-// boxes or one 128-row box, 16 KiB) + B (four 64-row boxes, 32 KiB); barriers full[s] (the
-// producer's expect_tx; completes when the stage's 48 KiB have landed) and empty[s] (4
-// arrivals: both consumer warpgroups of both CTAs of the cluster, once their wgmma reading the
-// stage retired: by default each warpgroup waits for its step's wgmma and releases the stage
-// at once, the other warpgroup's wgmma keeping the tensor cores busy meanwhile).
+// Block: warps 0-7 two consumer warpgroups (64 x 256 each, 128 f32 accumulators per thread, 224
+// registers by setmaxnreg), warps 8-11 the producer warpgroup (56 registers; one thread issues
+// every copy, its box coordinates computed once per unit: a 64-bit division per box and step held
+// the forward back, docs/PERF.md). 4-stage ring, stage s = A (two 64-row boxes or one 128-row box,
+// 16 KiB) + B (four 64-row boxes, 32 KiB); barriers full[s] (the producer's expect_tx; completes
+// when the stage's 48 KiB have landed) and empty[s] (4 arrivals: both consumer warpgroups of both
+// CTAs of the cluster, once their wgmma reading the stage retired: each warpgroup waits for its
+// step's wgmma and releases the stage at once, the other warpgroup's wgmma keeping the tensor cores
+// busy meanwhile; faster on H200 than keeping one step in flight, docs/PERF.md).
 // Cluster of 2 CTAs on adjacent 128-row tiles of the same 256 columns (a "unit"): they need the
 // same B tile, so each loads half of it (two boxes) and multicasts it into both CTAs' stages,
-// halving the B traffic from L2 (the kernels without it were bound near 5.5 TB/s of L2 -> SM
-// reads). Where the two row tiles belong to different experts (forward, dgrad: an expert with an
-// odd number of tiles) each CTA loads its whole B itself for that unit. Both CTAs walk the same
-// units with the same k steps, so stage and phase counters agree; a CTA whose tile is past the
+// halving the B traffic from L2 (the kernels without it were bound by the L2 -> SM reads,
+// docs/PERF.md). Where the two row tiles belong to different experts (forward, dgrad: an expert
+// with an odd number of tiles) each CTA loads its whole B itself for that unit. Both CTAs walk the
+// same units with the same k steps, so stage and phase counters agree; a CTA whose tile is past the
 // rows (odd tile counts, the static bound) computes it and stores nothing.
 // Persistent grid: as many clusters as fit at once, cluster c takes units c, c + clusters, ...;
 // the producer runs on into the next unit's loads while the consumers store the last one.
-// Units: forward / dgrad, 256-row pairs x 256 output columns in groups of 4 pairs with the
-// column outer (raster, L2 reuse); wgrad, (expert, pair of 128-row tiles of N, 256 columns of K),
-// experts with no rows skipped. Where E <= kTableMax the block copies the expert offsets and
-// counts into shared memory first, so the unit lookups (the forward / dgrad tile -> expert
-// binary search, the wgrad expert's rows), which the consumers make between two units with the
-// tensor cores idle, read no global memory (H200 balanced, one process: forward 751 -> 761,
-// wgrad +3-5%). Rows past an expert's count: forward / dgrad, loaded (another expert's or
-// padding) and never stored; wgrad, the last k step's token rows past the count are zeroed in
-// shared memory (both operands) before its wgmma. Rows and columns past the tensors are TMA zero
-// fill. Epilogues through a 16 KiB shared buffer per warpgroup: bf16 stores of 16-byte chunks
-// per thread (forward, dgrad; TMA stores measured no faster on the forward and slower on the
-// dgrad), and the weight gradient's dW += by TMA reductions (the copy engine adds each 64 x 32
-// f32 box in L2, asynchronously; each dW tile by one CTA, deterministic; see epilogue_f32_tma)
-// where dW is 16-byte aligned, each warpgroup's 64 rows lie in one stack and the expert has at
-// least kTmaEpiMinSteps k steps, else the threads' read-modify-write (old values loaded
-// together, then stored).
+// Units: forward / dgrad, 256-row pairs x 256 output columns in groups of kRasterGroup pairs with
+// the column outer (raster, L2 reuse); wgrad, (expert, pair of 128-row tiles of N, 256 columns of
+// K), experts with no rows skipped. Where E <= kTableMax the block copies the expert offsets and
+// counts into shared memory first, so the unit lookups (the forward / dgrad tile -> expert binary
+// search, the wgrad expert's rows), which the consumers make between two units with the tensor
+// cores idle, read no global memory. Rows past an expert's count: forward / dgrad, loaded (another
+// expert's or padding) and never stored; wgrad, the last k step's token rows past the count are
+// zeroed in shared memory (both operands) before its wgmma. Rows and columns past the tensors are
+// TMA zero fill. Epilogues through a 16 KiB shared buffer per warpgroup: bf16 stores of 16-byte
+// chunks per thread (forward, dgrad; TMA stores measured no faster, docs/PERF.md), and the weight
+// gradient's dW += by TMA reductions (the copy engine adds each 64 x 32 f32 box in L2,
+// asynchronously; each dW tile by one CTA, deterministic; see epilogue_f32_tma) where dW is 16-byte
+// aligned, each warpgroup's 64 rows lie in one stack and the expert has at least kTmaEpiMinSteps k
+// steps, else the threads' read-modify-write (old values loaded together, then stored).
 constexpr int kTmaThreads = 384;  // 2 consumer warpgroups + 1 producer warpgroup
 // Registers per thread after setmaxnreg (the block is compiled for 65536 / 384 = 168).
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 static_assert(sm90::setmaxnreg_fits(kTmaThreads, kProducerRegs + 2 * kConsumerRegs), "register file");
-constexpr int kBox = 64;          // rows of a TMA box (each row 64 bf16 = 128 bytes)
 constexpr uint32_t kBoxBytes = kBox * kBK * 2;
 constexpr uint32_t kEpiBytes = 64 * 256;  // epilogue staging per consumer warpgroup
 // After the stages: the epilogue's staging (1024-byte aligned: the TMA epilogue's swizzle
@@ -96,26 +89,8 @@ constexpr size_t kTmaSmemBytes = size_t{kTableOffset} + kTableBytes + 1024;  // 
 // 227 KiB per block, less the 1 KiB the compiler lists as the kernels' static shared memory.
 static_assert(kTmaSmemBytes + 1024 <= 232448, "shared memory per block");
 static_assert(kATileBytes == 2 * kBoxBytes && kBTileBytes == 4 * kBoxBytes, "boxes per tile");
-
-enum Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
-
-struct TmaParams {
-  const int32_t* offsets;  // (E + 1)
-  const int32_t* counts;   // (E)
-  void* out;               // forward y / dgrad dx (R, out_cols) bf16; wgrad dW (S, E, N/S, K) f32
-  int experts;
-  int64_t out_cols;        // forward N, dgrad K, wgrad K
-  int64_t red;             // reduction: forward K, dgrad N (wgrad: the expert's rows)
-  int64_t m_rows;          // wgrad: N (rows of dW); forward, dgrad: R
-  int64_t n_per_stack;     // weight (dW) rows per stack
-  int64_t stacks;
-  int tiles_m, tiles_n, pairs_m;  // 128-row tiles, 256-column tiles, ceil(tiles_m / 2)
-  int units;
-  bool multicast;          // false: every CTA loads its whole B (ENGINE_MOE_NO_MULTICAST=1)
-  int group;               // raster: pairs of row tiles per group (ENGINE_MOE_RASTER, default 4)
-  bool retire_each;        // wait for each step's wgmma before the next (default; ENGINE_MOE_RETIRE_EACH=0: not)
-  bool tma_epi;            // wgrad: dW += by TMA reductions (default; ENGINE_MOE_TMA_EPILOGUE=0: not)
-};
+// Pairs of row tiles per raster group (a sweep of 1-16 measured within noise, docs/PERF.md).
+constexpr int kRasterGroup = 4;
 
 struct Unit {
   int e;
@@ -138,7 +113,7 @@ __device__ __forceinline__ Unit unit_of(const TmaParams& p, const int32_t* offs,
     w.count = cnts[w.e];
     w.t0 = offs[w.e];
     w.skip = w.count <= 0;
-    w.mcast = p.multicast;
+    w.mcast = true;  // both row tiles reduce over the same expert's token rows
     w.m0 = (2 * pm + rank) * kBM;
     w.rows_valid = p.m_rows - w.m0;
     w.nk = (w.count + kBK - 1) / kBK;
@@ -151,7 +126,7 @@ __device__ __forceinline__ Unit unit_of(const TmaParams& p, const int32_t* offs,
     w.e = mine.e;
     w.rows_valid = mine.rows_valid;
     w.skip = a.rows_valid <= 0 && b.rows_valid <= 0;
-    w.mcast = p.multicast && a.rows_valid > 0 && b.rows_valid > 0 && a.e == b.e;
+    w.mcast = a.rows_valid > 0 && b.rows_valid > 0 && a.e == b.e;
     w.m0 = static_cast<int>(r0) + rank * kBM;
     w.nk = static_cast<int>((p.red + kBK - 1) / kBK);
     w.t0 = w.count = 0;
@@ -260,19 +235,18 @@ __device__ __forceinline__ void epilogue_f32_add(const float (&acc)[128], uint32
   }
 }
 
-// ---- The weight gradient's epilogue by TMA reductions: the copy engine adds (f32, in L2) boxes
-// of the staging buffer into dW, asynchronously, so the consumers go on to the next unit's k
-// steps instead of waiting for dW's old values (the read-modify-write above held the balanced
-// weight gradient at ~621-676 TFLOP/s, ~723 with this). The warpgroup's 16 KiB buffer is two
-// 8 KiB slots, box b (64 rows x 32 columns, 128-byte rows) staged in slot b % 2 in the 128-byte
-// swizzle of dW's tensor map (row r at 128 r bytes, 16-byte chunk c at c ^ (r % 8): conflict-free
-// writes of the accumulator fragment); every thread fences its writes to the async proxy, the
-// leader thread, before the barrier that lets the threads write the next box, waits until the
-// copy before it has read its slot (cp.async.bulk.wait_group.read), and after it issues the
-// box's reduction. A unit's last copy is waited for by the next unit's first barrier (or the
-// kernel's end). Each element of dW gets one add per call (each tile by one CTA): deterministic,
-// and the same round-to-nearest f32 sum old + acc as the threads' read-modify-write (subnormals
-// aside: the copy engine's add may flush them).
+// ---- The weight gradient's epilogue by TMA reductions: the copy engine adds (f32, in L2) boxes of
+// the staging buffer into dW, asynchronously, so the consumers go on to the next unit's k steps
+// instead of waiting for dW's old values (faster on the balanced weight gradient, docs/PERF.md).
+// The warpgroup's 16 KiB buffer is two 8 KiB slots, box b (64 rows x 32 columns, 128-byte rows)
+// staged in slot b % 2 in the 128-byte swizzle of dW's tensor map (row r at 128 r bytes, 16-byte
+// chunk c at c ^ (r % 8): conflict-free writes of the accumulator fragment); every thread fences
+// its writes to the async proxy, the leader thread, before the barrier that lets the threads write
+// the next box, waits until the copy before it has read its slot (cp.async.bulk.wait_group.read),
+// and after it issues the box's reduction. A unit's last copy is waited for by the next unit's
+// first barrier (or the kernel's end). Each element of dW gets one add per call (each tile by one
+// CTA): deterministic, and the same round-to-nearest f32 sum old + acc as the threads'
+// read-modify-write (subnormals aside: the copy engine's add may flush them).
 __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
                                                   int c2) {
   asm volatile(
@@ -284,10 +258,8 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32
 
 // The TMA reductions for units of at least this many k steps (an expert's rows / 64); shorter
 // units take the threads' read-modify-write. Where every unit is short, the units' dW traffic
-// outruns the copy engine's f32 adds: H200, 64 experts x 80 rows (2 steps), 2048 -> 2816, wgrad
-// 49 TFLOP/s by TMA against 61 by the threads. Model behind the threshold (balanced, 0.72 us a
-// step per unit): the read-modify-write costs a unit ~6 us more than the steps, the reductions
-// ~1 us but no less than ~14 us a unit (the 2-step case's rate): even at ~11 steps.
+// outruns the copy engine's f32 adds (slower than the threads on 64 experts x 80 rows,
+// docs/PERF.md); the threshold is where the two epilogues' costs per unit break even.
 constexpr int kTmaEpiMinSteps = 12;
 
 // f32 dW += the warpgroup's 64 x 256 block: rows from c1 of stack-expert c2 (dW's map (K, N/S,
@@ -391,8 +363,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
             if (q < q0 || q >= q1) continue;
             const uint32_t dst = stage + kATileBytes + q * kBoxBytes;
             if constexpr (kMode == kWgrad) {
-              if (w.mcast) sm90::tma_load_2d_multicast(dst, &map_b, w.n0 + q * kBox, w.t0 + k0, full, mask);
-              else tma_load_2d(dst, &map_b, w.n0 + q * kBox, w.t0 + k0, full);
+              sm90::tma_load_2d_multicast(dst, &map_b, w.n0 + q * kBox, w.t0 + k0, full, mask);
             } else {
               // forward: box (64 of k, 64 weight rows n0 + 64 q); dgrad: box (64 output columns
               // n0 + 64 q along k, 64 weight rows k0 = the reduction).
@@ -454,17 +425,11 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) wgmma_tt<kTA, kTB>(acc, da + kk * kStepA, db + kk * kStepB);
         wgmma_commit();
-        if (p.retire_each) {
-          wgmma_wait<0>();  // this step has retired: its stage goes back at once
-          release(it);
-        } else {
-          wgmma_wait<1>();  // step it - 1 has retired: its stage goes back to the producers
-          if (kt > 0) release(it - 1);
-        }
+        wgmma_wait<0>();  // this step has retired: its stage goes back at once
+        release(it);
       }
       wgmma_wait<0>();
       reg_fence(acc);
-      if (!p.retire_each && w.nk > 0) release(it - 1);
       const uint32_t buf = base + kEpiOffset + wg * kEpiBytes;
       const int64_t wg_row = int64_t{w.m0} + 64 * wg;  // the warpgroup's first row of the tile
       if constexpr (kMode == kWgrad) {
@@ -496,111 +461,14 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
 #endif
 }
 
-// cuTensorMapEncodeTiled from the driver (no link against libcuda); nullptr where absent.
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() { return sm90::tensor_map_encoder(); }
-
-bool tma_available() {
-  static const bool ok = [] {
-    if (!cp_async_available() || encode_fn() == nullptr) return false;
-    for (const void* k : {reinterpret_cast<const void*>(grouped_tma_kernel<kFwd>),
-                          reinterpret_cast<const void*>(grouped_tma_kernel<kDgrad>),
-                          reinterpret_cast<const void*>(grouped_tma_kernel<kWgrad>)})
-      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kTmaSmemBytes)));
-    return true;
-  }();
-  return ok;
-}
-
-// A tensor map (bf16 unless `type`) in the 128-byte swizzle: dims and box innermost first,
-// strides in bytes.
-CUtensorMap tensor_map(const void* p, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                       const cuuint32_t* box,
-                       CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
-  CUtensorMap m;
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, type, static_cast<cuuint32_t>(rank),
-                                 const_cast<void*>(p), dims, strides, box, elem,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  ENSURE(r == CUDA_SUCCESS, "grouped linear: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ")");
-  return m;
-}
-
-// (rows, cols) row-major bf16 as the 2-D map (cols, rows), box (64, box_rows).
-CUtensorMap matrix_map(const void* p, int64_t rows, int64_t cols, cuuint32_t box_rows) {
-  const cuuint64_t d[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t st[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t b[2] = {kBK, box_rows};
-  return tensor_map(p, 2, d, st, b);
-}
-
-// w (S, E, N/S, K) as the 3-D map (K, N/S, S E), box (64, 64, 1).
-CUtensorMap weight_map(const void* w, int64_t k, int64_t n_per_stack, int64_t stacks, int experts) {
-  const cuuint64_t d[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n_per_stack),
-                           static_cast<cuuint64_t>(stacks * experts)};
-  const cuuint64_t st[2] = {static_cast<cuuint64_t>(k) * 2, static_cast<cuuint64_t>(n_per_stack * k) * 2};
-  const cuuint32_t b[3] = {kBK, kBox, 1};
-  return tensor_map(w, 3, d, st, b);
-}
-
-// dW (S, E, N/S, K) f32 as the 3-D map (K, N/S, S E), box (32, 64, 1): 128-byte rows in the
-// 128-byte swizzle, the weight gradient's TMA epilogue.
-CUtensorMap dw_map(float* dw, int64_t k, int64_t n_per_stack, int64_t stacks, int experts) {
-  const cuuint64_t d[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n_per_stack),
-                           static_cast<cuuint64_t>(stacks * experts)};
-  const cuuint64_t st[2] = {static_cast<cuuint64_t>(k) * 4, static_cast<cuuint64_t>(n_per_stack * k) * 4};
-  const cuuint32_t b[3] = {32, kBox, 1};
-  return tensor_map(dw, 3, d, st, b, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The persistent launch: as many 2-CTA clusters as are resident at once (queried once per
 // kernel), at most one per unit.
-// Schedule switches (moe.cuh, set_grouped_tma_schedule; initial values from the environment):
-// ENGINE_MOE_NO_MULTICAST=1 (no TMA multicast), ENGINE_MOE_RASTER=G (G pairs of row tiles per
-// raster group; default 4), ENGINE_MOE_RETIRE_EACH=0 (consumers keep one k step's wgmma in
-// flight and release the stage of the step before; the default waits for each step and
-// releases its stage at once: the two warpgroups keep the tensor cores busy between them, and a
-// stage goes back one step earlier; H200 balanced fwd / dgrad / wgrad 739 / 733 / 636 against
-// 733 / 685 / 626 TFLOP/s) and ENGINE_MOE_TMA_EPILOGUE=0 (the weight gradient's dW += by the
-// threads' read-modify-write instead of TMA reductions).
-GroupedTmaSchedule schedule_from_env() {
-  GroupedTmaSchedule s;
-  const char* m = std::getenv("ENGINE_MOE_NO_MULTICAST");
-  s.multicast = m == nullptr || std::strcmp(m, "1") != 0;
-  const char* r = std::getenv("ENGINE_MOE_RETIRE_EACH");
-  s.retire_each = r == nullptr || std::strcmp(r, "0") != 0;
-  const char* g = std::getenv("ENGINE_MOE_RASTER");
-  const int n = g ? std::atoi(g) : 0;
-  s.raster = n > 0 ? n : 4;
-  const char* te = std::getenv("ENGINE_MOE_TMA_EPILOGUE");
-  s.tma_epilogue = te == nullptr || std::strcmp(te, "0") != 0;
-  return s;
-}
-std::mutex g_schedule_mu;
-GroupedTmaSchedule& schedule() {
-  static GroupedTmaSchedule s = schedule_from_env();
-  return s;
-}
-
-// mc: the output's map for the TMA epilogue (wgrad: dW); tma_epi: the output takes it (else the
-// threads store it).
 template <int kMode>
-void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& mc, bool tma_epi,
-                TmaParams p, const char* name) {
-  GroupedTmaSchedule sched;
-  {
-    std::lock_guard<std::mutex> lock(g_schedule_mu);
-    sched = schedule();
-  }
-  p.multicast = sched.multicast;
-  // A group taller than the pairs of row tiles maps the units as one of exactly that height
-  // does; the clamp keeps group x tiles_n inside int for any raster setting.
-  p.group = std::min(std::max(1, sched.raster), std::max(1, p.pairs_m));
-  p.retire_each = sched.retire_each;
-  p.tma_epi = tma_epi && sched.tma_epilogue;
+void launch_mode(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& mc, bool tma_epi,
+                 TmaParams p, const char* name) {
+  // A group taller than the pairs of row tiles maps the units as one of exactly that height does.
+  p.group = std::min(kRasterGroup, std::max(1, p.pairs_m));
+  p.tma_epi = tma_epi;
   static const int slots = [] {
     int dev = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -620,104 +488,26 @@ void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap&
   check_launch(name);
 }
 
-// Tiles and units of a forward / dgrad launch: R rows, `out_cols` output columns.
-TmaParams rows_params(const ForwardArgs& a, void* out, int64_t out_cols, int64_t red) {
-  TmaParams p{};
-  p.offsets = a.offsets;
-  p.counts = a.counts;
-  p.out = out;
-  p.experts = a.experts;
-  p.out_cols = out_cols;
-  p.red = red;
-  p.m_rows = a.rows;
-  p.n_per_stack = a.n_per_stack;
-  p.stacks = a.stacks;
-  const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(out_cols, kBN);
-  const int64_t pairs = ceil_div(tiles_m, 2);
-  ENSURE(pairs * tiles_n < INT32_MAX, "grouped linear: ", a.rows, " rows x ", out_cols,
-         " columns: too many tiles");
-  p.tiles_m = static_cast<int>(tiles_m);
-  p.tiles_n = static_cast<int>(tiles_n);
-  p.pairs_m = static_cast<int>(pairs);
-  p.units = static_cast<int>(pairs * tiles_n);
-  return p;
-}
-
 }  // namespace
 
-bool forward_sm90_available(bool tma) { return tma ? tma_available() : cp_async_available(); }
+namespace wgmma_detail {
 
-bool forward_sm90_eligible(const ForwardArgs& a, bool tma) {
-  if (!forward_sm90_available(tma)) return false;
-  return !tma || ((a.stacks == 1 || a.n_per_stack % kBox == 0) && a.rows <= INT32_MAX &&
-                  a.k > 0 && a.k <= INT32_MAX && a.n > 0 && a.n <= INT32_MAX);
+void tma_allow_smem() {
+  for (const void* k : {reinterpret_cast<const void*>(grouped_tma_kernel<kFwd>),
+                        reinterpret_cast<const void*>(grouped_tma_kernel<kDgrad>),
+                        reinterpret_cast<const void*>(grouped_tma_kernel<kWgrad>)})
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kTmaSmemBytes)));
 }
 
-bool forward_sm90(const ForwardArgs& a, bool tma) {
-  if (!forward_sm90_eligible(a, tma)) return false;
-  const int64_t tiles_m = ceil_div(a.rows, kBM), tiles_n = ceil_div(a.n, kBN);
-  if (tiles_m == 0 || tiles_n == 0) return true;
-  if (!tma) {
-    cp_async_forward(a, tiles_m, tiles_n);
-    return true;
+void launch_tma(Mode mode, const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& mc,
+                bool tma_epi, const TmaParams& p) {
+  switch (mode) {
+    case kFwd: return launch_mode<kFwd>(ma, mb, mc, tma_epi, p, "grouped_tma_kernel<forward>");
+    case kDgrad: return launch_mode<kDgrad>(ma, mb, mc, tma_epi, p, "grouped_tma_kernel<dgrad>");
+    case kWgrad: return launch_mode<kWgrad>(ma, mb, mc, tma_epi, p, "grouped_tma_kernel<wgrad>");
   }
-  const CUtensorMap mx = matrix_map(a.x, a.rows, a.k, kBM);
-  const CUtensorMap mw = weight_map(a.w, a.k, a.n_per_stack, a.stacks, a.experts);
-  launch_tma<kFwd>(mx, mw, mx, false, rows_params(a, a.y, a.n, a.k), "grouped_tma_kernel<forward>");
-  return true;
 }
 
-bool dgrad_sm90_eligible(const ForwardArgs& a) { return forward_sm90_eligible(a, true); }
-
-bool dgrad_sm90(const ForwardArgs& a) {
-  if (!dgrad_sm90_eligible(a)) return false;
-  if (a.rows == 0) return true;
-  const CUtensorMap mdy = matrix_map(a.x, a.rows, a.n, kBM);
-  const CUtensorMap mw = weight_map(a.w, a.k, a.n_per_stack, a.stacks, a.experts);
-  launch_tma<kDgrad>(mdy, mw, mdy, false, rows_params(a, a.y, a.k, a.n), "grouped_tma_kernel<dgrad>");
-  return true;
-}
-
-bool wgrad_sm90(const WgradArgs& a) {
-  if (!tma_available() || a.rows > INT32_MAX || a.k > INT32_MAX || a.n > INT32_MAX) return false;
-  if (a.rows == 0 || a.k == 0 || a.n == 0 || a.experts == 0) return true;
-  TmaParams p{};
-  p.offsets = a.offsets;
-  p.counts = a.counts;
-  p.out = a.dw;
-  p.experts = a.experts;
-  p.out_cols = a.k;
-  p.red = 0;
-  p.m_rows = a.n;
-  p.n_per_stack = a.n_per_stack;
-  p.stacks = a.stacks;
-  const int64_t tiles_m = ceil_div(a.n, kBM), tiles_n = ceil_div(a.k, kBN), pairs = ceil_div(tiles_m, 2);
-  ENSURE(a.experts * pairs * tiles_n < INT32_MAX, "grouped linear: too many weight-gradient tiles");
-  p.tiles_m = static_cast<int>(tiles_m);
-  p.tiles_n = static_cast<int>(tiles_n);
-  p.pairs_m = static_cast<int>(pairs);
-  p.units = static_cast<int>(a.experts * pairs * tiles_n);
-  const CUtensorMap mdy = matrix_map(a.dy, a.rows, a.n, kBox), mx = matrix_map(a.x, a.rows, a.k, kBox);
-  // The TMA reduction where each warpgroup's 64 rows of dW lie in one stack.
-  const bool epi = aligned16(a.dw) && (a.stacks == 1 || a.n_per_stack % kBox == 0);
-  const CUtensorMap mdw = epi ? dw_map(a.dw, a.k, a.n_per_stack, a.stacks, a.experts) : mdy;
-  launch_tma<kWgrad>(mdy, mx, mdw, epi, p, "grouped_tma_kernel<wgrad>");
-  return true;
-}
-
+}  // namespace wgmma_detail
 }  // namespace engine::cuda::grouped
-
-namespace engine::cuda {
-
-void set_grouped_tma_schedule(const GroupedTmaSchedule& s) {
-  ENSURE(s.raster >= 1, "set_grouped_tma_schedule: raster must be >= 1, got ", s.raster);
-  std::lock_guard<std::mutex> lock(grouped::g_schedule_mu);
-  grouped::schedule() = s;
-}
-
-GroupedTmaSchedule grouped_tma_schedule() {
-  std::lock_guard<std::mutex> lock(grouped::g_schedule_mu);
-  return grouped::schedule();
-}
-
-}  // namespace engine::cuda

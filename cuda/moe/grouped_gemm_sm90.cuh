@@ -1,7 +1,8 @@
-// Internal to the Hopper grouped GEMMs (grouped_gemm_sm90.cu: the persistent TMA kernel and the
-// entry points; grouped_gemm_sm90_cp_async.cu: the cp.async forward kernel): the tile shape and
-// stage ring both kernels use, the wgmma helpers, and the cp.async kernel's two entry points.
-// nvcc only.
+// Internal to the Hopper grouped GEMMs (grouped_gemm_sm90.cu: the persistent TMA kernel and its
+// launch; grouped_gemm_sm90_launch.cu: its tensor maps and the entry points;
+// grouped_gemm_sm90_cp_async.cu: the cp.async forward kernel): the tile shape and stage ring both
+// kernels use, the wgmma helpers, the TMA kernel's parameters and launch, and the cp.async
+// kernel's two entry points. nvcc only.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,32 @@ __device__ __forceinline__ void wgmma_tt(float (&d)[128], uint64_t a, uint64_t b
       : "l"(a), "l"(b), "n"(kTA), "n"(kTB));
 }
 #endif  // MOE_WGMMA
+
+// The persistent TMA kernel (grouped_gemm_sm90.cu) for the three products.
+enum Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
+constexpr int kBox = 64;  // rows of a TMA box (each row 64 bf16 = 128 bytes)
+struct TmaParams {
+  const int32_t* offsets;  // (E + 1)
+  const int32_t* counts;   // (E)
+  void* out;               // forward y / dgrad dx (R, out_cols) bf16; wgrad dW (S, E, N/S, K) f32
+  int experts;
+  int64_t out_cols;        // forward N, dgrad K, wgrad K
+  int64_t red;             // reduction: forward K, dgrad N (wgrad: the expert's rows)
+  int64_t m_rows;          // wgrad: N (rows of dW); forward, dgrad: R
+  int64_t n_per_stack;     // weight (dW) rows per stack
+  int64_t stacks;
+  int tiles_m, tiles_n, pairs_m;  // 128-row tiles, 256-column tiles, ceil(tiles_m / 2)
+  int units;
+  int group;               // raster: pairs of row tiles per group (kRasterGroup, at most pairs_m)
+  bool tma_epi;            // wgrad: dW's map takes the TMA reductions (else the threads' adds)
+};
+
+// Raises the TMA kernels' shared-memory limit (called once, where they are built for the device).
+void tma_allow_smem();
+// One launch of mode `mode` on the operands' tensor maps ma, mb (mc: the wgrad's dW map for the
+// TMA epilogue where tma_epi, else unused); group and tma_epi of p are set here.
+void launch_tma(Mode mode, const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& mc,
+                bool tma_epi, const TmaParams& p);
 
 // The cp.async forward kernel (grouped_gemm_sm90_cp_async.cu). Whether it is built for this
 // device (sm_90a code in the binary, a compute capability 9.0 GPU; the TMA kernel's own check

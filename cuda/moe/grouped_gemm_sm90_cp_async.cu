@@ -1,6 +1,7 @@
 // The cp.async forward kernel on Hopper (sm_90a): y_rows(e) = x_rows(e) W_e^T, one tile per
-// block (also the dgrad on a transposed weight copy when asked for by
-// set_grouped_dgrad_kernel(Wgmma); the default is the TMA kernel of grouped_gemm_sm90.cu).
+// block, for the shapes the TMA kernel of grouped_gemm_sm90.cu does not take (S > 1 weight stacks
+// with N/S % 64 != 0, whose rows a 64-row weight box would take from two stacks: each row here
+// computes its own address; K = 0).
 // Block: 128 x 256 output tile, two consumer warpgroups of 64 x 256 each (wgmma m64n256k16, 128
 // f32 accumulators per thread), k steps of 64. All 256 threads stream A (128 x 64) and B
 // (256 x 64) with cp.async into a 4-stage ring of 48 KiB stages, each operand tile in the

@@ -1,7 +1,7 @@
 // CUDA launchers of the mixture-of-experts ops (contract, formulas and shapes: csrc/ops/moe.h).
 // Kernels: routing.cu (route forward / backward, aux losses, jitter), dispatch.cu (histogram,
-// padded offsets, stable rows, permute / unpermute), grouped_gemm.cu (the expert GEMMs on
-// mma.sync tensor cores, one launch over all experts).
+// padded offsets, stable rows, permute / unpermute), grouped_gemm.cu and grouped_gemm_sm90*.cu
+// (the expert GEMMs on tensor cores, one launch over all experts).
 //   route forward    logits (T, E) f32 -> probs (T, E) f32 (may alias logits), lse (T) f32,
 //                    expert_idx (T, k) i32, weights (T, k) f32. One warp per token.
 //   aux losses       probs, lse f32, counts (E) i32 -> losses (2) f32 on the device (no sync);
@@ -13,11 +13,11 @@
 //                    host sync; deterministic.
 //   permute, unpermute (+ backward): rows of bf16 or f32, 16-byte vectors when the row length
 //                    and the pointers allow, f32 sums, one block per token.
-//   grouped linear   bf16 x / dy / w, bf16 y / dx, f32 dw (+=): see grouped_gemm.cu (and
-//                    grouped_gemm_sm90.cu: on sm_90 all three products on one persistent wgmma
-//                    kernel, operands by TMA, 2-CTA clusters multicasting the shared operand; the
-//                    backward reads its operands MN-major, no transposed copies). Needs
-//                    K and N multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
+//   grouped linear   bf16 x / dy / w, bf16 y / dx, f32 dw (+=): see grouped_gemm.cu (the
+//                    portable mma.sync kernels) and grouped_gemm_sm90.cu (on sm_90 all three
+//                    products on one persistent wgmma kernel, operands by TMA, 2-CTA clusters
+//                    multicasting the shared operand; the backward reads its operands MN-major,
+//                    no transposed copies). Needs K and N multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
 //                    expert offsets that are multiples of ops::kMoeRowAlign (moe_dispatch's).
 // E <= ops::kMoeMaxExperts, k <= ops::kMoeMaxTopK. Every launcher runs on the compute stream.
 #pragma once
@@ -44,45 +44,18 @@ void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights
 void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
                             const Tensor& weights, const Tensor& dyp, const Tensor& dweights);
 
+// kernel: ops::GroupedLinearOptions (csrc/ops/moe.h); Hopper where it is not available is an error.
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y);
-// The kernel behind grouped_linear_forward. Auto: the TMA wgmma kernel where it is built for the
-// device (sm_90a code on a compute capability 9.0 GPU) and takes the shapes (one weight stack,
-// or N/S % 64 == 0; K, N > 0), else the cp.async wgmma kernel on sm_90, else mma.sync
-// (grouped_gemm_sm90.cu, grouped_gemm.cu). The others force one (tests and benchmarks; one that
-// is not available, or TMA on shapes it does not take, is an error). Process-wide.
-enum class GroupedForwardKernel { Auto, MmaSync, Wgmma, WgmmaTma };
-void set_grouped_forward_kernel(GroupedForwardKernel k);
-// The same choice for grouped_linear_backward_input: Auto / WgmmaTma = the TMA kernel reading W_e
-// MN-major (the forward's shape rule; no scratch), else MmaSync (W_e through ldmatrix.trans);
-// Wgmma = the cp.async forward kernel on a transposed copy of the weights (a scratch (E, K, N)
-// bf16 for the call).
-void set_grouped_dgrad_kernel(GroupedForwardKernel k);
-// And for grouped_linear_backward_weight: Auto / WgmmaTma (Wgmma means the same) = the TMA
-// kernel reading dy and x MN-major (no scratch), every size; MmaSync = the mma.sync kernel
-// reading both through ldmatrix.trans.
-void set_grouped_wgrad_kernel(GroupedForwardKernel k);
-bool grouped_forward_kernel_available(GroupedForwardKernel k);
-// The TMA kernel's schedule switches (benchmarks and tests; every setting gives the same bits):
-// multicast (the shared operand to both CTAs of a cluster by one TMA multicast; off: each loads
-// it), retire_each (each k step's wgmma retired before the next and its stage released at once;
-// off: one step kept in flight), raster (pairs of row tiles per raster group, >= 1),
-// tma_epilogue (the weight gradient's dW += by TMA reductions in L2; off: the threads load the
-// old values and store the sums: the same round-to-nearest f32 sums, except that the copy
-// engine's add may flush subnormals to zero). Initial values from
-// ENGINE_MOE_NO_MULTICAST=1, ENGINE_MOE_RETIRE_EACH=0, ENGINE_MOE_RASTER=G and
-// ENGINE_MOE_TMA_EPILOGUE=0, else on / on / 4 / on. Process-wide.
-struct GroupedTmaSchedule {
-  bool multicast = true;
-  bool retire_each = true;
-  int raster = 4;
-  bool tma_epilogue = true;
-};
-void set_grouped_tma_schedule(const GroupedTmaSchedule& s);
-GroupedTmaSchedule grouped_tma_schedule();
+                            const Tensor& counts, const Tensor& y,
+                            const ops::GroupedLinearOptions& options);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx);
+                                   const Tensor& counts, const Tensor& dx,
+                                   const ops::GroupedLinearOptions& options);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw);
+                                    const Tensor& counts, const Tensor& dw,
+                                    const ops::GroupedLinearOptions& options);
+// Whether GroupedKernel::Hopper runs on this device (the persistent TMA wgmma kernel is built
+// for it: sm_90a code in the binary, a compute capability 9.0 GPU).
+bool grouped_hopper_available();
 
 }  // namespace engine::cuda

@@ -3,8 +3,9 @@
 // dlogits), dispatch (bit-exact counts, offsets and rows on skewed routing, empty experts, many
 // chunks, E above a block's threads), permute / unpermute and backward (bf16 and f32, vector and
 // element paths, misaligned views), the grouped GEMMs (forward, input and weight gradients,
-// one and two weight stacks, empty experts, partial tiles, padding rows left untouched) against
-// the reference and against a loop of cuBLASLt GEMMs (ops::matmul) per expert, and the jitter.
+// one and two weight stacks, empty experts, partial tiles, padding rows left untouched; each on
+// the Portable and, on sm_90, the Hopper kernels) against the reference and against a loop of
+// cuBLASLt GEMMs (ops::matmul) per expert, and the jitter.
 // Tolerances: bf16 outputs within bf16_tol (twice the rounding error of the exact result);
 // f32 outputs of sums of bf16 products 1e-5; routing f32 1e-5.
 #include <doctest/doctest.h>
@@ -107,24 +108,13 @@ struct Layout {
 }
 
 #ifdef ENGINE_CUDA
-// The forward and input-gradient kernels this device runs on weights of `stacks` stacks of
-// n_per_stack rows: mma.sync always; on sm_90 the cp.async wgmma kernel (dgrad: on a transposed
-// weight copy), and the TMA one where it takes the stacks (one, or N/S % 64 == 0).
-std::vector<cuda::GroupedForwardKernel> forward_kernels(int64_t stacks, int64_t n_per_stack) {
-  using K = cuda::GroupedForwardKernel;
-  std::vector<K> k = {K::MmaSync};
-  if (cuda::grouped_forward_kernel_available(K::Wgmma)) k.push_back(K::Wgmma);
-  else MESSAGE("no wgmma forward kernel on this device: mma.sync only");
-  if (cuda::grouped_forward_kernel_available(K::WgmmaTma) && (stacks == 1 || n_per_stack % 64 == 0))
-    k.push_back(K::WgmmaTma);
-  return k;
-}
-
-// The weight-gradient kernels: mma.sync always, the TMA wgmma one on sm_90.
-std::vector<cuda::GroupedForwardKernel> wgrad_kernels() {
-  using K = cuda::GroupedForwardKernel;
-  std::vector<K> k = {K::MmaSync};
-  if (cuda::grouped_forward_kernel_available(K::WgmmaTma)) k.push_back(K::WgmmaTma);
+// The grouped linear kernels this device runs (ops::GroupedLinearOptions::kernel): Portable
+// (mma.sync) always; Hopper on sm_90 (the TMA wgmma kernel; the forward of weight stacks with
+// N/S % 64 != 0 on the cp.async wgmma kernel, their dgrad on mma.sync).
+std::vector<ops::GroupedKernel> grouped_kernels() {
+  std::vector<ops::GroupedKernel> k = {ops::GroupedKernel::Portable};
+  if (cuda::grouped_hopper_available()) k.push_back(ops::GroupedKernel::Hopper);
+  else MESSAGE("no Hopper grouped kernels on this device: the portable one only");
   return k;
 }
 #endif
@@ -138,6 +128,7 @@ const std::vector<GemmCase> kGemmCases = {
     {"balanced 3 x 128, N 256, K 128", {128, 128, 128}, 1, 256, 128},
     {"skewed with an empty expert, partial tiles", {300, 0, 7, 129, 1}, 1, 200, 72},
     {"one hot expert", {1000, 3, 0, 20}, 1, 136, 264},
+    // N/S % 64 != 0: the Hopper forward on the cp.async wgmma kernel, the dgrad on mma.sync.
     {"two stacks of 100 rows (gate | up)", {77, 0, 250}, 2, 200, 128},
     {"all experts empty", {0, 0, 0}, 1, 64, 64},
     {"K smaller than a k step", {5, 140}, 1, 24, 8},
@@ -349,42 +340,36 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       Owned y64 = empty({R, c.n}, DType::F64, Device::CPU);
       ref::grouped_linear_forward(x64, w64, l.offsets, l.counts, y64);
       Owned yref = owned_rows(y64, l);
-      for (cuda::GroupedForwardKernel kernel : forward_kernels(c.stacks, c.n / c.stacks)) {
+      for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("forward kernel " << static_cast<int>(kernel));
-        cuda::set_grouped_forward_kernel(kernel);
         DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16);
-        ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
+        ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t, {kernel});
         CHECK_CLOSE(owned_rows(gy.t, l).t, yref.t, bf16_tol(yref));
         CHECK(padding_untouched(gy.t, l));
       }
-      cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
       // input gradient
       Owned dx64 = empty({R, c.k}, DType::F64, Device::CPU);
       ref::grouped_linear_backward_input(dy64, w64, l.offsets, l.counts, dx64);
       Owned dxref = owned_rows(dx64, l);
-      for (cuda::GroupedForwardKernel kernel : forward_kernels(c.stacks, c.n / c.stacks)) {
+      for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("dgrad kernel " << static_cast<int>(kernel));
-        cuda::set_grouped_dgrad_kernel(kernel);
         DeviceTensor gdx = gpu_poisoned({R, c.k}, DType::BF16);
-        ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
+        ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t, {kernel});
         CHECK_CLOSE(owned_rows(gdx.t, l).t, dxref.t, bf16_tol(dxref));
         CHECK(padding_untouched(gdx.t, l));
       }
-      cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
       // weight gradient, accumulated onto random f32 values; twice gives the same bits
       Owned dw0 = randn(wshape, DType::F32, "gg.dw0");
       Owned dw64 = to_host(dw0, DType::F64);
       ref::grouped_linear_backward_weight(dy64, x64, l.offsets, l.counts, dw64);
-      for (cuda::GroupedForwardKernel kernel : wgrad_kernels()) {
+      for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("wgrad kernel " << static_cast<int>(kernel));
-        cuda::set_grouped_wgrad_kernel(kernel);
         DeviceTensor gdw = to_gpu(dw0), gdw2 = to_gpu(dw0);
-        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
-        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw2.t);
+        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t, {kernel});
+        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw2.t, {kernel});
         CHECK_CLOSE(gdw.t, dw64.t, kF32Tol);
         CHECK(bitwise_equal(gdw.t, gdw2.t));
       }
-      cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
     }
   }
 }
@@ -410,98 +395,33 @@ static void check_against_cublas(const std::vector<int32_t>& counts, int64_t N, 
     ops::matmul(gdy.t.slice(r0, r0 + n), true, gx.t.slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});
   }
   Owned yr = owned_rows(gy_ref.t, l), dxr = owned_rows(gdx_ref.t, l);
-  for (cuda::GroupedForwardKernel kernel : forward_kernels(1, N)) {
+  for (ops::GroupedKernel kernel : grouped_kernels()) {
     INFO("forward kernel " << static_cast<int>(kernel));
-    cuda::set_grouped_forward_kernel(kernel);
     poison(gy.t);
-    ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
+    ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t, {kernel});
     CHECK_CLOSE(owned_rows(gy.t, l).t, yr.t, 1e-2);
   }
-  cuda::set_grouped_forward_kernel(cuda::GroupedForwardKernel::Auto);
-  for (cuda::GroupedForwardKernel kernel : forward_kernels(1, N)) {
+  for (ops::GroupedKernel kernel : grouped_kernels()) {
     INFO("dgrad kernel " << static_cast<int>(kernel));
-    cuda::set_grouped_dgrad_kernel(kernel);
     poison(gdx.t);
-    ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
+    ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t, {kernel});
     CHECK_CLOSE(owned_rows(gdx.t, l).t, dxr.t, 1e-2);
   }
-  cuda::set_grouped_dgrad_kernel(cuda::GroupedForwardKernel::Auto);
   const Owned dw_ref = to_host(gdw_ref.t, DType::F64);
-  for (cuda::GroupedForwardKernel kernel : wgrad_kernels()) {
+  for (ops::GroupedKernel kernel : grouped_kernels()) {
     INFO("wgrad kernel " << static_cast<int>(kernel));
-    cuda::set_grouped_wgrad_kernel(kernel);
     DeviceTensor dw = to_gpu(zeros({E, N, K}, DType::F32, Device::CPU));
-    ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, dw.t);
+    ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, dw.t, {kernel});
     CHECK_CLOSE(dw.t, dw_ref.t, 1e-5);
   }
-  cuda::set_grouped_wgrad_kernel(cuda::GroupedForwardKernel::Auto);
-}
-
-// y, dx and dW (onto zeros) of the three grouped products with the current kernel choices.
-struct GroupedOutputs {
-  Owned y, dx, dw;
-};
-static GroupedOutputs run_grouped(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& off,
-                                  const Tensor& cnt) {
-  const int64_t R = x.size(0);
-  const int64_t n = w.ndim() == 4 ? w.size(0) * w.size(2) : w.size(1);  // (S, E, N/S, K) or (E, N, K)
-  DeviceTensor y = gpu_poisoned({R, n}, DType::BF16);
-  DeviceTensor dx = gpu_poisoned({R, x.size(1)}, DType::BF16);
-  DeviceTensor dw = to_gpu(zeros(w.shape, DType::F32, Device::CPU));
-  ops::grouped_linear_forward(x, w, off, cnt, y.t);
-  ops::grouped_linear_backward_input(dy, w, off, cnt, dx.t);
-  ops::grouped_linear_backward_weight(dy, x, off, cnt, dw.t);
-  return {to_host(y.t, DType::F32), to_host(dx.t, DType::F32), to_host(dw.t, DType::F32)};
-}
-
-TEST_CASE("cuda grouped linear: the TMA kernel's schedule switches give the default's bits" * doctest::test_suite("gpu")) {
-  // Multicast off, one k step kept in flight, raster groups of 1, 3 and more pairs than there
-  // are, the direct epilogue instead of the TMA one: the same tiles with the same k order, so
-  // the same bits (NaN-free: rows past the experts stay poisoned in y and dx, compared as bits
-  // too; dW onto zeros, where the copy engine's f32 add and the threads' agree).
-  if (!gpu_available_or_skip()) return;
-  if (!cuda::grouped_forward_kernel_available(cuda::GroupedForwardKernel::WgmmaTma)) {
-    MESSAGE("no TMA grouped kernel on this device: skipped");
-    return;
-  }
-  const std::vector<int32_t> counts = {2000, 0, 1300, 700, 1};
-  const int64_t E = static_cast<int64_t>(counts.size()), N = 2304, K = 2304;
-  Layout l = layout_of(counts);
-  DeviceTensor goff = to_gpu(l.offsets), gcnt = to_gpu(l.counts);
-  DeviceTensor gx = to_gpu(randn({l.rows, K}, DType::F32, "sw.x"), DType::BF16);
-  DeviceTensor gw = to_gpu(randn({E, N, K}, DType::F32, "sw.w", 0.05), DType::BF16);
-  DeviceTensor gdy = to_gpu(randn({l.rows, N}, DType::F32, "sw.dy"), DType::BF16);
-  using K_ = cuda::GroupedForwardKernel;
-  cuda::set_grouped_forward_kernel(K_::WgmmaTma);
-  cuda::set_grouped_dgrad_kernel(K_::WgmmaTma);
-  cuda::set_grouped_wgrad_kernel(K_::WgmmaTma);
-  const cuda::GroupedTmaSchedule def = cuda::grouped_tma_schedule();
-  cuda::set_grouped_tma_schedule({});
-  const GroupedOutputs want = run_grouped(gx.t, gw.t, gdy.t, goff.t, gcnt.t);
-  const std::vector<cuda::GroupedTmaSchedule> variants = {
-      {false, true, 4},         {true, false, 4},        {false, false, 4},
-      {true, true, 1},          {true, true, 3},         {true, true, 1000},
-      {true, true, 4, false},   {false, false, 3, false}};
-  for (const cuda::GroupedTmaSchedule& v : variants) {
-    INFO("multicast " << v.multicast << " retire_each " << v.retire_each << " raster " << v.raster
-                      << " tma_epilogue " << v.tma_epilogue);
-    cuda::set_grouped_tma_schedule(v);
-    const GroupedOutputs got = run_grouped(gx.t, gw.t, gdy.t, goff.t, gcnt.t);
-    CHECK(bitwise_equal(got.y, want.y));
-    CHECK(bitwise_equal(got.dx, want.dx));
-    CHECK(bitwise_equal(got.dw, want.dw));
-  }
-  cuda::set_grouped_tma_schedule(def);
-  cuda::set_grouped_forward_kernel(K_::Auto);
-  cuda::set_grouped_dgrad_kernel(K_::Auto);
-  cuda::set_grouped_wgrad_kernel(K_::Auto);
 }
 
 TEST_CASE("cuda grouped linear: NaN in the rows past each expert's count never reaches y, dx or dW" * doctest::test_suite("gpu")) {
   // moe_dispatch leaves the padding rows of the permuted layout unwritten: whatever they hold
-  // must not enter a product (zero fill where a tile reads them), on every kernel.
+  // must not enter a product (zero fill where a tile reads them), on every kernel (case 3: the
+  // cp.async wgmma forward on Hopper).
   if (!gpu_available_or_skip()) return;
-  for (const GemmCase& c : {kGemmCases[1], kGemmCases[6], kGemmCases[9]}) {
+  for (const GemmCase& c : {kGemmCases[1], kGemmCases[3], kGemmCases[6], kGemmCases[9]}) {
     SUBCASE(c.name) {
       const int64_t E = static_cast<int64_t>(c.counts.size());
       Layout l = layout_of(c.counts);
@@ -520,33 +440,26 @@ TEST_CASE("cuda grouped linear: NaN in the rows past each expert's count never r
       DeviceTensor goff = to_gpu(l.offsets), gcnt = to_gpu(l.counts);
       DeviceTensor gx = to_gpu(x, DType::BF16), gdy = to_gpu(dy, DType::BF16);
       DeviceTensor gw = to_gpu(randn(wshape, DType::F32, "nan.w", 0.1), DType::BF16);
-      using K_ = cuda::GroupedForwardKernel;
-      for (K_ kernel : forward_kernels(c.stacks, c.n / c.stacks)) {
+      for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("forward / dgrad kernel " << static_cast<int>(kernel));
-        cuda::set_grouped_forward_kernel(kernel);
-        cuda::set_grouped_dgrad_kernel(kernel);
         DeviceTensor gy = gpu_poisoned({R, c.n}, DType::BF16), gdx = gpu_poisoned({R, c.k}, DType::BF16);
-        ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t);
-        ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t);
+        ops::grouped_linear_forward(gx.t, gw.t, goff.t, gcnt.t, gy.t, {kernel});
+        ops::grouped_linear_backward_input(gdy.t, gw.t, goff.t, gcnt.t, gdx.t, {kernel});
         Owned y = owned_rows(gy.t, l), dx = owned_rows(gdx.t, l);
         bool finite = true;
         for (int64_t i = 0; i < y->numel(); ++i) finite &= std::isfinite(y.ptr<double>()[i]);
         for (int64_t i = 0; i < dx->numel(); ++i) finite &= std::isfinite(dx.ptr<double>()[i]);
         CHECK(finite);
       }
-      for (K_ kernel : wgrad_kernels()) {
+      for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("wgrad kernel " << static_cast<int>(kernel));
-        cuda::set_grouped_wgrad_kernel(kernel);
         DeviceTensor gdw = to_gpu(zeros(wshape, DType::F32, Device::CPU));
-        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t);
+        ops::grouped_linear_backward_weight(gdy.t, gx.t, goff.t, gcnt.t, gdw.t, {kernel});
         Owned dw = to_host(gdw.t, DType::F64);
         bool finite = true;
         for (int64_t i = 0; i < dw->numel(); ++i) finite &= std::isfinite(dw.ptr<double>()[i]);
         CHECK(finite);
       }
-      cuda::set_grouped_forward_kernel(K_::Auto);
-      cuda::set_grouped_dgrad_kernel(K_::Auto);
-      cuda::set_grouped_wgrad_kernel(K_::Auto);
     }
   }
 }
