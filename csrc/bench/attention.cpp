@@ -1,22 +1,18 @@
 // Benchmarks of flash attention (cuda/attention, through ops::attention_forward/backward), causal,
-// bf16, on the shapes of the PyTorch comparison in ../shared/DEVICE.md (one H200):
-//   hd128 B16 H16 S2048    peer: flash 285 / 221, cuDNN 512 / 392 TFLOP/s (fwd / fwd+bwd)
-//   hd128 B4  H16 S8192    peer: flash 331 / 290, cuDNN 598 / 497
-//   hd64  B16 H32 S2048    peer: flash 244 / 200, cuDNN 387 / 309
-// and a packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens), beside
-// as many sequences of its mean length; and
-// one sequence of 8192 tokens whole and as 4 micro-sequence chunks of 2048 (queries of a chunk
-// against the keys of the prefix up to its end: AttentionParams::kv), the same causal work.
-// The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal
-// half: forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
+// bf16, on the shapes of the PyTorch comparison in ../shared/DEVICE.md (hd128 B16 H16 S2048, hd128
+// B4 H16 S8192, hd64 B16 H32 S2048; its fwd / fwd+bwd TFLOP/s printed beside ours as "peer") and a
+// packed-documents batch (hd128 H16, 32768 tokens of documents of 64 .. 2047 tokens), beside as
+// many sequences of its mean length; and one sequence of 8192 tokens whole and as 4 micro-sequence
+// chunks of 2048 (queries of a chunk against the keys of the prefix up to its end:
+// AttentionParams::kv), the same causal work.
+// The B sequences of a batch are packed (cu_seqlens equally spaced). FLOPs count the causal half:
+// forward 4 * sum_s L_s^2 / 2 * D * H (two matmuls), backward 2.5 times that (five).
 // Each case prints fwd, bwd and fwd+bwd for each kernel side by side: [flash mma.sync] and
-// [flash sm90] the engine's two flash kernels (cuda::set_attention_kernel; sm90 where the Hopper
-// kernels run), [cudnn] cuDNN's fused attention (ops::AttentionBackend::Cudnn, builds with cuDNN
-// only). The environment variable BENCH_ATTENTION_BACKENDS (comma-separated among "mma.sync",
-// "sm90", "cudnn"; default all) picks them. The sm90 kernels also run once with one block per
-// work item instead of their persistent grid (fwd and bwd only; BENCH_ATTENTION_PER_ITEM=0 leaves
-// that out). BENCH_ATTENTION_SHAPES (comma-separated parts of case names, e.g.
-// "B4 H16 S8192,packed"; default all) picks the cases.
+// [flash sm90] the engine's two flash kernels (ops::AttentionParams::kernel; sm90 where the
+// Hopper kernels run), [cudnn] cuDNN's fused attention (ops::AttentionBackend::Cudnn, builds with
+// cuDNN only). The environment variable BENCH_ATTENTION_BACKENDS (comma-separated among
+// "mma.sync", "sm90", "cudnn"; default all) picks them. BENCH_ATTENTION_SHAPES (comma-separated
+// parts of case names, e.g. "B4 H16 S8192,packed"; default all) picks the cases.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -51,22 +47,8 @@ struct AttnShape {
 
 struct Backend {
   ops::AttentionBackend kind;
-  cuda::AttentionKernel kernel;  // of the flash backend
-  std::string tag;               // " [flash sm90]"
-  bool persistent = true;        // sm90: persistent grid, or one block per work item
-};
-
-// Switches the process-wide flash kernel settings to a backend's for its lifetime.
-struct UseKernel {
-  cuda::AttentionKernel saved = cuda::attention_kernel();
-  explicit UseKernel(const Backend& be) {
-    cuda::set_attention_kernel(be.kernel);
-    cuda::set_attention_sm90_persistent(be.persistent);
-  }
-  ~UseKernel() {
-    cuda::set_attention_kernel(saved);
-    cuda::set_attention_sm90_persistent(true);
-  }
+  ops::AttentionKernel kernel;  // of the flash backend
+  std::string tag;              // " [flash sm90]"
 };
 
 // The kernels to compare (see the top); BENCH_ATTENTION_BACKENDS narrows the list.
@@ -74,19 +56,18 @@ std::vector<Backend> backends() {
   const char* env = std::getenv("BENCH_ATTENTION_BACKENDS");
   const std::string want = env && *env ? env : "mma.sync,sm90,cudnn";
   std::vector<Backend> out;
-  using K = cuda::AttentionKernel;
+  using K = ops::AttentionKernel;
   if (want.find("mma.sync") != std::string::npos)
-    out.push_back({ops::AttentionBackend::Flash, K::kMmaSync, " [flash mma.sync]"});
+    out.push_back({ops::AttentionBackend::Flash, K::MmaSync, " [flash mma.sync]"});
   if (want.find("sm90") != std::string::npos && cuda::attention_sm90_available(64) &&
       cuda::attention_sm90_available(128))
-    out.push_back({ops::AttentionBackend::Flash, K::kSm90, " [flash sm90]"});
+    out.push_back({ops::AttentionBackend::Flash, K::Sm90, " [flash sm90]"});
   if (want.find("cudnn") != std::string::npos && cuda::cudnn_built())
-    out.push_back({ops::AttentionBackend::Cudnn, K::kAuto, " [cudnn " + cuda::cudnn_version() + "]"});
+    out.push_back({ops::AttentionBackend::Cudnn, K::Auto, " [cudnn " + cuda::cudnn_version() + "]"});
   return out;
 }
 
-void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, bool no_total = false) {
-  const UseKernel use(be);
+void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out) {
   int64_t t = 0;
   double sq = 0;  // sum of L^2 / 2
   for (int l : s.lens) t += l, sq += 0.5 * l * static_cast<double>(l);
@@ -116,6 +97,7 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, 
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(s.dim));
   p.causal = true;
   p.backend = be.kind;
+  p.kernel = be.kernel;
   const ops::AttentionBackwardParams bp{p, dout, dqkv};
   const double fwd_flops = 4.0 * sq * d * h;
 
@@ -124,7 +106,6 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, 
                  s.peer.empty() ? "" : "peer fwd / fwd+bwd: " + s.peer});
   out.push_back({s.name + " bwd" + be.tag, time_ms([&] { ops::attention_backward(bp); }), 2.5 * fwd_flops,
                  0, ""});
-  if (no_total) return;
   out.push_back({s.name + " fwd+bwd" + be.tag, time_ms([&] {
                    ops::attention_forward(p);
                    ops::attention_backward(bp);
@@ -136,7 +117,6 @@ void run_shape(const AttnShape& s, const Backend& be, std::vector<Result>& out, 
 // the keys and values of all rows up to its end (separate kv), run in order.
 void run_chunks(const std::string& name, int len, int chunks, int heads, int dim, const Backend& be,
                 std::vector<Result>& out) {
-  const UseKernel use(be);
   const int64_t h = heads, d = dim, n = len / chunks;
   Owned qkv = empty({len, 3 * h, d}, DType::BF16, Device::CUDA);
   Owned kv = empty({len, 2 * h, d}, DType::BF16, Device::CUDA);
@@ -172,6 +152,7 @@ void run_chunks(const std::string& name, int len, int chunks, int heads, int dim
     p.softmax_scale = 1.f / std::sqrt(static_cast<float>(dim));
     p.causal = true;
     p.backend = be.kind;
+    p.kernel = be.kernel;
     p.kv = kv->slice(0, (c + 1) * n);
     p.cu_seqlens_k = Tensor(cu.ptr<int32_t>() + 2, DType::I32, Device::CUDA, {2});
     p.max_seqlen_k = static_cast<int>((c + 1) * n);
@@ -255,20 +236,15 @@ BENCH_CASES("attention") {
       {"causal hd64 B32 H12 S1024 (the GPT-2 162M config)", equal(32, 1024), 12, 64, ""},
   };
   const std::vector<Backend> bes = backends();
-  const char* per_item = std::getenv("BENCH_ATTENTION_PER_ITEM");
-  const bool run_per_item = per_item == nullptr || std::string(per_item) != "0";
   for (const std::vector<AttnShape>* list : {&shapes, &more})
     for (const AttnShape& s : *list) {
       if (!shape_wanted(s.name)) continue;
       for (const Backend& be : bes) run_shape(s, be, out);
-      for (const Backend& be : bes)
-        if (be.kernel == cuda::AttentionKernel::kSm90 && list == &shapes && run_per_item)
-          run_shape(s, {be.kind, be.kernel, " [flash sm90, block per item]", false}, out, true);
     }
   // The kv-prefix chunks run the mma.sync kernels under flash (the sm90 ones take no separate kv).
   const std::string chunks_name = "causal hd128 B1 H16 S8192 as 4 chunks (kv prefix)";
   for (const Backend& be : bes)
-    if (be.kernel != cuda::AttentionKernel::kSm90 && shape_wanted(chunks_name))
+    if (be.kernel != ops::AttentionKernel::Sm90 && shape_wanted(chunks_name))
       run_chunks(chunks_name, 8192, 4, 16, 128, be, out);
 #endif
   return out;

@@ -1,6 +1,7 @@
 // Dispatch of ops/attention.h: CPU -> ref/attention, CUDA -> cuda/attention (flash attention:
-// mma.sync kernels for head dims 64 and 128, a simple f32 kernel for the others; or cuDNN's
-// fused attention, cudnn_sdpa, when AttentionParams::backend says so).
+// the Hopper or the mma.sync kernels for head dims 64 and 128 as AttentionParams::kernel says, a
+// simple f32 kernel for the others; or cuDNN's fused attention, cudnn_sdpa, when
+// AttentionParams::backend says so).
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -63,6 +64,17 @@ void attention_backward(const AttentionBackwardParams& p) {
   return cuda::attention_backward(q);
 #endif
   no_cuda_build("attention_backward");
+}
+
+const char* attention_kernel_name(Device device, int head_dim, AttentionKernel kernel) {
+  if (device == Device::CPU) return "reference";
+#ifdef ENGINE_CUDA
+  return cuda::attention_kernel_for(head_dim, kernel);
+#else
+  (void)head_dim;
+  (void)kernel;
+  no_cuda_build("attention_kernel_name");
+#endif
 }
 
 }  // namespace engine::ops

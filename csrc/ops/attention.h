@@ -30,6 +30,17 @@ namespace engine::ops {
 // otherwise an error). Both follow this contract, the backward of either accepts the lse of either.
 enum class AttentionBackend { Flash, Cudnn };
 
+// Which flash kernels run the op on CUDA tensors (the Flash backend only), set once when the model
+// is built (the benchmark and the tests set it per call):
+//   Auto     the Hopper kernels (cuda/attention/flash_sm90.cu, flash_bwd_sm90.cu) where they take
+//            the call (an sm_90a build on a compute capability 9.0 device, head dim 64 or 128, no
+//            separate kv, 16-byte aligned qkv and dout), else MmaSync
+//   MmaSync  the portable mma.sync kernels (flash_fwd.cuh, flash_bwd.cuh): any GPU, separate kv
+//            (micro-sequences), and the reference the Hopper kernels are tested against
+//   Sm90     the same as Auto today (Auto may come to depend on the shape as measurements say)
+// Head dims other than 64 and 128 run the f32 fallback (flash_fallback.cu) under any choice.
+enum class AttentionKernel { Auto, MmaSync, Sm90 };
+
 struct AttentionParams {
   Tensor qkv;         // (T, H + 2*Hkv, D): q heads, then k heads, then v heads
   Tensor out;         // (T, H, D)
@@ -48,6 +59,7 @@ struct AttentionParams {
                          // len_k(s) >= len_q(s) for every s
   int max_seqlen_k = 0;  // longest len_k (bounds every one; sizes the backward's grid)
   AttentionBackend backend = AttentionBackend::Flash;
+  AttentionKernel kernel = AttentionKernel::Auto;  // of the Flash backend (above)
 
   // Whether kv is given (a default-constructed Tensor is not; an empty (0, ...) one is).
   bool separate_kv() const { return kv.data != nullptr || kv.ndim() != 0; }
@@ -63,5 +75,13 @@ struct AttentionBackwardParams {
 
 void attention_forward(const AttentionParams& p);
 void attention_backward(const AttentionBackwardParams& p);
+
+// For the run log: the flash kernels that a call on `device` with head_dim runs under `kernel`
+// (default: what Auto resolves to), assuming qkv's own keys and 16-byte aligned tensors (calls
+// with separate kv run "mma.sync" where this says "sm90"). CUDA: "sm90", "mma.sync", "fallback"
+// (the f32 kernels of other head dims) or "unsupported" (head dims past 1 .. 256), for the current
+// device (call it once the device is selected); CPU: "reference". (Backend Cudnn runs cuDNN's.)
+const char* attention_kernel_name(Device device, int head_dim,
+                                  AttentionKernel kernel = AttentionKernel::Auto);
 
 }  // namespace engine::ops

@@ -1,6 +1,7 @@
 // Launchers of flash attention (flash.cuh): argument checks, the kernel parameters (q, k and
-// their strides from qkv, or k from a separate kv), the choice between the mma.sync kernels
-// (D = 64, 128) and the f32 fallback, and the two small kernels around the backward:
+// their strides from qkv, or k from a separate kv), the choice between the Hopper and the mma.sync
+// kernels (D = 64, 128; AttentionParams::kernel) and the f32 fallback, and the two small kernels
+// around the backward:
 //   dsum_kernel:       dsum[t, h] = sum_d dout[t, h, d] * out[t, h, d]   (f32, 8 lanes per row)
 //                      and, on the mma path, dq_accum row (h, t) = 0 (it touches every row)
 //   dq_convert_kernel: dqkv[t, h, :] = bf16(scale * dq_accum row (h, t))  for the q heads
@@ -188,30 +189,24 @@ bool nothing_to_do(const Launch& l, const ops::AttentionParams& p) {
 
 }  // namespace
 
-namespace {
-AttentionKernel g_kernel = AttentionKernel::kAuto;  // set_attention_kernel
-}  // namespace
-
-void set_attention_kernel(AttentionKernel k) { g_kernel = k; }
-AttentionKernel attention_kernel() { return g_kernel; }
-const char* attention_kernel_name(AttentionKernel k) {
-  switch (k) {
-    case AttentionKernel::kAuto: return "auto";
-    case AttentionKernel::kMmaSync: return "mma.sync";
-    case AttentionKernel::kSm90: return "sm90";
-  }
-  return "?";
-}
 bool attention_sm90_available(int head_dim) { return flash::flash_fwd_sm90_available(head_dim); }
-bool attention_sm90_backward_available(int head_dim) {
-  return flash::flash_bwd_sm90_available(head_dim);
+
+const char* attention_kernel_for(int head_dim, ops::AttentionKernel kernel) {
+  if (head_dim <= 0 || head_dim > flash::kFallbackMaxHeadDim) return "unsupported";
+  if (!flash::has_mma_path(head_dim)) return "fallback";
+  if (kernel == ops::AttentionKernel::MmaSync) return "mma.sync";
+  const bool fwd = flash::flash_fwd_sm90_available(head_dim);
+  const bool bwd = flash::flash_bwd_sm90_available(head_dim);
+  if (fwd && bwd) return "sm90";
+  if (fwd) return "sm90 forward, mma.sync backward";
+  if (bwd) return "mma.sync forward, sm90 backward";
+  return "mma.sync";
 }
-void set_attention_sm90_persistent(bool on) { flash::set_sm90_persistent(on); }
 
 void attention_forward(const ops::AttentionParams& p) {
   const Launch l = make_params(p, "attention_forward");
   if (nothing_to_do(l, p)) return;
-  if (g_kernel != AttentionKernel::kMmaSync && flash::flash_fwd_sm90_eligible(l.k, l.g))
+  if (p.kernel != ops::AttentionKernel::MmaSync && flash::flash_fwd_sm90_eligible(l.k, l.g))
     flash::run_flash_fwd_sm90(l.k, l.g, stream());
   else if (flash::has_mma_path(l.k.head_dim))
     flash::head_dim_switch(l.k.head_dim, [&](auto d) {
@@ -271,7 +266,7 @@ void attention_backward(const ops::AttentionBackwardParams& bp) {
   }
   flash::head_dim_switch(k.head_dim, [&](auto dim) {
     constexpr int kD = decltype(dim)::value;
-    if (g_kernel != AttentionKernel::kMmaSync && flash::flash_bwd_sm90_eligible(k, l.g))
+    if (bp.fwd.kernel != ops::AttentionKernel::MmaSync && flash::flash_bwd_sm90_eligible(k, l.g))
       flash::run_flash_bwd_sm90(k, l.g, stream());
     else
       flash::run_flash_bwd<kD>(k, l.g, stream());

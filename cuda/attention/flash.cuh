@@ -9,8 +9,8 @@
 // cu_seqlens (S + 1) i32 lives on the device and is never read on the host (cu_seqlens_k
 // neither, so len_k >= len_q is the caller's to keep): max_seqlen (max_seqlen_k) must bound
 // every query (key) length (the grids are sized from them; rows past them would be left
-// unwritten). Head dims 64 and 128 run the mma.sync kernels (flash_fwd.cuh, flash_bwd.cuh;
-// qkv, out, dout, dqkv, kv and dkv 16-byte aligned); any other D <= 256 runs simple f32 kernels
+// unwritten). Head dims 64 and 128 run the mma.sync or the Hopper kernels (below; qkv, out,
+// dout, dqkv, kv and dkv 16-byte aligned); any other D <= 256 runs simple f32 kernels
 // (flash_fallback.cu). Backward on the mma path draws an f32 (T, H, D) dQ accumulator and a
 // (T, H) f32 scratch from the caching allocator (engine::Buffer); its dQ is not bitwise
 // deterministic (f32 atomics), dK and dV are, and the fallback path is fully deterministic.
@@ -19,26 +19,20 @@
 
 namespace engine::cuda {
 
-// Which kernels run (a process-wide setting, forward and backward alike):
-//   kAuto     the Hopper kernels where eligible (an sm_90a build on a compute capability 9.0
-//             device, no separate kv, 16-byte aligned qkv and dout, head dim 64 or 128),
-//             else kMmaSync
-//   kMmaSync  the portable mma.sync kernels (flash_fwd.cuh, flash_bwd.cuh; the f32 fallback for
-//             other head dims), the reference the others are tested against
-//   kSm90     the Hopper kernels (flash_sm90.cu, flash_bwd_sm90.cu) where eligible, else as
-//             kMmaSync
-// (kAuto and kSm90 are the same today; kAuto may come to depend on the shape as measurements say.)
-enum class AttentionKernel { kAuto, kMmaSync, kSm90 };
-void set_attention_kernel(AttentionKernel k);
-AttentionKernel attention_kernel();
-const char* attention_kernel_name(AttentionKernel k);  // "auto", "mma.sync", "sm90"
-// Whether the Hopper forward (backward) can run on this device for head_dim (64 or 128).
+// The kernels of a call follow ops::AttentionParams::kernel (ops/attention.h), resolved per call
+// (forward and backward alike):
+//   Auto, Sm90  the Hopper kernels (flash_sm90.cu, flash_bwd_sm90.cu) where they take the call (an
+//               sm_90a build on a compute capability 9.0 device, no separate kv, 16-byte aligned
+//               qkv and dout, head dim 64 or 128), else as MmaSync
+//   MmaSync     the portable mma.sync kernels (flash_fwd.cuh, flash_bwd.cuh), the reference the
+//               Hopper kernels are tested against
+// Head dims other than 64 and 128 run the f32 fallback (flash_fallback.cu) under any choice.
+// Whether the Hopper forward can run on this device for head_dim (64 or 128).
 bool attention_sm90_available(int head_dim);
-bool attention_sm90_backward_available(int head_dim);
-// The Hopper kernels' grids: persistent (one block per SM taking work items, q tiles forward and
-// key tiles backward, from a counter; the default) or one block per item (for comparison in
-// benchmarks).
-void set_attention_sm90_persistent(bool on);
+// What `kernel` resolves to for head_dim on the current device, for calls on qkv's own keys with
+// 16-byte aligned tensors: "sm90", "mma.sync", "fallback", or "unsupported" (head dims past
+// 1 .. 256, which the launchers reject). Behind ops::attention_kernel_name.
+const char* attention_kernel_for(int head_dim, ops::AttentionKernel kernel);
 
 void attention_forward(const ops::AttentionParams& p);
 void attention_backward(const ops::AttentionBackwardParams& p);

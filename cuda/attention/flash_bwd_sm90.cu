@@ -3,21 +3,20 @@
 // layout and bulk reduction; flash.cu runs dsum_kernel before and dq_convert_kernel after), for
 // qkv's own keys (no separate kv: the launcher keeps that case on the mma.sync kernel).
 //
-// Work item: kBlockN = 128 keys (a key tile) of one (kv head, sequence), items in the launch
-// order of flash_bwd.cuh (bwd_block); the grid is persistent (one block per SM; or one block per
-// item, set_sm90_persistent): block b takes item b, then the next free one of a global counter
-// (atomicAdd by the producer), and the producer hands each item to the consumers with its K and
-// V tiles (the item index in shared memory, published by the kv_full arrival; -1 ends the
-// block). K and V have two stages at D = 64 (the next item's load while this one runs) and one
-// at D = 128 (no room: its next K and V load as soon as the consumers are done with the last
-// ones, kv_empty, while they store its dK and dV). Two consumer warpgroups own keys
-// [64 w, 64 w + 64) (warps 0-7, 240 registers each by setmaxnreg); of the producer warpgroup
-// (warps 8-11, 24 registers) warp 8 loads. Per item the producer loads K and V once (TMA),
-// then for every (q head of the kv group, q tile of kBlockM = 64 rows that sees any of the
-// keys) the tile's Q and dO (TMA) and its lse (times log2 e; +inf for rows past the sequence,
-// whose P is then 0) and dsum (0 past the sequence) (plain loads by the warp's 32 lanes into
-// shared memory) into a 3-stage ring (stage and phase count q tiles across items): q_full[s] (32
-// arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup, once the
+// Work item: kBlockN = 128 keys (a key tile) of one (kv head, sequence), items in the launch order
+// of flash_bwd.cuh (bwd_block); the grid is persistent (one block per SM, no more than the items):
+// block b takes item b, then the next free one of a global counter (atomicAdd by the producer), and
+// the producer hands each item to the consumers with its K and V tiles (the item index in shared
+// memory, published by the kv_full arrival; -1 ends the block). K and V have two stages at D = 64
+// (the next item's load while this one runs) and one at D = 128 (no room: its next K and V load as
+// soon as the consumers are done with the last ones, kv_empty, while they store its dK and dV). Two
+// consumer warpgroups own keys [64 w, 64 w + 64) (warps 0-7, 240 registers each by setmaxnreg); of
+// the producer warpgroup (warps 8-11, 24 registers) warp 8 loads. Per item the producer loads K and
+// V once (TMA), then for every (q head of the kv group, q tile of kBlockM = 64 rows that sees any
+// of the keys) the tile's Q and dO (TMA) and its lse (times log2 e; +inf for rows past the
+// sequence, whose P is then 0) and dsum (0 past the sequence) (plain loads by the warp's 32 lanes
+// into shared memory) into a 3-stage ring (stage and phase count q tiles across items): q_full[s]
+// (32 arrivals, one with the TMA bytes), q_empty[s] (one arrival per consumer warpgroup, once the
 // tile's dK has retired: in the next q tile, whose first wait covers it, or at the item's end).
 // Per q tile, consumer warpgroup w (its 64 keys as the rows of the transposed products):
 //   S^T = K_w Q^T, dP^T = V_w dO^T        wgmma m64n64k16, both operands K-major in shared memory
@@ -34,9 +33,8 @@
 //                                          into the next q tile's S^T and dP^T
 // with c = scale * log2(e). The dQ halves go into a shared f32 staging tile in dq_accum's own
 // layout (flash_layout.h), and one thread adds the tile's rows inside the sequence into
-// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). (D = 64 used to split dQ's
-// keys instead, two partial tiles and two reductions a q tile: the column split measured 2.60
-// against 2.71 ms at hd64 B16 H32 S2048.)
+// dq_accum with one bulk reduction (cp.reduce.async.bulk .add.f32). (Splitting dQ's keys instead
+// at D = 64, two partial tiles and two reductions a q tile, was slower: docs/PERF.md.)
 // Named barrier 1 (the 256 consumer threads) twice per tile: (a) the dS^T tile is complete (and
 // the previous reduction has read the staging tile: its issuing thread waits for that first),
 // (d) the staging tile is complete; (d) also orders every dQ product of a tile before the next
@@ -51,12 +49,14 @@
 //
 // Shared memory: K, V 128 x D (two stages at D = 64), Q, dO 3 stages of 64 x D (bf16), dS^T
 // 128 x 64 bf16, dQ staging 64 x D f32, lse and dsum 3 x 2 x 64 f32: 210 KiB (D = 128), 146 KiB
-// (D = 64) + barriers; one block per SM.
+// (D = 64) + barriers; one block per SM. The layout, the kernel parameters and the work items
+// are in flash_bwd_sm90_config.cuh.
 #include <algorithm>
 #include <limits>
 #include <type_traits>
 
 #include "core/buffer.h"
+#include "cuda/attention/flash_bwd_sm90_config.cuh"
 #include "cuda/attention/flash_common.cuh"
 #include "cuda/attention/flash_sm90.cuh"
 #include "cuda/common/launch.cuh"
@@ -64,90 +64,6 @@
 
 namespace engine::cuda::flash {
 namespace {
-
-struct BwdTiles {
-  static constexpr int kBlockN = 128, kBlockM = 64;  // keys per item, queries per q tile
-};
-
-template <int kHeadDim>
-struct BwdSm90Config : BwdTiles {
-  static constexpr int kD = kHeadDim;
-  static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile
-  static constexpr int kConsumers = 2;
-  static constexpr int kThreads = (kConsumers + 1) * 128;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(sm90::setmaxnreg_fits(kThreads, kProducerRegs + kConsumers * kConsumerRegs),
-                "register file");
-  // Q / dO stages: three, as a tile's dK (which reads Q) retires only in the next tile (below).
-  // One H200, backward TFLOP/s against two stages with dK retired in its own tile: hd128 B16
-  // S2048 447 -> 451, B1 S8192 558-562 -> 565-568, packed 30 documents 373-376 -> 380, hd64 B16
-  // H32 S2048 323-326 -> 333-335, the GPT-2 shape 262-263 -> 266-268 (three stages alone: about
-  // half of that at hd128, nothing at hd64; the deferral alone with two stages: hd64 2% slower).
-  static constexpr int kStages = 3;
-  static constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // [column block][128][64]
-  static constexpr uint32_t kQBytes = kBlockM * kD * 2;   // [column block][64][64]
-  // K and V of kKVStages items (D = 64: two, so the next item's arrive while this one runs; D =
-  // 128 has no room): stage t's K at t * 2 kKVBytes, its V kKVBytes further.
-  static constexpr int kKVStages = kHeadDim == 64 ? 2 : 1;
-  static constexpr uint32_t kOffK = 0, kOffQ = kKVStages * 2 * kKVBytes;
-  static constexpr uint32_t kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr uint32_t kOffdS = kOffdO + kStages * kQBytes;         // [128 keys][64 q] bf16
-  // dQ staging, f32: [64][D]
-  static constexpr uint32_t kOffdQ = kOffdS + kBlockN * kBlockM * 2;
-  static constexpr uint32_t kOffLse = kOffdQ + kBlockM * kD * 4;       // [stage][64] f32
-  static constexpr uint32_t kOffDsum = kOffLse + kStages * kBlockM * 4;  // [stage][64] f32
-  static constexpr uint32_t kOffBar = kOffDsum + kStages * kBlockM * 4;
-  // Barriers kv_full[kKVStages], q_full[kStages], q_empty[kStages], kv_empty[kKVStages], then
-  // the item indices s_item[kKVStages].
-  static constexpr size_t kSmemBytes = kOffBar + 24 * kKVStages + 16 * kStages + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
-};
-
-struct BwdSm90Params {
-  const float* lse;           // (T, H)
-  const float* dsum;          // (T, H)
-  float* dq_accum;            // (H, T, D), flash_layout.h
-  bf16* dk;                   // dqkv's k heads (row stride q_row); dv = dk + Hkv D
-  const int32_t* cu_seqlens;  // (S + 1)
-  int num_tokens, q_row;
-  int num_heads, num_kv_heads;
-  float scale;
-  int window;
-  int bwd_section, bwd_tail;
-  int n_blocks, num_seqs;  // key tiles of the longest sequence, S
-  int64_t items;           // n_blocks * Hkv * S
-  int* next_item;          // zeroed: items past the first gridDim.x are handed out from here
-  bool causal;
-};
-
-// Work item w: key tile n_block of one (kv head, sequence) pair in the launch order of
-// flash_bwd.cuh (bwd_block); valid when n0 < L.
-struct BwdItem {
-  int seq_begin, L, n0, kv, m_begin, tiles;  // q tiles [m_begin, m_begin + 64 tiles)
-};
-__device__ __forceinline__ BwdItem bwd_item(const BwdSm90Params& p, int64_t w) {
-  constexpr int kBlockN = BwdTiles::kBlockN, kBlockM = BwdTiles::kBlockM;
-  const int Hkv = p.num_kv_heads;
-  const BwdBlock blk = bwd_block(w, p.n_blocks, int64_t{Hkv} * p.num_seqs, p.bwd_section, p.bwd_tail);
-  const int seq = static_cast<int>(blk.pair / Hkv);
-  BwdItem b;
-  b.kv = static_cast<int>(blk.pair % Hkv);
-  b.seq_begin = p.cu_seqlens[seq];
-  b.L = p.cu_seqlens[seq + 1] - b.seq_begin;
-  b.n0 = blk.n_block * kBlockN;  // the tile's first key
-  // q rows that see any key of the tile: [i_lo, i_hi); q tiles [m_begin, m_end).
-  const int i_lo = p.causal ? b.n0 : 0;
-  const int i_hi = p.window > 0 ? min(b.L, b.n0 + kBlockN - 1 + p.window) : b.L;
-  b.m_begin = i_lo / kBlockM * kBlockM;
-  const int m_end = i_hi > i_lo ? (i_hi + kBlockM - 1) / kBlockM * kBlockM : b.m_begin;
-  b.tiles = (m_end - b.m_begin) / kBlockM;
-  return b;
-}
-
-// An item's q tiles run head by head (h), tile by tile (mt) within the head: no division per tile.
-__device__ __forceinline__ void next_q_tile(int& h, int& mt, int tiles) {
-  if (++mt == tiles) mt = 0, ++h;
-}
 
 template <int kHeadDim>
 __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
@@ -295,9 +211,8 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     if (w < 0) break;
     // D = 64: this warpgroup's K and V rows in registers for the item (ka, va: the A operands
     // of S^T and dP^T, 16 registers each, read by ldmatrix_a as the forward's Q), so the tensor
-    // cores read only Q and dO from shared memory for those products. One H200, backward TFLOP/s
-    // against both from shared memory: B16 H32 S2048 334-335 -> 354-355 (K alone 346-348), the
-    // GPT-2 shape 266-267 -> 277. D = 128 has no registers for them (K alone spills 112 bytes).
+    // cores read only Q and dO from shared memory for those products (faster: docs/PERF.md).
+    // D = 128 has no registers for them (K alone spills).
     uint32_t ka[kD / 16][4], va[kD / 16][4];
     if constexpr (kKVRegs) {
       ldmatrix_a(ka, sK_t, kBlockN, wg * 64 + wq * 16, lane);
@@ -316,13 +231,10 @@ __global__ void __launch_bounds__(BwdSm90Config<kHeadDim>::kThreads, 1)
     // wgmma issued on a run-time condition between its issue and its wait makes ptxas serialise
     // every wgmma of the kernel (C7520); and the condition goes through __all_sync, or ptxas
     // cannot prove it warp-uniform and moves the loop's descriptor arithmetic off the uniform
-    // datapath. Measured (H200, bwd): D = 64 +2% (B16 H32 S2048 319 -> 325 TFLOP/s, the GPT-2
-    // shape 256 -> 263); D = 128 3-6% slower (S2048 444 -> 430, B1 S8192 555 -> 524): at D = 128
-    // warpgroup 0 alone takes about as long as both (the warpgroups meet at two barriers a
-    // tile), and the second variant costs the full one. Skipping warpgroup 0's dQ over the dead
-    // keys as well (k = 64) measured slower at both head dims; so did the same idea in the
-    // forward (half-width S and P V for the first warpgroup on the diagonal, nothing for a
-    // warpgroup whose rows are all past the sequence): 2-8% slower there.
+    // datapath. D = 64 only: at D = 128 it is slower (warpgroup 0 alone takes about as long as
+    // both, the warpgroups meeting at two barriers a tile, and the second variant costs the full
+    // one). Skipping warpgroup 0's dQ over the dead keys as well, and the same idea in the
+    // forward, were slower (docs/PERF.md).
     // Stage whose Q, dO, lse and dsum are read but whose dK may still run (-1: none): a q tile
     // leaves its dK in flight, and the next tile's first wait retires it.
     int held = -1;
@@ -581,18 +493,15 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.scale = p.scale;
   kp.window = p.window;
   kp.bwd_section = static_cast<int>(section);
-  // hd128: the last four sections as one (bwd_block). One H200, backward, tail 1 -> 4: GQA at
-  // the Llama shape (B4 H16 KV8 S4096, items of two q heads) 1.424-1.425 -> 1.349-1.351 ms, 30
-  // packed documents 1.255-1.260 -> 1.241-1.243, the others within noise; hd64 keeps one (the
-  // GPT-2 shape 0.505 -> 0.517 ms with four).
+  // hd128: the last four sections as one (bwd_block), faster for GQA and packed documents; hd64
+  // keeps one, slower with four (docs/PERF.md).
   kp.bwd_tail = kD == 128 ? 4 : 1;
   kp.n_blocks = static_cast<int>(ceil_div(g.max_seqlen_k, C::kBlockN));
   kp.num_seqs = g.num_seqs;
   kp.items = int64_t{kp.n_blocks} * p.num_kv_heads * g.num_seqs;
   kp.causal = p.causal;
   ENSURE(kp.items <= std::numeric_limits<int32_t>::max(), op, ": ", kp.items, " key tiles");
-  const int64_t blocks =
-      sm90_persistent() ? std::min<int64_t>(kp.items, sm90_sm_count()) : kp.items;
+  const int64_t blocks = std::min<int64_t>(kp.items, sm90_sm_count());
   Buffer next_item(sizeof(int), Device::CUDA);  // back to the caching allocator on return:
   kp.next_item = static_cast<int*>(next_item.data());  // its later users follow on the stream
   CUDA_CHECK(cudaMemsetAsync(kp.next_item, 0, sizeof(int), stream));

@@ -258,10 +258,8 @@ void run_fallback_bwd(const Params& p, const Grid& g, cudaStream_t stream);  // 
 bool flash_fwd_sm90_available(int head_dim);
 bool flash_fwd_sm90_eligible(const Params& p, const Grid& g);
 void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream);
-// The sm90 kernels' grids: persistent (one block per SM taking work items from a counter; the
-// default) or one block per item (q tile forward, key tile backward); the SM count.
-void set_sm90_persistent(bool on);
-bool sm90_persistent();
+// The SM count, the size of the sm90 kernels' persistent grids (one block per SM taking work
+// items, q tiles forward and key tiles backward, from a counter).
 int sm90_sm_count();
 // The Hopper backward (flash_bwd_sm90.cu), the same conditions (and a 16-byte aligned dout);
 // replaces run_flash_bwd<D> between flash.cu's dsum and dq_convert kernels.

@@ -4,16 +4,15 @@
 //
 // Work item: kBlockM = 128 query rows (a q tile) of one (q head h, sequence s), 64 per consumer
 // warpgroup: two (240 registers per thread by setmaxnreg), plus a producer warpgroup (24
-// registers) of which one thread issues every copy. (D = 64 had three warpgroups, kBlockM 192, at
-// 160 registers: its consumers spilled 80 bytes, and a 1024-token sequence left its last tile a
-// third full; two measured 0.197 -> 0.172 ms at the GPT-2 shape, hd64 B32 H12 S1024.)
-// The grid is persistent (one block per SM; or one block per item, set_sm90_persistent): block
-// b takes item b, then the next free item of a global counter (atomicAdd by the producer), in
-// the item order below (fwd_item: groups of (head, sequence) pairs, longest causal rows first
-// within a group); the producer hands each item to the consumers with its Q tile (the item
-// index in shared memory, published by the q_full arrival; -1 ends the block) and loads the
-// next item's Q and first keys while the consumers finish the last one (q_empty: every consumer
-// has done its last S = Q K^T of the item; at D = 128, every consumer warp has its Q fragments).
+// registers) of which one thread issues every copy. (D = 64 too: with three, kBlockM 192 at 160
+// registers, its consumers spilled and a 1024-token sequence left its last tile a third full.)
+// The grid is persistent (one block per SM, no more than the items): block b takes item b, then
+// the next free item of a global counter (atomicAdd by the producer), in the item order below
+// (fwd_item: groups of (head, sequence) pairs, longest causal rows first within a group); the
+// producer hands each item to the consumers with its Q tile (the item index in shared memory,
+// published by the q_full arrival; -1 ends the block) and loads the next item's Q and first keys
+// while the consumers finish the last one (q_empty: every consumer has done its last S = Q K^T of
+// the item; at D = 128, every consumer warp has its Q fragments).
 // The producer loads the Q tile once per item and then the K and V tiles of kBlockN = 128 keys,
 // from the last visible key tile down to the first (causal: the diagonal tile first), into a
 // 2-stage ring (stage and phase count key tiles across items), all by TMA; stage s has the
@@ -43,10 +42,7 @@
 // Item order (fwd_item): the (head, sequence) pairs are taken in groups whose K and V fit in
 // 32 MiB of the 50 MiB L2, so the blocks running at once share the keys of few pairs; the plain
 // longest-first order spreads them over every pair and the keys are read from memory again and
-// again (H200, forward, plain -> grouped: B4 H16 S8192 559 -> 670 TFLOP/s, B16 S2048 425 -> 551,
-// B4 S4096 562 -> 621, 30 packed documents 369 -> 420; B1 S8192 658 either way; D = 64, with two
-// warpgroups: B16 H32 S2048 0.742 -> 0.682 ms, the GPT-2 shape 0.171 -> 0.166 ms. With three
-// warpgroups D = 64 had measured the plain order faster, 374 against 360 TFLOP/s.)
+// again (slower at both head dims: docs/PERF.md).
 //
 // Shared memory: Q kBlockM x D, 2 stages of K and V 128 x D each: 160 KiB (D = 128) / 80 KiB
 // (D = 64) + barriers; one block per SM.
@@ -141,11 +137,8 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
   constexpr int kStages = C::kStages, kBoxRows = C::kBoxRows;
   // D = 128: each warpgroup's Q rows in registers for the item (the A operand of S = Q K^T), read
   // once by ldmatrix, so the tensor cores read only K from shared memory; Q's stage is released
-  // as soon as every consumer warp has its fragments (q_empty: one arrival per warp). One H200,
-  // forward TFLOP/s against Q read from shared memory: B4 H16 S8192 665 -> 671, B16 S2048 560 ->
-  // 565, 30 packed documents 440 -> 445, B30 S1092 424 -> 432; at the power cap (40 repeats)
-  // fwd+bwd 528-529 -> 530. D = 64 measured 8-13% slower this way (B16 H32 S2048 390-398 -> 343),
-  // mostly from the early release: with Q released after the item's last S still 1-3% slower.
+  // as soon as every consumer warp has its fragments (q_empty: one arrival per warp). D = 64 is
+  // slower this way, mostly from the early release (docs/PERF.md), and reads Q from shared memory.
   constexpr bool kQRegs = kD == 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -164,7 +157,6 @@ __global__ void __launch_bounds__(Sm90Config<kD>::kThreads, 1)
 
   const int H = p.num_heads, Hkv = p.num_kv_heads;
   const int64_t items = int64_t{H} * p.num_seqs * p.m_blocks;
-  (void)items;
   // The visible key tiles of an item: [n_first, n_last].
   auto tile_range = [&](const FwdItem& it, int& n_first, int& n_last) {
     const int key_lo = p.window > 0 ? max(0, it.m0 - p.window + 1) : 0;
@@ -432,8 +424,6 @@ bool kernel_ready() {
   return ok;
 }
 
-bool g_persistent = true;  // set_sm90_persistent
-
 int sm_count() {
   static const int n = [] {
     int dev = 0, count = 0;
@@ -468,7 +458,7 @@ void launch(const Params& p, const Grid& g, cudaStream_t stream) {
   kp.group = static_cast<int>(std::clamp<int64_t>(
       (int64_t{32} << 20) / pair_bytes * (p.num_heads / p.num_kv_heads), 1, pairs));
   const int64_t items = int64_t{p.num_heads} * g.num_seqs * m_blocks;
-  const int64_t blocks = g_persistent ? std::min<int64_t>(items, sm_count()) : items;
+  const int64_t blocks = std::min<int64_t>(items, sm_count());
   ENSURE(items <= std::numeric_limits<int32_t>::max(), "attention_forward (sm90): ", items,
          " q tiles");
   Buffer next_item(sizeof(int), Device::CUDA);  // back to the caching allocator on return:
@@ -494,8 +484,6 @@ bool flash_fwd_sm90_eligible(const Params& p, const Grid& g) {
          flash_fwd_sm90_available(p.head_dim);
 }
 
-void set_sm90_persistent(bool on) { g_persistent = on; }
-bool sm90_persistent() { return g_persistent; }
 int sm90_sm_count() { return sm_count(); }
 
 void run_flash_fwd_sm90(const Params& p, const Grid& g, cudaStream_t stream) {

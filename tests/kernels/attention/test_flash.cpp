@@ -10,7 +10,7 @@
 // keys (kv, micro-sequences; at the end of the file).
 // Forward kernels: the table runs once with the mma.sync forward and, where it runs (an sm_90a
 // build on a compute capability 9.0 GPU), once with the Hopper forward (cuda/attention/
-// flash_sm90.cu; cuda::set_attention_kernel; with it the Hopper backward, flash_bwd_sm90.cu),
+// flash_sm90.cu; ops::AttentionParams::kernel; with it the Hopper backward, flash_bwd_sm90.cu),
 // whose own cases follow the table: more tiles per sequence (pipeline stages wrap),
 // odd document lengths, windows crossing tiles, and a comparison with the mma.sync kernels on
 // larger batches.
@@ -48,31 +48,10 @@ namespace {
 
 using FlashCase = testing::AttentionCase;
 
-// Selects the forward kernel by name ("mma.sync", "sm90") for its lifetime.
-class UseForwardKernel {
- public:
-  explicit UseForwardKernel(const std::string& name) {
-#ifdef ENGINE_CUDA
-    saved_ = cuda::attention_kernel();
-    cuda::set_attention_kernel(name == "sm90" ? cuda::AttentionKernel::kSm90
-                                              : cuda::AttentionKernel::kMmaSync);
-#else
-    (void)name;
-#endif
-  }
-  ~UseForwardKernel() {
-#ifdef ENGINE_CUDA
-    cuda::set_attention_kernel(saved_);
-#endif
-  }
-  UseForwardKernel(const UseForwardKernel&) = delete;
-  UseForwardKernel& operator=(const UseForwardKernel&) = delete;
-
- private:
-#ifdef ENGINE_CUDA
-  cuda::AttentionKernel saved_ = cuda::AttentionKernel::kAuto;
-#endif
-};
+// The flash kernel of a name ("mma.sync", "sm90"), for AttentionParams::kernel.
+ops::AttentionKernel kernel_named(const std::string& name) {
+  return name == "sm90" ? ops::AttentionKernel::Sm90 : ops::AttentionKernel::MmaSync;
+}
 
 // Whether the Hopper forward runs here (after gpu_available_or_skip); says so once when not.
 bool sm90_runs() {
@@ -166,7 +145,7 @@ struct GpuResult {
   Owned out, lse, dqkv;
 };
 
-GpuResult run_gpu(const Problem& pr) {
+GpuResult run_gpu(const Problem& pr, ops::AttentionKernel kernel = ops::AttentionKernel::Auto) {
   const int64_t t = pr.c.rows();
   GpuResult r{empty({t, pr.c.heads, pr.c.dim}, DType::BF16, Device::CUDA),
               empty({t, pr.c.heads}, DType::F32, Device::CUDA),
@@ -174,7 +153,8 @@ GpuResult run_gpu(const Problem& pr) {
   poison(r.out);
   poison(r.lse);
   poison(r.dqkv);
-  const ops::AttentionParams p = pr.params(pr.qkv, r.out, r.lse, pr.cu);
+  ops::AttentionParams p = pr.params(pr.qkv, r.out, r.lse, pr.cu);
+  p.kernel = kernel;
   ops::attention_forward(p);
   ops::attention_backward({p, pr.dout, r.dqkv});
   return r;
@@ -183,7 +163,7 @@ GpuResult run_gpu(const Problem& pr) {
 void check_case(const FlashCase& c, const std::string& kernel) {
   const Problem pr(c);
   const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads;
-  GpuResult gpu = run_gpu(pr);
+  GpuResult gpu = run_gpu(pr, kernel_named(kernel));
 
   Owned out_ref = empty({t, h, c.dim}, DType::F64, Device::CPU);
   Owned lse_ref = empty({t, h}, DType::F64, Device::CPU);
@@ -215,18 +195,31 @@ TEST_CASE("flash attention forward and backward match the f64 reference (bf16 in
   for (const std::string& k : forward_kernels())
     for (const FlashCase& c : kCases) {
       if (k == "sm90" && c.dim != 64 && c.dim != 128) continue;  // the same fallback run again
-      SUBCASE((k + ": " + c.name()).c_str()) {
-        const UseForwardKernel use(k);
-        check_case(c, k);
-      }
+      SUBCASE((k + ": " + c.name()).c_str()) { check_case(c, k); }
     }
+}
+
+TEST_CASE("flash attention: attention_kernel_name says which kernels a call runs" * doctest::test_suite("gpu")) {
+  if (!engine::testing::gpu_available_or_skip()) return;
+  const auto name = [](Device dev, int d, ops::AttentionKernel k = ops::AttentionKernel::Auto) {
+    return std::string(ops::attention_kernel_name(dev, d, k));
+  };
+  CHECK(name(Device::CPU, 64) == "reference");
+  CHECK(name(Device::CUDA, 16) == "fallback");
+  CHECK(name(Device::CUDA, 16, ops::AttentionKernel::Sm90) == "fallback");
+  CHECK(name(Device::CUDA, 264) == "unsupported");
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    CHECK(name(Device::CUDA, d, ops::AttentionKernel::MmaSync) == "mma.sync");
+    CHECK(name(Device::CUDA, d) == (sm90_runs() ? "sm90" : "mma.sync"));
+    CHECK(name(Device::CUDA, d, ops::AttentionKernel::Sm90) == name(Device::CUDA, d));
+  }
 }
 
 // ---- The Hopper forward (flash_sm90.cu) -----------------------------------------------------------
 
 TEST_CASE("flash attention sm90 kernels match the f64 reference: many tiles, odd documents, windows" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
-  const UseForwardKernel use("sm90");
   // Forward tiles 128 x 128, backward 128 keys x 64 queries: documents of 1 .. 1500 tokens give
   // up to 12 key tiles per q tile and 24 q tiles per key tile (the 2-stage rings wrap),
   // tile-exact lengths (128, 256, 384), windows crossing tile boundaries, a non-causal window
@@ -273,10 +266,7 @@ TEST_CASE("flash attention sm90 kernels agree with the mma.sync kernels on large
       const Problem pr(c);
       GpuResult r[2];
       const char* names[2] = {"mma.sync", "sm90"};
-      for (int k = 0; k < 2; ++k) {
-        const UseForwardKernel use(names[k]);
-        r[k] = run_gpu(pr);
-      }
+      for (int k = 0; k < 2; ++k) r[k] = run_gpu(pr, kernel_named(names[k]));
       const double e_out = check_close(r[1].out, r[0].out, 1e-2, "out sm90 vs mma.sync");
       const double e_lse = check_close(r[1].lse, r[0].lse, 1e-5, "lse sm90 vs mma.sync");
       const double e_dqkv = check_close(r[1].dqkv, r[0].dqkv, 2e-2, "dqkv sm90 vs mma.sync");
@@ -435,23 +425,23 @@ TEST_CASE("flash attention with separate keys matches the f64 reference" * docte
 TEST_CASE("flash attention with separate keys equal to qkv's own gives the usual results" * doctest::test_suite("gpu")) {
   // kv = qkv's k and v heads, cu_seqlens_k = cu_seqlens: the same arithmetic through other
   // pointers and strides, so out, lse, dk and dv are bitwise those of the usual call (dq up to
-  // the order of its f32 atomics). Separate keys run only on the mma.sync forward: the usual call
-  // takes it too here.
+  // the order of its f32 atomics). Separate keys run only on the mma.sync kernels: the usual call
+  // takes them too here.
   if (!engine::testing::gpu_available_or_skip()) return;
-  const UseForwardKernel use("mma.sync");
   for (const FlashCase& c :
        {FlashCase{{300, 129, 17}, 8, 2, 128, true, 0}, FlashCase{{129, 300}, 6, 3, 64, false, 40},
         FlashCase{{129, 17}, 6, 3, 16, true, 0}}) {
     SUBCASE(c.name().c_str()) {
       const Problem pr(c);
       const int64_t t = c.rows(), h = c.heads, hkv = c.kv_heads;
-      const GpuResult usual = run_gpu(pr);
+      const GpuResult usual = run_gpu(pr, ops::AttentionKernel::MmaSync);
       Owned kv = to_device(heads_of(pr.qkv, h, 2 * hkv), Device::CUDA, DType::BF16);
       Owned out = empty({t, h, c.dim}, DType::BF16, Device::CUDA),
             lse = empty({t, h}, DType::F32, Device::CUDA);
       Owned dqkv = empty(pr.qkv->shape, DType::BF16, Device::CUDA),
             dkv = empty(kv->shape, DType::BF16, Device::CUDA);
       ops::AttentionParams p = pr.params(pr.qkv, out, lse, pr.cu);
+      p.kernel = ops::AttentionKernel::MmaSync;
       p.kv = kv;
       p.cu_seqlens_k = pr.cu;
       p.max_seqlen_k = c.max_len();
