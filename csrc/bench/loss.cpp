@@ -7,15 +7,13 @@
 // its traffic counted. The logits are filled once (random, N(0, 2^2)); timed calls then run on
 // the previous call's gradient, which costs the same (no data-dependent work but the rare
 // rescale of a running max). Each call includes the bad-label flag's read-back (one stream
-// synchronisation). Peers (one H200, ../shared/DEVICE.md): 16384 x 128256 fwd+bwd, PyTorch
-// eager 29.8 ms (+27.4 GiB), torch.compile 8.3 ms.
+// synchronisation). Peers (PyTorch eager and torch.compile on the same shape): docs/PERF.md.
 // Distillation: bytes counted are the cluster path's floor, one read of the logits and of the
 // teacher's logits (bf16, N(0, 2^2) and N(0, 3^2)) and one write of the gradient; BlockRows
 // (Auto at 128256: two such rows need an 8-block cluster, which measured slower) reads both
-// twice. First H200 figures, 16384 x 128256 bf16, fwd+grad: forward/reverse KL 5.0 ms
-// BlockRows, 5.4-5.5 ms Cluster 8; with the label term and z-loss 6.4-6.7 ms (Cluster 8).
-// The tuning table also times the Cluster path with the push exchange and the Regs path (slices
-// in registers, cuda/loss/cross_entropy.cu) over its block shapes and cluster sizes.
+// twice; the forced Cluster runs time that 8-block cluster.
+// The tuning table also times the cross-entropy's BlockRows path and every Cluster size, with
+// the barrier and (C > 1) the push exchange.
 // Every case also reports the device memory the calls took beyond their inputs (the allocator's
 // peak over the timed calls less what was in use before): the bad-label flag, or nothing.
 #include <algorithm>
@@ -55,8 +53,7 @@ void fill_logits(const Tensor& logits) {
   }
 }
 
-// cluster4, cluster4-push, regs4-512x8 (slice in registers), regs2-512x8+smem61k-push (the
-// part of the slice beyond the registers in shared memory; pushed statistics).
+// warp-rows, block-rows, cluster4 (barrier exchange), cluster4-push.
 std::string variant_name(const cuda::CrossEntropyPlan& plan) {
   const std::string push = plan.exchange == cuda::ClusterExchange::Push ? "-push" : "";
   switch (plan.path) {
@@ -66,12 +63,6 @@ std::string variant_name(const cuda::CrossEntropyPlan& plan) {
       return "block-rows";
     case cuda::CrossEntropyPath::Cluster:
       return "cluster" + std::to_string(plan.cluster) + push;
-    case cuda::CrossEntropyPath::Regs:
-      return "regs" + std::to_string(plan.cluster) + "-" + std::to_string(plan.threads) + "x" +
-             std::to_string(plan.reg_vecs) +
-             (plan.slice_bytes ? "+smem" + std::to_string((plan.slice_bytes + 1023) / 1024) + "k"
-                               : "") +
-             push;
     case cuda::CrossEntropyPath::Auto:
       break;
   }
@@ -158,19 +149,7 @@ BENCH_CASES("loss") {
                     Run{{CrossEntropyPath::Cluster, 8}, true}})
         runs.push_back(r);
       for (int c : {2, 4, 8})
-        runs.push_back({{CrossEntropyPath::Cluster, c, 0, 0, ClusterExchange::Push}, true});
-      // Regs: every compiled shape and cluster size but those that leave half the registers
-      // idle or take over half a multiprocessor's shared memory (one block per SM); both
-      // exchanges where the cluster has more than one block.
-      const int64_t vecs = s.v * 2 / 16;
-      for (int c : {1, 2, 4, 8})
-        for (const auto& shape : cuda::cross_entropy_regs_shapes()) {
-          const int64_t slice = (vecs + c - 1) / c, regs = int64_t{shape.threads} * shape.reg_vecs;
-          if (regs >= 2 * slice || (slice - regs) * 16 > 113 * 1024) continue;
-          for (ClusterExchange x : {ClusterExchange::Barrier, ClusterExchange::Push})
-            if (c > 1 || x == ClusterExchange::Barrier)
-              runs.push_back({{CrossEntropyPath::Regs, c, shape.threads, shape.reg_vecs, x}, true});
-        }
+        runs.push_back({{CrossEntropyPath::Cluster, c, ClusterExchange::Push}, true});
     }
     for (const Run& r : runs) {
       const auto plan = cuda::cross_entropy_plan(s.v, DType::BF16, r.choice);

@@ -16,25 +16,20 @@
 //   BlockRows  one block per row, the row streamed twice from global memory (any V)
 //   Cluster    a cluster of 1-8 blocks per row, each holding its slice of the row in shared
 //              memory: the row is read once and written once (the bytes floor)
-//   Regs       a cluster of 1-8 blocks per row as Cluster, each holding its slice in registers
-//              (threads x reg_vecs 16-byte vectors), the part of a slice beyond them in shared
-//              memory: read once, written once, with more of the row on chip per multiprocessor
-// Auto picks by the row size (never Regs; clusters of more than one block exchange by Push
-// where the slice fits, else Barrier); tests and benchmarks may force a path, a cluster size,
-// (Regs) a block shape and the exchange.
+// Auto picks by the row size (clusters of more than one block exchange by Push where the slice
+// fits, else Barrier); tests and benchmarks may force a path, a cluster size and the exchange.
 // Plain C++ declarations: includable from g++-built files.
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <vector>
 
 #include "core/tensor.h"
 
 namespace engine::cuda {
 
-enum class CrossEntropyPath { Auto, WarpRows, BlockRows, Cluster, Regs };
+enum class CrossEntropyPath { Auto, WarpRows, BlockRows, Cluster };
 
-// How the blocks of a row's cluster (Cluster or Regs, C > 1) share their row statistics.
+// How the blocks of a row's cluster (Cluster, C > 1) share their row statistics.
 enum class ClusterExchange {
   Barrier,  // each block writes its own shared memory, a cluster barrier with release/acquire
             // (a GPU-scope fence), every block reads all others' (distributed shared memory)
@@ -44,34 +39,22 @@ enum class ClusterExchange {
 
 struct CrossEntropyPlan {
   CrossEntropyPath path = CrossEntropyPath::Auto;  // resolved: never Auto
-  int cluster = 1;          // blocks per row (Cluster, Regs), else 1
-  int64_t slice_bytes = 0;  // dynamic shared memory per block: Cluster its slice, Regs the part
-                            // of its slice beyond the registers (0: all in registers), else 0
-  int threads = 0;          // Regs: threads per block, else 0
-  int reg_vecs = 0;         // Regs: 16-byte vectors per thread held in registers, else 0
-  ClusterExchange exchange = ClusterExchange::Barrier;  // Cluster, Regs
+  int cluster = 1;          // blocks per row (Cluster), else 1
+  int64_t slice_bytes = 0;  // dynamic shared memory per block (Cluster: its slice), else 0
+  ClusterExchange exchange = ClusterExchange::Barrier;  // Cluster
 };
 
-// What a test or benchmark forces (0: choose). Regs: threads = 0 chooses the block shape,
-// reg_vecs = 0 with threads != 0 the first compiled shape with that many threads.
+// What a test or benchmark forces (0: choose).
 struct CrossEntropyChoice {
   CrossEntropyPath path = CrossEntropyPath::Auto;
   int cluster = 0;
-  int threads = 0;
-  int reg_vecs = 0;
-  ClusterExchange exchange = ClusterExchange::Barrier;  // Cluster, Regs (Auto: Barrier)
+  ClusterExchange exchange = ClusterExchange::Barrier;  // Cluster (Auto: Barrier)
 };
-
-// The block shapes (threads, reg_vecs) the Regs path is compiled for.
-struct CrossEntropyRegsShape {
-  int threads, reg_vecs;
-};
-std::vector<CrossEntropyRegsShape> cross_entropy_regs_shapes();
 
 // The plan cross_entropy runs for this vocabulary and dtype; nullopt when a forced path or
 // cluster size cannot hold the row (a slice over the shared-memory limit, a cluster size
-// outside {1, 2, 4, 8}, a Regs shape that is not compiled, a shape or exchange given to a path
-// without one, or a cluster the device cannot schedule).
+// outside {1, 2, 4, 8}, an exchange given to a path without one, or a cluster the device cannot
+// schedule).
 std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
                                                    const CrossEntropyChoice& choice);
 inline std::optional<CrossEntropyPlan> cross_entropy_plan(

@@ -73,34 +73,24 @@ const std::vector<Case> kCases = {
 struct Variant {
   CrossEntropyChoice choice;
   std::string name() const {
-    const char* n[] = {"Auto", "WarpRows", "BlockRows", "Cluster", "Regs"};
+    const char* n[] = {"Auto", "WarpRows", "BlockRows", "Cluster"};
     const CrossEntropyChoice& c = choice;
     return std::string(n[static_cast<int>(c.path)]) +
            (c.cluster ? " C" + std::to_string(c.cluster) : "") +
-           (c.threads ? " " + std::to_string(c.threads) + "x" + std::to_string(c.reg_vecs) : "") +
            (c.exchange == ClusterExchange::Push ? " push" : "");
   }
 };
 
-// Every path and cluster size that can run a row of v logits of this dtype: the Regs block
-// shapes at cluster sizes that, over the cases' vocabularies, hold rows in registers only,
-// with a shared part, with idle threads and empty trailing blocks; both exchanges.
+// Every path and cluster size that can run a row of v logits of this dtype, with both exchanges.
 std::vector<Variant> variants_for(int64_t v, DType dtype) {
   std::vector<Variant> out;
 #ifdef ENGINE_CUDA
   using P = CrossEntropyPath;
-  constexpr ClusterExchange kBar = ClusterExchange::Barrier, kPush = ClusterExchange::Push;
+  constexpr ClusterExchange kPush = ClusterExchange::Push;
   const CrossEntropyChoice all[] = {
-      {P::Auto},           {P::WarpRows},       {P::BlockRows},
-      {P::Cluster, 1},     {P::Cluster, 2},     {P::Cluster, 4},
-      {P::Cluster, 8},     {P::Cluster, 2, 0, 0, kPush},
-      {P::Cluster, 4, 0, 0, kPush},              {P::Cluster, 8, 0, 0, kPush},
-      {P::Regs, 1, 512, 8, kBar},                {P::Regs, 1, 128, 24, kBar},
-      {P::Regs, 2, 1024, 8, kBar},               {P::Regs, 2, 256, 8, kBar},
-      {P::Regs, 4, 512, 8, kBar},                {P::Regs, 4, 256, 12, kBar},
-      {P::Regs, 4, 128, 24, kBar},               {P::Regs, 8, 256, 8, kBar},
-      {P::Regs, 2, 512, 8, kPush},               {P::Regs, 4, 256, 12, kPush},
-      {P::Regs, 4, 128, 24, kPush},              {P::Regs, 8, 256, 8, kPush},
+      {P::Auto},          {P::WarpRows},      {P::BlockRows},        {P::Cluster, 1},
+      {P::Cluster, 2},    {P::Cluster, 4},    {P::Cluster, 8},       {P::Cluster, 2, kPush},
+      {P::Cluster, 4, kPush},                 {P::Cluster, 8, kPush},
   };
   for (const CrossEntropyChoice& c : all)
     if (cuda::cross_entropy_plan(v, dtype, c)) out.push_back({c});
@@ -248,28 +238,26 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
       cuda::cross_entropy_plan(128256, DType::BF16, CrossEntropyPath::Cluster, 1).has_value());
   CHECK_FALSE(
       cuda::cross_entropy_plan(1000, DType::BF16, CrossEntropyPath::Cluster, 3).has_value());
-  // Regs: a slice that fits the registers takes no shared memory; the rest of a longer one does.
   using P = CrossEntropyPath;
-  const auto regs4 = cuda::cross_entropy_plan(128256, DType::BF16, {P::Regs, 4, 512, 8});
-  REQUIRE(regs4.has_value());
-  CHECK(regs4->path == P::Regs);
-  CHECK(regs4->cluster == 4);
-  CHECK(regs4->slice_bytes == 0);  // 4008 vectors <= 512 x 8
-  const auto regs2 = cuda::cross_entropy_plan(128256, DType::BF16, {P::Regs, 2, 512, 8});
-  REQUIRE(regs2.has_value());
-  CHECK(regs2->slice_bytes == (8016 - 4096) * 16);
-  const auto chosen = cuda::cross_entropy_plan(128256, DType::BF16, {P::Regs});
-  REQUIRE(chosen.has_value());  // Regs without a shape or cluster size: some plan
-  CHECK(chosen->threads * chosen->reg_vecs > 0);
-  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16, {P::Regs, 4, 300, 8}).has_value());
-  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16, {P::Regs, 3, 512, 8}).has_value());
-  CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16, {P::Cluster, 4, 512, 8}).has_value());
   CHECK_FALSE(cuda::cross_entropy_plan(1000, DType::BF16,
-                                       {P::BlockRows, 0, 0, 0, ClusterExchange::Push})
+                                       {P::BlockRows, 0, ClusterExchange::Push})
                   .has_value());
-  for (const auto& shape : cuda::cross_entropy_regs_shapes())
-    CHECK(cuda::cross_entropy_plan(1000, DType::BF16, {P::Regs, 1, shape.threads, shape.reg_vecs})
-              .has_value());
+  CHECK_FALSE(
+      cuda::cross_entropy_plan(1000, DType::BF16, {P::Auto, 0, ClusterExchange::Push}).has_value());
+  // The largest row an 8-block cluster holds: the push kernel's static shared memory is larger
+  // than the barrier kernel's, so there Auto exchanges by Barrier; one logit more takes BlockRows.
+  auto fits8 = [](int64_t v, ClusterExchange x) {
+    return cuda::cross_entropy_plan(v, DType::BF16, {P::Cluster, 8, x}).has_value();
+  };
+  int64_t lo = 8 * 1024, hi = int64_t{1} << 24;  // lo fits, hi does not
+  REQUIRE(fits8(lo, ClusterExchange::Barrier));
+  while (hi - lo > 1) (fits8((lo + hi) / 2, ClusterExchange::Barrier) ? lo : hi) = (lo + hi) / 2;
+  INFO("largest 8-block row: ", lo, " bf16 logits");
+  CHECK_FALSE(fits8(lo, ClusterExchange::Push));
+  CHECK(plan(lo, DType::BF16).path == P::Cluster);
+  CHECK(plan(lo, DType::BF16).cluster == 8);
+  CHECK(plan(lo, DType::BF16).exchange == ClusterExchange::Barrier);
+  CHECK(plan(lo + 1, DType::BF16).path == P::BlockRows);
 #endif
 }
 
@@ -280,10 +268,9 @@ TEST_CASE("cross_entropy cuda: the push exchange gives bitwise the barrier excha
   const Case c{13, 50257, 0, 1, 0.5f, 1};
   const Inputs in = make_inputs(c, DType::BF16);
   const CrossEntropyChoice pairs[][2] = {
-      {{P::Cluster, 2, 0, 0, kBar}, {P::Cluster, 2, 0, 0, kPush}},
-      {{P::Cluster, 8, 0, 0, kBar}, {P::Cluster, 8, 0, 0, kPush}},
-      {{P::Regs, 4, 256, 12, kBar}, {P::Regs, 4, 256, 12, kPush}},
-      {{P::Regs, 2, 256, 8, kBar}, {P::Regs, 2, 256, 8, kPush}},
+      {{P::Cluster, 2, kBar}, {P::Cluster, 2, kPush}},
+      {{P::Cluster, 4, kBar}, {P::Cluster, 4, kPush}},
+      {{P::Cluster, 8, kBar}, {P::Cluster, 8, kPush}},
   };
   for (const auto& pair : pairs) {
     const Variant a{pair[0]}, b{pair[1]};
