@@ -27,7 +27,10 @@ CPPFLAGS += $(patsubst -I%,-isystem %,$(MPI_CFLAGS)) -DOMPI_SKIP_MPICXX
 LDFLAGS += -fopenmp
 LDLIBS += $(MPI_LIBS) -lpthread
 
-CPP_SRC := $(shell find csrc comm -name '*.cpp' -not -path 'csrc/train/main_*' -not -path 'csrc/bench/*')
+CPP_ALL := $(shell find csrc comm -name '*.cpp' -not -path 'csrc/train/main_*' -not -path 'csrc/bench/*')
+# core/device.h: the CUDA backend defines it; a build without CUDA links csrc/core/no_device.cpp.
+NO_DEVICE_SRC := csrc/core/no_device.cpp
+CPP_SRC := $(filter-out $(NO_DEVICE_SRC),$(CPP_ALL))
 # Benchmark cases register themselves at static init: linked as objects, never from the archive.
 BENCH_SRC := $(shell find csrc/bench -name '*.cpp')
 MAIN_SRC := $(wildcard csrc/train/main_*.cpp)
@@ -36,6 +39,9 @@ TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/dist/*' -not -pat
 DIST_SRC := $(shell find tests/dist -name '*.cpp') $(filter-out tests/main.cpp,$(shell find tests/common -name '*.cpp')) tests/train/train_fixture.cpp
 CU_SRC :=
 
+ifneq ($(CUDA),1)
+  CPP_SRC += $(NO_DEVICE_SRC)
+endif
 ifeq ($(CUDA),1)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
   # NCCL and cuDNN: CUDA_HOME first, else the Python venv's nvidia/ packages (the GPU machine).
@@ -146,7 +152,7 @@ FUZZ_CXXFLAGS := -std=c++20 -O1 -g $(FUZZ_SAN) -Wall -Wno-unused-parameter -Wno-
 FUZZ_CPPFLAGS := $(filter-out -DENGINE_CUDA,$(CPPFLAGS)) -UENGINE_CUDA
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.cpp)
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.cpp,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_SRC))
-FUZZ_LIB_OBJ := $(CPP_SRC)
+FUZZ_LIB_OBJ := $(CPP_ALL)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_OBJ:%.cpp=$(FUZZ_BUILD)/obj/%.o)
 
 fuzz:

@@ -6,11 +6,8 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/log.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/common/device.cuh"
-#endif
 
 namespace engine {
 
@@ -49,10 +46,8 @@ const LaunchInfo& launch_init(int* argc, char*** argv) {
   }
   // Errors come back as codes and become engine::Error (then fatal_error), never a silent abort.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-#ifdef ENGINE_CUDA
   // Each rank's GPU is its local rank (before anything touches a GPU: NCCL needs one per rank).
-  if (const int gpus = cuda::device_count(); gpus > 0) cuda::set_device(g_info.local_rank % gpus);
-#endif
+  if (const int gpus = device::count(); gpus > 0) device::select(g_info.local_rank % gpus);
   log_set_rank(g_info.rank, g_info.world_size);
   return g_info;
 }

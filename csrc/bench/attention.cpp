@@ -212,7 +212,7 @@ std::vector<int> documents(int total) {
 BENCH_CASES("attention") {
   std::vector<Result> out;
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() == 0) return out;
+  if (device::count() == 0) return out;
   const std::vector<AttnShape> shapes = {
       {"causal hd128 B16 H16 S2048", equal(16, 2048), 16, 128, "flash 285 / 221, cuDNN 512 / 392"},
       {"causal hd128 B4 H16 S8192", equal(4, 8192), 16, 128, "flash 331 / 290, cuDNN 598 / 497"},

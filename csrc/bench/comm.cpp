@@ -20,7 +20,7 @@ BENCH_CASES("comm") {
   std::vector<Result> out;
 #ifdef ENGINE_CUDA
   const int n = world().size();
-  if (n < 2 || cuda::device_count() == 0) {
+  if (n < 2 || device::count() == 0) {
     out.push_back({"comm: needs mpirun with >= 2 ranks and GPUs (skipped)", 0, 0, 0, ""});
     return out;
   }

@@ -20,7 +20,7 @@ namespace engine::bench {
 BENCH_CASES("elementwise") {
   std::vector<Result> out;
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() == 0) return out;
+  if (device::count() == 0) return out;
   const int64_t n = int64_t{256} << 20;
   const double dn = static_cast<double>(n);
   const std::string sz = " n=256M";

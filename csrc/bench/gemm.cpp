@@ -43,7 +43,7 @@ struct Linear {
 BENCH_CASES("gemm") {
   std::vector<Result> out;
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() == 0) return out;
+  if (device::count() == 0) return out;
   {  // the peer's square case
     const int64_t n = 8192;
     Owned a = empty({n, n}, DType::BF16, Device::CUDA), b = empty({n, n}, DType::BF16, Device::CUDA);

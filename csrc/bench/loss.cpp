@@ -110,7 +110,7 @@ BENCH_CASES("loss") {
   std::vector<Result> out;
 #ifdef ENGINE_CUDA
   using cuda::CrossEntropyPath;
-  if (cuda::device_count() == 0) return out;  // nothing to time without a GPU
+  if (device::count() == 0) return out;  // nothing to time without a GPU
   const Shape2 shapes[] = {
       {16384, 128256, true, "peer: torch eager 29.8 ms, torch.compile 8.3 ms"},
       {16384, 32000, true, ""},

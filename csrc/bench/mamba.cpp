@@ -62,7 +62,7 @@ std::string label(const char* op, int64_t seqs, int64_t len, int64_t di) {
 BENCH_CASES("mamba") {
   std::vector<Result> results;
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() == 0) {
+  if (device::count() == 0) {
     std::printf("  (no CUDA device: skipped)\n");
     return results;
   }

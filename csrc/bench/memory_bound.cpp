@@ -86,7 +86,7 @@ std::string label(const char* op, int64_t t, int64_t c) {
 BENCH_CASES("memory_bound") {
   std::vector<Result> results;
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() == 0) {
+  if (device::count() == 0) {
     std::printf("  (no CUDA device: skipped)\n");
     return results;
   }

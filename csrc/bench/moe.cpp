@@ -160,7 +160,7 @@ std::vector<Result> layer_case() {
 BENCH_CASES("moe") {
   std::vector<Result> out;
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() == 0) return out;
+  if (device::count() == 0) return out;
   const std::vector<GroupedCase> cases = {
       {"balanced", std::vector<int32_t>(8, 4096), 4096, 7168},
       {"skewed", skewed_counts(), 4096, 7168},

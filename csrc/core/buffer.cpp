@@ -6,9 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#ifdef ENGINE_CUDA
-#include "cuda/common/device.cuh"
-#endif
+#include "core/device.h"
 
 namespace engine {
 namespace {
@@ -37,11 +35,7 @@ struct CachingAllocator {
       p = std::aligned_alloc(256, bytes);
       ENSURE(p != nullptr, "out of host memory allocating ", bytes, " bytes");
     } else {
-#ifdef ENGINE_CUDA
-      p = cuda::device_alloc(bytes);
-#else
-      RAISE("this build has no CUDA support (built without nvcc)");
-#endif
+      p = device::alloc(bytes);
     }
     stats.system_allocs++;
     return p;
@@ -50,9 +44,7 @@ struct CachingAllocator {
     if (device == Device::CPU) {
       std::free(p);
     } else {
-#ifdef ENGINE_CUDA
-      cuda::device_free(p);
-#endif
+      device::release(p);
     }
   }
 
@@ -139,11 +131,7 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     std::memcpy(dst, src, bytes);
     return;
   }
-#ifdef ENGINE_CUDA
-  cuda::copy_bytes(dst, dst_dev == Device::CUDA, src, src_dev == Device::CUDA, bytes);
-#else
-  RAISE("this build has no CUDA support (built without nvcc)");
-#endif
+  device::copy(dst, dst_dev == Device::CUDA, src, src_dev == Device::CUDA, bytes);
 }
 
 void upload_bytes(void* dst, Device dst_dev, const void* src, size_t bytes) {
@@ -152,11 +140,7 @@ void upload_bytes(void* dst, Device dst_dev, const void* src, size_t bytes) {
     std::memcpy(dst, src, bytes);
     return;
   }
-#ifdef ENGINE_CUDA
-  cuda::upload_bytes(dst, src, bytes);
-#else
-  RAISE("this build has no CUDA support (built without nvcc)");
-#endif
+  device::upload(dst, src, bytes);
 }
 
 void fill_zero_bytes(void* dst, Device dev, size_t bytes) {
@@ -165,11 +149,7 @@ void fill_zero_bytes(void* dst, Device dev, size_t bytes) {
     std::memset(dst, 0, bytes);
     return;
   }
-#ifdef ENGINE_CUDA
-  cuda::zero_bytes(dst, bytes);
-#else
-  RAISE("this build has no CUDA support (built without nvcc)");
-#endif
+  device::zero(dst, bytes);
 }
 
 void copy_tensor(const Tensor& dst, const Tensor& src) {

@@ -5,7 +5,6 @@
 #include <iterator>
 
 #include "core/rng.h"
-#include "ops/elementwise.h"
 
 namespace engine {
 
@@ -156,9 +155,11 @@ void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t 
   }
 }
 
-ParamStore::ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity)
+ParamStore::ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity,
+                       int64_t pad_multiple)
     : table_(table), device_(device), compute_dtype_(compute_dtype),
-      capacity_(std::max(capacity, table.total_elements())) {
+      capacity_((std::max(capacity, table.total_elements()) + pad_multiple - 1) / pad_multiple * pad_multiple) {
+  ENSURE(pad_multiple >= 1, "parameter buffer padded to a multiple of ", pad_multiple);
   ENSURE(compute_dtype == DType::F32 || compute_dtype == DType::F64 || compute_dtype == DType::BF16,
          "parameters in ", dtype_name(compute_dtype));
   allocate_weights();
@@ -234,8 +235,14 @@ void ParamStore::init(uint64_t seed) {
   if (host_dtype == compute_dtype_) {
     copy_tensor(weights_flat(), host);
   } else {
-    Owned converted = empty({capacity_}, compute_dtype_, Device::CPU);
-    ops::cast(host, converted);
+    // f32 -> bf16, rounded to nearest even as the CPU cast op does.
+    ENSURE(host_dtype == DType::F32 && compute_dtype_ == DType::BF16, "parameter init: no conversion from ",
+           dtype_name(host_dtype), " to ", dtype_name(compute_dtype_));
+    Owned converted = empty({capacity_}, DType::BF16, Device::CPU);
+    const float* src = host.ptr<float>();
+    bf16* dst = converted.ptr<bf16>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < capacity_; ++i) dst[i] = bf16(src[i]);
     copy_tensor(weights_flat(), converted);
   }
 }

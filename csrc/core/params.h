@@ -91,8 +91,11 @@ void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t 
 
 class ParamStore {
  public:
-  // compute_dtype: F32 or F64 on CPU, BF16 (or F32) on CUDA. capacity >= table.total_elements().
-  ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity = 0);
+  // compute_dtype: F32 or F64 on CPU, BF16 (or F32) on CUDA. The flat buffers hold
+  // max(capacity, table.total_elements()) elements, rounded up to a multiple of pad_multiple (so
+  // that they split into equal, aligned ZeRO shards).
+  ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity = 0,
+             int64_t pad_multiple = 1);
   ParamStore(ParamStore&&) = default;
   ~ParamStore();  // orders the compute stream after any pending weights before freeing them
 

@@ -66,6 +66,9 @@ class Model {
   // Debugging: while set, forward and backward add their residual-stream tensors to `stats`
   // (models/tensor_stats.h), each element once over the tensor-parallel group.
   virtual void set_stats(StatsRecorder* stats) = 0;
+  // Parameters of which the model holds a copy on more than one pipeline stage (the embedding
+  // table tied to the LM head): the holders' gradients are summed so the copies stay equal.
+  virtual std::vector<std::string> tied_parameters() const = 0;
 };
 
 // How a model's layers are split and run (distributed.*): the tensor-parallel group (nullptr or
@@ -81,6 +84,8 @@ struct ModelLayout {
   // forward again before its backward (memory of one block's activations for one more forward).
   bool recompute = false;
   bool tp_overlap = true;  // layers::Env::tp_overlap
+  // The flat parameter buffers' length is a multiple of this (equal, aligned data-parallel shards).
+  int64_t pad_multiple = 1;
   int tp_rank() const { return tp ? tp->rank() : 0; }
   int tp_size() const { return tp ? tp->size() : 1; }
   int stages() const { return pipeline_size * stages_per_rank; }

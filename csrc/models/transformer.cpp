@@ -1,7 +1,9 @@
 #include "models/transformer.h"
 
+#include "core/log.h"
 #include "core/trace.h"
 #include "layers/linear.h"
+#include "ops/attention.h"
 #include "ops/elementwise.h"
 
 namespace engine {
@@ -61,7 +63,8 @@ ParamTable model_param_table(const ModelConfig& c, int tp_rank, int tp_size) {
 Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity,
                          const ModelLayout& layout)
     : config_(c), layout_(layout), plan_(stage_plan(c.num_layers, layout.stages())),
-      store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity),
+      store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity,
+             layout.pad_multiple),
       env_{device, compute_dtype, layout.tp, layout.sequence_parallel, layout.tp_overlap} {
   blocks_.resize(static_cast<size_t>(c.num_layers));
   moe_aux_ = c.moe_aux_loss_coef > 0 || c.moe_z_loss_coef > 0;
@@ -76,6 +79,13 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
           store_.table().get("layers." + std::to_string(i) + ".norm1.weight").offset;
     }
     if (p.head) head_ = std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits);
+  }
+  // Which attention kernels the blocks run (chosen from the device and the head dim).
+  if (block_layout(c).find('A') != std::string::npos) {
+    const int head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
+    log_info("attention: ", c.attention_backend == AttentionBackendKind::Cudnn
+                                ? "cudnn"
+                                : ops::attention_kernel_name(device, head_dim), " kernels, head dim ", head_dim);
   }
 }
 

@@ -36,6 +36,9 @@ class Transformer final : public Model {
   static std::vector<StagePlan> stage_plan(int num_layers, int stages);
 
   ParamStore& params() override { return store_; }
+  std::vector<std::string> tied_parameters() const override {
+    return config_.tie_embeddings ? std::vector<std::string>{layers::Embedding::kTokens} : std::vector<std::string>{};
+  }
   std::unique_ptr<Saved> new_saved() const override;
   double forward(const MicroBatch& mb, Saved& saved, bool with_grad, float grad_scale) override;
   void backward(const MicroBatch& mb, Saved& saved, const GradsReady& grads_ready = {}) override;

@@ -9,168 +9,62 @@
 
 namespace engine {
 
-AdamW::AdamW(ParamStore& store, const OptimizerConfig& config, Comm& dp, int zero_stage, uint64_t seed,
-             int64_t bucket_elements, const ModelParallelGroups& g)
-    : store_(store), config_(config), dp_(dp), tp_(g.tp && g.tp->size() > 1 ? g.tp : nullptr),
-      reduce_replicated_(tp_ && g.sequence_parallel), pp_(g.pp && g.pp->size() > 1 ? g.pp : nullptr),
-      tied_(g.tied && g.tied->size() > 1 ? g.tied : nullptr), count_tied_(g.count_tied), stage_(zero_stage),
-      bucket_(std::max<int64_t>(1, bucket_elements)) {
-  ENSURE(store.table().tp_size() == (tp_ ? tp_->size() : 1), "a parameter table for ", store.table().tp_size(),
-         " tensor-parallel ranks with a group of ", tp_ ? tp_->size() : 1);
-  ENSURE(!tied_ || !g.tied_params.empty(), "a tied group without tied parameters");
-  ENSURE(stage_ >= 0 && stage_ <= 3, "ZeRO stage ", stage_);
-  const int64_t n = store.capacity();
-  const bool sharded = stage_ >= 1 && dp.size() > 1;
-  ENSURE(n % dp.size() == 0, "parameter buffer of ", n, " elements does not split over ", dp.size(), " ranks");
-  begin_ = sharded ? n / dp.size() * dp.rank() : 0;
-  end_ = sharded ? begin_ + n / dp.size() : n;
-  const int64_t len = end_ - begin_;
-  const Device dev = store.device();
-
-  master_aliased_ = store.compute_dtype() == DType::F32 && stage_ < 3;
+AdamW::AdamW(const OptimizerConfig& config, DataParallel& parallel, uint64_t seed)
+    : config_(config), parallel_(parallel), store_(parallel.store()) {
+  const int64_t begin = parallel.shard_begin(), end = parallel.shard_end(), len = end - begin;
+  const Device dev = store_.device();
+  master_aliased_ = store_.compute_dtype() == DType::F32 && parallel.zero_stage() < 3;
   if (!master_aliased_) {
     Owned host = empty({len}, DType::F32, Device::CPU);
-    init_values(store.table(), seed, begin_, end_, host);
+    init_values(store_.table(), seed, begin, end, host);
     master_ = empty({len}, DType::F32, dev);
     copy_tensor(master_, host);
   }
   m_ = zeros({len}, DType::F32, dev);
   v_ = zeros({len}, DType::F32, dev);
-  if (stage_ == 3 && dp.size() > 1) store.release_weights();
+  if (parallel.releases_weights()) store_.release_weights();
 
   // Maximal runs of equal weight decay within the shard, each from the end of the one before
   // (the first from 0) to its last parameter's end: the alignment gaps before a parameter take
   // its run's decay. Gaps are zero in every buffer (weights, gradients, master, moments), and a
   // zero element stays zero under any decay (eps > 0), so updating them is harmless; the tail
   // past the last parameter is left out.
-  for (const ParamSpec& s : store.table().entries())
-    if (tied_ && std::find(g.tied_params.begin(), g.tied_params.end(), s.name) != g.tied_params.end())
-      tied_full_.emplace_back(s.offset, s.offset + s.shape.numel());
-  for (const ParamSpec& s : store.table().entries()) {
-    const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.shape.numel(), end_);
-    if (b >= e) continue;
-    if (tied_ && std::find(g.tied_params.begin(), g.tied_params.end(), s.name) != g.tied_params.end())
-      tied_ranges_.emplace_back(b - begin_, e - begin_);
-    if (tp_ && s.split_dim < 0) {  // runs of replicated parameters (across zero alignment gaps)
-      if (!replicated_.empty() && b - begin_ - replicated_.back().second < 64)
-        replicated_.back().second = e - begin_;
-      else
-        replicated_.emplace_back(b - begin_, e - begin_);
-    }
+  for (const ParamSpec& s : store_.table().entries()) {
+    const int64_t e = std::min(s.offset + s.shape.numel(), end);
+    if (std::max(s.offset, begin) >= e) continue;
     const float decay = s.weight_decay ? static_cast<float>(config.weight_decay) : 0.f;
     if (!decay_runs_.empty() && decay_runs_.back().weight_decay == decay)
-      decay_runs_.back().end = e - begin_;
+      decay_runs_.back().end = e - begin;
     else
-      decay_runs_.push_back({e - begin_, decay});
+      decay_runs_.push_back({e - begin, decay});
   }
-}
-
-void AdamW::reduce_tied() {
-  for (const auto& [b, e] : tied_full_) tied_->all_reduce(store_.grads_flat().slice(b, e));
 }
 
 Tensor AdamW::master() const {
-  return master_aliased_ ? store_.weights_flat().slice(begin_, end_) : master_.t;
-}
-
-void AdamW::grads_ready(int64_t offset) {
-  // Stage 2/3 with tied copies: their sum over the tied group must come before the reduction to
-  // the owners (the two ranks' shards do not line up), so every bucket waits for step().
-  if (dp_.size() == 1 || (stage_ >= 2 && tied_)) return;
-  const int64_t end = reduced_from_ < 0 ? store_.capacity() : reduced_from_;
-  // Whole buckets as soon as they are complete; the rest when the buffer is complete (offset 0).
-  if (end - offset >= bucket_ || (offset == 0 && end > 0)) reduce_range(offset, end);
-}
-
-void AdamW::for_each_owned_piece(int64_t begin, int64_t end,
-                                 const std::function<void(int64_t, int64_t, int)>& f) const {
-  const int64_t shard = end_ - begin_;  // shards are contiguous and of equal length
-  for (int64_t b = begin; b < end;) {
-    const int64_t owner = b / shard, e = std::min(end, (owner + 1) * shard);
-    f(b, e, static_cast<int>(owner));
-    b = e;
-  }
-}
-
-void AdamW::reduce_range(int64_t begin, int64_t end) {
-  const Tensor grads = store_.grads_flat();
-  if (stage_ < 2) {
-    dp_.all_reduce_async(grads.slice(begin, end));
-  } else {
-    // Each piece summed only on its owner: half an all-reduce's traffic, and nothing outside the
-    // shard is needed.
-    for_each_owned_piece(begin, end,
-                         [&](int64_t b, int64_t e, int owner) { dp_.reduce_async(grads.slice(b, e), owner); });
-  }
-  reduced_from_ = begin;
+  return master_aliased_ ? store_.weights_flat().slice(shard_begin(), shard_end()) : master_.t;
 }
 
 void AdamW::begin_step() {
-  reduced_from_ = -1;
+  parallel_.begin_step();
   if (store_.has_weights()) return;
   store_.allocate_weights();  // stage 3: the shard's weights from the master, then gather
   write_and_gather_weights();
 }
 
 void AdamW::write_and_gather_weights() {
-  const Tensor shard = store_.weights_flat().slice(begin_, end_);
+  const Tensor shard = store_.weights_flat().slice(shard_begin(), shard_end());
   if (!master_aliased_) ops::cast(master_, shard);
-  if (end_ - begin_ != store_.capacity()) gather_weights();
-}
-
-void AdamW::gather_weights() {
-  // Bucket by bucket in buffer order, each piece broadcast from the rank whose shard holds it (an
-  // all-gather's traffic). The store's views wait for a bucket only when something reads it, so
-  // the forward after this starts on the first buckets while the later ones still arrive.
-  const Tensor w = store_.weights_flat();
-  const int64_t n = store_.capacity();
-  std::vector<ParamStore::PendingWeights> pending;
-  for (int64_t b = 0; b < n; b += bucket_) {
-    for_each_owned_piece(b, std::min(n, b + bucket_),
-                         [&](int64_t p, int64_t q, int owner) { dp_.broadcast_async(w.slice(p, q), owner); });
-    if (std::function<void()> wait = dp_.fence()) pending.push_back({b, std::move(wait)});
-  }
-  store_.set_pending_weights(std::move(pending));
+  parallel_.gather_weights();
 }
 
 StepStats AdamW::step(int step, bool skip_update) {
   StepStats st;
   st.lr = learning_rate(config_, step);
-  const bool sharded = end_ - begin_ != store_.capacity();
-  Tensor grads;
-  // Tied copies are summed on the full buffers, where every holder has all of them (the dp
-  // shards of two pipeline ranks' buffers need not line up): before the reductions onto the
-  // owners (stage 2/3), or after the all-reduce (stage 0/1: a sum over dp and one over the tied
-  // group commute).
-  if (dp_.size() == 1) {
-    reduce_tied();
-    grads = store_.grads_flat();
-  } else {
-    if (stage_ >= 2) reduce_tied();  // before the reduction to the owners (no bucket started)
-    // Buckets the backward did not start (all of them when no grads_ready came) go now.
-    if (reduced_from_ != 0) reduce_range(0, reduced_from_ < 0 ? store_.capacity() : reduced_from_);
-    dp_.wait_async();
-    if (stage_ < 2) reduce_tied();
-    grads = store_.grads_flat().slice(begin_, end_);
-  }
-  // Model-parallel gradient sums (after the dp reduction: sums over different groups commute).
-  if (reduce_replicated_)
-    for (const auto& [b, e] : replicated_) tp_->all_reduce(grads.slice(b, e));
-  double sq = ops::sum_squares(grads);
-  // Split parameters count on every tp rank, replicated ones on the first only; tied copies on
-  // one pipeline rank.
-  if (tp_ && tp_->rank() != 0)
-    for (const auto& [b, e] : replicated_) sq -= ops::sum_squares(grads.slice(b, e));
-  if (!count_tied_)
-    for (const auto& [b, e] : tied_ranges_) sq -= ops::sum_squares(grads.slice(b, e));
-  sq = std::max(sq, 0.0);  // (rounding of the subtractions; NaN stays NaN)
-  if (tp_) sq = tp_->all_reduce_sum(sq);
-  if (pp_) sq = pp_->all_reduce_sum(sq);
-  if (sharded) sq = dp_.all_reduce_sum(sq);
-  st.grad_norm = std::sqrt(sq);
+  const Tensor grads = parallel_.reduce_gradients();
+  st.grad_norm = std::sqrt(parallel_.gradient_norm_squared(grads));
   if (skip_update || !std::isfinite(st.grad_norm)) {
     st.skipped = true;
-    if (sharded && stage_ == 3) store_.release_weights();  // unchanged; gathered again next step
+    parallel_.end_step(false);  // unchanged (stage 3: gathered again next step)
     return st;
   }
   if (config_.grad_clip > 0 && st.grad_norm > config_.grad_clip)
@@ -184,7 +78,7 @@ StepStats AdamW::step(int step, bool skip_update) {
   p.step = step;
   p.grad_scale = static_cast<float>(st.clip_scale);
   const Tensor master_shard = master();
-  const Tensor weights = store_.weights_flat().slice(begin_, end_);
+  const Tensor weights = store_.weights_flat().slice(shard_begin(), shard_end());
   // One call over the shard (one launch on the GPU), the decay by runs.
   p.decay_runs = decay_runs_;
   if (!decay_runs_.empty()) {
@@ -192,25 +86,8 @@ StepStats AdamW::step(int step, bool skip_update) {
     ops::adamw_step(master_shard.slice(0, n), grads.slice(0, n), m_->slice(0, n), v_->slice(0, n), p,
                     master_aliased_ ? Tensor{} : weights.slice(0, n));
   }
-  if (sharded) {
-    if (stage_ == 3)
-      store_.release_weights();  // gathered again by the next begin_step()
-    else
-      gather_weights();
-  }
+  parallel_.end_step(true);
   return st;
-}
-
-Owned AdamW::gather_master() {
-  Owned full = empty({store_.capacity()}, DType::F32, store_.device());
-  const Tensor mine = master();
-  if (end_ - begin_ == store_.capacity()) {
-    copy_tensor(full, mine);
-  } else {
-    copy_tensor(full->slice(begin_, end_), mine);
-    dp_.all_gather(full->slice(begin_, end_), full);
-  }
-  return full;
 }
 
 void AdamW::weights_from_master() {

@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "parallel/schedule.h"
+#include "train/test_faults.h"
 #include "train/trainer.h"
 
 static void usage() {
@@ -35,6 +36,7 @@ static void usage() {
 
 int main(int argc, char** argv) {
   engine::launch_init(&argc, &argv);
+  engine::install_test_faults_from_env();
   std::vector<std::string> overrides;
   std::string path, export_dir, tokens_path, logits_path;
   engine::hf::ExportOptions export_options;

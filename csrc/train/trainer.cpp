@@ -6,8 +6,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "core/rng.h"
 #include "core/trace.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
@@ -24,13 +21,10 @@
 #include "comm/launch.h"
 #include "comm/nccl_comm.h"
 #include "comm/watchdog.h"
+#include "core/device.h"
+#include "core/faults.h"
 #include "core/log.h"
-#include "layers/embedding.h"
 #include "models/model.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/common/device.cuh"
-#endif
 
 namespace engine {
 
@@ -88,17 +82,11 @@ void Trainer::install_signal_handlers() {
 }
 
 Device resolve_device(DeviceChoice choice) {
-#ifdef ENGINE_CUDA
-  const int gpus = cuda::device_count();
-#else
-  const int gpus = 0;
-#endif
+  const int gpus = device::count();
   switch (choice) {
     case DeviceChoice::CPU: return Device::CPU;
     case DeviceChoice::CUDA:
-#ifndef ENGINE_CUDA
-      RAISE("run.device = \"cuda\": this build has no CUDA support (built without nvcc)");
-#endif
+      ENSURE(device::in_build(), "run.device = \"cuda\": this build has no CUDA support (built without nvcc)");
       ENSURE(gpus > 0, "run.device = \"cuda\": no CUDA device is visible");
       return Device::CUDA;
     case DeviceChoice::Auto: return gpus > 0 ? Device::CUDA : Device::CPU;
@@ -110,9 +98,7 @@ namespace {
 // The device picked before anything touches it: each rank's GPU is its local rank.
 Device pick_device(DeviceChoice choice) {
   const Device d = resolve_device(choice);
-#ifdef ENGINE_CUDA
-  if (d == Device::CUDA) cuda::set_device(launch_info().local_rank % cuda::device_count());
-#endif
+  if (d == Device::CUDA) device::select(launch_info().local_rank % device::count());
   return d;
 }
 
@@ -133,12 +119,10 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
     stats_ = std::make_unique<StatsRecorder>(config_.model.num_layers);
     debug_steps_ = parse_step_list(config_.run.debug_steps);
   }
-#ifdef ENGINE_CUDA
   if (device_ == Device::CUDA) {
-    const int gpu = launch_info().local_rank % cuda::device_count();
-    log_info("GPU ", gpu, ": ", cuda::device_description(gpu), ", data-parallel backend ", dp_.backend());
+    const int gpu = launch_info().local_rank % device::count();
+    log_info("GPU ", gpu, ": ", device::description(gpu), ", data-parallel backend ", dp_.backend());
   }
-#endif
   const int dp_size = dp_.size();
   BatchConfig& b = config_.batch;
   b.accumulation_steps = micro_batches_per_rank(config_, dp_size);
@@ -148,11 +132,8 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   const DistributedConfig& dist = config_.distributed;
   ModelLayout layout{mesh_->tp(),       dist.sequence_parallel, dist.cross_entropy_splits, mesh_->pp_rank(),
                      mesh_->pp_size(), dist.stages_per_rank,  config_.training.recompute_activations,
-                     dist.tp_overlap};
-  const int64_t table_size =
-      model_param_table(config_.model, layout, mesh_->tp_rank(), mesh_->tp_size()).total_elements();
-  const int64_t capacity = (table_size + unit - 1) / unit * unit;
-  model_ = make_model(config_.model, device_, compute, capacity, layout);
+                     dist.tp_overlap,  unit};
+  model_ = make_model(config_.model, device_, compute, 0, layout);
   model_->params().init(config_.run.seed);
   pipeline_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), dist.pipeline_schedule);
   const auto bucket = static_cast<int64_t>(dist.reduce_bucket_mb * (1 << 20) / 4);
@@ -161,19 +142,20 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   groups.sequence_parallel = dist.sequence_parallel;
   groups.pp = mesh_->pp();
   const int last_rank = (layout.stages() - 1) % layout.pipeline_size;
-  if (config_.model.tie_embeddings && last_rank != 0) {
+  const std::vector<std::string> tied = model_->tied_parameters();
+  if (!tied.empty() && last_rank != 0) {
     // The first and the last stage's ranks each hold embed.tokens: their gradients are summed.
     Comm& pp = *mesh_->pp();
     const bool holder = pp.rank() == 0 || pp.rank() == last_rank;
     tied_ = pp.split(holder ? 0 : 1 + pp.rank(), pp.rank());
     if (holder) {
       groups.tied = tied_.get();
-      groups.tied_params = {layers::Embedding::kTokens};
+      groups.tied_params = tied;
       groups.count_tied = pp.rank() == 0;
     }
   }
-  optimizer_ = std::make_unique<AdamW>(model_->params(), config_.optimizer, dp_, dist.zero_stage,
-                                       config_.run.seed, bucket, groups);
+  parallel_ = std::make_unique<DataParallel>(model_->params(), dp_, dist.zero_stage, bucket, groups);
+  optimizer_ = std::make_unique<AdamW>(config_.optimizer, *parallel_, config_.run.seed);
   init_teacher(layout, compute);
   resume_or_init();
   const int64_t gb = config_.batch.global_batch_size;
@@ -181,8 +163,7 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   // from its checkpoint, even if the global batch size changed).
   const int64_t samples = std::max(int64_t{config_.training.steps} * gb,
                                    consumed_ + int64_t{std::max(0, config_.training.steps - step_)} * gb);
-  if (const char* r = std::getenv("ENGINE_TEST_MISSING_DATA"); r && std::atoi(r) == world().rank())
-    config_.data.train[0].path += ".missing-on-this-rank";  // fault injection: this rank cannot open its data
+  faults::at(faults::Point::TrainData, {world().rank(), step_, &config_.data.train[0].path});
   train_data_ = make_sample_source(config_, Split::Train, samples);
   if (!config_.data.valid.empty() || config_.data.valid_fraction > 0)
     valid_data_ = make_sample_source(config_, Split::Valid, int64_t{config_.training.eval_steps} * gb);
@@ -208,30 +189,6 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
            config_.batch.accumulation_steps, " micro-batches of ", config_.batch.micro_batch_size);
   log_info("optimizer state per rank: ", format_bytes(static_cast<double>(optimizer_->state_bytes())),
            " (ZeRO stage ", config_.distributed.zero_stage, " over ", dp_size, " rank(s))");
-}
-
-// Fault injection for the crash tests: ENGINE_TEST_KILL="<rank>:<step>:step" kills that rank
-// (SIGKILL, as kill -9) after that step's backward, before its update; "<rank>:<step>:checkpoint"
-// kills it 4 KiB into writing its file of that step's checkpoint.
-bool Trainer::kill_asked(const char* where) const {
-  const char* spec = std::getenv("ENGINE_TEST_KILL");
-  if (!spec) return false;
-  int rank = -1, step = -1;
-  char what[16] = {0};
-  if (std::sscanf(spec, "%d:%d:%15s", &rank, &step, what) != 3) return false;
-  return rank == world().rank() && step == step_ && std::strcmp(what, where) == 0;
-}
-
-// Fault injection for the hang tests: ENGINE_TEST_STALL="<rank>:<step>" makes that rank stop
-// responding (sleep forever) at the start of that step, as a stuck or half-dead rank would.
-void Trainer::stall_if_asked() const {
-  const char* spec = std::getenv("ENGINE_TEST_STALL");
-  if (!spec) return;
-  int rank = -1, step = -1;
-  if (std::sscanf(spec, "%d:%d", &rank, &step) != 2) return;
-  if (rank != world().rank() || step != step_ + 1) return;
-  log_warn("ENGINE_TEST_STALL: rank ", rank, " stalls at step ", step);
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 Trainer::~Trainer() {
@@ -359,7 +316,7 @@ std::string Trainer::save_checkpoint() {
   o.state = {step_, consumed_, tokens_seen_, train_seconds_};
   const double t0 = now_seconds();
   WatchdogScope watchdog(str_cat("the checkpoint of step ", step_), config_.distributed.timeout_s);
-  if (kill_asked("checkpoint")) checkpoint::inject_write_kill(4096);
+  faults::at(faults::Point::CheckpointWrite, {world().rank(), step_});
   const std::string dir = checkpoint::save(o, *optimizer_, &mesh_->all());
   last_checkpoint_step_ = step_;
   log_info("checkpoint ", dir, " written in ", format_duration(now_seconds() - t0));
@@ -396,10 +353,7 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
     for (MicroBatch& mb : make_micro_sequences(seqs, config_.data.sequence_length,
                                                config_.data.cross_document_attention, device_,
                                                config_.batch.micro_sequence_length)) {
-      // The MoE router jitter: a pure function of (seed, first sample, chunk), so any layout and
-      // a resumed run draw the same noise for the same tokens (0 means none: avoided).
-      const uint64_t sample = static_cast<uint64_t>(first + b);
-      mb.jitter_seed = splitmix64(config_.run.seed ^ splitmix64(sample * 1024 + static_cast<uint64_t>(mb.chunk))) | 1;
+      mb.jitter_seed = router_jitter_seed(config_.run.seed, first + b, mb.chunk);
       log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), ") chunk ", mb.chunk,
                 "/", mb.chunks, ": ", mb.loss_tokens, " loss tokens, ", mb.cu_seqlens->numel() - 1,
                 " segments (longest ", mb.max_seqlen, ")");
@@ -408,14 +362,14 @@ double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t cou
   }
   // The last micro-batch's backward starts the gradient reduction bucket by bucket.
   double loss_sum = pipeline_->run(batches, with_grad, grad_scale,
-                                   [this](int64_t at) { optimizer_->grads_ready(at); });
+                                   [this](int64_t at) { parallel_->grads_ready(at); });
   if (mesh_->pp()) loss_sum = mesh_->pp()->all_reduce_sum(loss_sum);  // from the last stage's rank
   return dp_.all_reduce_sum(loss_sum);
 }
 
 StepResult Trainer::train_step() {
   ENSURE(step_ < config_.training.steps, "training already finished at step ", step_);
-  stall_if_asked();
+  faults::at(faults::Point::StepStart, {world().rank(), step_ + 1});
   const double t0 = now_seconds();
   const int64_t gb = config_.batch.global_batch_size;
   optimizer_->begin_step();
@@ -438,7 +392,7 @@ StepResult Trainer::train_step() {
   consumed_ += gb;
   if (loss_tokens == 0) log_warn("step ", step_ + 1, ": the global batch has no loss tokens");
   ++step_;
-  if (kill_asked("step")) std::raise(SIGKILL);
+  faults::at(faults::Point::StepEnd, {world().rank(), step_});
   const double loss = loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
   StepStats st;
   {

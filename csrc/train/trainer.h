@@ -79,8 +79,6 @@ class Trainer {
   void init_teacher(const ModelLayout& student, DType compute);
   void open_metrics();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
-  void stall_if_asked() const;  // ENGINE_TEST_STALL fault injection (trainer.cpp)
-  bool kill_asked(const char* where) const;  // ENGINE_TEST_KILL fault injection (trainer.cpp)
   void write_stats(int step);   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
 
   Config config_;
@@ -96,6 +94,7 @@ class Trainer {
   std::set<int> debug_steps_;
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<Comm> tied_;  // pipeline ranks holding a copy of the tied embedding
+  std::unique_ptr<DataParallel> parallel_;  // gradient sums and weight gathers (ZeRO)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   FILE* metrics_ = nullptr;

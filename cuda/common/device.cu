@@ -7,11 +7,15 @@
 #include <mutex>
 #include <vector>
 
+#include "core/device.h"
 #include "cuda/common/check.cuh"
 
-namespace engine::cuda {
+// core/device.h on the CUDA runtime.
+namespace engine::device {
 
-int device_count() {
+bool in_build() { return true; }
+
+int count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error
@@ -20,16 +24,16 @@ int device_count() {
   return n;
 }
 
-std::string device_description(int device) {
+std::string description(int device) {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return str_cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                  prop.totalGlobalMem / (1024 * 1024 * 1024), " GiB)");
 }
 
-void set_device(int device) { CUDA_CHECK(cudaSetDevice(device)); }
+void select(int device) { CUDA_CHECK(cudaSetDevice(device)); }
 
-void* device_alloc(size_t bytes) {
+void* alloc(size_t bytes) {
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, bytes);
   if (err != cudaSuccess) {
@@ -39,22 +43,22 @@ void* device_alloc(size_t bytes) {
   return p;
 }
 
-void device_free(void* p) { CUDA_CHECK(cudaFree(p)); }
+void release(void* p) { CUDA_CHECK(cudaFree(p)); }
 
-void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes) {
+void copy(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes) {
   cudaMemcpyKind kind = dst_on_device ? (src_on_device ? cudaMemcpyDeviceToDevice
                                                        : cudaMemcpyHostToDevice)
                                       : (src_on_device ? cudaMemcpyDeviceToHost
                                                        : cudaMemcpyHostToHost);
   // Ordered with the kernels on the compute stream; a copy that touches host memory returns
   // only when the bytes have arrived.
-  cudaStream_t s = static_cast<cudaStream_t>(compute_stream());
+  cudaStream_t s = static_cast<cudaStream_t>(cuda::compute_stream());
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
   if (!dst_on_device || !src_on_device) CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 namespace {
-// Pinned staging blocks for upload_bytes: each is reused only once the copy out of it has
+// Pinned staging blocks for upload(): each is reused only once the copy out of it has
 // completed (its event); a block still in flight is skipped, and a new one is made when every
 // block is busy or too small, so the host never waits for the GPU here.
 struct Staging {
@@ -67,7 +71,7 @@ std::vector<Staging> g_staging;
 size_t g_staging_next = 0;
 }  // namespace
 
-void upload_bytes(void* dst, const void* src, size_t bytes) {
+void upload(void* dst, const void* src, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_staging_mutex);
   Staging* slot = nullptr;
   for (size_t i = 0; i < g_staging.size() && !slot; ++i) {
@@ -90,16 +94,16 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
     slot = &g_staging.back();
   }
   std::memcpy(slot->host, src, bytes);
-  cudaStream_t st = static_cast<cudaStream_t>(compute_stream());
+  cudaStream_t st = static_cast<cudaStream_t>(cuda::compute_stream());
   CUDA_CHECK(cudaMemcpyAsync(dst, slot->host, bytes, cudaMemcpyHostToDevice, st));
   CUDA_CHECK(cudaEventRecord(slot->done, st));
 }
 
-void zero_bytes(void* dst, size_t bytes) {
-  CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(compute_stream())));
+void zero(void* dst, size_t bytes) {
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(cuda::compute_stream())));
 }
 
-}  // namespace engine::cuda
+}  // namespace engine::device
 
 namespace engine::cuda {
 
@@ -113,3 +117,4 @@ StreamHandle compute_stream() {
 }
 
 }  // namespace engine::cuda
+

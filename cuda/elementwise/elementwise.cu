@@ -261,7 +261,7 @@ double reduce(const Tensor& x, const char* op) {
   reduce_finish_kernel<<<1, kFinishThreads, 0, stream()>>>(partial, blocks, result);
   check_launch(op);
   double host = 0;
-  copy_bytes(&host, false, result, true, sizeof(double));  // waits for the compute stream
+  device::copy(&host, false, result, true, sizeof(double));  // waits for the compute stream
   return host;
 }
 

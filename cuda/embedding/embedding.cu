@@ -415,10 +415,10 @@ static Buffer error_flag() {
 // Reads the flag back (waits for the kernels) and raises if a token had a bad id.
 static void raise_if_bad_id(const Buffer& flag, const Tensor& ids, int64_t vocab, const char* op) {
   int first = kNoError;
-  copy_bytes(&first, false, flag.data(), true, sizeof(int));
+  device::copy(&first, false, flag.data(), true, sizeof(int));
   if (first >= ids.size(0)) return;
   int32_t id = 0;
-  copy_bytes(&id, false, static_cast<const int32_t*>(ids.data) + first, true, sizeof(int32_t));
+  device::copy(&id, false, static_cast<const int32_t*>(ids.data) + first, true, sizeof(int32_t));
   RAISE(op, ": ids[", first, "] = ", id, " out of range [0, ", vocab, ") (token position ", first,
         ")");
 }

@@ -52,7 +52,7 @@ Lt& lt() {
   static Lt s = [] {
     Lt l;
     CUBLAS_CHECK(cublasLtCreate(&l.handle));
-    l.workspace = device_alloc(kWorkspaceBytes);
+    l.workspace = device::alloc(kWorkspaceBytes);
     return l;
   }();
   return s;

@@ -265,7 +265,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
   }
 
   unsigned long long bad = 0;
-  copy_bytes(&bad, false, flag.t.data, true, sizeof bad);  // synchronises the compute stream
+  device::copy(&bad, false, flag.t.data, true, sizeof bad);  // synchronises the compute stream
   if (bad != ~0ull) {
     const int64_t pos = static_cast<int64_t>(bad >> 32);
     const int32_t label = static_cast<int32_t>(static_cast<uint32_t>(bad & 0xffffffffu));

@@ -193,7 +193,8 @@ TEST_CASE("checkpoint: a different buffer capacity (padding) loads by parameter 
     CAPTURE(extra);
     auto model = make_model(c.model, Device::CPU, DType::F32, table.total_elements() + extra);
     model->params().init(c.run.seed + 1);  // other values: the load must replace them
-    AdamW opt(model->params(), c.optimizer, self, 1, c.run.seed + 1);
+    DataParallel dp(model->params(), self, 1);
+    AdamW opt(c.optimizer, dp, c.run.seed + 1);
     const ck::TrainerState s = ck::load(dir, opt);
     CHECK(s.step == 2);
     const auto a = opt.shard_state(), b = t.optimizer().shard_state();

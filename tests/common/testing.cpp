@@ -187,7 +187,7 @@ Comparison compare(const Tensor& got, const Tensor& ref, const std::string& what
 
 bool gpu_available_or_skip() {
 #ifdef ENGINE_CUDA
-  if (cuda::device_count() > 0) return true;
+  if (device::count() > 0) return true;
   skip_test("no CUDA device present");
 #else
   skip_test("built without CUDA (no nvcc)");
@@ -198,7 +198,7 @@ bool gpu_available_or_skip() {
 bool gpus_for_ranks_or_skip(int ranks, int required) {
   if (!gpu_available_or_skip()) return false;
 #ifdef ENGINE_CUDA
-  if (ranks > cuda::device_count()) {
+  if (ranks > device::count()) {
     skip_test("needs one GPU per rank");
     return false;
   }

@@ -63,7 +63,8 @@ TEST_CASE("AdamW: decoupled weight decay skips norms and biases; clipping scales
   ParamStore& p = model->params();
   p.init(3);
   OptimizerConfig o = constant_lr(0.1, 0.5);
-  AdamW opt(p, o, world(), 0, 3);
+  DataParallel dp(p, world(), 0);
+  AdamW opt(o, dp, 3);
   const float w_before = p.weight("layers.0.attn.wq").ptr<float>()[7];
   const float n_before = p.weight("layers.0.norm1.weight").ptr<float>()[2];
   p.zero_grads();
@@ -77,7 +78,8 @@ TEST_CASE("AdamW: decoupled weight decay skips norms and biases; clipping scales
   // (Adam normalises), but the moments see the clipped gradient.
   o.weight_decay = 0;
   o.grad_clip = 1.0;
-  AdamW opt2(p, o, world(), 0, 3);
+  DataParallel dp2(p, world(), 0);
+  AdamW opt2(o, dp2, 3);
   p.zero_grads();
   Tensor g = p.grads_flat();
   const int64_t off = p.table().get("layers.1.mlp.w_out").offset;
@@ -98,7 +100,8 @@ TEST_CASE("AdamW: one update over the flat buffer gives every parameter its own 
   ParamStore& p = model->params();
   p.init(5);
   const OptimizerConfig o = constant_lr(0.05, 0.3);
-  AdamW opt(p, o, world(), 0, 3);
+  DataParallel dp(p, world(), 0);
+  AdamW opt(o, dp, 3);
   const int64_t cap = p.capacity();
   Owned ref_w = empty({cap}, DType::F32, Device::CPU), ref_m = zeros({cap}, DType::F32, Device::CPU),
         ref_v = zeros({cap}, DType::F32, Device::CPU);
@@ -204,16 +207,17 @@ TEST_CASE("AdamW: gradient buckets start from the backward; ZeRO 2/3 reduce each
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     RecordingComm comm;
-    AdamW opt(p, constant_lr(0.1, 0), comm, stage, 3, third);
+    DataParallel dp(p, comm, stage, third);
+    AdamW opt(constant_lr(0.1, 0), dp, 3);
     CHECK(opt.shard_end() - opt.shard_begin() == half);
     opt.begin_step();
     p.zero_grads();
     comm.base = p.grads_flat().ptr<float>();
-    opt.grads_ready(n - third / 2);  // not a whole bucket yet: nothing starts
+    dp.grads_ready(n - third / 2);  // not a whole bucket yet: nothing starts
     CHECK(comm.calls.empty());
-    opt.grads_ready(n - third);
-    opt.grads_ready(n - 2 * third);
-    opt.grads_ready(0);  // the whole buffer complete: the rest starts now, step() only waits
+    dp.grads_ready(n - third);
+    dp.grads_ready(n - 2 * third);
+    dp.grads_ready(0);  // the whole buffer complete: the rest starts now, step() only waits
     CHECK(comm.calls.size() == (stage == 1 ? 3u : 4u));
     opt.step(1);
     std::vector<std::string> expect;
@@ -238,12 +242,13 @@ TEST_CASE("AdamW: gradient buckets start from the backward; ZeRO 2/3 reduce each
     ModelParallelGroups g;
     g.tied = &tied;
     g.tied_params = {"layers.0.norm1.weight"};
-    AdamW opt(p, constant_lr(0.1, 0), comm, stage, 3, third, g);
+    DataParallel dp(p, comm, stage, third, g);
+    AdamW opt(constant_lr(0.1, 0), dp, 3);
     opt.begin_step();
     p.zero_grads();
     comm.base = tied.base = p.grads_flat().ptr<float>();
-    opt.grads_ready(n - third);
-    opt.grads_ready(0);
+    dp.grads_ready(n - third);
+    dp.grads_ready(0);
     CHECK(comm.calls.empty());
     opt.step(1);
     const ParamSpec& t = p.table().get("layers.0.norm1.weight");
@@ -270,7 +275,8 @@ TEST_CASE("AdamW: ZeRO gathers the weights bucket by bucket from their owners; a
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     RecordingComm comm;
-    AdamW opt(p, constant_lr(0.1, 0), comm, stage, 3, 3 * e);
+    DataParallel dp(p, comm, stage, 3 * e);
+    AdamW opt(constant_lr(0.1, 0), dp, 3);
     opt.begin_step();
     p.zero_grads();
     if (stage < 3) {
