@@ -22,7 +22,6 @@ Attention::Attention(const ParamStore& store, const std::string& prefix, const M
   wo_ = Param(store, prefix + ".wo");
   if (c.bias || c.qkv_bias) bqkv_ = adjacent_rows(store, {prefix + ".bq", prefix + ".bk", prefix + ".bv"});
   if (c.bias) bo_ = Param(store, prefix + ".bo");
-  first_rank_ = store.table().tp_rank() == 0;
 }
 
 void Attention::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c) {
@@ -88,16 +87,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   }
   ops::attention_forward(op_params(seg, s));
   if (seg.kv && seg.kv_release) seg.kv->layers.erase(this);
-  // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
-  const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
-  if (env.sp()) {
-    Owned partial = env.act_tensor({T, y.size(1)});
-    linear_forward(o, wo_.w(), first_rank_ ? bo_.w() : Tensor{}, partial);
-    row_output_forward(env, partial, y);
-  } else {
-    linear_forward(o, wo_.w(), first_rank_ ? bo_.w() : Tensor{}, y);
-    row_output_forward(env, y, y);
-  }
+  row_linear_forward(env, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(), bo_, y);
 }
 
 void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,

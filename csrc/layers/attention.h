@@ -76,7 +76,6 @@ class Attention {
   ops::AttentionBackend backend_ = ops::AttentionBackend::Flash;  // model.attention_backend
   float theta_ = 10000.f;
   Param wqkv_, bqkv_, wo_, bo_;
-  bool first_rank_ = true;  // tensor-parallel rank 0: adds the row-parallel bias
 };
 
 }  // namespace engine::layers

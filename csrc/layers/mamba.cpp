@@ -23,8 +23,7 @@ Tensor flat_view(const Tensor& flat, int64_t offset, int64_t rows, int64_t cols)
 }  // namespace
 
 Mamba::Mamba(const ParamStore& store, const std::string& prefix, const MambaConfig& c)
-    : di_(c.inner() / store.table().tp_size()), n_(c.d_state), r_(c.rank()), chunk_(c.chunk_len),
-      first_rank_(store.table().tp_rank() == 0) {
+    : di_(c.inner() / store.table().tp_size()), n_(c.d_state), r_(c.rank()), chunk_(c.chunk_len) {
   w_in_ = adjacent_rows(store, {prefix + ".in_proj_x", prefix + ".in_proj_z"});
   if (c.proj_bias) {
     b_in_ = adjacent_rows(store, {prefix + ".in_proj_x_bias", prefix + ".in_proj_z_bias"});
@@ -123,16 +122,7 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
   s.states = env.stat_tensor({ops::scan_num_chunks(T, chunk_), n_, di_});
   ops::selective_scan_forward(scan_args(s, xc, seg), s.y, s.states);
   xc = Owned{};
-  // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
-  const Tensor bias = first_rank_ ? b_out_.w() : Tensor{};
-  if (env.sp()) {
-    Owned partial = env.act_tensor({T, y.size(1)});
-    linear_forward(s.y, w_out_.w(), bias, partial);
-    row_output_forward(env, partial, y);
-  } else {
-    linear_forward(s.y, w_out_.w(), bias, y);
-    row_output_forward(env, y, y);
-  }
+  row_linear_forward(env, s.y, w_out_.w(), b_out_, y);
 }
 
 void Mamba::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,

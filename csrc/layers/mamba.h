@@ -84,7 +84,6 @@ class Mamba {
   ops::ScanArgs scan_args(const MambaSaved& s, const Tensor& xc, const SegmentInfo& seg) const;
   int64_t di_ = 0;  // this tensor-parallel rank's channels
   int64_t n_ = 0, r_ = 0, chunk_ = ops::kScanChunk;
-  bool first_rank_ = true;
   Param w_in_, b_in_, conv_w_, conv_b_, x_proj_, dt_proj_, dt_bias_, a_log_, d_, w_out_, b_out_;
 };
 

@@ -11,8 +11,7 @@
 namespace engine::layers {
 
 Mlp::Mlp(const ParamStore& store, const std::string& prefix, const ModelConfig& c)
-    : act_(c.activation), ffn_(c.ffn_hidden_size / store.table().tp_size()),
-      first_rank_(store.table().tp_rank() == 0) {
+    : act_(c.activation), ffn_(c.ffn_hidden_size / store.table().tp_size()) {
   if (act_ == ActivationKind::SwiGLU)
     w_in_ = adjacent_rows(store, {prefix + ".w_gate", prefix + ".w_up"});
   else
@@ -67,20 +66,7 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
     ops::matmul(x.rows(), false, w_in_.w(), true, s.a->slice(r0, r1), o);
   });
   if (glu) ops::swiglu_forward(s.h, s.a);
-  // Row-parallel output: the bias joins once, on the first tensor-parallel rank's partial sum.
-  const Tensor bias = first_rank_ ? b_out_.w() : Tensor{};
-  if (env.sp()) {
-    Owned partial = env.act_tensor({T, y.size(1)});
-    linear_forward(s.a, w_out_.w(), bias, partial);
-    row_output_forward(env, partial, y);
-  } else if (residual.data && env.tp_size() == 1) {  // no reduction: the residual in the epilogue
-    linear_forward(s.a, w_out_.w(), bias, y, residual);
-    return;
-  } else {
-    linear_forward(s.a, w_out_.w(), bias, y);
-    row_output_forward(env, y, y);
-  }
-  if (residual.data) ops::add(y, residual, y);
+  row_linear_forward(env, s.a, w_out_.w(), b_out_, y, residual);
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,

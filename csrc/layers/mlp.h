@@ -36,7 +36,6 @@ class Mlp {
  private:
   ActivationKind act_ = ActivationKind::SwiGLU;
   int64_t ffn_ = 0;  // this tensor-parallel rank's part of ffn_hidden_size
-  bool first_rank_ = true;
   Param w_in_, b_in_, w_out_, b_out_;
 };
 

@@ -2,6 +2,7 @@
 
 #include "comm/mappings.h"
 #include "layers/linear.h"
+#include "ops/elementwise.h"
 #include "ops/gemm.h"
 
 namespace engine::layers {
@@ -96,6 +97,23 @@ void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y) 
     tp::scatter_to_sp_forward(*env.tp, partial, y);
   else
     tp::reduce_from_tp_forward(*env.tp, partial, y);
+}
+
+void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
+                        const Tensor& residual) {
+  const Tensor b = bias && bias.store->table().tp_rank() == 0 ? bias.w() : Tensor{};
+  if (env.sp()) {
+    Owned partial = env.act_tensor({x.size(0), y.size(1)});
+    linear_forward(x, weight, b, partial);
+    row_output_forward(env, partial, y);
+  } else if (residual.data && env.tp_size() == 1) {  // no reduction: the residual in the epilogue
+    linear_forward(x, weight, b, y, residual);
+    return;
+  } else {
+    linear_forward(x, weight, b, y);
+    row_output_forward(env, y, y);
+  }
+  if (residual.data) ops::add(y, residual, y);
 }
 
 Tensor row_output_backward(const Env& env, const Tensor& dy, Owned& storage) {

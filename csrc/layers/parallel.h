@@ -81,6 +81,12 @@ void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, c
 // y (x's local rows) = the sum over ranks of the partial outputs (full rows); `partial` may be
 // `y` itself without sequence parallelism (reduced in place).
 void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y);
+// A row-parallel linear's forward: y = (x W^T summed over the tensor-parallel group) + bias
+// (+ residual), y holding this rank's rows (reduce-scattered under sequence parallelism). The
+// bias is replicated, so only the first tensor-parallel rank adds it to its partial sum; without
+// tensor parallelism the residual joins in the GEMM's epilogue, else after the reduction.
+void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
+                        const Tensor& residual = {});
 // The gradient of the partial outputs (full rows) from dy: dy itself, or its all-gather.
 Tensor row_output_backward(const Env& env, const Tensor& dy, Owned& storage);
 
