@@ -38,17 +38,30 @@ int64_t check_ids(const Tensor& ids, int64_t vocab, const char* op) {
   return ids.size(0);
 }
 
+// The checks of a lookup, in this order: the table (or its gradient) a 2-D CPU tensor holding
+// vocabulary rows [vocab_begin, vocab_begin + rows) of vocab_total; the ids; `rows_out` the
+// (T, C) tensor of per-token rows in the table's dtype. Returns {rows, C, T}.
+struct Lookup {
+  int64_t rows, c, t;
+};
+Lookup check_lookup(const char* op, const Tensor& ids, const Tensor& table, const char* table_name,
+                    const Tensor& rows_out, const char* rows_name, int64_t vocab_begin, int64_t vocab_total) {
+  expect_cpu(table, op, table_name);
+  expect_ndim(table, 2, op, table_name);
+  const int64_t rows = table.size(0), c = table.size(1);
+  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, table_name);
+  const int64_t t = check_ids(ids, vocab, op);
+  expect(rows_out, table.dtype, {t, c}, op, rows_name);
+  return {rows, c, t};
+}
+
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
                        int64_t vocab_begin, int64_t vocab_total) {
   const char* op = "embedding_forward";
-  expect_cpu(table, op, "table");
-  expect_ndim(table, 2, op, "table");
-  const int64_t rows = table.size(0), c = table.size(1);
-  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "table");
-  const int64_t t = check_ids(ids, vocab, op);
-  expect(out, table.dtype, {t, c}, op, "out");
+  const Lookup l = check_lookup(op, ids, table, "table", out, "out", vocab_begin, vocab_total);
+  const int64_t rows = l.rows, c = l.c, t = l.t;
   float_switch(table.dtype, op, "table", [&](auto tag) {
     using T = decltype(tag);
     const int32_t* id = ids.ptr<int32_t>();
@@ -71,12 +84,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
                         int64_t vocab_begin, int64_t vocab_total) {
   const char* op = "embedding_backward";
-  expect_cpu(dtable, op, "dtable");
-  expect_ndim(dtable, 2, op, "dtable");
-  const int64_t rows = dtable.size(0), c = dtable.size(1);
-  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "dtable");
-  const int64_t t = check_ids(ids, vocab, op);
-  expect(dout, dtable.dtype, {t, c}, op, "dout");
+  const Lookup l = check_lookup(op, ids, dtable, "dtable", dout, "dout", vocab_begin, vocab_total);
+  const int64_t rows = l.rows, c = l.c, t = l.t;
   float_switch(dtable.dtype, op, "dtable", [&](auto tag) {
     using T = decltype(tag);
     const int32_t* id = ids.ptr<int32_t>();

@@ -76,6 +76,24 @@ void check_ranges(const Tensor& offsets, const Tensor& counts, int64_t rows, int
            " rows of the buffer");
 }
 
+// The checks of a grouped product, in this order: the weight `w` (or its gradient) on the CPU in
+// the grouped layout; `lead`, the (R, ...) operand that gives R; both row operands with w's
+// dtype, `lead` and `other` of lead_cols / other_cols columns (GroupedWeight::k or ::n); the
+// experts' row ranges. Returns the weight's layout.
+ops::GroupedWeight check_grouped(const char* op, const Tensor& w, const char* w_name, const Tensor& lead,
+                           const char* lead_name, bool lead_is_k, const Tensor& other, const char* other_name,
+                           const Tensor& offsets, const Tensor& counts) {
+  expect_cpu(w, op, w_name);
+  const ops::GroupedWeight g = ops::grouped_weight(w, op);
+  expect_cpu(lead, op, lead_name);
+  expect_ndim(lead, 2, op, lead_name);
+  const int64_t R = lead.size(0);
+  expect(lead, w.dtype, {R, lead_is_k ? g.k : g.n}, op, lead_name);
+  expect(other, w.dtype, {R, lead_is_k ? g.n : g.k}, op, other_name);
+  check_ranges(offsets, counts, R, g.experts, op);
+  return g;
+}
+
 // Pointer to row n (of N = all stacks) of expert e's weight matrix W_e (N, K).
 template <typename T>
 T* weight_row(T* w, const ops::GroupedWeight& g, int64_t e, int64_t n) {
@@ -324,14 +342,7 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
                             const Tensor& counts, const Tensor& y) {
   const char* op = "grouped_linear_forward";
-  expect_cpu(w, op, "w");
-  const ops::GroupedWeight g = ops::grouped_weight(w, op);
-  expect_cpu(x, op, "x");
-  expect_ndim(x, 2, op, "x");
-  const int64_t R = x.size(0);
-  expect(x, w.dtype, {R, g.k}, op, "x");
-  expect(y, w.dtype, {R, g.n}, op, "y");
-  check_ranges(offsets, counts, R, g.experts, op);
+  const ops::GroupedWeight g = check_grouped(op, w, "w", x, "x", true, y, "y", offsets, counts);
   float_switch(w.dtype, op, "w", [&](auto tag) {
     using F = decltype(tag);
     const F *px = x.ptr<F>(), *pw = w.ptr<F>();
@@ -353,14 +364,7 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offs
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& counts, const Tensor& dx) {
   const char* op = "grouped_linear_backward_input";
-  expect_cpu(w, op, "w");
-  const ops::GroupedWeight g = ops::grouped_weight(w, op);
-  expect_cpu(dy, op, "dy");
-  expect_ndim(dy, 2, op, "dy");
-  const int64_t R = dy.size(0);
-  expect(dy, w.dtype, {R, g.n}, op, "dy");
-  expect(dx, w.dtype, {R, g.k}, op, "dx");
-  check_ranges(offsets, counts, R, g.experts, op);
+  const ops::GroupedWeight g = check_grouped(op, w, "w", dy, "dy", false, dx, "dx", offsets, counts);
   float_switch(w.dtype, op, "w", [&](auto tag) {
     using F = decltype(tag);
     const F *pdy = dy.ptr<F>(), *pw = w.ptr<F>();
@@ -384,14 +388,7 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& counts, const Tensor& dw) {
   const char* op = "grouped_linear_backward_weight";
-  expect_cpu(dw, op, "dw");
-  const ops::GroupedWeight g = ops::grouped_weight(dw, op);
-  expect_cpu(dy, op, "dy");
-  expect_ndim(dy, 2, op, "dy");
-  const int64_t R = dy.size(0);
-  expect(dy, dw.dtype, {R, g.n}, op, "dy");
-  expect(x, dw.dtype, {R, g.k}, op, "x");
-  check_ranges(offsets, counts, R, g.experts, op);
+  const ops::GroupedWeight g = check_grouped(op, dw, "dw", dy, "dy", false, x, "x", offsets, counts);
   float_switch(dw.dtype, op, "dw", [&](auto tag) {
     using F = decltype(tag);
     const F *pdy = dy.ptr<F>(), *px = x.ptr<F>();
