@@ -24,7 +24,7 @@ class Transformer final : public Model {
   // Declares the parameters of the stages `layout` gives this rank, in model order (embedding,
   // blocks, final norm and head). A rank holding the head but not the embedding of a model with
   // tied embeddings declares its own copy of embed.tokens (kept equal: its gradient is summed
-  // with the embedding stage's, see optim/adamw.h).
+  // with the embedding stage's: tied_parameters(), parallel/data_parallel.h).
   static void declare(ParamTable& t, const ModelConfig& c, const ModelLayout& layout = {});
 
   // Stage s holds blocks [first_block, end_block), plus the embedding (s = 0) and the head

@@ -30,8 +30,9 @@ namespace engine::ops {
 // otherwise an error). Both follow this contract, the backward of either accepts the lse of either.
 enum class AttentionBackend { Flash, Cudnn };
 
-// Which flash kernels run the op on CUDA tensors (the Flash backend only), set once when the model
-// is built (the benchmark and the tests set it per call):
+// Which flash kernels run the op on CUDA tensors (the Flash backend only). The layers leave it
+// Auto (the model logs what Auto resolves to when it is built); the benchmark and the tests set
+// it per call:
 //   Auto     the Hopper kernels (cuda/attention/flash_sm90.cu, flash_bwd_sm90.cu) where they take
 //            the call (an sm_90a build on a compute capability 9.0 device, head dim 64 or 128, no
 //            separate kv, 16-byte aligned qkv and dout), else MmaSync
