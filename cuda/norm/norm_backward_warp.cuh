@@ -38,9 +38,8 @@ static __device__ __forceinline__ int opaque(int v) {
 // per-column sums of dy xhat and dy are in registers per lane (K N each). kPrefetch: the warp's
 // next row (x, dy and the statistics) is asked for before this row is reduced (f32); without it
 // (bf16) the row is loaded at the top of its iteration, and the other warps of the multiprocessor
-// (16 at 128 registers) keep the loads in flight: it measured 79% of copy against 75% with the
-// prefetch (165 registers: 12 warps per multiprocessor) and 76% with the column sums in shared
-// memory (layernorm+residual, T = 32768, C = 768). At the end each warp copies its sums into its
+// (16 at 128 registers) keep the loads in flight, which measured faster than the prefetch (fewer
+// warps at its register count) and than the column sums in shared memory (docs/PERF.md). At the end each warp copies its sums into its
 // slice of shared memory and the block adds the slices in warp order: one partial row per block.
 template <typename T, int N, int K, bool kCentered, bool kResidual, bool kPrefetch, bool kColSum>
 static __global__ void __launch_bounds__(kBwdWarpThreads<kPrefetch>, kBwdWarpMinBlocks<kPrefetch>)
