@@ -88,10 +88,6 @@ std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& s
   return out;
 }
 
-}  // namespace engine
-
-namespace engine {
-
 uint64_t router_jitter_seed(uint64_t seed, int64_t first_sample, int chunk) {
   const uint64_t sample = static_cast<uint64_t>(first_sample);
   return splitmix64(seed ^ splitmix64(sample * 1024 + static_cast<uint64_t>(chunk))) | 1;

@@ -44,12 +44,12 @@ MicroBatch make_micro_batch(const std::vector<const Sample*>& sequences, int seq
 // The same micro-batch as consecutive chunks of `chunk_rows` token rows each (micro-sequences;
 // chunk_rows divides the B * S rows), to run forward in order and backward in reverse.
 // chunk_rows >= B * S gives the one whole micro-batch.
+std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& sequences, int sequence_length,
+                                             bool cross_document_attention, Device device, int64_t chunk_rows);
+
 // The MoE router jitter of a training micro-batch (chunk `chunk` of the samples from
 // first_sample on): a pure function of (seed, first sample, chunk), so any layout and a resumed
 // run draw the same noise for the same tokens; never 0 (0 means no jitter).
 uint64_t router_jitter_seed(uint64_t seed, int64_t first_sample, int chunk);
-
-std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& sequences, int sequence_length,
-                                             bool cross_document_attention, Device device, int64_t chunk_rows);
 
 }  // namespace engine

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <vector>
 
-#include "core/device.h"
 #include "cuda/common/check.cuh"
 
 // core/device.h on the CUDA runtime.
