@@ -188,7 +188,7 @@ BENCH_CASES("memory_bound") {
       ops::rmsnorm_forward(sum, w, 1e-5f, y, rstd);
     });
     results.push_back({label("rmsnorm+residual fwd", t, c) + " separate", ms, 0, rms_fwd, sep});
-    ms = stream_ms([&] { ops::rmsnorm_residual_backward(dy, sum, w, rstd, dres, dx, dw); });
+    ms = stream_ms([&] { ops::rmsnorm_residual_backward(dy, sum, w, rstd, dres, dx, dw, Tensor{}); });
     results.push_back({label("rmsnorm+residual bwd", t, c), ms, 0, rms_bwd, "fused"});
     ms = stream_ms([&] {
       ops::rmsnorm_backward(dy, sum, w, rstd, dx, dw);
@@ -203,7 +203,7 @@ BENCH_CASES("memory_bound") {
     });
     results.push_back({label("layernorm+residual fwd", t, c) + " separate", ms, 0, ln_fwd, sep});
     ms = stream_ms(
-        [&] { ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db); });
+        [&] { ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db, Tensor{}); });
     results.push_back({label("layernorm+residual bwd", t, c), ms, 0, ln_bwd, "fused"});
     ms = stream_ms([&] {
       ops::layernorm_backward(dy, sum, w, mean, rstd, dx, dw, db);
@@ -220,7 +220,7 @@ BENCH_CASES("memory_bound") {
     results.push_back({label("layernorm+residual bwd + dx column sums", t, c), ms, 0, ln_bwd_sum,
                        "fused"});
     ms = stream_ms([&] {
-      ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db);
+      ops::layernorm_residual_backward(dy, sum, w, mean, rstd, dres, dx, dw, db, Tensor{});
       ops::sum_rows(dx, dbias, 1.f);
     });
     results.push_back({label("layernorm+residual bwd + dx column sums", t, c) + " separate", ms, 0,

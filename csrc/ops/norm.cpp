@@ -1,146 +1,116 @@
-// Dispatch of ops/norm.h (plain and residual forms): CPU -> ref/norm, CUDA -> cuda/norm.
+// The norm ops (ops/norm.h): the preconditions both backends share, and the dispatch.
 #include "ops/norm.h"
 
-#include "ops/dispatch.h"
-#include "ref/norm.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/norm/norm.cuh"
-#endif
-
 namespace engine::ops {
+namespace {
 
-void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  if (device_of("layernorm_forward", {{"x", x},
-                                      {"weight", weight},
-                                      {"bias", bias},
-                                      {"y", y},
-                                      {"mean", mean},
-                                      {"rstd", rstd}}) == Device::CPU)
-    return ref::layernorm_forward(x, weight, bias, eps, y, mean, rstd);
-#ifdef ENGINE_CUDA
-  return cuda::layernorm_forward(x, weight, bias, eps, y, mean, rstd);
-#endif
-  no_cuda_build("layernorm_forward");
+// Statistics and parameter gradients: f64 when x is f64, else f32.
+DType stat_dtype(const Tensor& x) { return x.dtype == DType::F64 ? DType::F64 : DType::F32; }
+
+// x (T, C), C >= 1. The backends check the dtypes of x they take.
+void check_x(const Tensor& x, const char* op) {
+  expect_defined(x, op, "x");
+  expect_ndim(x, 2, op, "x");
+  ENSURE(x.size(1) > 0, op, ": x has shape ", x.shape.str(), ", normalising needs columns");
 }
 
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                        const Tensor& dbias) {
-  if (device_of("layernorm_backward", {{"dy", dy},
-                                       {"x", x},
-                                       {"weight", weight},
-                                       {"mean", mean},
-                                       {"rstd", rstd},
-                                       {"dx", dx},
-                                       {"dweight", dweight},
-                                       {"dbias", dbias}}) == Device::CPU)
-    return ref::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
-#ifdef ENGINE_CUDA
-  return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
-#endif
-  no_cuda_build("layernorm_backward");
+// residual / sum / mean: nullptr for the forms without them.
+void check_forward(const char* op, const Tensor& x, const Tensor* residual, const Tensor& weight,
+                   const Tensor* bias, float eps, const Tensor* sum, const Tensor& y,
+                   const Tensor* mean, const Tensor& rstd) {
+  check_x(x, op);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  if (residual) {
+    ENSURE(residual->defined() && sum->defined(), op, ": residual and sum must be given");
+    expect(*residual, x.dtype, x.shape, op, "residual");
+    expect(*sum, x.dtype, x.shape, op, "sum");
+    ENSURE(y.data != sum->data || rows == 0, op, ": y must not alias sum");
+  }
+  expect(weight, x.dtype, {cols}, op, "weight");
+  if (bias && bias->data) expect(*bias, x.dtype, {cols}, op, "bias");
+  expect(y, x.dtype, x.shape, op, "y");
+  if (mean) expect(*mean, stat_dtype(x), {rows}, op, "mean");
+  expect(rstd, stat_dtype(x), {rows}, op, "rstd");
+  ENSURE(eps >= 0.f, op, ": eps must be >= 0, got ", eps);
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                     const Tensor& rstd) {
-  if (device_of("rmsnorm_forward", {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}}) ==
-      Device::CPU)
-    return ref::rmsnorm_forward(x, weight, eps, y, rstd);
-#ifdef ENGINE_CUDA
-  return cuda::rmsnorm_forward(x, weight, eps, y, rstd);
-#endif
-  no_cuda_build("rmsnorm_forward");
+// dresidual / mean / dbias / dx_colsum: nullptr for the forms without them.
+void check_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                    const Tensor* mean, const Tensor& rstd, const Tensor* dresidual,
+                    const Tensor& dx, const Tensor& dweight, const Tensor* dbias,
+                    const Tensor* dx_colsum) {
+  check_x(x, op);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  if (dresidual) {
+    ENSURE(dresidual->defined(), op, ": dresidual must be given");
+    expect(*dresidual, x.dtype, x.shape, op, "dresidual");
+  }
+  expect(dy, x.dtype, x.shape, op, "dy");
+  expect(weight, x.dtype, {cols}, op, "weight");
+  if (mean) expect(*mean, stat_dtype(x), {rows}, op, "mean");
+  expect(rstd, stat_dtype(x), {rows}, op, "rstd");
+  expect(dx, x.dtype, x.shape, op, "dx");
+  expect(dweight, stat_dtype(x), {cols}, op, "dweight");
+  if (dbias && dbias->data) expect(*dbias, stat_dtype(x), {cols}, op, "dbias");
+  if (dx_colsum && dx_colsum->data) expect(*dx_colsum, stat_dtype(x), {cols}, op, "dx_colsum");
 }
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dweight) {
-  if (device_of("rmsnorm_backward", {{"dy", dy},
-                                     {"x", x},
-                                     {"weight", weight},
-                                     {"rstd", rstd},
-                                     {"dx", dx},
-                                     {"dweight", dweight}}) == Device::CPU)
-    return ref::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
-#ifdef ENGINE_CUDA
-  return cuda::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
-#endif
-  no_cuda_build("rmsnorm_backward");
+void check_layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  check_forward("layernorm_forward", x, nullptr, weight, &bias, eps, nullptr, y, &mean, rstd);
 }
 
-void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
-                                const Tensor& mean, const Tensor& rstd) {
-  if (device_of("layernorm_residual_forward", {{"x", x},
-                                               {"residual", residual},
-                                               {"weight", weight},
-                                               {"bias", bias},
-                                               {"sum", sum},
-                                               {"y", y},
-                                               {"mean", mean},
-                                               {"rstd", rstd}}) == Device::CPU)
-    return ref::layernorm_residual_forward(x, residual, weight, bias, eps, sum, y, mean, rstd);
-#ifdef ENGINE_CUDA
-  return cuda::layernorm_residual_forward(x, residual, weight, bias, eps, sum, y, mean, rstd);
-#endif
-  no_cuda_build("layernorm_residual_forward");
+void check_rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                           const Tensor& rstd) {
+  check_forward("rmsnorm_forward", x, nullptr, weight, nullptr, eps, nullptr, y, nullptr, rstd);
 }
 
-void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                 const Tensor& dx_colsum) {
-  if (device_of("layernorm_residual_backward", {{"dy", dy},
-                                                {"x", x},
-                                                {"weight", weight},
-                                                {"mean", mean},
-                                                {"rstd", rstd},
-                                                {"dresidual", dresidual},
-                                                {"dx", dx},
-                                                {"dweight", dweight},
-                                                {"dbias", dbias},
-                                                {"dx_colsum", dx_colsum}}) == Device::CPU)
-    return ref::layernorm_residual_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight,
-                                            dbias, dx_colsum);
-#ifdef ENGINE_CUDA
-  return cuda::layernorm_residual_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight,
-                                           dbias, dx_colsum);
-#endif
-  no_cuda_build("layernorm_residual_backward");
+void check_layernorm_residual_forward(const Tensor& x, const Tensor& residual,
+                                      const Tensor& weight, const Tensor& bias, float eps,
+                                      const Tensor& sum, const Tensor& y, const Tensor& mean,
+                                      const Tensor& rstd) {
+  check_forward("layernorm_residual_forward", x, &residual, weight, &bias, eps, &sum, y, &mean,
+                rstd);
 }
 
-void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
-  if (device_of("rmsnorm_residual_forward", {{"x", x},
-                                             {"residual", residual},
-                                             {"weight", weight},
-                                             {"sum", sum},
-                                             {"y", y},
-                                             {"rstd", rstd}}) == Device::CPU)
-    return ref::rmsnorm_residual_forward(x, residual, weight, eps, sum, y, rstd);
-#ifdef ENGINE_CUDA
-  return cuda::rmsnorm_residual_forward(x, residual, weight, eps, sum, y, rstd);
-#endif
-  no_cuda_build("rmsnorm_residual_forward");
+void check_rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                    float eps, const Tensor& sum, const Tensor& y,
+                                    const Tensor& rstd) {
+  check_forward("rmsnorm_residual_forward", x, &residual, weight, nullptr, eps, &sum, y, nullptr,
+                rstd);
 }
 
-void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight, const Tensor& dx_colsum) {
-  if (device_of("rmsnorm_residual_backward", {{"dy", dy},
-                                              {"x", x},
-                                              {"weight", weight},
-                                              {"rstd", rstd},
-                                              {"dresidual", dresidual},
-                                              {"dx", dx},
-                                              {"dweight", dweight},
-                                              {"dx_colsum", dx_colsum}}) == Device::CPU)
-    return ref::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight, dx_colsum);
-#ifdef ENGINE_CUDA
-  return cuda::rmsnorm_residual_backward(dy, x, weight, rstd, dresidual, dx, dweight, dx_colsum);
-#endif
-  no_cuda_build("rmsnorm_residual_backward");
+void check_layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                              const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                              const Tensor& dweight, const Tensor& dbias) {
+  check_backward("layernorm_backward", dy, x, weight, &mean, rstd, nullptr, dx, dweight, &dbias,
+                 nullptr);
 }
+
+void check_rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd, const Tensor& dx, const Tensor& dweight) {
+  check_backward("rmsnorm_backward", dy, x, weight, nullptr, rstd, nullptr, dx, dweight, nullptr,
+                 nullptr);
+}
+
+void check_layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                       const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& dresidual, const Tensor& dx,
+                                       const Tensor& dweight, const Tensor& dbias,
+                                       const Tensor& dx_colsum) {
+  check_backward("layernorm_residual_backward", dy, x, weight, &mean, rstd, &dresidual, dx,
+                 dweight, &dbias, &dx_colsum);
+}
+
+void check_rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                     const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                                     const Tensor& dweight, const Tensor& dx_colsum) {
+  check_backward("rmsnorm_residual_backward", dy, x, weight, nullptr, rstd, &dresidual, dx,
+                 dweight, nullptr, &dx_colsum);
+}
+
+}  // namespace
+
+ENGINE_DEFINE_OPS(ENGINE_NORM_OPS)
 
 }  // namespace engine::ops

@@ -23,32 +23,42 @@
 // reduce in another order).
 #pragma once
 #include "core/tensor.h"
+#include "ops/op.h"
 
-namespace engine::ops {
+// dx_colsum: undefined (Tensor{}) when not asked for.
+#define ENGINE_NORM_OPS(OP)                                                                  \
+  OP(void, layernorm_forward,                                                                \
+     (const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& y,  \
+      const Tensor& mean, const Tensor& rstd),                                               \
+     (x, weight, bias, eps, y, mean, rstd))                                                  \
+  OP(void, layernorm_backward,                                                               \
+     (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,           \
+      const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias),     \
+     (dy, x, weight, mean, rstd, dx, dweight, dbias))                                        \
+  OP(void, rmsnorm_forward,                                                                  \
+     (const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd), \
+     (x, weight, eps, y, rstd))                                                              \
+  OP(void, rmsnorm_backward,                                                                 \
+     (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,           \
+      const Tensor& dx, const Tensor& dweight),                                              \
+     (dy, x, weight, rstd, dx, dweight))                                                     \
+  OP(void, layernorm_residual_forward,                                                       \
+     (const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,     \
+      float eps, const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd), \
+     (x, residual, weight, bias, eps, sum, y, mean, rstd))                                   \
+  OP(void, layernorm_residual_backward,                                                      \
+     (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,           \
+      const Tensor& rstd, const Tensor& dresidual, const Tensor& dx, const Tensor& dweight,  \
+      const Tensor& dbias, const Tensor& dx_colsum),                                         \
+     (dy, x, weight, mean, rstd, dresidual, dx, dweight, dbias, dx_colsum))                  \
+  OP(void, rmsnorm_residual_forward,                                                         \
+     (const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,              \
+      const Tensor& sum, const Tensor& y, const Tensor& rstd),                               \
+     (x, residual, weight, eps, sum, y, rstd))                                               \
+  OP(void, rmsnorm_residual_backward,                                                        \
+     (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,           \
+      const Tensor& dresidual, const Tensor& dx, const Tensor& dweight,                      \
+      const Tensor& dx_colsum),                                                              \
+     (dy, x, weight, rstd, dresidual, dx, dweight, dx_colsum))
 
-void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                        const Tensor& dweight, const Tensor& dbias);
-
-void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                     const Tensor& rstd);
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dweight);
-
-void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
-                                const Tensor& mean, const Tensor& rstd);
-void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                 const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
-                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                 const Tensor& dx_colsum = Tensor{});
-
-void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd);
-void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                               const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
-                               const Tensor& dweight, const Tensor& dx_colsum = Tensor{});
-
-}  // namespace engine::ops
+ENGINE_DECLARE_OPS(ENGINE_NORM_OPS)

@@ -6,53 +6,38 @@
 //   backward: xhat = (x - mean) rstd, g = dy w,
 //             dx = rstd (g - mean(g) - xhat mean(g xhat))        (mean(g): layernorm only)
 //             dweight += sum_t dy xhat,  dbias += sum_t dy
-// Kernels (measured on one H200, T = 16384, C = 2048 / 4096; docs/PERF.md):
+// Kernels (their figures: docs/PERF.md):
 //   - rmsnorm forward (plain and residual), 16-byte packs, 65..512 packs: one row per block of
 //     a plain grid, two packs per thread (norm_forward_row_kernel). Nothing is kept across rows,
-//     so a thread needs few registers (43-48 in bf16) and many blocks fit per multiprocessor:
-//     their loads are the bytes in flight. The weight packs are all asked for before the first
-//     store (a load after a store of y would wait for it: y may alias the weight as far as the
-//     compiler knows);
+//     so a thread needs few registers and many blocks fit per multiprocessor: their loads are
+//     the bytes in flight. The weight packs are all asked for before the first store (a load
+//     after a store of y would wait for it: y may alias the weight as far as the compiler knows);
 //   - layernorm forward, 16-byte packs, C <= 512 packs, plain: one warp per row (warp sums
 //     only, no barrier, every load of the row in flight at once; 4 rows per block, a plain grid);
 //   - the other forwards (layernorm + residual, scalar packs, other widths): one block per row
 //     of a persistent grid, thread i holding packs i, i + B, ..., i + (K-1) B and its columns'
 //     weight and bias packs for all its rows, the next row loaded before this one is reduced;
-//     which kernel serves which case, and the figures behind the choice: launch_forward;
+//     which kernel serves which case: launch_forward;
 //   - backward, 16-byte packs, C <= 128 packs (bf16 C <= 1024, f32 C <= 512): one warp per row
 //     of a persistent grid (norm_backward_warp_kernel: lane l holds packs l, l + 32, ...; the two
 //     row sums are warp butterflies, no barrier; the per-column sums in registers per lane, added
 //     over the block's warps in warp order at the end; the weight packs in shared memory). bf16
-//     loads each row at the top of its iteration, 8 warps per block, 16 warps per multiprocessor
-//     (128 registers); f32 loads the warp's next row before this one is reduced, 4 warps per
-//     block. The grid is trimmed so that every warp has the same number of rows
-//     (balanced_blocks: 256 blocks instead of 264 at T = 32768, C = 768, +0.5-1 point).
-//     Layernorm+residual at T = 32768, C = 768 (bf16): 78.9 / 79.4% of copy in two runs
-//     against 69.1 / 68.3% for the block per row; rmsnorm+residual 80.1 / 81.7% against 72.5 /
-//     71.8%. Variants measured slower there: the next row prefetched (12 warps fit: 75.1 /
-//     74.8%), the column sums in shared memory (76.2 / 76.2%), the same at 24 warps per
-//     multiprocessor (registers spill: 51%);
-//     With kColSum (the residual forms' dx_colsum) each warp also adds the dx it stores, as
-//     rounded, into its own float4 slots of shared memory (registers would spill at K = 3), and
-//     they join the block's partial rows like dw and db: at T = 32768, C = 768 73.6-75.2% of copy
-//     on the norm's bytes plus the sums, 0.063-0.064 ms against 0.075-0.076 for the norm and a
-//     sum_rows after it (a GPT-2 step: 61.5 us a call against 54.2 without the sums, and no
-//     17 us column sum after it);
+//     loads each row at the top of its iteration, 8 warps per block, 16 warps per multiprocessor;
+//     f32 loads the warp's next row before this one is reduced, 4 warps per block. The grid is
+//     trimmed so that every warp has the same number of rows (balanced_blocks). With kColSum
+//     (the residual forms' dx_colsum) each warp also adds the dx it stores, as rounded, into its
+//     own float4 slots of shared memory (in registers they would spill), and they join the
+//     block's partial rows like dw and db: no second pass over dx;
 //   - backward, the other layouts: one block per row of a persistent grid, at least 2 packs per
 //     thread where C allows (fewer, fatter threads keep more bytes in flight per register), the
-//     next row's x and dy loaded before this row is reduced (a deeper prefetch measured slower:
-//     46% against 71% of copy), the weight packs held in registers, the per-column sums in
-//     shared memory (up to 48 KB of them: past the default by the kernel's static 512 bytes,
-//     so it asks for that once) or in registers. With kColSum the dx column sums are a third
-//     such sum beside dw and db: layernorm+residual at T = 16384, C = 2048 0.084 ms (74.7-74.9%
-//     of copy) against 0.098-0.100 for the norm and a sum_rows over dx after it. The plain
-//     layernorm in 128-thread rows (C 1025..2048 in bf16) runs four such rows a block, each
-//     group of 128 threads behind its own named barrier with its own column sums, added in
-//     group order at the end: a quarter of the partial rows (83.3% of copy against 78.8% at
-//     T = 16384, C = 2048). The residual forms and rmsnorm keep one row a block (with groups:
-//     65-67% and 85-86% against 85% and 87%; the residual ones, at the 128-register cap, split
-//     their 16-byte stores). Both backward kernels compute xhat and dx in FMA forms (9% fewer
-//     instructions; +0.4-1.8 points).
+//     next row's x and dy loaded before this row is reduced, the weight packs held in registers,
+//     the per-column sums in shared memory (up to 48 KB of them: past the default by the
+//     kernel's static 512 bytes, so it asks for that once) or in registers. With kColSum the dx
+//     column sums are a third such sum beside dw and db. The plain layernorm in 128-thread rows
+//     (C 1025..2048 in bf16) runs four such rows a block, each group of 128 threads behind its
+//     own named barrier with its own column sums, added in group order at the end: a quarter of
+//     the partial rows. The residual forms and rmsnorm keep one row a block (groups were slower
+//     there). Both backward kernels compute xhat and dx in FMA forms (fewer instructions).
 // Residual forms (kResidual): the forward loads the residual's packs beside x's, adds them in f32
 // and rounds to T in registers (the add kernel's arithmetic), writes that pack to sum and
 // normalises it unchanged; the backward loads dresidual's packs before the row's sums and adds
@@ -65,18 +50,18 @@
 // caching allocator; a second kernel adds the partials into dweight / dbias in a fixed order
 // (norm_param_grad_kernel: 8 columns a block, 128 row lanes, every partial row in flight at
 // once, launched as a programmatic dependent of the first so that it waits resident rather than
-// being launched after it). That second kernel took 4-8 us of a 40-70 us backward (ncu) with 16
-// row lanes over 32 columns a block; as it is now the backwards measured 0.5-3 points of copy
-// higher (docs/PERF.md). One kernel with a grid barrier before the final sums measured 1-5 points
-// lower than both: every block waits for the slowest, then few blocks share the sums.
+// being launched after it). One kernel with a grid barrier before the final sums was slower:
+// every block waits for the slowest, then few blocks share the sums.
 // Memory: x, weight, bias, y, dy, dx all bf16 or all f32; mean, rstd, dweight, dbias f32. Each
 // row is read by one warp or block before it writes that row, so y may alias x (or residual),
 // sum may alias x or residual, and dx may alias dy, x or dresidual.
 // Limits: C <= 8192 (at most 16 vector elements or 8 scalar elements per thread, blocks of at
 // most 512 / 1024 threads), C >= 1, T < 2^31.
+// The shared preconditions ran before (ops/norm.cpp); the launchers check what is theirs: x in
+// bf16 or f32, T < 2^31, C within the kernels' widths, 16-byte alignment for the packs.
 // Files: this one (the forward kernels and the four forward ops), norm_backward.cu (the
 // backward kernels and the four backward ops), norm_common.cuh (what both use).
-#include "cuda/norm/norm.cuh"
+#include "ops/norm.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -116,8 +101,7 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   if constexpr (kResidual) load_row<T, N, K>(p.residual, blockIdx.x, p.cols, packs, rcur);
   // The weight and bias packs of the thread's columns, held for all the block's rows (loaded
   // beside the stores of y, each would wait for the store before it: y may alias them as far as
-  // the compiler knows). Measured (T 16384, C 2048, share of copy): rmsnorm+residual 83-84 ->
-  // 88-90%, layernorm+residual 84 -> 87-89%.
+  // the compiler knows).
   load_row<T, N, K>(p.weight, 0, p.cols, packs, wk);
   if (p.bias) load_row<T, N, K>(p.bias, 0, p.cols, packs, bk);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -343,17 +327,12 @@ static void launch_forward_warp(const NormFwdParams<T>& p) {
 template <typename T, bool kCentered, bool kResidual>
 static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
   constexpr int V = 16 / sizeof(T);
-  // Which kernel: `./bench memory_bound`, share of copy, the three kernels in one call (T 16384
-  // at C 2048 / 4096; the residual forms at C 2048 and at T 32768, C 768; docs/PERF.md,
-  // 2026-12-01):
+  // Which kernel (the fastest of the three in `./bench memory_bound`; figures: docs/PERF.md):
   //   rmsnorm, 16-byte packs, 64..256 threads at two packs each: one row per block of a plain
-  //     grid. Plain 85.9-87.2 / 88.4-88.7% against 83.2-83.7 / 86.9-87.5 for the persistent
-  //     block kernel; with the residual 91.6 / 87.8-89.5% against 87.7-89.3 / 86.2-86.3;
-  //   layernorm, 16-byte packs, plain: warp per row, 77.7-78.7 / 80.8-81.1%, against
-  //     73.2-74.2 / 74.4-74.6 (persistent block) and 71.9-73.8 / 71.9-72.2 (row per block: the
-  //     two reductions need 62 registers a thread, so fewer blocks fit);
-  //   layernorm + residual: the persistent block kernel, 87.5-88.9 / 80.6-80.7%, against
-  //     83.8-84.5 / 81.4-81.5 (warp per row) and 82.0-82.3 / 74.2-75.1 (row per block);
+  //     grid, plain and residual;
+  //   layernorm, 16-byte packs, plain: warp per row (a row per block needs 62 registers a
+  //     thread for the two reductions, so fewer blocks fit);
+  //   layernorm + residual: the persistent block kernel;
   //   every other layout (scalar packs, rows too wide or too narrow): the persistent block
   //     kernel.
   if (plan.vec) {
@@ -391,19 +370,7 @@ static void norm_forward(const char* op, const Tensor& x, const Tensor* residual
                          const Tensor& y, const Tensor* mean, const Tensor& rstd) {
   auto [rows, cols] = check_x(x, op);
   const bool res = residual != nullptr;
-  if (res) {
-    ENSURE(residual->defined() && sum && sum->defined(), op, ": residual and sum must be given");
-    expect_cuda(*residual, x.dtype, x.shape, op, "residual");
-    expect_cuda(*sum, x.dtype, x.shape, op, "sum");
-    ENSURE(y.data != sum->data || rows == 0, op, ": y must not alias sum");
-  }
-  expect_cuda(weight, x.dtype, {cols}, op, "weight");
   const bool has_bias = bias && bias->data;
-  if (has_bias) expect_cuda(*bias, x.dtype, {cols}, op, "bias");
-  expect_cuda(y, x.dtype, x.shape, op, "y");
-  if (mean) expect_cuda(*mean, DType::F32, {rows}, op, "mean");
-  expect_cuda(rstd, DType::F32, {rows}, op, "rstd");
-  ENSURE(eps >= 0.f, op, ": eps must be >= 0, got ", eps);
   if (rows == 0) return;
   const bool aligned = aligned16(x.data) && aligned16(weight.data) && aligned16(y.data) &&
                        (!has_bias || aligned16(bias->data)) &&

@@ -223,9 +223,9 @@ void residual_backward(bool layer, const Tensor& dy, const Tensor& x, const Tens
                        const NormOut& f, const Tensor& dres, const Tensor& dx, const Tensor& dw,
                        const Tensor& db) {
   if (layer)
-    ops::layernorm_residual_backward(dy, x, w, f.mean, f.rstd, dres, dx, dw, db);
+    ops::layernorm_residual_backward(dy, x, w, f.mean, f.rstd, dres, dx, dw, db, Tensor());
   else
-    ops::rmsnorm_residual_backward(dy, x, w, f.rstd, dres, dx, dw);
+    ops::rmsnorm_residual_backward(dy, x, w, f.rstd, dres, dx, dw, Tensor());
 }
 
 void check_residual_forms(bool layer, bool with_bias) {
@@ -313,8 +313,8 @@ TEST_CASE("norm residual forms reject bad arguments, naming them") {
   CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, Tensor(), w, kEps, sum, y, rstd),
                        doctest::Contains("residual and sum must be given"), Error);
   Owned dw = zeros({5}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_backward(x, x, w, rstd, r4, y, dw),
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_backward(x, x, w, rstd, r4, y, dw, Tensor()),
                        doctest::Contains("dresidual"), Error);
-  CHECK_THROWS_WITH_AS(ops::layernorm_residual_backward(x, x, w, mean, rstd, Tensor(), y, dw, Tensor()),
+  CHECK_THROWS_WITH_AS(ops::layernorm_residual_backward(x, x, w, mean, rstd, Tensor(), y, dw, Tensor(), Tensor()),
                        doctest::Contains("dresidual must be given"), Error);
 }
