@@ -91,13 +91,16 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
 }
 
 void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
-                         const AttentionSaved& s, const Tensor& dxn, bool out_bias_done) const {
+                         const AttentionSaved& s, const Tensor& dxn) const {
+  row_linear_bias_backward(dy, bo_);
+  backward_except_out_bias(env, dy, xn, seg, s, dxn);
+}
+
+void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& xn,
+                                         const SegmentInfo& seg, const AttentionSaved& s,
+                                         const Tensor& dxn) const {
   const int64_t T = full_rows(env, xn.size(0));
   const int NH = heads_ + 2 * kv_heads_;
-  // The bias gradient from this rank's rows: complete without sequence parallelism (dy is
-  // replicated), a partial sum over the token shards with it (reduced with the other
-  // replicated parameters' gradients, optim/adamw.h).
-  if (bo_ && !out_bias_done) ops::sum_rows(dy.rows(), bo_.g(), 1.f);
   Owned dy_storage;
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows), not kept since the forward

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "ops/elementwise.h"
+#include "ops/gemm.h"
 
 namespace engine::layers {
 
@@ -99,11 +100,19 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
 
 void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,
                      const BlockSaved& s, const Tensor& dx, float aux_grad_scale,
-                     const Tensor& dx_colsum, bool dy_summed) const {
+                     const Tensor& dx_colsum) const {
+  if (const Tensor g = out_bias_grad(); g.data) ops::sum_rows(dy.rows(), g, 1.f);
+  backward_except_out_bias(env, dy, x, seg, s, dx, aux_grad_scale, dx_colsum);
+}
+
+void Block::backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& x,
+                                     const SegmentInfo& seg, const BlockSaved& s,
+                                     const Tensor& dx, float aux_grad_scale,
+                                     const Tensor& dx_colsum) const {
   const Shape shape = x.shape;
   Owned dxn = env.act_tensor(shape);
   if (kind_ == BlockKind::Mamba) {
-    mamba_.backward(env, dy, s.xn1, seg, s.mamba, dxn, dy_summed);
+    mamba_.backward_except_out_bias(env, dy, s.xn1, seg, s.mamba, dxn);
     // residual: dx = dy + d(mamba branch)
     norm1_.backward_residual(dxn, x, s.norm1, dy, dx, dx_colsum);
     return;
@@ -111,11 +120,11 @@ void Block::backward(const Env& env, const Tensor& dy, const Tensor& x, const Se
   if (kind_ == BlockKind::Experts)
     moe_.backward(env, dy, s.xn2, s.moe, dxn, aux_grad_scale);
   else
-    mlp_.backward(env, dy, s.xn2, s.mlp, dxn, dy_summed);
+    mlp_.backward_except_out_bias(env, dy, s.xn2, s.mlp, dxn);
   Owned dh = env.act_tensor(shape);
   // residual: dh = dy + d(norm2 branch), summed into the attention's output bias gradient
   norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh, attn_.out_bias_grad());
-  attn_.backward(env, dh, s.xn1, seg, s.attn, dxn, /*out_bias_done=*/true);
+  attn_.backward_except_out_bias(env, dh, s.xn1, seg, s.attn, dxn);
   norm1_.backward_residual(dxn, x, s.norm1, dh, dx, dx_colsum);  // residual: dx = dh + d(norm1 branch)
 }
 

@@ -44,14 +44,20 @@ class Block {
                uint64_t jitter_seed = 0) const;
   // Output-bias gradients without a pass of their own: the bias added at a branch's output has
   // gradient sum_t (the branch's output gradient), and that gradient is what a residual norm
-  // backward writes, so the norm backward sums it too (ops/norm.h dx_colsum). Inside the block,
-  // norm2's backward writes dh and sums it into the attention's output bias. Across blocks:
-  // dx_colsum (optional) is where to add sum_t dx (the previous block's out_bias_grad(): its dy
-  // is this dx), and dy_summed says the caller already added sum_t dy into this block's
-  // out_bias_grad(), so its MLP / Mamba does not.
+  // backward writes, so the norm backward sums it as it writes it (ops/norm.h dx_colsum). Inside
+  // the block, norm2's backward writes dh and sums it into the attention's output bias.
+  //
+  // backward writes dx and every parameter gradient of the block; dx_colsum (optional) is a
+  // second output: += sum_t dx. Blocks in a stack pass it on: block i's dx is block i - 1's dy, so
+  // block i's dx_colsum is block i - 1's out_bias_grad(), and block i - 1 then runs
+  // backward_except_out_bias (models/transformer.cpp).
   void backward(const Env& env, const Tensor& dy, const Tensor& x, const SegmentInfo& seg,
                 const BlockSaved& s, const Tensor& dx, float aux_grad_scale = 0.f,
-                const Tensor& dx_colsum = {}, bool dy_summed = false) const;
+                const Tensor& dx_colsum = {}) const;
+  // backward but for out_bias_grad() += sum_t dy, which the caller already added.
+  void backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& x,
+                                const SegmentInfo& seg, const BlockSaved& s, const Tensor& dx,
+                                float aux_grad_scale = 0.f, const Tensor& dx_colsum = {}) const;
   // The gradient of the bias added at the block's output (the MLP's or Mamba's output
   // projection), undefined where there is none (mixture of experts, no biases).
   Tensor out_bias_grad() const;

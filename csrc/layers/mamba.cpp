@@ -126,10 +126,15 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
 }
 
 void Mamba::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
-                     const MambaSaved& s, const Tensor& dxn, bool out_bias_done) const {
+                     const MambaSaved& s, const Tensor& dxn) const {
+  row_linear_bias_backward(dy, b_out_);
+  backward_except_out_bias(env, dy, xn, seg, s, dxn);
+}
+
+void Mamba::backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& xn,
+                                     const SegmentInfo& seg, const MambaSaved& s,
+                                     const Tensor& dxn) const {
   const int64_t T = full_rows(env, xn.size(0));
-  // this rank's rows (see Mlp)
-  if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);
   Owned dys = env.act_tensor({T, di_});
   {
     Owned dy_storage;

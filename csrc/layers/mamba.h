@@ -70,9 +70,14 @@ class Mamba {
 
   void forward(const Env& env, const Tensor& xn, const Tensor& y, const SegmentInfo& seg,
                MambaSaved& s) const;
-  // out_bias_done: the caller already added sum_t dy into the output bias gradient (layers/mlp.h).
+  // The gradients of the input and of every parameter (the layer on its own).
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
-                const MambaSaved& s, const Tensor& dxn, bool out_bias_done = false) const;
+                const MambaSaved& s, const Tensor& dxn) const;
+  // The same but for the output bias, whose gradient (sum_t dy, out_bias_grad()) the caller adds:
+  // Block sums it in the norm backward that wrote dy (ops/norm.h dx_colsum; layers/block.h).
+  void backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& xn,
+                                const SegmentInfo& seg, const MambaSaved& s,
+                                const Tensor& dxn) const;
   // The output bias's gradient (undefined without one): sum_t dy over this rank's rows.
   Tensor out_bias_grad() const { return b_out_ ? b_out_.g() : Tensor{}; }
 

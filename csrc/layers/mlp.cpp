@@ -70,9 +70,13 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
-                   const Tensor& dxn, bool out_bias_done) const {
-  // this rank's rows (see Attention)
-  if (b_out_ && !out_bias_done) ops::sum_rows(dy.rows(), b_out_.g(), 1.f);
+                   const Tensor& dxn) const {
+  row_linear_bias_backward(dy, b_out_);
+  backward_except_out_bias(env, dy, xn, s, dxn);
+}
+
+void Mlp::backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& xn,
+                                   const MlpSaved& s, const Tensor& dxn) const {
   Owned dy_storage;
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows)

@@ -99,6 +99,10 @@ void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y) 
     tp::reduce_from_tp_forward(*env.tp, partial, y);
 }
 
+void row_linear_bias_backward(const Tensor& dy, const Param& bias) {
+  if (bias) ops::sum_rows(dy.rows(), bias.g(), 1.f);
+}
+
 void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
                         const Tensor& residual) {
   const Tensor b = bias && bias.store->table().tp_rank() == 0 ? bias.w() : Tensor{};

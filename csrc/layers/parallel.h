@@ -87,6 +87,11 @@ void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y);
 // tensor parallelism the residual joins in the GEMM's epilogue, else after the reduction.
 void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
                         const Tensor& residual = {});
+// A row-parallel linear's output bias gradient: += sum_t dy over this rank's rows. Complete
+// without sequence parallelism (dy is replicated); with it a partial sum over the token shards,
+// reduced with the other replicated parameters' gradients (parallel/data_parallel.h). Nothing
+// without a bias.
+void row_linear_bias_backward(const Tensor& dy, const Param& bias);
 // The gradient of the partial outputs (full rows) from dy: dy itself, or its all-gather.
 Tensor row_output_backward(const Env& env, const Tensor& dy, Owned& storage);
 

@@ -189,23 +189,27 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
   if (p.head) record(StatsRecorder::kHeadGrad, dy);
   for (int i = p.end_block; i-- > p.first_block;) {
     const size_t k = static_cast<size_t>(i - p.first_block);
-    // sum_t dy already added into this block's output bias gradient: by the next block's last
-    // norm backward, when that block ran on this stage (its prev_bias below).
-    const bool dy_summed =
-        i + 1 < p.end_block && blocks_[static_cast<size_t>(i)].out_bias_grad().data != nullptr;
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
     Owned dx = env_.act_tensor(x.shape);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
-    // dx is the previous block's dy: its output bias gradient is summed in this block's last
-    // norm backward (layers/block.h), where that block is on this stage.
-    const Tensor prev_bias = k > 0 ? blocks_[static_cast<size_t>(i - 1)].out_bias_grad() : Tensor{};
+    // dx is the previous block's dy, so the previous block's output bias gradient (sum_t dy) is
+    // this block's second output where that block is on this stage (layers/block.h). The stage's
+    // last block sums its own; every other block's was summed by the block after it.
+    const Tensor dx_colsum = k > 0 ? blocks_[static_cast<size_t>(i - 1)].out_bias_grad() : Tensor{};
+    const bool dy_summed = i + 1 < p.end_block;
     const TraceRange trace("block " + std::to_string(i) + " backward");
+    auto backward = [&](const layers::BlockSaved& saved_block) {
+      if (dy_summed)
+        block.backward_except_out_bias(env_, dy, x, seg, saved_block, dx, s.aux_grad_scale, dx_colsum);
+      else
+        block.backward(env_, dy, x, seg, saved_block, dx, s.aux_grad_scale, dx_colsum);
+    };
     if (layout_.recompute) {  // the block's activations again, from its kept input
       layers::BlockSaved again;
       block.forward(env_, x, seg, again, s.jitter_seed);
-      block.backward(env_, dy, x, seg, again, dx, s.aux_grad_scale, prev_bias, dy_summed);
+      backward(again);
     } else {
-      block.backward(env_, dy, x, seg, s.blocks[k], dx, s.aux_grad_scale, prev_bias, dy_summed);
+      backward(s.blocks[k]);
     }
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
     dy_owned = std::move(dx);
