@@ -127,15 +127,15 @@ deps:
 # test, test-fast and demo install missing dependencies first (a no-op when all are present).
 test: deps
 	@$(MAKE) --no-print-directory all
-	PYTHON=$(PYTHON) scripts/run_tests.sh full
+	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/run_tests.sh full
 
 test-fast: deps
 	@$(MAKE) --no-print-directory all
-	PYTHON=$(PYTHON) scripts/run_tests.sh fast
+	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/run_tests.sh fast
 
 test-slow: deps
 	@$(MAKE) --no-print-directory all
-	PYTHON=$(PYTHON) scripts/run_tests.sh slow
+	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/run_tests.sh slow
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -7,6 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tier=${1:-fast}
+build=${BUILD:-build}  # the build folder of make BUILD=...
 shift || true
 export PYTHON=${PYTHON:-python3}
 # Two OpenMP threads (CI's two cores), or every core for the GPU tier (its f64 references).
@@ -45,7 +46,7 @@ case $tier in
   *) echo "unknown tier $tier (fast, full, slow or gpu)"; exit 2 ;;
 esac
 start=$(date +%s)
-run_suite "unit and model tests" build/engine_tests "${args[@]}" "$@"
+run_suite "unit and model tests" "$build"/engine_tests "${args[@]}" "$@"
 
 # Multi-rank suites (full and slow tiers): the same runner under mpirun, CPU and MPI backend, one
 # rank per process with one OpenMP thread each, every case of a world size in one launch. A hung
@@ -56,11 +57,11 @@ if [[ $tier == full || $tier == slow ]]; then
     export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers without ptrace/CMA
     mpi=(timeout 300 mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x TEST_SEED)
     export TEST_SEED=${TEST_SEED:-$(( $(date +%s) % 1000000007 ))}
-    run_suite "2 ranks" "${mpi[@]}" -n 2 build/dist_tests "${args[@]}" "$@"
-    run_suite "3 ranks (collectives, dp3)" "${mpi[@]}" -n 3 build/dist_tests "${args[@]}" "$@"
-    run_suite "4 ranks" "${mpi[@]}" -n 4 build/dist_tests "${args[@]}" "$@"
+    run_suite "2 ranks" "${mpi[@]}" -n 2 "$build"/dist_tests "${args[@]}" "$@"
+    run_suite "3 ranks (collectives, dp3)" "${mpi[@]}" -n 3 "$build"/dist_tests "${args[@]}" "$@"
+    run_suite "4 ranks" "${mpi[@]}" -n 4 "$build"/dist_tests "${args[@]}" "$@"
     # dp2 x tp2 x pp2: the 3-D layouts only (eight processes on a small machine).
-    run_suite "8 ranks (dp2 x tp2 x pp2)" "${mpi[@]}" -n 8 build/dist_tests -tc="*pipeline parallel*" "${args[@]}" "$@"
+    run_suite "8 ranks (dp2 x tp2 x pp2)" "${mpi[@]}" -n 8 "$build"/dist_tests -tc="*pipeline parallel*" "${args[@]}" "$@"
   else
     echo "== multi-rank suites: skipped (no mpirun; make deps installs OpenMPI)"
     skipped=$((skipped + 1))

@@ -149,7 +149,7 @@ struct DistributedConfig {
   int tensor_parallel = 1;         // ranks splitting each layer (heads, ffn and vocabulary) Megatron style
   bool sequence_parallel = false;  // with tensor_parallel > 1: activations outside attention and MLP
                                    // sharded along tokens over the tensor-parallel group
-  bool tp_overlap = true;          // tensor-parallel collectives beside the GEMMs (layers/parallel.h)
+  bool tp_overlap = true;          // tensor-parallel collectives beside the GEMMs (parallel/tensor_parallel.h)
   int cross_entropy_splits = 1;    // token chunks the LM head and loss run in (logits memory / N)
   int pipeline_parallel = 1;       // ranks the layers are split over (stages in sequence)
   int stages_per_rank = 1;         // pipeline stages per rank (interleaved: stage s on rank s % pp)

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "layers/linear.h"
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "ops/gemm.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"

@@ -5,7 +5,7 @@
 //   o = attention(q, k, v)           ops/attention.h
 //   y = o Wo^T (+ bo)                bo only with bias
 // Saved: qkv after RoPE, o, the log-sum-exp. xn (the normalised input) is kept by the caller.
-// Tensor parallelism (layers/parallel.h): each rank holds num_heads / tp query heads and
+// Tensor parallelism (parallel/tensor_parallel.h): each rank holds num_heads / tp query heads and
 // num_kv_heads / tp key/value heads (column-parallel qkv), and its columns of Wo (row-parallel);
 // with sequence parallelism xn, y, dy and dxn are this rank's token shard and the qkv input is
 // gathered (again in backward, instead of being kept).

@@ -12,7 +12,7 @@ struct Env {
   DType act = DType::F32;  // activations: f32 / f64 on CPU, bf16 on GPU
   Comm* tp = nullptr;      // the tensor-parallel group (nullptr: none)
   bool sequence_parallel = false;  // with tp: the residual stream holds this rank's rows only
-  bool tp_overlap = true;  // with tp: collectives beside the GEMMs where the data allow (layers/parallel.h)
+  bool tp_overlap = true;  // with tp: collectives beside the GEMMs where the data allow (parallel/tensor_parallel.h)
   DType stat() const { return act == DType::F64 ? DType::F64 : DType::F32; }
   Owned act_tensor(Shape s) const { return empty(s, act, device); }
   Owned stat_tensor(Shape s) const { return empty(s, stat(), device); }

@@ -1,6 +1,6 @@
 #include "layers/embedding.h"
 
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "ops/embedding.h"
 
 namespace engine::layers {

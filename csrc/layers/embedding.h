@@ -2,7 +2,7 @@
 // Backward accumulates (+=) into the table gradients; there is no input gradient.
 // Tensor parallelism: the token table is vocab-parallel (rank r holds rows [r V/tp, (r+1) V/tp));
 // each rank looks up the tokens in its rows (zero rows for the others) and the partial results
-// are summed as a row-parallel output (layers/parallel.h); the position table is replicated.
+// are summed as a row-parallel output (parallel/tensor_parallel.h); the position table is replicated.
 #pragma once
 #include "config/config.h"
 #include "layers/common.h"

@@ -4,7 +4,7 @@
 
 #include "layers/embedding.h"
 #include "layers/linear.h"
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/loss.h"

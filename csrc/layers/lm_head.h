@@ -10,7 +10,7 @@
 // embedding); each rank computes its columns of the logits and the vocab-parallel loss combines
 // the per-row statistics of all ranks (ops::cross_entropy_partial / _combine / _grad): every
 // rank gets the same losses, and the gradient of its logits stays local. The input of W is a
-// column-parallel input (layers/parallel.h): all-gathered under sequence parallelism.
+// column-parallel input (parallel/tensor_parallel.h): all-gathered under sequence parallelism.
 // Gradients: W's accumulate (+=) during forward (with_grad); HeadSaved::dx is the gradient
 // w.r.t. x that the blocks' backward starts from.
 #pragma once

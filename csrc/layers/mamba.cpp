@@ -4,7 +4,7 @@
 
 #include "comm/mappings.h"
 #include "layers/linear.h"
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "ops/gemm.h"
 
 namespace engine::layers {

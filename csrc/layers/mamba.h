@@ -22,7 +22,7 @@
 // Saved: xz (T, 2 Di), the x_proj buffer (about T (R + 2N)), dt (T, Di), y_ssm (T, Di), the scan's
 // chunk states ((T / chunk_len), N, Di), stat dtype); xc is recomputed by backward (one conv).
 // xn is kept by the caller. Gradients: dxn written (=); parameter gradients accumulated (+=).
-// Tensor parallelism (layers/parallel.h, comm/mappings.h): Di is split. in_proj column-parallel
+// Tensor parallelism (parallel/tensor_parallel.h, comm/mappings.h): Di is split. in_proj column-parallel
 // (x and z rows each split, adjacent per rank as gate/up in Mlp); conv, dt_proj, dt_bias, A_log
 // and D split along Di; x_proj row-parallel: its (T, R + 2N) output is a partial sum, all-reduced
 // in forward (reduce_from_tp), and since every rank then consumes it for its own channels, the

@@ -4,7 +4,7 @@
 //           a = silu(gate) * up;             y = a W_out^T
 // Saved: h and a. xn is kept by the caller. dxn written (=); parameter gradients (+=).
 // Tensor parallelism: W_in (gate and up each) column-parallel, W_out row-parallel, so each rank
-// holds ffn_hidden_size / tp features (layers/parallel.h; sequence parallel as in Attention).
+// holds ffn_hidden_size / tp features (parallel/tensor_parallel.h; sequence parallel as in Attention).
 #pragma once
 #include "config/config.h"
 #include "layers/common.h"

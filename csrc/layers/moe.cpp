@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "core/rng.h"
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "ops/activation.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"

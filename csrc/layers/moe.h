@@ -31,7 +31,7 @@
 // and only when forward() gets a non-zero jitter_seed: the caller passes a value unique per
 // (step, micro-batch) (the layer mixes its prefix in), and 0 in evaluation.
 // Tensor parallelism: each rank holds F / tp features of every expert (w_gate, w_up split along
-// dim 1, w_out along dim 2) and the row-parallel output is reduced through layers/parallel.h;
+// dim 1, w_out along dim 2) and the row-parallel output is reduced through parallel/tensor_parallel.h;
 // the router is replicated and every rank routes all (gathered) tokens identically. The routing
 // weights' gradient, a sum over the F features, is all-reduced over tp (T x k floats). The
 // router's input gradient is added on tp rank 0 only (the column-parallel input reduction then

@@ -3,7 +3,7 @@
 // LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.
 // Under tensor parallelism (ModelLayout::tp) each rank holds its blocks of every split parameter
-// (params.h) and the layers exchange activations over the group (layers/parallel.h); with
+// (params.h) and the layers exchange activations over the group (parallel/tensor_parallel.h); with
 // sequence parallelism the residual stream between them is this rank's token shard. Under
 // pipeline parallelism each rank builds only the layers of its stages (StagePlan).
 #pragma once

@@ -19,9 +19,7 @@
 #include "checkpoint/hf.h"
 #include "checkpoint/tools.h"
 #include "comm/launch.h"
-#include "comm/nccl_comm.h"
 #include "comm/watchdog.h"
-#include "core/device.h"
 #include "core/faults.h"
 #include "core/log.h"
 #include "models/model.h"
@@ -81,82 +79,25 @@ void Trainer::install_signal_handlers() {
   std::signal(SIGTERM, on_signal);
 }
 
-Device resolve_device(DeviceChoice choice) {
-  const int gpus = device::count();
-  switch (choice) {
-    case DeviceChoice::CPU: return Device::CPU;
-    case DeviceChoice::CUDA:
-      ENSURE(device::in_build(), "run.device = \"cuda\": this build has no CUDA support (built without nvcc)");
-      ENSURE(gpus > 0, "run.device = \"cuda\": no CUDA device is visible");
-      return Device::CUDA;
-    case DeviceChoice::Auto: return gpus > 0 ? Device::CUDA : Device::CPU;
-  }
-  return Device::CPU;
-}
-
-namespace {
-// The device picked before anything touches it: each rank's GPU is its local rank.
-Device pick_device(DeviceChoice choice) {
-  const Device d = resolve_device(choice);
-  if (d == Device::CUDA) device::select(launch_info().local_rank % device::count());
-  return d;
-}
-
-// The data-parallel group's communicator: the one given, else the world (NCCL on GPUs).
-std::unique_ptr<Comm> device_comm_for(Comm* given, Device device) {
-  if (given || device != Device::CUDA || world().size() == 1) return nullptr;
-  return make_nccl_comm(world());
-}
-}  // namespace
-
 Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
-    : config_(config), device_comm_(device_comm_for(group, pick_device(config.run.device))),
-      mesh_(std::make_unique<Mesh>(group ? *group : device_comm_ ? *device_comm_ : world(), config_)),
-      dp_(mesh_->dp()), write_outputs_(write_outputs && world().rank() == 0),
-      device_(resolve_device(config.run.device)) {
+    : config_(config), plan_(make_run_plan(config, group)), mesh_(plan_.mesh.get()), dp_(mesh_->dp()),
+      write_outputs_(write_outputs && world().rank() == 0), device_(plan_.device) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
   if (config_.run.debug_level >= 2) {
     stats_ = std::make_unique<StatsRecorder>(config_.model.num_layers);
     debug_steps_ = parse_step_list(config_.run.debug_steps);
   }
-  if (device_ == Device::CUDA) {
-    const int gpu = launch_info().local_rank % device::count();
-    log_info("GPU ", gpu, ": ", device::description(gpu), ", data-parallel backend ", dp_.backend());
-  }
   const int dp_size = dp_.size();
   BatchConfig& b = config_.batch;
   b.accumulation_steps = micro_batches_per_rank(config_, dp_size);
-  const DType compute = device_ == Device::CPU ? DType::F32 : DType::BF16;
-  // Pad the flat buffers so they split into equal, aligned shards over the dp ranks.
-  const int64_t unit = 64 * int64_t{dp_size};
   const DistributedConfig& dist = config_.distributed;
-  ModelLayout layout{mesh_->tp(),       dist.sequence_parallel, dist.cross_entropy_splits, mesh_->pp_rank(),
-                     mesh_->pp_size(), dist.stages_per_rank,  config_.training.recompute_activations,
-                     dist.tp_overlap,  unit};
-  model_ = make_model(config_.model, device_, compute, 0, layout);
+  model_ = make_model(config_.model, device_, plan_.compute, 0, plan_.layout);
   model_->params().init(config_.run.seed);
   pipeline_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), dist.pipeline_schedule);
-  const auto bucket = static_cast<int64_t>(dist.reduce_bucket_mb * (1 << 20) / 4);
-  ModelParallelGroups groups;
-  groups.tp = mesh_->tp();
-  groups.sequence_parallel = dist.sequence_parallel;
-  groups.pp = mesh_->pp();
-  const int last_rank = (layout.stages() - 1) % layout.pipeline_size;
-  const std::vector<std::string> tied = model_->tied_parameters();
-  if (!tied.empty() && last_rank != 0) {
-    // The first and the last stage's ranks each hold embed.tokens: their gradients are summed.
-    Comm& pp = *mesh_->pp();
-    const bool holder = pp.rank() == 0 || pp.rank() == last_rank;
-    tied_ = pp.split(holder ? 0 : 1 + pp.rank(), pp.rank());
-    if (holder) {
-      groups.tied = tied_.get();
-      groups.tied_params = tied;
-      groups.count_tied = pp.rank() == 0;
-    }
-  }
-  parallel_ = std::make_unique<DataParallel>(model_->params(), dp_, dist.zero_stage, bucket, groups);
+  parallel_ = std::make_unique<DataParallel>(model_->params(), dp_, dist.zero_stage, plan_.bucket_elements,
+                                             plan_.parallel_groups(*model_));
   optimizer_ = std::make_unique<AdamW>(config_.optimizer, *parallel_, config_.run.seed);
-  init_teacher(layout, compute);
+  init_teacher(plan_.layout, plan_.compute);
   resume_or_init();
   const int64_t gb = config_.batch.global_batch_size;
   // Enough samples for the remaining steps from the data position (which a resumed run takes

@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
+#include "train/plan.h"
 
 namespace engine {
 
@@ -33,9 +34,6 @@ struct StepResult {
   bool skipped = false;    // non-finite loss or gradients: no update was made
   double seconds = 0;
 };
-
-// run.device: auto picks the GPU when this build has CUDA and a GPU is visible, else the CPU.
-Device resolve_device(DeviceChoice choice);
 
 class Trainer {
  public:
@@ -82,8 +80,8 @@ class Trainer {
   void write_stats(int step);   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
 
   Config config_;
-  std::unique_ptr<Comm> device_comm_;  // NCCL over the world when training on GPUs with several ranks
-  std::unique_ptr<Mesh> mesh_;
+  RunPlan plan_;  // device, dtypes, communicators, model layout (train/plan.h)
+  Mesh* mesh_;    // plan_.mesh
   Comm& dp_;
   bool write_outputs_;
   Device device_;
@@ -93,7 +91,6 @@ class Trainer {
   std::unique_ptr<StatsRecorder> stats_;  // run.debug_level >= 2
   std::set<int> debug_steps_;
   std::unique_ptr<Pipeline> pipeline_;
-  std::unique_ptr<Comm> tied_;  // pipeline ranks holding a copy of the tied embedding
   std::unique_ptr<DataParallel> parallel_;  // gradient sums and weight gathers (ZeRO)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;

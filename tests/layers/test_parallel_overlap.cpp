@@ -1,4 +1,4 @@
-// Tensor-parallel overlap (layers/parallel.h) on one GPU: a column-parallel linear's forward and
+// Tensor-parallel overlap (parallel/tensor_parallel.h) on one GPU: a column-parallel linear's forward and
 // backward, with collectives that land late, give the bits they give with collectives that land
 // at once. The group is a stand-in for two ranks (below), so the test needs one GPU; the
 // multi-GPU runs against one GPU are tests/dist/test_model_parallel.cpp.
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "layers/linear.h"
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "tests/common/gpu_testing.h"
 
 #ifdef ENGINE_CUDA

@@ -10,6 +10,11 @@
 //
 // With no tensor parallelism every function is the identity and moves no bytes.
 //
+// The row-parallel output bias is replicated: only the first tensor-parallel rank adds it
+// (row_linear_forward), and every rank sums its gradient over its rows (row_linear_bias_backward).
+// The layers (Attention, Mlp, Mamba, Moe, Embedding, LmHead) call these inside their forward and
+// backward; this file needs only their environment and linears (layers/common.h, layers/linear.h).
+//
 // Overlap (Env::tp_overlap, distributed.tp_overlap): a column-parallel layer's collectives run on
 // the tensor-parallel group's stream beside its GEMMs wherever the data allow:
 //   forward, tp + sp   the GEMM of this rank's own rows runs while the other ranks' rows arrive

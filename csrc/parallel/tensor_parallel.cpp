@@ -1,4 +1,4 @@
-#include "layers/parallel.h"
+#include "parallel/tensor_parallel.h"
 
 #include "comm/mappings.h"
 #include "layers/linear.h"

@@ -1,0 +1,66 @@
+#include "train/plan.h"
+
+#include "comm/launch.h"
+#include "comm/nccl_comm.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "core/log.h"
+
+namespace engine {
+
+Device resolve_device(DeviceChoice choice) {
+  const int gpus = device::count();
+  switch (choice) {
+    case DeviceChoice::CPU: return Device::CPU;
+    case DeviceChoice::CUDA:
+      ENSURE(device::in_build(), "run.device = \"cuda\": this build has no CUDA support (built without nvcc)");
+      ENSURE(gpus > 0, "run.device = \"cuda\": no CUDA device is visible");
+      return Device::CUDA;
+    case DeviceChoice::Auto: return gpus > 0 ? Device::CUDA : Device::CPU;
+  }
+  return Device::CPU;
+}
+
+RunPlan make_run_plan(const Config& config, Comm* group) {
+  RunPlan plan;
+  plan.device = resolve_device(config.run.device);
+  const int gpu = plan.device == Device::CUDA ? launch_info().local_rank % device::count() : 0;
+  if (plan.device == Device::CUDA) device::select(gpu);
+  if (!group && plan.device == Device::CUDA && world().size() > 1) plan.device_comm = make_nccl_comm(world());
+  plan.mesh = std::make_unique<Mesh>(group ? *group : plan.device_comm ? *plan.device_comm : world(), config);
+  if (plan.device == Device::CUDA)
+    log_info("GPU ", gpu, ": ", device::description(gpu), ", data-parallel backend ", plan.mesh->dp().backend());
+  plan.compute = plan.device == Device::CPU ? DType::F32 : DType::BF16;
+  const DistributedConfig& dist = config.distributed;
+  const Mesh& m = *plan.mesh;
+  plan.layout = ModelLayout{m.tp(),       dist.sequence_parallel, dist.cross_entropy_splits, m.pp_rank(),
+                            m.pp_size(), dist.stages_per_rank,  config.training.recompute_activations,
+                            dist.tp_overlap,
+                            // equal, aligned shards over the dp ranks
+                            64 * int64_t{m.dp().size()}};
+  plan.bucket_elements = static_cast<int64_t>(dist.reduce_bucket_mb * (1 << 20) / 4);
+  return plan;
+}
+
+ModelParallelGroups RunPlan::parallel_groups(const Model& model) {
+  ModelParallelGroups groups;
+  groups.tp = mesh->tp();
+  groups.sequence_parallel = layout.sequence_parallel;
+  groups.pp = mesh->pp();
+  const int last_rank = (layout.stages() - 1) % layout.pipeline_size;
+  const std::vector<std::string> tied = model.tied_parameters();
+  if (!tied.empty() && last_rank != 0) {
+    // The first and the last stage's ranks each hold a copy: their gradients are summed.
+    Comm& pp = *mesh->pp();
+    const bool holder = pp.rank() == 0 || pp.rank() == last_rank;
+    tied_group = pp.split(holder ? 0 : 1 + pp.rank(), pp.rank());
+    if (holder) {
+      groups.tied = tied_group.get();
+      groups.tied_params = tied;
+      groups.count_tied = pp.rank() == 0;
+    }
+  }
+  return groups;
+}
+
+}  // namespace engine
