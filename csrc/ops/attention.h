@@ -21,6 +21,7 @@
 // leaving dqkv's k and v heads as they were.
 #pragma once
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace engine::ops {
 
@@ -74,8 +75,23 @@ struct AttentionBackwardParams {
                         // usual {fwd, dout, dqkv} leaves it out without a -Wextra warning)
 };
 
-void attention_forward(const AttentionParams& p);
-void attention_backward(const AttentionBackwardParams& p);
+// The tensors of the parameter structs, for the device check of the dispatch (ops/op.h).
+template <typename F>
+void visit_tensors(const AttentionParams& p, const char*, F&& f) {
+  f(p.qkv, "qkv");
+  f(p.out, "out");
+  f(p.lse, "lse");
+  f(p.cu_seqlens, "cu_seqlens");
+  f(p.kv, "kv");
+  f(p.cu_seqlens_k, "cu_seqlens_k");
+}
+template <typename F>
+void visit_tensors(const AttentionBackwardParams& p, const char* name, F&& f) {
+  visit_tensors(p.fwd, name, f);
+  f(p.dout, "dout");
+  f(p.dqkv, "dqkv");
+  f(p.dkv, "dkv");
+}
 
 // For the run log: the flash kernels that a call on `device` with head_dim runs under `kernel`
 // (default: what Auto resolves to), assuming qkv's own keys and 16-byte aligned tensors (calls
@@ -86,3 +102,11 @@ const char* attention_kernel_name(Device device, int head_dim,
                                   AttentionKernel kernel = AttentionKernel::Auto);
 
 }  // namespace engine::ops
+
+// CPU: the reference (csrc/ref/attention.cpp). CUDA (cuda/attention/attention.cu): the window
+// clamp above, then cuDNN's fused attention or the flash kernels as AttentionParams::backend says.
+#define ENGINE_ATTENTION_OPS(OP)                                                         \
+  OP(void, attention_forward, (const ops::AttentionParams& p), (p))                     \
+  OP(void, attention_backward, (const ops::AttentionBackwardParams& p), (p))
+
+ENGINE_DECLARE_OPS(ENGINE_ATTENTION_OPS)

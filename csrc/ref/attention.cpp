@@ -1,3 +1,7 @@
+// CPU reference of varlen grouped-query attention (ops/attention.h; f32 or f64, lse in the dtype
+// of qkv). Exact softmax (max-subtracted) in double, one (sequence, head) at a time; backward
+// recomputes the probabilities from lse and sums dk, dv over the q heads of each kv group in head
+// order, so results do not depend on the thread count.
 // Attention over packed sequences. Sequence s has len_q = Lq queries (rows of qkv starting at
 // b = cu_seqlens[s]) and len_k = Lk >= Lq keys (rows of kv starting at cu_seqlens_k[s], or, without
 // kv, qkv's own k and v heads of the same rows: Lk = Lq). Query i is at key position i + off,
@@ -14,7 +18,7 @@
 // The visible range always contains j = i + off, so no query row is empty; key rows no query
 // sees get dk = dv = 0. Layout of a qkv row: H q heads, then Hkv k heads, then Hkv v heads, D
 // values each; of a kv row: Hkv k heads, then Hkv v heads.
-#include "ref/attention.h"
+#include "ops/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,13 +39,10 @@ struct Layout {
   int64_t work;                              // sum over sequences of Lq Lk H D
 };
 
-// Checks (S + 1) offsets into `total` rows, each length at most max_len; returns them.
+// The (S + 1) offsets into `total` rows (their shape and dtype checked by ops/attention.cpp),
+// each length at most max_len: values only the reference reads on the host.
 const int32_t* check_offsets(const Tensor& cu, int64_t total, int max_len, const char* op,
                              const char* name, const char* total_name, const char* max_name) {
-  expect_cpu(cu, op, name);
-  expect_dtype(cu, DType::I32, op, name);
-  ENSURE(cu.ndim() == 1 && cu.size(0) >= 1, op, ": ", name, " must be (S + 1), got shape ",
-         cu.shape.str());
   const int32_t* c = cu.ptr<int32_t>();
   const int64_t seqs = cu.size(0) - 1;
   ENSURE(c[0] == 0, op, ": ", name, "[0] = ", c[0], ", expected 0");
@@ -56,30 +57,14 @@ const int32_t* check_offsets(const Tensor& cu, int64_t total, int max_len, const
   return c;
 }
 
-Layout check_params(const ops::AttentionParams& p, const char* op) {
-  expect_cpu(p.qkv, op, "qkv");
-  expect_ndim(p.qkv, 3, op, "qkv");
-  ENSURE(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, op,
-         ": num_heads = ", p.num_heads, " must be a positive multiple of num_kv_heads = ",
-         p.num_kv_heads);
-  ENSURE(p.head_dim > 0, op, ": head_dim = ", p.head_dim);
+// The shared checks ran (ops/attention.cpp); the layout of the call, after the checks of the
+// offsets' values.
+Layout layout_of(const ops::AttentionParams& p, const char* op) {
   const int64_t t = p.qkv.size(0), h = p.num_heads, hkv = p.num_kv_heads, d = p.head_dim;
-  expect_shape(p.qkv, {t, h + 2 * hkv, d}, op, "qkv (T, H + 2*Hkv, D)");
-  expect(p.out, p.qkv.dtype, {t, h, d}, op, "out");
-  expect(p.lse, p.qkv.dtype, {t, h}, op, "lse");
-  ENSURE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, op, ": softmax_scale = ",
-         p.softmax_scale, " (usually 1 / sqrt(head_dim))");
-  ENSURE(p.window >= 0, op, ": window = ", p.window, " (0 = unlimited)");
   Layout l{t, h, hkv, d, 0, nullptr, nullptr, (h + 2 * hkv) * d, 0, 0, 0, 0};
   l.cu = check_offsets(p.cu_seqlens, t, p.max_seqlen, op, "cu_seqlens", "T", "max_seqlen");
   l.seqs = p.cu_seqlens.size(0) - 1;
   if (p.separate_kv()) {
-    expect_cpu(p.kv, op, "kv");
-    expect_ndim(p.kv, 3, op, "kv");
-    expect(p.kv, p.qkv.dtype, {p.kv.size(0), 2 * hkv, d}, op, "kv (Tk, 2*Hkv, D)");
-    ENSURE(p.cu_seqlens_k.ndim() == 1 && p.cu_seqlens_k.size(0) == l.seqs + 1, op,
-           ": cu_seqlens_k must be (S + 1) = (", l.seqs + 1, ") like cu_seqlens, got shape ",
-           p.cu_seqlens_k.shape.str());
     l.cu_k = check_offsets(p.cu_seqlens_k, p.kv.size(0), p.max_seqlen_k, op, "cu_seqlens_k", "Tk",
                            "max_seqlen_k");
     for (int64_t s = 0; s < l.seqs; ++s)
@@ -90,8 +75,6 @@ Layout check_params(const ops::AttentionParams& p, const char* op) {
     l.k_off = 0;
     l.v_off = hkv * d;
   } else {
-    ENSURE(p.cu_seqlens_k.data == nullptr && p.cu_seqlens_k.ndim() == 0 && p.max_seqlen_k == 0, op,
-           ": cu_seqlens_k and max_seqlen_k are given without kv");
     l.cu_k = l.cu;
     l.kv_row = l.q_row;
     l.k_off = h * d;
@@ -218,20 +201,13 @@ void backward(const ops::AttentionBackwardParams& bp, const Layout& l) {
 
 void attention_forward(const ops::AttentionParams& p) {
   const char* op = "attention_forward";
-  const Layout l = check_params(p, op);
+  const Layout l = layout_of(p, op);
   float_switch(p.qkv.dtype, op, "qkv", [&](auto tag) { forward<decltype(tag)>(p, l); });
 }
 
 void attention_backward(const ops::AttentionBackwardParams& bp) {
   const char* op = "attention_backward";
-  const Layout l = check_params(bp.fwd, op);
-  const int64_t t = l.rows;
-  expect(bp.dout, bp.fwd.qkv.dtype, {t, l.heads, l.dim}, op, "dout");
-  expect(bp.dqkv, bp.fwd.qkv.dtype, bp.fwd.qkv.shape, op, "dqkv");
-  if (bp.fwd.separate_kv())
-    expect(bp.dkv, bp.fwd.kv.dtype, bp.fwd.kv.shape, op, "dkv (Tk, 2*Hkv, D)");
-  else
-    ENSURE(bp.dkv.data == nullptr && bp.dkv.ndim() == 0, op, ": dkv is given without fwd.kv");
+  const Layout l = layout_of(bp.fwd, op);
   float_switch(bp.fwd.qkv.dtype, op, "qkv", [&](auto tag) { backward<decltype(tag)>(bp, l); });
 }
 

@@ -1,6 +1,6 @@
-// cuDNN fused attention (cudnn_sdpa.cuh): argument checks, the operation graphs of the forward
-// and the backward (built with cudnn_graph.cuh's Graph on the backend API), the plan cache, and
-// the small kernels around them:
+// cuDNN fused attention (cudnn_sdpa.cuh): the checks of its own limits (the shared ones ran in
+// ops/attention.cpp), the operation graphs of the forward and the backward (built with
+// cudnn_graph.cuh's Graph on the backend API), the plan cache, and the small kernels around them:
 //   seq_info_kernel:  per (bucketed) sequence b its query and key lengths (0 past the real ones)
 //                     and the ragged offsets (first row x row stride, in elements) of the q-side,
 //                     out-side and key-side tensors
@@ -365,11 +365,8 @@ int bucket(int64_t n, int least) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void expect(const Tensor& t, DType dtype, const engine::Shape& shape, const char* op, const char* name) {
-  ENSURE(t.device == Device::CUDA, op, ": ", name, " must be on cuda");
-  ENSURE(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(dtype));
-  ENSURE(t.shape == shape, op, ": ", name, " has shape ", t.shape.str(), ", expected ", shape.str());
-  ENSURE(dtype == DType::I32 || aligned16(t.data), op, ": ", name,
+void expect_aligned(const Tensor& t, const char* op, const char* name) {
+  ENSURE(aligned16(t.data), op, ": ", name,
          " must be 16-byte aligned for cuDNN (model.attention_backend = \"cudnn\")");
 }
 
@@ -390,25 +387,19 @@ struct Call {
   bool empty() const { return t == 0 || num_seqs == 0; }
 };
 
+// The checks cuDNN adds to the shared ones (ops/attention.cpp: shapes, the dtype relations, scalar
+// ranges): bf16 (so out, kv in bf16, lse in f32), head dims, 16-byte alignment, its bounds on the
+// sequence lengths and the i32 ragged offsets.
 Call prepare(const ops::AttentionParams& p, bool backward, const char* op) {
-  ENSURE(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, op, ": num_heads = ",
-         p.num_heads, " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
   ENSURE(p.head_dim > 0 && p.head_dim % 8 == 0 && p.head_dim <= 256, op, ": head_dim = ", p.head_dim,
          "; cuDNN's fused attention takes multiples of 8 up to 256 (model.attention_backend = \"flash\" "
          "runs any)");
-  ENSURE(p.qkv.ndim() == 3, op, ": qkv must be (T, H + 2*Hkv, D), got ", p.qkv.shape.str());
   const int64_t t = p.qkv.size(0), h = p.num_heads, hkv = p.num_kv_heads, d = p.head_dim;
   ENSURE(p.qkv.dtype == DType::BF16, op, ": cuDNN attention runs bf16 only, qkv is ", dtype_name(p.qkv.dtype));
-  expect(p.qkv, DType::BF16, {t, h + 2 * hkv, d}, op, "qkv (T, H + 2*Hkv, D)");
-  expect(p.out, DType::BF16, {t, h, d}, op, "out (T, H, D)");
-  expect(p.lse, DType::F32, {t, h}, op, "lse (T, H)");
-  ENSURE(p.cu_seqlens.ndim() == 1 && p.cu_seqlens.size(0) >= 1, op, ": cu_seqlens must be (S + 1), got shape ",
-         p.cu_seqlens.shape.str());
-  expect(p.cu_seqlens, DType::I32, p.cu_seqlens.shape, op, "cu_seqlens");
-  ENSURE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, op, ": softmax_scale = ", p.softmax_scale);
-  ENSURE(p.window >= 0, op, ": window = ", p.window, " (0 = unlimited)");
-  ENSURE(p.max_seqlen >= 0 && p.max_seqlen <= (1 << 24), op, ": max_seqlen = ", p.max_seqlen);
-  ENSURE(t == 0 || p.max_seqlen > 0, op, ": max_seqlen = 0 with T = ", t, " tokens");
+  expect_aligned(p.qkv, op, "qkv (T, H + 2*Hkv, D)");
+  expect_aligned(p.out, op, "out (T, H, D)");
+  expect_aligned(p.lse, op, "lse (T, H)");
+  ENSURE(p.max_seqlen <= (1 << 24), op, ": max_seqlen = ", p.max_seqlen);
   Call c;
   c.num_seqs = static_cast<int>(p.cu_seqlens.size(0) - 1);
   c.t = t;
@@ -429,12 +420,9 @@ Call prepare(const ops::AttentionParams& p, bool backward, const char* op) {
   CUDA_CHECK(cudaGetDevice(&k.device));
   int max_k = p.max_seqlen;
   if (p.separate_kv()) {
-    ENSURE(p.kv.ndim() == 3, op, ": kv must be (Tk, 2*Hkv, D), got ", p.kv.shape.str());
     c.tk = p.kv.size(0);
-    expect(p.kv, DType::BF16, {c.tk, 2 * hkv, d}, op, "kv (Tk, 2*Hkv, D)");
-    expect(p.cu_seqlens_k, DType::I32, {int64_t{c.num_seqs} + 1}, op, "cu_seqlens_k (S + 1)");
-    ENSURE(p.max_seqlen_k >= 0 && p.max_seqlen_k <= (1 << 24), op, ": max_seqlen_k = ", p.max_seqlen_k);
-    ENSURE(c.tk == 0 || p.max_seqlen_k > 0, op, ": max_seqlen_k = 0 with Tk = ", c.tk, " key rows");
+    expect_aligned(p.kv, op, "kv (Tk, 2*Hkv, D)");
+    ENSURE(p.max_seqlen_k <= (1 << 24), op, ": max_seqlen_k = ", p.max_seqlen_k);
     k.separate = true;
     k.k_row = 2 * hkv * d;
     c.k = static_cast<const bf16*>(p.kv.data);
@@ -442,8 +430,6 @@ Call prepare(const ops::AttentionParams& p, bool backward, const char* op) {
     c.cu_k = static_cast<const int32_t*>(p.cu_seqlens_k.data);
     max_k = p.max_seqlen_k;
   } else {
-    ENSURE(p.cu_seqlens_k.data == nullptr && p.cu_seqlens_k.ndim() == 0 && p.max_seqlen_k == 0, op,
-           ": cu_seqlens_k and max_seqlen_k are given without kv");
     c.tk = t;
     k.k_row = q_row;
     c.k = qkv + h * d;
@@ -513,13 +499,10 @@ void cudnn_attention_backward(const ops::AttentionBackwardParams& bp) {
   const ops::AttentionParams& p = bp.fwd;
   const Call c = prepare(p, true, op);
   const int64_t t = c.t, h = p.num_heads, d = p.head_dim;
-  expect(bp.dout, DType::BF16, {t, h, d}, op, "dout (T, H, D)");
-  expect(bp.dqkv, DType::BF16, p.qkv.shape, op, "dqkv (T, H + 2*Hkv, D)");
+  expect_aligned(bp.dout, op, "dout (T, H, D)");
+  expect_aligned(bp.dqkv, op, "dqkv (T, H + 2*Hkv, D)");
   const bool separate = p.separate_kv();
-  if (separate)
-    expect(bp.dkv, DType::BF16, p.kv.shape, op, "dkv (Tk, 2*Hkv, D)");
-  else
-    ENSURE(bp.dkv.data == nullptr && bp.dkv.ndim() == 0, op, ": dkv is given without fwd.kv");
+  if (separate) expect_aligned(bp.dkv, op, "dkv (Tk, 2*Hkv, D)");
   // Key rows no query sees (a sequence without queries in this chunk, keys outside every window)
   // may be skipped by cuDNN: their gradients start at zero.
   if (separate && bp.dkv.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(bp.dkv.data, 0, bp.dkv.nbytes(), stream()));
@@ -541,7 +524,7 @@ void cudnn_attention_backward(const ops::AttentionBackwardParams& bp) {
                p.max_seqlen, ") would need a ", format_bytes(static_cast<double>(accum_bytes)),
                " dQ accumulator in cuDNN's backward; the flash backward runs for such micro-batches");
     });
-    return cuda::attention_backward(bp);  // the flash kernels
+    return flash_attention_backward(bp);
   }
   const cudnnHandle_t hd = handle();
   Graph& g = plan_for(c.key, hd);

@@ -1,7 +1,8 @@
-// cuDNN's fused attention behind ops::attention_forward / attention_backward for CUDA tensors
-// when AttentionParams::backend is Cudnn (model.attention_backend = "cudnn"); contract in
-// csrc/ops/attention.h, CPU oracle csrc/ref/attention.cpp. Plain C++ declarations, so g++-built
-// files include this header.
+// cuDNN's fused attention, which cuda::attention_forward / attention_backward
+// (cuda/attention/attention.cu) run when AttentionParams::backend is Cudnn
+// (model.attention_backend = "cudnn"), after the shared checks of ops/attention.cpp and the
+// window clamp; contract in csrc/ops/attention.h, CPU oracle csrc/ref/attention.cpp. Plain C++
+// declarations, so g++-built files include this header.
 //
 // Built on cuDNN's graph (backend) API, no frontend library: the attention is spelled as the
 // operation graph that cuDNN's fused flash-attention engines recognise (matmul, scale, padding /

@@ -1,7 +1,7 @@
-// Launchers of flash attention (flash.cuh): argument checks, the kernel parameters (q, k and
-// their strides from qkv, or k from a separate kv), the choice between the Hopper and the mma.sync
-// kernels (D = 64, 128; AttentionParams::kernel) and the f32 fallback, and the two small kernels
-// around the backward:
+// Launchers of flash attention (flash.cuh): the checks of their own limits (the shared ones ran in
+// ops/attention.cpp), the kernel parameters (q, k and their strides from qkv, or k from a separate
+// kv), the choice between the Hopper and the mma.sync kernels (D = 64, 128;
+// AttentionParams::kernel) and the f32 fallback, and the two small kernels around the backward:
 //   dsum_kernel:       dsum[t, h] = sum_d dout[t, h, d] * out[t, h, d]   (f32, 8 lanes per row)
 //                      and, on the mma path, dq_accum row (h, t) = 0 (it touches every row)
 //   dq_convert_kernel: dqkv[t, h, :] = bf16(scale * dq_accum row (h, t))  for the q heads
@@ -12,7 +12,6 @@
 // because every later user of that memory is ordered behind these kernels on the same stream.
 #include "cuda/attention/flash.cuh"
 
-#include <cmath>
 #include <limits>
 
 #include "core/buffer.h"
@@ -92,42 +91,24 @@ __global__ void __launch_bounds__(256)
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
 
-void expect(const Tensor& t, DType dtype, const Shape& shape, const char* op, const char* name) {
-  ENSURE(t.device == Device::CUDA, op, ": ", name, " must be on cuda");
-  ENSURE(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ",
-         dtype_name(dtype));
-  ENSURE(t.shape == shape, op, ": ", name, " has shape ", t.shape.str(), ", expected ",
-         shape.str());
-}
-
 // The kernel parameters (backward fields left empty) and the grid sizes of one call.
 struct Launch {
   flash::Params k;
   flash::Grid g;
 };
 
-// Checks the forward arguments and fills the launch.
+// Checks what the flash kernels add to the shared checks (ops/attention.cpp: shapes, the dtype
+// relations, scalar ranges) and fills the launch: qkv in bf16 (so out, kv in bf16, lse in f32),
+// head dims up to the fallback's, the grid's and the i32 offsets' limits, 16-byte alignment for
+// the mma path.
 Launch make_params(const ops::AttentionParams& p, const char* op) {
-  ENSURE(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, op,
-         ": num_heads = ", p.num_heads, " must be a positive multiple of num_kv_heads = ",
-         p.num_kv_heads);
-  ENSURE(p.head_dim > 0 && p.head_dim <= flash::kFallbackMaxHeadDim, op, ": head_dim = ",
-         p.head_dim, " (supported: 1 .. ", flash::kFallbackMaxHeadDim, ")");
-  ENSURE(p.qkv.ndim() == 3, op, ": qkv must be (T, H + 2*Hkv, D), got ", p.qkv.shape.str());
+  ENSURE(p.head_dim <= flash::kFallbackMaxHeadDim, op, ": head_dim = ", p.head_dim,
+         " (supported: 1 .. ", flash::kFallbackMaxHeadDim, ")");
+  ENSURE(p.qkv.dtype == DType::BF16, op, ": qkv (T, H + 2*Hkv, D) has dtype ",
+         dtype_name(p.qkv.dtype), ", expected ", dtype_name(DType::BF16));
   const int64_t t = p.qkv.size(0), h = p.num_heads, hkv = p.num_kv_heads, d = p.head_dim;
-  expect(p.qkv, DType::BF16, {t, h + 2 * hkv, d}, op, "qkv (T, H + 2*Hkv, D)");
-  expect(p.out, DType::BF16, {t, h, d}, op, "out (T, H, D)");
-  expect(p.lse, DType::F32, {t, h}, op, "lse (T, H)");
-  ENSURE(p.cu_seqlens.ndim() == 1 && p.cu_seqlens.size(0) >= 1, op,
-         ": cu_seqlens must be (S + 1), got shape ", p.cu_seqlens.shape.str());
-  expect(p.cu_seqlens, DType::I32, p.cu_seqlens.shape, op, "cu_seqlens");
-  ENSURE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, op, ": softmax_scale = ",
-         p.softmax_scale, " (usually 1 / sqrt(head_dim))");
-  ENSURE(p.window >= 0, op, ": window = ", p.window, " (0 = unlimited)");
-  ENSURE(p.max_seqlen >= 0 && p.max_seqlen <= std::numeric_limits<int>::max() / 2, op,
-         ": max_seqlen = ", p.max_seqlen);
-  ENSURE(t == 0 || p.max_seqlen > 0, op, ": max_seqlen = 0 with T = ", t,
-         " tokens (it must bound every sequence length)");
+  ENSURE(p.max_seqlen <= std::numeric_limits<int>::max() / 2, op, ": max_seqlen = ",
+         p.max_seqlen);
   const int64_t seqs = p.cu_seqlens.size(0) - 1;
   ENSURE(seqs <= 65535 && h <= 65535, op, ": ", seqs, " sequences and ", h,
          " heads; the grid allows 65535 of each");
@@ -146,14 +127,9 @@ Launch make_params(const ops::AttentionParams& p, const char* op) {
   k.cu_seqlens_q = static_cast<const int32_t*>(p.cu_seqlens.data);
   k.q_row = static_cast<int>((h + 2 * hkv) * d);
   if (p.separate_kv()) {  // keys and values from kv (cu_seqlens_k is never read on the host)
-    ENSURE(p.kv.ndim() == 3, op, ": kv must be (Tk, 2*Hkv, D), got ", p.kv.shape.str());
     const int64_t tk = p.kv.size(0);
-    expect(p.kv, DType::BF16, {tk, 2 * hkv, d}, op, "kv (Tk, 2*Hkv, D)");
-    expect(p.cu_seqlens_k, DType::I32, {seqs + 1}, op, "cu_seqlens_k (S + 1)");
-    ENSURE(p.max_seqlen_k >= 0 && p.max_seqlen_k <= std::numeric_limits<int>::max() / 2, op,
-           ": max_seqlen_k = ", p.max_seqlen_k);
-    ENSURE(tk == 0 || p.max_seqlen_k > 0, op, ": max_seqlen_k = 0 with Tk = ", tk,
-           " key rows (it must bound every key length)");
+    ENSURE(p.max_seqlen_k <= std::numeric_limits<int>::max() / 2, op, ": max_seqlen_k = ",
+           p.max_seqlen_k);
     ENSURE(tk <= std::numeric_limits<int32_t>::max(), op, ": Tk = ", tk,
            " key rows; cu_seqlens_k (i32) cannot address them");
     if (mma) ENSURE(aligned16(p.kv), op, ": kv must be 16-byte aligned for head_dim ", p.head_dim);
@@ -162,8 +138,6 @@ Launch make_params(const ops::AttentionParams& p, const char* op) {
     k.cu_seqlens_k = static_cast<const int32_t*>(p.cu_seqlens_k.data);
     g.max_seqlen_k = p.max_seqlen_k;
   } else {
-    ENSURE(p.cu_seqlens_k.data == nullptr && p.cu_seqlens_k.ndim() == 0 && p.max_seqlen_k == 0, op,
-           ": cu_seqlens_k and max_seqlen_k are given without kv");
     k.k = qkv + h * d;
     k.kv_row = k.q_row;
     k.cu_seqlens_k = k.cu_seqlens_q;
@@ -203,7 +177,7 @@ const char* attention_kernel_for(int head_dim, ops::AttentionKernel kernel) {
   return "mma.sync";
 }
 
-void attention_forward(const ops::AttentionParams& p) {
+void flash_attention_forward(const ops::AttentionParams& p) {
   const Launch l = make_params(p, "attention_forward");
   if (nothing_to_do(l, p)) return;
   if (p.kernel != ops::AttentionKernel::MmaSync && flash::flash_fwd_sm90_eligible(l.k, l.g))
@@ -216,25 +190,18 @@ void attention_forward(const ops::AttentionParams& p) {
     flash::run_fallback_fwd(l.k, l.g, stream());
 }
 
-void attention_backward(const ops::AttentionBackwardParams& bp) {
+void flash_attention_backward(const ops::AttentionBackwardParams& bp) {
   const char* op = "attention_backward";
   Launch l = make_params(bp.fwd, op);
   flash::Params& k = l.k;
   const int64_t t = bp.fwd.qkv.size(0), h = k.num_heads, d = k.head_dim;
-  expect(bp.dout, DType::BF16, {t, h, d}, op, "dout (T, H, D)");
-  expect(bp.dqkv, DType::BF16, bp.fwd.qkv.shape, op, "dqkv (T, H + 2*Hkv, D)");
   const bool mma = flash::has_mma_path(k.head_dim);
   if (mma)
     ENSURE(aligned16(bp.dout) && aligned16(bp.dqkv), op,
            ": dout and dqkv must be 16-byte aligned for head_dim ", k.head_dim);
   const bool separate = bp.fwd.separate_kv();
-  if (separate) {
-    expect(bp.dkv, DType::BF16, bp.fwd.kv.shape, op, "dkv (Tk, 2*Hkv, D)");
-    if (mma)
-      ENSURE(aligned16(bp.dkv), op, ": dkv must be 16-byte aligned for head_dim ", k.head_dim);
-  } else {
-    ENSURE(bp.dkv.data == nullptr && bp.dkv.ndim() == 0, op, ": dkv is given without fwd.kv");
-  }
+  if (separate && mma)
+    ENSURE(aligned16(bp.dkv), op, ": dkv must be 16-byte aligned for head_dim ", k.head_dim);
   if (nothing_to_do(l, bp.fwd)) {  // no query sees any key
     if (separate && bp.dkv.nbytes() > 0)
       CUDA_CHECK(cudaMemsetAsync(bp.dkv.data, 0, bp.dkv.nbytes(), stream()));

@@ -1,6 +1,7 @@
-// Flash attention on the GPU: the launchers behind ops::attention_forward / attention_backward
-// for CUDA tensors (contract in csrc/ops/attention.h; CPU oracle csrc/ref/attention.cpp).
-// Plain C++ declarations, so g++-built files include this header.
+// Flash attention on the GPU: the launchers that cuda::attention_forward / attention_backward
+// (cuda/attention/attention.cu) run for the Flash backend, after the shared checks of
+// ops/attention.cpp and the window clamp (contract in csrc/ops/attention.h; CPU oracle
+// csrc/ref/attention.cpp). Plain C++ declarations, so g++-built files include this header.
 //
 //   forward:  out (T, H, D) bf16 and lse (T, H) f32 from qkv (T, H + 2 Hkv, D) bf16
 //   backward: dqkv (T, H + 2 Hkv, D) bf16 written (=) from dout (T, H, D) bf16, out and lse
@@ -34,7 +35,7 @@ bool attention_sm90_available(int head_dim);
 // 1 .. 256, which the launchers reject). Behind ops::attention_kernel_name.
 const char* attention_kernel_for(int head_dim, ops::AttentionKernel kernel);
 
-void attention_forward(const ops::AttentionParams& p);
-void attention_backward(const ops::AttentionBackwardParams& p);
+void flash_attention_forward(const ops::AttentionParams& p);
+void flash_attention_backward(const ops::AttentionBackwardParams& p);
 
 }  // namespace engine::cuda

@@ -30,7 +30,7 @@ using bf16 = __nv_bfloat16;
 // the Hkv v heads, so v = k + Hkv D and dv = dk + Hkv D (no pointers of their own).
 // At most 128 bytes: a larger by-value kernel parameter is not promoted to registers by the
 // compiler (NVVM), which then neither specialises the loops on causal / window nor keeps the
-// D = 128 backward within 255 registers without spills (measured: code size, spills).
+// D = 128 backward within 255 registers without spills (as its code size and spills show).
 struct Params {
   const bf16* q;                // q head 0 of query row 0, row stride q_row   (T rows)
   const bf16* k;                // k head 0 of key row 0, row stride kv_row    (Tk rows)
