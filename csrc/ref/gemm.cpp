@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "ref/activation.h"
+#include "ops/activation.h"
 #include "ref/common.h"
 
 namespace engine::ref {

@@ -27,9 +27,9 @@
 #include <map>
 #include <mutex>
 
-#include "cuda/activation/activation.cuh"
 #include "cuda/activation/gelu.cuh"
 #include "cuda/common/launch.cuh"
+#include "ops/activation.h"
 
 #define CUBLAS_CHECK(expr) \
   CUDA_CHECK_GEN((expr), #expr, CUBLAS_STATUS_SUCCESS, "cuBLAS", cublasLtGetStatusString)
