@@ -63,8 +63,10 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
        [&](const Tensor& x) {
          ops::attention_backward({ap, x, c});
        }},
-      {"embedding_forward", [&](const Tensor& x) { ops::embedding_forward(ids, x, c, false); }},
-      {"embedding_backward", [&](const Tensor& x) { ops::embedding_backward(ids, c, x); }},
+      {"embedding_forward",
+       [&](const Tensor& x) { ops::embedding_forward(ids, x, c, false, 0, 0, ops::IdCheck::kRaise); }},
+      {"embedding_backward",
+       [&](const Tensor& x) { ops::embedding_backward(ids, c, x, 0, 0, ops::IdCheck::kRaise); }},
       {"cross_entropy", [&](const Tensor& x) { ops::cross_entropy(x, ids, mask, r, false, 1.f); }},
       {"add", [&](const Tensor& x) { ops::add(x, c, c); }},
       {"add_inplace", [&](const Tensor& x) { ops::add_inplace(x, c); }},
