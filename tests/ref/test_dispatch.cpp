@@ -71,7 +71,7 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
       {"add", [&](const Tensor& x) { ops::add(x, c, c); }},
       {"add_inplace", [&](const Tensor& x) { ops::add_inplace(x, c); }},
       {"cast", [&](const Tensor& x) { ops::cast(x, c); }},
-      {"adamw_step", [&](const Tensor& x) { ops::adamw_step(x, r, r, r, {}); }},
+      {"adamw_step", [&](const Tensor& x) { ops::adamw_step(x, r, r, r, {}, Tensor{}); }},
   };
   for (const OpCall& op : calls) {
     INFO(op.name);
