@@ -39,7 +39,7 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
   ops::AttentionParams ap;
   ap.cu_seqlens = ids.t;
   const std::vector<OpCall> calls = {
-      {"matmul", [&](const Tensor& x) { ops::matmul(x, false, c, false, c); }},
+      {"matmul", [&](const Tensor& x) { ops::matmul(x, false, c, false, c, {}); }},
       {"sum_rows", [&](const Tensor& x) { ops::sum_rows(x, r, 0.f); }},
       {"layernorm_forward",
        [&](const Tensor& x) { ops::layernorm_forward(x, r, r, 1e-5f, c, r, r); }},
