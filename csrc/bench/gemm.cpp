@@ -51,9 +51,9 @@ BENCH_CASES("gemm") {
     fill_random(a, "gemm.a", 1.0);
     fill_random(b, "gemm.b", 1.0);
     const double flops = 2.0 * n * n * n;
-    out.push_back({"8192^3 NN bf16", time_ms([&] { ops::matmul(a, false, b, false, c); }), flops, 0,
+    out.push_back({"8192^3 NN bf16", time_ms([&] { ops::matmul(a, false, b, false, c, {}); }), flops, 0,
                    "peer: PyTorch 774 TFLOP/s"});
-    out.push_back({"8192^3 NT bf16", time_ms([&] { ops::matmul(a, false, b, true, c); }), flops, 0, ""});
+    out.push_back({"8192^3 NT bf16", time_ms([&] { ops::matmul(a, false, b, true, c, {}); }), flops, 0, ""});
     out.push_back({"8192^3 TN f32 beta=1", time_ms([&] { ops::matmul(a, true, b, false, c32, {1.f, 1.f, {}}); }),
                    flops, 0, ""});
   }
@@ -80,8 +80,9 @@ BENCH_CASES("gemm") {
     const double flops = 2.0 * s.t * s.in * s.out;
     const std::string base = std::string(s.model) + " " + s.name + " T=" + std::to_string(s.t) + " " +
                              std::to_string(s.in) + "->" + std::to_string(s.out);
-    out.push_back({base + " fwd NT", time_ms([&] { ops::matmul(x, false, w, true, y); }), flops, 0, ""});
-    out.push_back({base + " dgrad NN", time_ms([&] { ops::matmul(y, false, w, false, dx); }), flops, 0, ""});
+    out.push_back({base + " fwd NT", time_ms([&] { ops::matmul(x, false, w, true, y, {}); }), flops, 0, ""});
+    out.push_back(
+        {base + " dgrad NN", time_ms([&] { ops::matmul(y, false, w, false, dx, {}); }), flops, 0, ""});
     out.push_back({base + " wgrad TN f32+=", time_ms([&] { ops::matmul(y, true, x, false, dw, {1.f, 1.f, {}}); }),
                    flops, 0, ""});
     if (s.bias) {
@@ -123,7 +124,7 @@ BENCH_CASES("gemm") {
     out.push_back({base + " fc fwd + bias + gelu epilogue", fwd_ms, flops, 0,
                    cuda::gemm_last_call().fused_epilogue ? "fused GELU_AUX_BIAS" : "separate kernels (no fused algorithm)"});
     out.push_back({base + " proj dgrad, gelu bwd + sum_rows", time_ms([&] {
-                     ops::matmul(dy, false, w_out, false, dh);
+                     ops::matmul(dy, false, w_out, false, dh, {});
                      ops::gelu_backward(dh, h, dh);
                      ops::sum_rows(dh, db, 0.f);
                    }),

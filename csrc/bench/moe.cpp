@@ -98,7 +98,7 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    time_ms([&] { ops::grouped_linear_forward(x, w, doffsets, dcounts, y, tma); }), flops, 0, ""});
   out.push_back({base + " fwd cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
-                     ops::matmul(x->slice(r0, r0 + n), false, we, true, y->slice(r0, r0 + n));
+                     ops::matmul(x->slice(r0, r0 + n), false, we, true, y->slice(r0, r0 + n), {});
                    });
                  }),
                  flops, 0, ""});
@@ -109,7 +109,7 @@ std::vector<Result> grouped_case(const GroupedCase& c) {
                    time_ms([&] { ops::grouped_linear_backward_input(y, w, doffsets, dcounts, dx, tma); }), flops, 0, ""});
   out.push_back({base + " dgrad cuBLASLt loop", time_ms([&] {
                    loop([&](int64_t r0, int64_t n, const Tensor& we, const Tensor&) {
-                     ops::matmul(y->slice(r0, r0 + n), false, we, false, dx->slice(r0, r0 + n));
+                     ops::matmul(y->slice(r0, r0 + n), false, we, false, dx->slice(r0, r0 + n), {});
                    });
                  }),
                  flops, 0, ""});

@@ -83,7 +83,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
     ENSURE(seg.row_begin + T <= seg.kv->rows, "micro-sequence rows [", seg.row_begin, ", ", seg.row_begin + T,
            ") past the micro-batch's ", seg.kv->rows);
     ops::copy_columns(s.qkv->view({T, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_,
-                      l.kv->slice(seg.row_begin, seg.row_begin + T).view({T, width}), 0, width);
+                      l.kv->slice(seg.row_begin, seg.row_begin + T).view({T, width}), 0, width, false);
   }
   ops::attention_forward(op_params(seg, s));
   if (seg.kv && seg.kv_release) seg.kv->layers.erase(this);
@@ -129,7 +129,7 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
                       true);
     dkv = Owned{};
     ops::copy_columns(l.dkv->slice(seg.row_begin, end).view({T, width}), 0,
-                      dqkv->view({T, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_, width);
+                      dqkv->view({T, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_, width, false);
     if (seg.row_begin == 0) seg.kv->layers.erase(this);  // the first chunk: the micro-batch is done
   }
   dout = Owned{};

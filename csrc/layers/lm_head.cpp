@@ -131,7 +131,7 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
            pad ? V : 0);
     if (!with_grad) continue;
     if (pad) {
-      ops::matmul(logits, false, w, false, dxin->slice(a, b));              // dx = dlogits Wp
+      ops::matmul(logits, false, w, false, dxin->slice(a, b), {});          // dx = dlogits Wp
       ops::matmul(logits, true, xin.slice(a, b), false, dwp, {1.f, 1.f});  // dWp += dlogits^T x
     } else {
       linear_backward(logits, xin.slice(a, b), w, dxin->slice(a, b), weight_.g(), {});

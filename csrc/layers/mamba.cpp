@@ -110,14 +110,14 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
   // x_proj on its two row blocks: dt_low and B|C land in separate contiguous blocks of one buffer.
   s.xproj = env.act_tensor({xproj_numel(T)});
   const Tensor wx = x_proj_.w();
-  ops::matmul(xc, false, row_block(wx, 0, r_), true, dt_low(s.xproj, T));
-  ops::matmul(xc, false, row_block(wx, r_, r_ + 2 * n_), true, bc(s.xproj, T));
+  ops::matmul(xc, false, row_block(wx, 0, r_), true, dt_low(s.xproj, T), {});
+  ops::matmul(xc, false, row_block(wx, r_, r_ + 2 * n_), true, bc(s.xproj, T), {});
   if (env.tp_size() > 1) {  // row-parallel partial sums, then used by every rank's channels
     tp::reduce_from_tp_forward(*env.tp, s.xproj, s.xproj);
     tp::copy_to_tp_forward(*env.tp, s.xproj, s.xproj);
   }
   s.dt = env.act_tensor({T, di_});
-  ops::matmul(dt_low(s.xproj, T), false, dt_proj_.w(), true, s.dt);
+  ops::matmul(dt_low(s.xproj, T), false, dt_proj_.w(), true, s.dt, {});
   s.y = env.act_tensor({T, di_});
   s.states = env.stat_tensor({ops::scan_num_chunks(T, chunk_), n_, di_});
   ops::selective_scan_forward(scan_args(s, xc, seg), s.y, s.states);
@@ -154,7 +154,7 @@ void Mamba::backward_except_out_bias(const Env& env, const Tensor& dy, const Ten
                                 ops::ColumnBlock(dxz, di_, di_), a_log_.g(), d_.g(), dt_bias_.g()});
   dys = Owned{};
   const ops::MatmulOptions accumulate{1.f, 1.f, {}};
-  ops::matmul(ddt, false, dt_proj_.w(), false, ddt_low);                             // d dt_low
+  ops::matmul(ddt, false, dt_proj_.w(), false, ddt_low, {});                         // d dt_low
   ops::matmul(ddt, true, dt_low(s.xproj, T), false, dt_proj_.g(), accumulate);      // dW_dt +=
   ddt = Owned{};
   if (env.tp_size() > 1) {  // every rank's channels contributed to d[dt_low | B | C]

@@ -67,7 +67,7 @@ void Moe::forward(const Env& env, const Tensor& xn, const Tensor& y, MoeSaved& s
   s.probs = env.stat_tensor({T, E});
   {
     Owned jittered;
-    ops::matmul(router_input(env, x, s.jitter_seed, jittered), false, router_.w(), true, s.probs);
+    ops::matmul(router_input(env, x, s.jitter_seed, jittered), false, router_.w(), true, s.probs, {});
   }
   s.lse = env.stat_tensor({T});
   s.expert_idx = empty({T, k}, DType::I32, env.device);
@@ -145,7 +145,7 @@ void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Moe
   if (env.tp_rank() == 0) {  // replicated router: its input gradient joins the reduction once
     if (s.jitter_seed != 0) {
       Owned dxr = env.act_tensor({T, C});
-      ops::matmul(dlogits, false, router_.w(), false, dxr);
+      ops::matmul(dlogits, false, router_.w(), false, dxr, {});
       ops::moe_jitter(dxr, dxr, s.jitter_seed, cfg_.jitter);  // diagonal: its own adjoint
       ops::add_inplace(dx_full, dxr);
     } else {

@@ -1,50 +1,45 @@
-// Dispatch of ops/activation.h: CPU -> ref/activation, CUDA -> cuda/activation.
+// The activation ops (ops/activation.h): the preconditions both backends share, and the
+// dispatch. The backends check the dtypes they take.
 #include "ops/activation.h"
 
-#include "ops/dispatch.h"
-#include "ref/activation.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/activation/activation.cuh"
-#endif
-
 namespace engine::ops {
+namespace {
 
-void gelu_forward(const Tensor& x, const Tensor& y) {
-  if (device_of("gelu_forward", {{"x", x}, {"y", y}}) == Device::CPU)
-    return ref::gelu_forward(x, y);
-#ifdef ENGINE_CUDA
-  return cuda::gelu_forward(x, y);
-#endif
-  no_cuda_build("gelu_forward");
+void check_gelu_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_forward";
+  expect_defined(x, op, "x");
+  expect(y, x.dtype, x.shape, op, "y");
 }
 
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  if (device_of("gelu_backward", {{"dy", dy}, {"x", x}, {"dx", dx}}) == Device::CPU)
-    return ref::gelu_backward(dy, x, dx);
-#ifdef ENGINE_CUDA
-  return cuda::gelu_backward(dy, x, dx);
-#endif
-  no_cuda_build("gelu_backward");
+void check_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const char* op = "gelu_backward";
+  expect_defined(x, op, "x");
+  expect(dy, x.dtype, x.shape, op, "dy");
+  expect(dx, x.dtype, x.shape, op, "dx");
 }
 
-void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
-  if (device_of("swiglu_forward", {{"gate_up", gate_up}, {"y", y}}) == Device::CPU)
-    return ref::swiglu_forward(gate_up, y);
-#ifdef ENGINE_CUDA
-  return cuda::swiglu_forward(gate_up, y);
-#endif
-  no_cuda_build("swiglu_forward");
+// gate_up (..., 2F); y (named yname) (..., F) of gate_up's dtype with the same leading dimensions.
+void check_swiglu(const Tensor& gate_up, const Tensor& y, const char* op, const char* yname) {
+  expect_defined(gate_up, op, "gate_up");
+  ENSURE(gate_up.ndim() >= 1 && gate_up.size(-1) % 2 == 0, op, ": gate_up has shape ",
+         gate_up.shape.str(), ", its last dimension must be 2 * F");
+  Shape expected = gate_up.shape;
+  expected.d[expected.ndim - 1] = gate_up.size(-1) / 2;
+  expect(y, gate_up.dtype, expected, op, yname);
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
-  if (device_of("swiglu_backward", {{"dy", dy}, {"gate_up", gate_up}, {"dgate_up", dgate_up}}) ==
-      Device::CPU)
-    return ref::swiglu_backward(dy, gate_up, dgate_up);
-#ifdef ENGINE_CUDA
-  return cuda::swiglu_backward(dy, gate_up, dgate_up);
-#endif
-  no_cuda_build("swiglu_backward");
+void check_swiglu_forward(const Tensor& gate_up, const Tensor& y) {
+  check_swiglu(gate_up, y, "swiglu_forward", "y");
 }
+
+void check_swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
+  const char* op = "swiglu_backward";
+  check_swiglu(gate_up, dy, op, "dy");
+  expect(dgate_up, gate_up.dtype, gate_up.shape, op, "dgate_up");
+}
+
+}  // namespace
+
+ENGINE_DEFINE_OPS(ENGINE_ACTIVATION_OPS)
 
 }  // namespace engine::ops

@@ -3,15 +3,18 @@
 //     y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))        x, y, dy, dx: any equal shapes
 //   swiglu: gate_up (T, 2F) holds [gate | up] along the last dimension (the output of one GEMM
 //     over the adjacent gate and up weights); y (T, F) = silu(gate) * up, silu(g) = g / (1 + e^-g)
+// Every tensor of one call has one dtype: f32 or f64 on the CPU (computed in double), bf16 or f32
+// on the GPU (computed in f32). Outputs may alias inputs element for element (y = x, dx = dy,
+// dgate_up = gate_up).
 #pragma once
 #include "core/tensor.h"
+#include "ops/op.h"
 
-namespace engine::ops {
+#define ENGINE_ACTIVATION_OPS(OP)                                                             \
+  OP(void, gelu_forward, (const Tensor& x, const Tensor& y), (x, y))                          \
+  OP(void, gelu_backward, (const Tensor& dy, const Tensor& x, const Tensor& dx), (dy, x, dx)) \
+  OP(void, swiglu_forward, (const Tensor& gate_up, const Tensor& y), (gate_up, y))            \
+  OP(void, swiglu_backward, (const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up), \
+     (dy, gate_up, dgate_up))
 
-void gelu_forward(const Tensor& x, const Tensor& y);
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
-
-void swiglu_forward(const Tensor& gate_up, const Tensor& y);
-void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up);
-
-}  // namespace engine::ops
+ENGINE_DECLARE_OPS(ENGINE_ACTIVATION_OPS)

@@ -1,27 +1,52 @@
-// Dispatch of ops/adamw.h: CPU -> ref/adamw, CUDA -> cuda/optim/adamw.
+// The AdamW op (ops/adamw.h): the preconditions both backends share, and the dispatch. Both
+// take the same dtypes (f32 state, a bf16 or f32 copy), so every check is here.
 #include "ops/adamw.h"
 
-#include "ops/dispatch.h"
-#include "ref/adamw.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/optim/adamw.cuh"
-#endif
-
 namespace engine::ops {
+namespace {
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                const Tensor& exp_avg_sq, const AdamWParams& p, const Tensor& compute_copy) {
-  if (device_of("adamw_step", {{"param", param},
-                               {"grad", grad},
-                               {"exp_avg", exp_avg},
-                               {"exp_avg_sq", exp_avg_sq},
-                               {"compute_copy", compute_copy}}) == Device::CPU)
-    return ref::adamw_step(param, grad, exp_avg, exp_avg_sq, p, compute_copy);
-#ifdef ENGINE_CUDA
-  return cuda::adamw_step(param, grad, exp_avg, exp_avg_sq, p, compute_copy);
-#endif
-  no_cuda_build("adamw_step");
+// `runs` (when not empty) end in increasing order at n.
+void check_decay_runs(const std::vector<DecayRun>& runs, int64_t n, const char* op) {
+  int64_t begin = 0;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    ENSURE(runs[k].end > begin, op, ": decay run ", k, " ends at ", runs[k].end,
+           ", not after the previous end ", begin);
+    begin = runs[k].end;
+  }
+  ENSURE(runs.empty() || begin == n, op, ": the decay runs end at ", begin, ", the buffer at ", n);
 }
+
+void check_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                      const Tensor& exp_avg_sq, const AdamWParams& p,
+                      const Tensor& compute_copy) {
+  const char* op = "adamw_step";
+  expect_defined(param, op, "param");
+  expect_dtype(param, DType::F32, op, "param");
+  const int64_t n = param.numel();
+  auto same_length = [&](const Tensor& t, const char* name) {
+    expect_defined(t, op, name);
+    expect_dtype(t, DType::F32, op, name);
+    ENSURE(t.numel() == n, op, ": ", name, " has ", t.numel(), " elements ", t.shape.str(),
+           ", param has ", n);
+  };
+  same_length(grad, "grad");
+  same_length(exp_avg, "exp_avg");
+  same_length(exp_avg_sq, "exp_avg_sq");
+  if (compute_copy.data) {
+    ENSURE(compute_copy.dtype == DType::BF16 || compute_copy.dtype == DType::F32, op,
+           ": compute_copy is ", dtype_name(compute_copy.dtype), ", expected bf16 or f32");
+    ENSURE(compute_copy.numel() == n, op, ": compute_copy has ", compute_copy.numel(),
+           " elements, param has ", n);
+  }
+  ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
+  ENSURE(p.eps > 0.f, op, ": eps = ", p.eps, " must be positive");
+  ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
+         p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
+  check_decay_runs(p.decay_runs, n, op);
+}
+
+}  // namespace
+
+ENGINE_DEFINE_OPS(ENGINE_ADAMW_OPS)
 
 }  // namespace engine::ops

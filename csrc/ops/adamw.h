@@ -3,8 +3,10 @@
 //   g = grad * grad_scale                  (grad_scale folds in clipping)
 //   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
 //   p = p - lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * p)
-// compute_copy, when defined, receives p converted to its dtype (the bf16 weights used by the
-// GPU's forward) in the same pass.
+// compute_copy (bf16 or f32), when defined (undefined: Tensor{}), receives p converted to its
+// dtype (the bf16 weights used by the GPU's forward) in the same pass. The GPU's result equals
+// the CPU's bit for bit (IEEE f32 operations in this order, no fused multiply-adds; the bias
+// corrections 1 - b1^t and 1 - b2^t computed in double and rounded to f32).
 // decay_runs (optional) gives the weight decay by element ranges, so that one call (one launch
 // on the GPU) updates a flat buffer whose parameters decay differently: run k covers [end of run
 // k - 1, end) with its weight_decay; the last run ends at n. Empty: weight_decay everywhere.
@@ -12,8 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/check.h"
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace engine::ops {
 
@@ -29,18 +31,12 @@ struct AdamWParams {
   std::vector<DecayRun> decay_runs;  // see above; overrides weight_decay when not empty
 };
 
-// Checks that `runs` (when not empty) end in increasing order at n.
-inline void check_decay_runs(const std::vector<DecayRun>& runs, int64_t n, const char* op) {
-  int64_t begin = 0;
-  for (size_t k = 0; k < runs.size(); ++k) {
-    ENSURE(runs[k].end > begin, op, ": decay run ", k, " ends at ", runs[k].end,
-           ", not after the previous end ", begin);
-    begin = runs[k].end;
-  }
-  ENSURE(runs.empty() || begin == n, op, ": the decay runs end at ", begin, ", the buffer at ", n);
-}
-
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                const Tensor& exp_avg_sq, const AdamWParams& p, const Tensor& compute_copy = {});
-
 }  // namespace engine::ops
+
+#define ENGINE_ADAMW_OPS(OP)                                                                \
+  OP(void, adamw_step,                                                                      \
+     (const Tensor& param, const Tensor& grad, const Tensor& exp_avg,                       \
+      const Tensor& exp_avg_sq, const ops::AdamWParams& p, const Tensor& compute_copy),     \
+     (param, grad, exp_avg, exp_avg_sq, p, compute_copy))
+
+ENGINE_DECLARE_OPS(ENGINE_ADAMW_OPS)

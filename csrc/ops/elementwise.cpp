@@ -1,81 +1,53 @@
-// Dispatch of ops/elementwise.h: CPU -> ref/elementwise, CUDA -> cuda/elementwise.
+// The element-wise ops (ops/elementwise.h): the preconditions both backends share, and the
+// dispatch. The backends check the dtypes they take.
 #include "ops/elementwise.h"
 
-#include "ops/dispatch.h"
-#include "ref/elementwise.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/elementwise/elementwise.cuh"
-#endif
-
 namespace engine::ops {
+namespace {
 
-void add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (device_of("add", {{"a", a}, {"b", b}, {"out", out}}) == Device::CPU)
-    return ref::add(a, b, out);
-#ifdef ENGINE_CUDA
-  return cuda::add(a, b, out);
-#endif
-  no_cuda_build("add");
+void check_add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const char* op = "add";
+  expect_defined(a, op, "a");
+  expect(b, a.dtype, a.shape, op, "b");
+  expect(out, a.dtype, a.shape, op, "out");
 }
 
-void add_inplace(const Tensor& acc, const Tensor& x) {
-  if (device_of("add_inplace", {{"acc", acc}, {"x", x}}) == Device::CPU)
-    return ref::add_inplace(acc, x);
-#ifdef ENGINE_CUDA
-  return cuda::add_inplace(acc, x);
-#endif
-  no_cuda_build("add_inplace");
+void check_add_inplace(const Tensor& acc, const Tensor& x) {
+  const char* op = "add_inplace";
+  expect_defined(acc, op, "acc");
+  expect(x, acc.dtype, acc.shape, op, "x");
 }
 
-void scale_inplace(const Tensor& x, double s) {
-  if (device_of("scale_inplace", {{"x", x}}) == Device::CPU) return ref::scale_inplace(x, s);
-#ifdef ENGINE_CUDA
-  return cuda::scale_inplace(x, s);
-#endif
-  no_cuda_build("scale_inplace");
+void check_scale_inplace(const Tensor& x, double s) { expect_defined(x, "scale_inplace", "x"); }
+
+void check_cast(const Tensor& src, const Tensor& dst) {
+  const char* op = "cast";
+  expect_defined(src, op, "src");
+  expect_defined(dst, op, "dst");
+  expect_shape(dst, src.shape, op, "dst");
 }
 
-void cast(const Tensor& src, const Tensor& dst) {
-  if (device_of("cast", {{"src", src}, {"dst", dst}}) == Device::CPU) return ref::cast(src, dst);
-#ifdef ENGINE_CUDA
-  return cuda::cast(src, dst);
-#endif
-  no_cuda_build("cast");
+void check_sum(const Tensor& x) { expect_defined(x, "sum", "x"); }
+void check_sum_squares(const Tensor& x) { expect_defined(x, "sum_squares", "x"); }
+void check_count_nonfinite(const Tensor& x) { expect_defined(x, "count_nonfinite", "x"); }
+
+// The operands' shapes and the column ranges.
+void check_copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
+                        int64_t width, bool accumulate) {
+  const char* op = "copy_columns";
+  expect_defined(src, op, "src");
+  expect_defined(dst, op, "dst");
+  expect_ndim(src, 2, op, "src");
+  expect_ndim(dst, 2, op, "dst");
+  ENSURE(src.size(0) == dst.size(0), op, ": src has ", src.size(0), " rows but dst has ", dst.size(0));
+  ENSURE(width >= 0 && src_col >= 0 && src_col + width <= src.size(1), op, ": columns [", src_col, ", ",
+         src_col + width, ") of src ", src.shape.str());
+  ENSURE(dst_col >= 0 && dst_col + width <= dst.size(1), op, ": columns [", dst_col, ", ", dst_col + width,
+         ") of dst ", dst.shape.str());
 }
 
-double sum(const Tensor& x) {
-  if (device_of("sum", {{"x", x}}) == Device::CPU) return ref::sum(x);
-#ifdef ENGINE_CUDA
-  return cuda::sum(x);
-#endif
-  no_cuda_build("sum");
-}
+}  // namespace
 
-double sum_squares(const Tensor& x) {
-  if (device_of("sum_squares", {{"x", x}}) == Device::CPU) return ref::sum_squares(x);
-#ifdef ENGINE_CUDA
-  return cuda::sum_squares(x);
-#endif
-  no_cuda_build("sum_squares");
-}
-
-int64_t count_nonfinite(const Tensor& x) {
-  if (device_of("count_nonfinite", {{"x", x}}) == Device::CPU) return ref::count_nonfinite(x);
-#ifdef ENGINE_CUDA
-  return cuda::count_nonfinite(x);
-#endif
-  no_cuda_build("count_nonfinite");
-}
-
-void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width,
-                  bool accumulate) {
-  if (device_of("copy_columns", {{"src", src}, {"dst", dst}}) == Device::CPU)
-    return ref::copy_columns(src, src_col, dst, dst_col, width, accumulate);
-#ifdef ENGINE_CUDA
-  return cuda::copy_columns(src, src_col, dst, dst_col, width, accumulate);
-#endif
-  no_cuda_build("copy_columns");
-}
+ENGINE_DEFINE_OPS(ENGINE_ELEMENTWISE_OPS)
 
 }  // namespace engine::ops

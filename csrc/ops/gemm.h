@@ -2,10 +2,16 @@
 //   C = alpha * op(A) @ op(B) + beta * C  (+ bias(j) on every row when options.bias is set)
 // A is (M, K), or (K, M) with trans_a; B is (K, N), or (N, K) with trans_b; C is (M, N). All
 // tensors 2-D, contiguous, row-major (callers flatten with Tensor::rows()). beta = 1 accumulates
-// (parameter gradients). CPU: f32 or f64, one dtype for all three. CUDA: bf16 A and B with a
-// bf16 or f32 C (f32 accumulation) through cuBLASLt.
+// (parameter gradients). CPU: f32 or f64, one dtype for all three (and the bias, dbias); every C
+// element one sum over k in order, the same on any thread count; beta == 0 never reads C. CUDA:
+// bf16 A and B with a bf16 or f32 C (f32 accumulation) through cuBLASLt, the bias and dbias bf16
+// or f32.
+// sum_rows: out(j) = beta * out(j) + sum_i x(i, j)   (bias gradients). x (M, N), out (N); CPU: x
+// and out of one dtype, f32 or f64, summed in double; CUDA: x bf16 or f32, out f32 or bf16,
+// summed in f32 in a fixed order. out is not read when beta == 0.
 #pragma once
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace engine::ops {
 
@@ -33,10 +39,23 @@ struct MatmulOptions {
   Tensor addend;
 };
 
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-            const MatmulOptions& options = {});
-
-// out(j) = beta * out(j) + sum_i x(i, j)   (bias gradients). x (M, N), out (N).
-void sum_rows(const Tensor& x, const Tensor& out, float beta);
+template <typename F>
+void visit_tensors(const MatmulOptions& o, const char*, F&& f) {
+  f(o.bias, "bias");
+  f(o.gelu_input, "gelu_input");
+  f(o.dgelu_input, "dgelu_input");
+  f(o.dbias, "dbias");
+  f(o.addend, "addend");
+}
 
 }  // namespace engine::ops
+
+// options: {} for the plain product.
+#define ENGINE_GEMM_OPS(OP)                                                                  \
+  OP(void, matmul,                                                                           \
+     (const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,         \
+      const ops::MatmulOptions& options),                                                    \
+     (a, trans_a, b, trans_b, c, options))                                                   \
+  OP(void, sum_rows, (const Tensor& x, const Tensor& out, float beta), (x, out, beta))
+
+ENGINE_DECLARE_OPS(ENGINE_GEMM_OPS)

@@ -81,7 +81,7 @@ void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, c
     column_input_backward(env, dx_full, dxn);
     return;
   }
-  ops::matmul(dy.rows(), false, weight, false, dx_full.rows());  // dx = dy W
+  ops::matmul(dy.rows(), false, weight, false, dx_full.rows(), {});  // dx = dy W
   const std::function<void()> reduced = env.sp() ? tp::gather_from_sp_backward_async(*env.tp, dx_full, dxn)
                                                  : tp::copy_to_tp_backward_async(*env.tp, dx_full, dxn);
   linear_backward(dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction

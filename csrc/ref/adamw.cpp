@@ -4,43 +4,18 @@
 //   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + weight_decay * p)
 // with the bias corrections bc1 = 1 - b1^t, bc2 = 1 - b2^t computed once in double and rounded
 // to f32 (as a GPU launcher computes them on the host). compute_copy, when defined, receives
-// the new p as bf16 (round to nearest even) or f32.
-#include "ref/adamw.h"
+// the new p as bf16 (round to nearest even) or f32. Every precondition is checked before
+// (ops/adamw.cpp).
+#include "ops/adamw.h"
 
 #include <cmath>
-
-#include "ref/common.h"
 
 namespace engine::ref {
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const ops::AdamWParams& p, const Tensor& compute_copy) {
-  const char* op = "adamw_step";
-  expect_cpu(param, op, "param");
-  expect_dtype(param, DType::F32, op, "param");
   const int64_t n = param.numel();
-  auto same_length = [&](const Tensor& t, const char* name) {
-    expect_cpu(t, op, name);
-    expect_dtype(t, DType::F32, op, name);
-    ENSURE(t.numel() == n, op, ": ", name, " has ", t.numel(), " elements ", t.shape.str(),
-           ", param has ", n);
-  };
-  same_length(grad, "grad");
-  same_length(exp_avg, "exp_avg");
-  same_length(exp_avg_sq, "exp_avg_sq");
   const bool copy = compute_copy.data != nullptr;
-  if (copy) {
-    expect_cpu(compute_copy, op, "compute_copy");
-    ENSURE(compute_copy.dtype == DType::BF16 || compute_copy.dtype == DType::F32, op,
-           ": compute_copy is ", dtype_name(compute_copy.dtype), ", expected bf16 or f32");
-    ENSURE(compute_copy.numel() == n, op, ": compute_copy has ", compute_copy.numel(),
-           " elements, param has ", n);
-  }
-  ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
-  ENSURE(p.eps > 0.f, op, ": eps = ", p.eps, " must be positive");
-  ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
-         p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
-  ops::check_decay_runs(p.decay_runs, n, op);
   const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps;
   const float gs = p.grad_scale;
   const auto t = static_cast<double>(p.step);

@@ -15,7 +15,7 @@
 #include <cmath>
 
 #include "ref/common.h"
-#include "ref/gemm.h"
+#include "ops/gemm.h"
 
 namespace engine::ref {
 namespace {

@@ -3,7 +3,8 @@
 //   forward  (a, b) -> (a cos - b sin, b cos + a sin)
 //   backward (a, b) -> (a cos + b sin, b cos - a sin)   (the inverse = transpose of the rotation)
 // In place; rows in parallel. Heads past rotated_heads (v of a packed qkv) are not touched.
-#include "ref/rope.h"
+// The shared checks ran before (ops/rope.cpp); the reference takes f32 or f64.
+#include "ops/rope.h"
 
 #include <cmath>
 #include <vector>
@@ -15,14 +16,7 @@ namespace {
 
 void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, float theta,
                 double direction, const char* op, const char* xname) {
-  expect_cpu(x, op, xname);
-  expect_ndim(x, 3, op, xname);
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
-  expect(positions, DType::I32, {rows}, op, "positions");
-  ENSURE(d % 2 == 0, op, ": head_dim of ", xname, " ", x.shape.str(), " must be even");
-  ENSURE(rotated_heads >= 0 && rotated_heads <= heads, op, ": rotated_heads = ", rotated_heads,
-         " not in [0, ", heads, "] for ", xname, " ", x.shape.str());
-  ENSURE(theta > 0.f, op, ": theta must be > 0, got ", theta);
   const int64_t half = d / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {

@@ -10,7 +10,10 @@
 // a multiple of the vector width and pointers aligned.
 // Every output element depends only on the inputs at its own index, read by the same thread
 // before the write: y may alias x, dx may alias dy, dgate_up may alias gate_up.
-#include "cuda/activation/activation.cuh"
+// The shared preconditions ran before (ops/activation.cpp); the launchers check the dtype they
+// take: every tensor of a call bf16, or every one f32.
+#include "ops/activation.h"
+
 #include "cuda/activation/gelu.cuh"
 
 #include <algorithm>
@@ -176,9 +179,8 @@ static void launch_map(const Tensor& a, const Tensor* b, const Tensor& out, cons
     const T* pb = b ? static_cast<const T*>(b->data) : nullptr;
     T* po = static_cast<T*>(out.data);
     // One pass of kMapUnroll packs per thread over the tensor, at least one block (enough
-    // threads for the n % V tail). This plain grid, blocks scheduled as others finish, measured
-    // 79% / 87% of copy for gelu forward / backward at (16384, 2048), against 70% / 84% for one
-    // wave of blocks striding over the tensor.
+    // threads for the n % V tail). This plain grid, blocks scheduled as others finish, is faster
+    // than one wave of blocks striding over the tensor (figures: docs/PERF.md).
     const int64_t items = vec ? n / V : n;
     const auto grid = static_cast<unsigned>(
         std::max<int64_t>(1, ceil_div(ceil_div(items, kMapUnroll), kThreads)));
@@ -190,37 +192,36 @@ static void launch_map(const Tensor& a, const Tensor* b, const Tensor& out, cons
   });
 }
 
+// t in bf16 or f32 (the other tensors of the call have its dtype: ops/activation.cpp).
+static void expect_float(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+         dtype_name(t.dtype), ", expected bf16 or f32");
+}
+
 void gelu_forward(const Tensor& x, const Tensor& y) {
   const char* op = "gelu_forward";
-  expect_cuda_float(x, op, "x");
-  expect_cuda(y, x.dtype, x.shape, op, "y");
+  expect_float(x, op, "x");
   launch_map<GeluForward, false>(x, nullptr, y, op);
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   const char* op = "gelu_backward";
-  expect_cuda_float(x, op, "x");
-  expect_cuda(dy, x.dtype, x.shape, op, "dy");
-  expect_cuda(dx, x.dtype, x.shape, op, "dx");
+  expect_float(x, op, "x");
   launch_map<GeluBackward, true>(dy, &x, dx, op);
 }
 
-// gate_up (..., 2F) and y (..., F) with equal leading dimensions; returns {rows, F}.
+// gate_up (..., 2F) and y (..., F) with equal leading dimensions (checked); gate_up in bf16 or
+// f32; returns {rows, F}.
 static std::pair<int64_t, int64_t> swiglu_shape(const Tensor& gate_up, const Tensor& y,
-                                                const char* op, const char* yname) {
-  expect_cuda_float(gate_up, op, "gate_up");
-  ENSURE(gate_up.ndim() >= 1 && gate_up.size(-1) % 2 == 0, op, ": gate_up has shape ",
-         gate_up.shape.str(), ", its last dimension must be 2 * F");
-  Shape expected = gate_up.shape;
-  expected.d[expected.ndim - 1] = gate_up.size(-1) / 2;
-  expect_cuda(y, gate_up.dtype, expected, op, yname);
-  const int64_t f = expected[-1];
+                                                const char* op) {
+  expect_float(gate_up, op, "gate_up");
+  const int64_t f = gate_up.size(-1) / 2;
   return {f ? y.numel() / f : 0, f};
 }
 
 void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
   const char* op = "swiglu_forward";
-  auto [rows, f] = swiglu_shape(gate_up, y, op, "y");
+  auto [rows, f] = swiglu_shape(gate_up, y, op);
   if (rows == 0 || f == 0) return;
   float_switch(y.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -239,8 +240,7 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
 
 void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
   const char* op = "swiglu_backward";
-  auto [rows, f] = swiglu_shape(gate_up, dy, op, "dy");
-  expect_cuda(dgate_up, gate_up.dtype, gate_up.shape, op, "dgate_up");
+  auto [rows, f] = swiglu_shape(gate_up, dy, op);
   if (rows == 0 || f == 0) return;
   float_switch(dy.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -32,23 +32,16 @@
 //   Kernels (T <= 32768, V <= 65535): histogram, two scatters, cells; the last three are
 //   launched as programmatic dependents of the kernel ahead (their blocks resident while it
 //   finishes, each waiting in griddepcontrol.wait; the first scatter reads its ids before).
-//   Measured (one H200, T = 16384, V = 32000, 12875 distinct ids, bf16 dout; docs/PERF.md),
-//   share of copy on the bytes the op must move, C = 2048 / 4096: 0.092-0.093 ms (69.4-70.6%
-//   over three machines) / 0.165-0.168 ms (77-78.6%), against 0.102-0.104 / 0.181-0.183 ms
-//   (62-63.8% / 71-71.8%) for the kernels before in the same calls. Where it came from (ncu, C
-//   = 2048): the scatters read all tiles' counts one 4-byte word per 64 bytes (digit-major),
-//   zeroed the long runs' counters for every key, and wrote one scattered word per key: 126k /
-//   83k of their 147k / 99k L2 sectors were excess, 10.3 / 7.4 us; tile-major counts and
-//   self-resetting counters (0.103 -> 0.098 ms), staged output (scatters 6.9 / 5.9 us), cells
-//   of 64 entries by 256 threads, 6 in flight (0.097 -> 0.096), the dependent launches
-//   (-> 0.093). The cells kernel takes ~78 us (83% of copy on its bytes; latency-bound: 16
-//   warps a multiprocessor waiting on loads, DRAM 68% busy), the sort ~15 us with the launch
-//   gaps. Tried and slower: each thread's dout and dtable packs copied by cp.async into a
-//   3- or 4-stage shared-memory ring (0.107-0.114 ms: shared memory cut the resident blocks);
-//   a warp's f32 columns as two 512-byte halves instead of 32 contiguous bytes a thread (cells
-//   82.5 against 78.3 us); sort tiles of 512 keys (slower scatters, 9-10 us); 16-entry cells;
-//   8 rows in flight (spills); earlier a one-kernel sort in a cluster of 8 blocks (19.9 us
-//   against 16 us).
+//   Why this shape (profiles and figures: docs/PERF.md): the scatters once read all tiles'
+//   counts one 4-byte word per 64 bytes (digit-major), zeroed the long runs' counters for every
+//   key and wrote one scattered word per key, most of their L2 sectors excess; tile-major
+//   counts, self-resetting counters, staged output, cells of 64 entries by 256 threads with 6
+//   rows in flight and the dependent launches each made the op faster. The cells kernel takes
+//   most of the time and is latency-bound (warps waiting on loads). Tried and slower: each
+//   thread's dout and dtable packs copied by cp.async into a 3- or 4-stage shared-memory ring
+//   (shared memory cut the resident blocks); a warp's f32 columns as two 512-byte halves
+//   instead of 32 contiguous bytes a thread; sort tiles of 512 keys (slower scatters); 16-entry
+//   cells; 8 rows in flight (spills); earlier a one-kernel sort in a cluster of 8 blocks.
 // Invalid ids: the forward kernel and the sort's first scatter record the first bad position
 // with an integer atomicMin into a device flag; the launcher reads the flag back after its
 // kernels and raises naming the position and the id (as the CPU reference does). Forward gives
@@ -60,7 +53,10 @@
 // 2 x ceil(T / kCell) x C floats for the long runs' pieces (T C / 4 bytes), R x 2 x chunks ints
 // for their cells; R x chunks counters in a device buffer that only grows.
 // Limits: T < 2^31, V < 2^31 - 1.
-#include "cuda/embedding/embedding.cuh"
+// The shared preconditions ran before (ops/embedding.cpp); the launchers check what is theirs:
+// the table (forward) and dout (backward) in bf16 or f32, dtable in f32, T and V below the
+// flag's sentinel, the cells' grid within 2^31 blocks.
+#include "ops/embedding.h"
 
 #include <algorithm>
 #include <bit>
@@ -369,28 +365,24 @@ static __global__ void __launch_bounds__(kCellThreads, kCellMinBlocks)
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-// ids (T) i32 on cuda; returns T.
+// ids (T) i32 (checked); returns T, below the flag's sentinel.
 static int64_t check_ids(const Tensor& ids, const char* op) {
-  expect_cuda(ids, op, "ids");
-  ENSURE(ids.dtype == DType::I32, op, ": ids is ", dtype_name(ids.dtype), ", expected i32");
-  ENSURE(ids.ndim() == 1, op, ": ids must be 1-D, got shape ", ids.shape.str());
   ENSURE(ids.size(0) < kNoError, op, ": T = ", ids.size(0), " tokens is too many");
   return ids.size(0);
 }
 
-// The vocabulary size of a table of `rows` rows holding ids [begin, begin + rows); checks that
-// the shard lies inside it (total = 0: unsharded, begin must be 0).
-static int64_t vocab_of(int64_t rows, int64_t begin, int64_t total, const char* op,
-                        const char* name) {
-  if (total == 0) {
-    ENSURE(begin == 0, op, ": vocab_begin = ", begin,
-           " but vocab_total = 0 (unsharded: the table is the whole vocabulary)");
-    total = rows;
-  }
-  ENSURE(total >= 0 && begin >= 0 && begin + rows <= total, op, ": ", name, " rows hold ids [",
-         begin, ", ", begin + rows, "), not a shard of a vocabulary of ", total, " ids");
+// The vocabulary size of a table of `rows` rows (the shard was checked): vocab_total, or rows
+// when unsharded (0); below the flag's sentinel.
+static int64_t vocab_of(int64_t rows, int64_t vocab_total, const char* op) {
+  const int64_t total = vocab_total == 0 ? rows : vocab_total;
   ENSURE(total < kNoError, op, ": V = ", total, " is too large");
   return total;
+}
+
+// t in bf16 or f32.
+static void expect_float(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+         dtype_name(t.dtype), ", expected bf16 or f32");
 }
 
 // The long runs' arrival counters, one per (row, column chunk): zeroed when allocated, and each
@@ -424,14 +416,13 @@ static void raise_if_bad_id(const Buffer& flag, const Tensor& ids, int64_t vocab
 }
 
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
-                       int64_t vocab_begin, int64_t vocab_total, bool raise_bad_ids) {
+                       int64_t vocab_begin, int64_t vocab_total, ops::IdCheck check) {
   const char* op = "embedding_forward";
+  const bool raise_bad_ids = check == ops::IdCheck::kRaise;
   const int64_t n = check_ids(ids, op);
-  expect_cuda_float(table, op, "table");
-  ENSURE(table.ndim() == 2, op, ": table must be 2-D (V, C), got shape ", table.shape.str());
+  expect_float(table, op, "table");
   const int64_t rows = table.size(0), cols = table.size(1);
-  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "table");
-  expect_cuda(out, table.dtype, {n, cols}, op, "out");
+  const int64_t vocab = vocab_of(rows, vocab_total, op);
   if (n == 0) return;
   Buffer flag = raise_bad_ids ? error_flag() : Buffer{};
   int* err = static_cast<int*>(flag.data());
@@ -468,18 +459,15 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
-                        int64_t vocab_begin, int64_t vocab_total, bool raise_bad_ids) {
+                        int64_t vocab_begin, int64_t vocab_total, ops::IdCheck check) {
   const char* op = "embedding_backward";
+  const bool raise_bad_ids = check == ops::IdCheck::kRaise;
   const int64_t n = check_ids(ids, op);
-  expect_cuda(dtable, op, "dtable");
-  ENSURE(dtable.ndim() == 2, op, ": dtable must be 2-D (V, C), got shape ", dtable.shape.str());
   ENSURE(dtable.dtype == DType::F32, op, ": dtable is ", dtype_name(dtable.dtype),
          ", the kernel accumulates into f32");
   const int64_t rows = dtable.size(0), cols = dtable.size(1);
-  const int64_t vocab = vocab_of(rows, vocab_begin, vocab_total, op, "dtable");
-  expect_cuda_float(dout, op, "dout");
-  ENSURE(dout.shape == Shape({n, cols}), op, ": dout has shape ", dout.shape.str(), ", expected ",
-         Shape({n, cols}).str());
+  const int64_t vocab = vocab_of(rows, vocab_total, op);
+  expect_float(dout, op, "dout");
   if (n == 0) return;
 
   // The cells' columns: blocks of `threads` packs of `elems` columns, `chunks` per row.

@@ -20,6 +20,8 @@
 // Fallback: when cuBLASLt has no algorithm for an epilogue (or fuse_epilogue is false) the plain
 // GEMM runs and separate kernels add the bias / apply GELU (epilogue_kernel) or reduce the bias
 // gradient (cuda/gemm/sum_rows.cu); K = 0 needs no GEMM (c = beta c + bias).
+// Checks: matmul's shapes and epilogue combinations ran before (ops/gemm.cpp), so matmul checks
+// only the dtypes the GPU takes; gemm(), called directly, checks everything.
 #include "cuda/gemm/gemm.cuh"
 
 #include <cublasLt.h>
@@ -27,9 +29,9 @@
 #include <map>
 #include <mutex>
 
-#include "cuda/activation/activation.cuh"
 #include "cuda/activation/gelu.cuh"
 #include "cuda/common/launch.cuh"
+#include "ops/activation.h"
 
 #define CUBLAS_CHECK(expr) \
   CUDA_CHECK_GEN((expr), #expr, CUBLAS_STATUS_SUCCESS, "cuBLAS", cublasLtGetStatusString)
@@ -201,23 +203,37 @@ void launch_epilogue(const GemmParams& g, int64_t m, int64_t n, float c_scale) {
 
 // ---- argument checks ------------------------------------------------------------------------
 
+// The dtypes the GPU GEMM takes: a and b bf16, c bf16 or f32, the bias and bias-gradient vectors
+// bf16 or f32 (the GELU inputs and c_in are of c's dtype, checked with their shapes).
+void check_dtypes(const GemmParams& g, const char* op) {
+  ENSURE(g.a.dtype == DType::BF16 && g.b.dtype == DType::BF16, op, ": a is ",
+         dtype_name(g.a.dtype), ", b is ", dtype_name(g.b.dtype), "; the GPU GEMM takes bf16 inputs");
+  ENSURE(g.c.dtype == DType::BF16 || g.c.dtype == DType::F32, op, ": c is ",
+         dtype_name(g.c.dtype), ", expected bf16 or f32");
+  auto vector = [&](const Tensor& t, const char* name) {
+    ENSURE(!t.data || t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+           dtype_name(t.dtype), ", expected bf16 or f32");
+  };
+  vector(g.bias, "bias");
+  vector(g.dbias_a, "dbias_a");
+  vector(g.dbias_b, "dbias_b");
+  vector(g.dbias_out, "dbias_out");
+}
+
 void expect_vector(const Tensor& t, int64_t len, const char* op, const char* name) {
-  expect_cuda_float(t, op, name);
+  expect_cuda(t, op, name);
   ENSURE(t.shape == Shape{len}, op, ": ", name, " has shape ", t.shape.str(), ", expected (",
          len, ")");
 }
 
-void gemm_impl(const GemmParams& params, const char* op) {
-  GemmParams g = params;
+// gemm()'s other preconditions (for matmul, ops/gemm.cpp checks them before the dispatch): the
+// tensors on the GPU, the shapes, the epilogues that go together.
+void check_gemm(const GemmParams& g, const char* op) {
   expect_cuda(g.a, op, "a");
   expect_cuda(g.b, op, "b");
   expect_cuda(g.c, op, "c");
   ENSURE(g.a.ndim() == 2 && g.b.ndim() == 2 && g.c.ndim() == 2, op, ": a, b and c must be 2-D, got ",
          g.a.shape.str(), ", ", g.b.shape.str(), ", ", g.c.shape.str());
-  ENSURE(g.a.dtype == DType::BF16 && g.b.dtype == DType::BF16, op, ": a is ",
-         dtype_name(g.a.dtype), ", b is ", dtype_name(g.b.dtype), "; the GPU GEMM takes bf16 inputs");
-  ENSURE(g.c.dtype == DType::BF16 || g.c.dtype == DType::F32, op, ": c is ",
-         dtype_name(g.c.dtype), ", expected bf16 or f32");
   const int64_t m = g.trans_a ? g.a.size(1) : g.a.size(0), k = g.trans_a ? g.a.size(0) : g.a.size(1);
   const int64_t kb = g.trans_b ? g.b.size(1) : g.b.size(0), n = g.trans_b ? g.b.size(0) : g.b.size(1);
   ENSURE(k == kb, op, ": inner dimensions differ: op(a) is (", m, ", ", k, "), op(b) is (", kb,
@@ -242,7 +258,7 @@ void gemm_impl(const GemmParams& params, const char* op) {
     ENSURE(!bias && !g.gelu, op, ": a bias gradient cannot be combined with bias or gelu");
     ENSURE(g.alpha == 1.f, op, ": a bias gradient needs alpha == 1 (got ", g.alpha, ")");
   }
-  const bool dgelu = g.dgelu_input.data != nullptr, dbias_out = g.dbias_out.data != nullptr;
+  const bool dgelu = g.dgelu_input.data != nullptr;
   if (dgelu) {
     expect_cuda(g.dgelu_input, op, "dgelu_input");
     ENSURE(g.dgelu_input.dtype == g.c.dtype && g.dgelu_input.shape == g.c.shape, op, ": dgelu_input is ",
@@ -253,24 +269,34 @@ void gemm_impl(const GemmParams& params, const char* op) {
            ": dgelu_input cannot be combined with bias, gelu or dbias_a / dbias_b");
     ENSURE(g.beta == 0.f, op, ": dgelu_input needs beta == 0 (got ", g.beta, ")");
   }
-  if (dbias_out) {
+  if (g.dbias_out.data) {
     ENSURE(dgelu, op, ": dbias_out is the bias gradient of the GELU backward: it needs dgelu_input");
     expect_vector(g.dbias_out, n, op, "dbias_out");
   }
+  // c_in is read only where it is not c and beta != 0.
+  if (g.c_in.data && g.c_in.data != g.c.data && g.beta != 0.f) {
+    expect_cuda(g.c_in, op, "c_in");
+    ENSURE(g.c_in.dtype == g.c.dtype && g.c_in.shape == g.c.shape, op, ": c_in is ", dtype_name(g.c_in.dtype),
+           " ", g.c_in.shape.str(), ", expected c's ", dtype_name(g.c.dtype), " ", g.c.shape.str());
+  }
+}
 
+// The GEMM and its epilogue, the arguments checked.
+void run_gemm(const GemmParams& params, const char* op) {
+  GemmParams g = params;
+  const int64_t m = g.trans_a ? g.a.size(1) : g.a.size(0), k = g.trans_a ? g.a.size(0) : g.a.size(1);
+  const int64_t n = g.trans_b ? g.b.size(0) : g.b.size(1);
+  const bool bias = g.bias.data != nullptr, aux = g.gelu_input.data != nullptr;
+  const bool dbias_a = g.dbias_a.data != nullptr, dbias_b = g.dbias_b.data != nullptr;
+  const bool dgelu = g.dgelu_input.data != nullptr, dbias_out = g.dbias_out.data != nullptr;
   const bool degenerate = m == 0 || n == 0 || k == 0;
   // c_in: dropped where it is c or unread (beta 0); copied into c where no GEMM runs (the
   // epilogue kernel reads c); else cuBLASLt's C.
   if (g.c_in.data && (g.c_in.data == g.c.data || g.beta == 0.f)) g.c_in = Tensor{};
-  if (g.c_in.data) {
-    expect_cuda(g.c_in, op, "c_in");
-    ENSURE(g.c_in.dtype == g.c.dtype && g.c_in.shape == g.c.shape, op, ": c_in is ", dtype_name(g.c_in.dtype),
-           " ", g.c_in.shape.str(), ", expected c's ", dtype_name(g.c.dtype), " ", g.c.shape.str());
-    if (degenerate) {
-      if (m > 0 && n > 0)
-        CUDA_CHECK(cudaMemcpyAsync(g.c.data, g.c_in.data, g.c.nbytes(), cudaMemcpyDeviceToDevice, stream()));
-      g.c_in = Tensor{};
-    }
+  if (g.c_in.data && degenerate) {
+    if (m > 0 && n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(g.c.data, g.c_in.data, g.c.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+    g.c_in = Tensor{};
   }
   std::lock_guard<std::mutex> lock(g_mu);
   g_last = {};
@@ -356,7 +382,11 @@ void gemm_impl(const GemmParams& params, const char* op) {
 
 }  // namespace
 
-void gemm(const GemmParams& p) { gemm_impl(p, "gemm"); }
+void gemm(const GemmParams& p) {
+  check_gemm(p, "gemm");
+  check_dtypes(p, "gemm");
+  run_gemm(p, "gemm");
+}
 
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             const ops::MatmulOptions& options) {
@@ -374,7 +404,8 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   p.dgelu_input = options.dgelu_input;
   p.dbias_out = options.dbias;
   p.c_in = options.addend;
-  gemm_impl(p, "matmul");
+  check_dtypes(p, "matmul");  // the rest ran before (ops/gemm.cpp)
+  run_gemm(p, "matmul");
 }
 
 GemmLastCall gemm_last_call() {

@@ -1,13 +1,14 @@
-// CUDA GEMM through cuBLASLt (host declarations only; implementation in gemm.cu).
-//   c = epilogue(alpha * op(A) @ op(B) + beta * c)
+// What the CUDA GEMM area offers beyond its ops entries (cuda::matmul and cuda::sum_rows are
+// declared by ops/gemm.h): the richer cuBLASLt launcher gemm() for fused layers, tests and the
+// bench, its last-call counters, and the row sums beside sum_rows (host declarations only;
+// implementations in gemm.cu and sum_rows.cu).
+//   gemm: c = epilogue(alpha * op(A) @ op(B) + beta * c)
 // Row-major, contiguous, 2-D: A (M, K) or (K, M) with trans_a; B (K, N) or (N, K) with trans_b;
 // C (M, N). A and B bf16; C bf16 or f32; f32 accumulation (CUBLAS_COMPUTE_32F); beta = 1 into an
 // f32 C accumulates (parameter gradients). Any sizes, leading dimensions and pointer alignments.
-// matmul is ops::matmul for CUDA tensors (bias bf16 or f32); gemm is the richer launcher for
-// fused layers. sum_rows / sum_columns (cuda/gemm/sum_rows.cuh) are the bias-gradient reductions.
+// gemm() checks all its arguments itself (it is not dispatched through ops::).
 #pragma once
 #include "core/tensor.h"
-#include "cuda/gemm/sum_rows.cuh"
 #include "ops/gemm.h"
 
 namespace engine::cuda {
@@ -40,16 +41,16 @@ struct GemmParams {
 
 void gemm(const GemmParams& p);
 
-// ops::matmul on CUDA tensors: gemm() with the options' alpha, beta, bias, GELU epilogues and
-// addend (as c_in).
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-            const ops::MatmulOptions& options = {});
-
 // Counters of the last gemm() call, for tests: whether cuBLASLt ran the epilogue itself.
 struct GemmLastCall {
   bool fused_epilogue = false;   // bias / GELU / bias gradient done inside cuBLASLt
   bool fallback_kernels = false; // separate epilogue or reduction kernels ran
 };
 GemmLastCall gemm_last_call();
+
+// out(i) = beta * out(i) + sum_j x(i, j): x (M, N) bf16 or f32 on the GPU, out (M) f32 or bf16,
+// summed in f32 in a fixed order (deterministic); out is not read when beta == 0. The row sums
+// beside ops::sum_rows' column sums (the bias-gradient fallback of gemm()).
+void sum_columns(const Tensor& x, const Tensor& out, float beta);
 
 }  // namespace engine::cuda

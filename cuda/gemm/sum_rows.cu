@@ -12,29 +12,25 @@
 //   partials. With one chunk the block writes out; else it writes its partial(chunk, tile) and
 //   counts itself done on the tile's counter (after a fence), and the tile's last block adds the
 //   chunks' partials in a fixed order: thread group g of G adds chunks g, g + G, ... four
-//   columns at a time, U loads in flight (12; 24 for narrow matrices, so at 32768 x 768 the 88
-//   chunks' partials are asked for at once), the last round predicated; then the G group sums
+//   columns at a time, U loads in flight (12; 24 for narrow matrices, so that at N = 768 every
+//   chunk's partial is asked for at once), the last round predicated; then the G group sums
 //   are added in group order, beta * out is added (loaded by every block at its start, so the
-//   last one does not wait for it at the end: 32768 x 768 82-85% -> 88-98% of copy, noisy; the
-//   wide cases +0.1-0.7 points), and the block resets the counter for the next call. Which
-//   block comes last changes nothing in the order; the chunk count depends on (M, N) and the
-//   device only.
-//   Measured on one H200 (bench memory_bound, share of copy on the bytes of x): against the
-//   two-pass version it replaced (pass 1 with one wave of resident blocks writing partials, a
-//   second kernel adding them), 32768 x 768 61.5-70.4% against 57-64%, 2304 and 3072 columns
-//   80-82% and 86.5-87.4% against 76-79% and 84-85%, 16384 x 2048 63-65.5% against 57-58.5%.
-//   The narrow path (R 16, U 24), against R 8, U 12 in the same calls: 32768 x 768 73.7-76.9%
-//   against 70.4-72.1% (R 12: 71.4-75.6%; U 24 alone: 68.8-71.4%); at 16384 x 2048, 8 tiles,
-//   R 12 or 16 measured 70-71% against 72-72.5%, so wider matrices keep R 8, U 12. 1 block per
-//   SM, or 3 or more, were slower.
+//   last one does not wait for it at the end), and the block resets the counter for the next
+//   call. Which block comes last changes nothing in the order; the chunk count depends on
+//   (M, N) and the device only.
+//   This one kernel replaced a two-pass version (pass 1 with one wave of resident blocks
+//   writing partials, a second kernel adding them) that was slower at every shape tried. The
+//   narrow path's R 16, U 24 beat R 8, U 12 (and R 12, or U 24 alone) on narrow matrices and lost
+//   on wider ones, which keep R 8, U 12; 1 block per SM, or 3 or more, were slower (figures:
+//   docs/PERF.md).
 // sum_columns: one warp per row; lanes add strided vectors in f32, then a fixed xor butterfly.
 // Scratch: the partials (chunks x tiles x tile width f32) and one counter per tile live in
 // device buffers that only grow (the counters zeroed when allocated), reused in compute-stream
 // order.
-#include "cuda/gemm/sum_rows.cuh"
+// sum_rows' shapes ran before (ops/gemm.cpp); sum_columns, called directly, checks its own.
+#include "cuda/gemm/gemm.cuh"
 
 #include <algorithm>
-#include <utility>
 
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
@@ -117,12 +113,11 @@ __device__ __forceinline__ void accumulate_rows(const T* x, int64_t n, int64_t r
 
 // sum_rows (see the top of this file): block (tile, chunk); partial rows are ld floats apart (a
 // multiple of 4: 16-byte aligned), the columns of the last tile past n hold 0.
-// Registers: at most 64 for R <= 8 (four blocks a multiprocessor), so that a programmatic
-// dependent launch places the grid's two blocks a multiprocessor evenly. Launched while the
-// kernel ahead still holds two blocks on every multiprocessor, a grid finds two free slots on
-// each; at 74 registers it found one, the other blocks went wherever the kernel ahead ended
-// first, some multiprocessors got three, and the kernel ran 1.2-1.3x slower (32768 x 2304 /
-// 3072, 16384 x 2048: 73.5 / 76.0 / 65.7% of copy against 92.3 / 96.0 / 79.5% capped).
+// Registers: capped for R <= 8 (four blocks a multiprocessor), so that a programmatic dependent
+// launch places the grid's two blocks a multiprocessor evenly. Launched while the kernel ahead
+// still holds two blocks on every multiprocessor, a grid finds two free slots on each; uncapped
+// it found one, the other blocks went wherever the kernel ahead ended first, some
+// multiprocessors got three, and the kernel ran markedly slower (figures: docs/PERF.md).
 template <typename T, bool kVec, typename Out, int R, int kCombineUnroll>
 __global__ void __launch_bounds__(kThreads, R > kVecRowsInFlight ? 2 : 4)
     column_sums_kernel(const T* x, int64_t m, int64_t n, int64_t rows_per_chunk, float* partial,
@@ -255,16 +250,10 @@ unsigned* tile_counters(size_t count) {
   return static_cast<unsigned*>(buf.data());
 }
 
-// x (M, N) and out (x.size(out_dim)) on cuda; returns {M, N}.
-std::pair<int64_t, int64_t> check_args(const Tensor& x, const Tensor& out, int out_dim,
-                                       const char* op) {
-  ENSURE(x.ndim() == 2, op, ": x must be 2-D, got shape ", x.shape.str());
-  const int64_t out_len = x.size(out_dim);
-  expect_cuda_float(x, op, "x");
-  expect_cuda_float(out, op, "out");
-  ENSURE(out.shape == Shape{out_len}, op, ": out has shape ", out.shape.str(), ", expected (",
-         out_len, ") for x ", x.shape.str());
-  return {x.size(0), x.size(1)};
+// t in bf16 or f32.
+void expect_float(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+         dtype_name(t.dtype), ", expected bf16 or f32");
 }
 
 // Calls f(T{}, Out{}) for the dtypes of x and out.
@@ -276,7 +265,9 @@ void dtype_pair(const Tensor& x, const Tensor& out, F&& f) {
 }  // namespace
 
 void sum_rows(const Tensor& x, const Tensor& out, float beta) {
-  const auto [m, n] = check_args(x, out, 1, "sum_rows");
+  expect_float(x, "sum_rows", "x");  // the shapes were checked in ops/gemm.cpp
+  expect_float(out, "sum_rows", "out");
+  const int64_t m = x.size(0), n = x.size(1);
   if (n == 0) return;
   dtype_pair(x, out, [&](auto xt, auto ot) {
     using T = decltype(xt);
@@ -300,12 +291,11 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
             : column_sums_kernel<T, true, Out, kVecRowsInFlight, kCombineUnroll>;
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
     // A programmatic dependent of the kernel ahead (its blocks resident before that one ends),
-    // except for narrow matrices: at 32768 x 768 that measured 79.1-79.4% of copy against
-    // 80.9-81.1% launched plainly (back to back, docs/PERF.md), 2304 / 3072 / 16384 x 2048
-    // columns 94.5 / 97.7 / 81.1% against 90.6 / 94.4 / 74.9%. (Likely the trap in the register
-    // note above column_sums_kernel: the narrow kernel takes 120-124 registers, two blocks fit a
-    // multiprocessor, so an early grid of two a multiprocessor finds no free slot beside the
-    // kernel ahead. Not measured separately.)
+    // except for narrow matrices, where the plain launch was faster back to back (the wider ones
+    // gain from the dependent launch; figures: docs/PERF.md). (Likely the trap in the register
+    // note above column_sums_kernel: the narrow kernel takes about twice the registers, two
+    // blocks fit a multiprocessor, so an early grid of two a multiprocessor finds no free slot
+    // beside the kernel ahead. Not tested separately.)
     if (tiles <= kNarrowTiles)
       kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const T*>(x.data), m, n, rows_per_chunk,
                                               partial, ld, counters, static_cast<Out*>(out.data),
@@ -318,7 +308,13 @@ void sum_rows(const Tensor& x, const Tensor& out, float beta) {
 }
 
 void sum_columns(const Tensor& x, const Tensor& out, float beta) {
-  const auto [m, n] = check_args(x, out, 0, "sum_columns");
+  const char* op = "sum_columns";
+  ENSURE(x.ndim() == 2, op, ": x must be 2-D, got shape ", x.shape.str());
+  expect_cuda_float(x, op, "x");
+  expect_cuda_float(out, op, "out");
+  ENSURE(out.shape == Shape{x.size(0)}, op, ": out has shape ", out.shape.str(), ", expected (",
+         x.size(0), ") for x ", x.shape.str());
+  const int64_t m = x.size(0), n = x.size(1);
   if (m == 0) return;
   dtype_pair(x, out, [&](auto xt, auto ot) {
     using T = decltype(xt);

@@ -14,9 +14,11 @@
 // Weight decay by runs (AdamWParams::decay_runs): the run table (up to kMaxRuns runs a launch)
 // travels in the kernel's parameters; a thread finds the run of its first vector by bisection
 // and walks forward from there (its vectors come in increasing order), each element taking its
-// own run's decay. One launch updates a whole flat buffer (GPT-2 162M: 51 runs, 51 launches
-// before; a longer table takes one launch per kMaxRuns runs).
-#include "cuda/optim/adamw.cuh"
+// own run's decay. One launch updates a whole flat buffer (a longer table takes one launch per
+// kMaxRuns runs).
+// Every precondition is checked before (ops/adamw.cpp): f32 state of one element count,
+// compute_copy bf16, f32 or undefined.
+#include "ops/adamw.h"
 
 #include <algorithm>
 #include <cmath>
@@ -110,35 +112,12 @@ __global__ void adamw_kernel(Hyper h, const __grid_constant__ RunTable runs, flo
   for (int64_t i = tail + tid; i < n; i += stride) one(i);
 }
 
-void expect_state(const Tensor& t, int64_t n, const char* name) {
-  const char* op = "adamw_step";
-  expect_cuda(t, op, name);
-  ENSURE(t.dtype == DType::F32, op, ": ", name, " is ", dtype_name(t.dtype), ", expected f32");
-  ENSURE(t.numel() == n, op, ": ", name, " has ", t.numel(), " elements ", t.shape.str(),
-         ", param has ", n);
-}
-
 }  // namespace
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const ops::AdamWParams& p, const Tensor& compute_copy) {
-  const char* op = "adamw_step";
   const int64_t n = param.numel();
-  expect_state(param, n, "param");
-  expect_state(grad, n, "grad");
-  expect_state(exp_avg, n, "exp_avg");
-  expect_state(exp_avg_sq, n, "exp_avg_sq");
   const bool copy = compute_copy.data != nullptr;
-  if (copy) {
-    expect_cuda_float(compute_copy, op, "compute_copy");
-    ENSURE(compute_copy.numel() == n, op, ": compute_copy has ", compute_copy.numel(),
-           " elements, param has ", n);
-  }
-  ENSURE(p.step >= 1, op, ": step = ", p.step, " (counted from 1)");
-  ENSURE(p.eps > 0.f, op, ": eps = ", p.eps, " must be positive");
-  ENSURE(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f, op, ": beta1 = ",
-         p.beta1, ", beta2 = ", p.beta2, " must be in [0, 1)");
-  ops::check_decay_runs(p.decay_runs, n, op);
   if (n == 0) return;
   const auto t = static_cast<double>(p.step);
   Hyper h{};
@@ -173,10 +152,8 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
     void* pc = copy ? static_cast<char*>(compute_copy.data) + begin * copy_elem : nullptr;
     const int64_t head =
         vector_head({{pp, 4}, {pg, 4}, {pm, 4}, {pv, 4}, {pc, copy_elem}}, kE, len);
-    // One wave of the blocks that fit at once (44 registers a thread: 5 blocks a
-    // multiprocessor), not stream_blocks' 8: with 8 a second, partial wave followed the first.
-    // One H200, 256M elements: 89.6-90.1 -> 92.0-92.3% of copy with the bf16 copy, 89.4-89.9 ->
-    // 93.2-93.3% without.
+    // One wave of the blocks that fit at once, not stream_blocks' 8 a multiprocessor: with 8 a
+    // second, partial wave followed the first, which was slower (figures: docs/PERF.md).
     const int64_t want = std::max<int64_t>(1, ceil_div(vector_items(len, head, kE), kThreads));
     auto go = [&](auto kernel, auto* pcopy, const char* name) {
       const auto blocks = static_cast<unsigned>(persistent_grid(kernel, kThreads, 0, want));

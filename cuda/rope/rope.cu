@@ -17,12 +17,14 @@
 // pack is a 16-byte vector (8 bf16 / 4 f32) when D/2 is a multiple of it and x is 16-byte
 // aligned, else one element. Consecutive threads take consecutive packs of one half-head: a
 // warp's accesses are runs of whole 32-byte sectors. One item per thread, a plain grid: blocks
-// start as others finish (76% of copy at T 16384, C 2048, D 128, against 67-72% for the previous
-// persistent grid whose threads looped over items with the next item's loads in flight).
+// start as others finish (faster than a persistent grid whose threads looped over items with the
+// next item's loads in flight; figures: docs/PERF.md).
 // Memory: x bf16 or f32 (T, NH, D); positions i32 (T). Heads past rotated_heads are not touched;
 // each element is read and written by one thread.
 // Limits: D even and D <= 2048 (shared memory), T < 2^31.
-#include "cuda/rope/rope.cuh"
+// The shared preconditions ran before (ops/rope.cpp); the launcher checks what is its own: x in
+// bf16 or f32, D within the shared memory, the sizes within 32-bit indices.
+#include "ops/rope.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -34,8 +36,8 @@ namespace engine::cuda {
 
 constexpr int kThreads = 256;
 constexpr int kHeadGroup = 4;  // heads per work item: their loads are in flight together
-// Register cap (kThreads x kMinBlocks resident): 80 registers, no spills; uncapped (118 registers,
-// 2 blocks) measured up to 5 points of copy slower, 64 registers (spills) 20-28 points slower.
+// Register cap (kThreads x kMinBlocks resident): no spills; uncapped (fewer resident blocks) was
+// slower, and so was a tighter cap that spills (figures: docs/PERF.md).
 constexpr int kMinBlocks = 3;
 constexpr int kMaxHeadDim = 2048;
 
@@ -150,16 +152,11 @@ static void launch(const RopeParams<T>& p, const char* op) {
 
 static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, float theta,
                        float sign, const char* op, const char* xname) {
-  expect_cuda_float(x, op, xname);
-  ENSURE(x.ndim() == 3, op, ": ", xname, " must be 3-D (T, NH, D), got shape ", x.shape.str());
+  ENSURE(x.dtype == DType::BF16 || x.dtype == DType::F32, op, ": ", xname, " is ",
+         dtype_name(x.dtype), ", expected bf16 or f32");
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
-  expect_cuda(positions, DType::I32, {rows}, op, "positions");
-  ENSURE(d % 2 == 0, op, ": head_dim of ", xname, " ", x.shape.str(), " must be even");
   ENSURE(d <= kMaxHeadDim, op, ": head_dim ", d, " is larger than the kernel takes (", kMaxHeadDim,
          ")");
-  ENSURE(rotated_heads >= 0 && rotated_heads <= heads, op, ": rotated_heads = ", rotated_heads,
-         " not in [0, ", heads, "] for ", xname, " ", x.shape.str());
-  ENSURE(theta > 0.f, op, ": theta must be > 0, got ", theta);
   ENSURE(rows < (int64_t{1} << 31) && heads * d < (int64_t{1} << 31), op, ": ", xname, " ",
          x.shape.str(), " is too large");
   if (rows == 0 || rotated_heads == 0 || d == 0) return;

@@ -68,10 +68,10 @@ TEST_CASE("cuda memory-bound kernels launched as dependents keep stream order" *
         [&] {  // y <- dx, dy = y in place; dw, db += (their second kernel, at the end)
           ops::layernorm_backward(y.t, x.t, col.t, mean.t, rstd.t, y.t, dw.t, db.t);
         },
-        [&] { ops::adamw_step(param.t, dw.t, m.t, v.t, hp); },          // reads dw first
+        [&] { ops::adamw_step(param.t, dw.t, m.t, v.t, hp, Tensor{}); },  // reads dw first
         [&] { ops::rmsnorm_forward(y.t, param.t, kEps, h.t, rstd.t); },  // w = AdamW's output
         [&] { ops::rmsnorm_backward(h.t, y.t, param.t, rstd.t, h.t, db.t); },  // db +=
-        [&] { ops::adamw_step(param.t, db.t, m.t, v.t, hp); },          // reads db first
+        [&] { ops::adamw_step(param.t, db.t, m.t, v.t, hp, Tensor{}); },  // reads db first
         [&] { ops::swiglu_forward(gu.t, x.t); },                         // x <- gate_up
         [&] { ops::add(x.t, h.t, x.t); },                                // x += h
         [&] { ops::gelu_forward(x.t, y.t); },                            // y <- gelu(x)

@@ -127,7 +127,7 @@ TEST_CASE("AdamW: one update over the flat buffer gives every parameter its own 
       a.step = step;
       const int64_t b = s.offset, e = s.offset + s.shape.numel();
       ops::adamw_step(ref_w->slice(b, e), p.grads_flat().slice(b, e), ref_m->slice(b, e),
-                      ref_v->slice(b, e), a);
+                      ref_v->slice(b, e), a, Tensor{});
     }
     opt.step(step);
   }

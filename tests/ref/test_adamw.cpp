@@ -98,7 +98,7 @@ TEST_CASE("adamw_step update direction: the first step moves each weight by abou
   Owned m = zeros({257}, DType::F32, Device::CPU), v = zeros({257}, DType::F32, Device::CPU);
   ops::AdamWParams o;
   o.lr = 0.01f;
-  ops::adamw_step(param, grad, m, v, o);
+  ops::adamw_step(param, grad, m, v, o, Tensor{});
   for (int64_t i = 0; i < 257; ++i) {
     const double g = get(grad, i), step = get(param, i) - get(p0, i);
     CHECK(step == doctest::Approx(-0.01 * (g > 0 ? 1 : -1) * std::fabs(g) / (std::fabs(g) + 1e-8))
@@ -111,14 +111,14 @@ TEST_CASE("adamw_step rejects bad arguments, naming them") {
   Owned m = zeros({6}, DType::F32, Device::CPU), v = zeros({6}, DType::F32, Device::CPU);
   Owned g5 = randn({5}, DType::F32, "bad.g5"), g64 = randn({6}, DType::F64, "bad.g64");
   ops::AdamWParams o;
-  CHECK_THROWS_WITH_AS(ops::adamw_step(p, g5, m, v, o), doctest::Contains("grad has 5 elements"),
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p, g5, m, v, o, Tensor{}), doctest::Contains("grad has 5 elements"),
                        Error);
-  CHECK_THROWS_WITH_AS(ops::adamw_step(p, g64, m, v, o), doctest::Contains("grad is f64"), Error);
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p, g64, m, v, o, Tensor{}), doctest::Contains("grad is f64"), Error);
   Owned copy = empty({6}, DType::I32, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::adamw_step(p, g, m, v, o, copy), doctest::Contains("compute_copy"),
                        Error);
   o.step = 0;
-  CHECK_THROWS_WITH_AS(ops::adamw_step(p, g, m, v, o), doctest::Contains("step = 0"), Error);
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p, g, m, v, o, Tensor{}), doctest::Contains("step = 0"), Error);
 }
 
 TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs rejected") {
@@ -137,13 +137,13 @@ TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs 
   o.lr = 1e-2f;
   o.step = 3;
   o.decay_runs = runs;
-  ops::adamw_step(p1, g, m1, v1, o);
+  ops::adamw_step(p1, g, m1, v1, o, Tensor{});
   o.decay_runs.clear();
   int64_t begin = 0;
   for (const ops::DecayRun& r : runs) {
     o.weight_decay = r.weight_decay;
     ops::adamw_step(p2->slice(begin, r.end), g->slice(begin, r.end), m2->slice(begin, r.end),
-                    v2->slice(begin, r.end), o);
+                    v2->slice(begin, r.end), o, Tensor{});
     begin = r.end;
   }
   CHECK(std::memcmp(p1.t.data, p2.t.data, n * 4) == 0);
@@ -151,9 +151,9 @@ TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs 
   CHECK(std::memcmp(v1.t.data, v2.t.data, n * 4) == 0);
 
   o.decay_runs = {{5, 0.f}, {5, 0.1f}, {n, 0.f}};
-  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o), doctest::Contains("decay run 1 ends at 5"),
-                       Error);
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o, Tensor{}),
+                       doctest::Contains("decay run 1 ends at 5"), Error);
   o.decay_runs = {{5, 0.f}, {n - 1, 0.1f}};
-  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o),
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o, Tensor{}),
                        doctest::Contains("the decay runs end at 19999, the buffer at 20000"), Error);
 }

@@ -39,7 +39,7 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
   ops::AttentionParams ap;
   ap.cu_seqlens = ids.t;
   const std::vector<OpCall> calls = {
-      {"matmul", [&](const Tensor& x) { ops::matmul(x, false, c, false, c); }},
+      {"matmul", [&](const Tensor& x) { ops::matmul(x, false, c, false, c, {}); }},
       {"sum_rows", [&](const Tensor& x) { ops::sum_rows(x, r, 0.f); }},
       {"layernorm_forward",
        [&](const Tensor& x) { ops::layernorm_forward(x, r, r, 1e-5f, c, r, r); }},
@@ -63,13 +63,15 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
        [&](const Tensor& x) {
          ops::attention_backward({ap, x, c});
        }},
-      {"embedding_forward", [&](const Tensor& x) { ops::embedding_forward(ids, x, c, false); }},
-      {"embedding_backward", [&](const Tensor& x) { ops::embedding_backward(ids, c, x); }},
+      {"embedding_forward",
+       [&](const Tensor& x) { ops::embedding_forward(ids, x, c, false, 0, 0, ops::IdCheck::kRaise); }},
+      {"embedding_backward",
+       [&](const Tensor& x) { ops::embedding_backward(ids, c, x, 0, 0, ops::IdCheck::kRaise); }},
       {"cross_entropy", [&](const Tensor& x) { ops::cross_entropy(x, ids, mask, r, false, 1.f); }},
       {"add", [&](const Tensor& x) { ops::add(x, c, c); }},
       {"add_inplace", [&](const Tensor& x) { ops::add_inplace(x, c); }},
       {"cast", [&](const Tensor& x) { ops::cast(x, c); }},
-      {"adamw_step", [&](const Tensor& x) { ops::adamw_step(x, r, r, r, {}); }},
+      {"adamw_step", [&](const Tensor& x) { ops::adamw_step(x, r, r, r, {}, Tensor{}); }},
   };
   for (const OpCall& op : calls) {
     INFO(op.name);

@@ -164,7 +164,7 @@ TEST_CASE("copy_columns copies and accumulates a block of columns between dtypes
       }
   Owned a = zeros({3, 4}, DType::F32, Device::CPU), b = zeros({3, 4}, DType::F32, Device::CPU),
         c = zeros({2, 4}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH(ops::copy_columns(a, 2, b, 0, 3), doctest::Contains("columns [2, 5) of src"));
-  CHECK_THROWS_WITH(ops::copy_columns(a, 0, b, 2, 3), doctest::Contains("columns [2, 5) of dst"));
-  CHECK_THROWS_WITH(ops::copy_columns(a, 0, c, 0, 1), doctest::Contains("rows"));
+  CHECK_THROWS_WITH(ops::copy_columns(a, 2, b, 0, 3, false), doctest::Contains("columns [2, 5) of src"));
+  CHECK_THROWS_WITH(ops::copy_columns(a, 0, b, 2, 3, false), doctest::Contains("columns [2, 5) of dst"));
+  CHECK_THROWS_WITH(ops::copy_columns(a, 0, c, 0, 1, false), doctest::Contains("rows"));
 }

@@ -17,6 +17,8 @@ using namespace engine::reftest;
 
 namespace {
 
+constexpr ops::IdCheck kRaise = ops::IdCheck::kRaise;  // an id out of range raises
+
 struct EmbCase {
   int64_t t, vocab, c;
   std::string name() const {
@@ -47,10 +49,10 @@ TEST_CASE("embedding forward gathers rows (= and +=), f32 and f64") {
             ref_acc.ptr<double>()[t * e.c + j] = v + get(base, t * e.c + j);
           }
         poison(out);
-        ops::embedding_forward(ids, table, out, false);
+        ops::embedding_forward(ids, table, out, false, 0, 0, kRaise);
         CHECK_CLOSE(out.t, ref.t, 0.0);
         Owned acc = clone(base);
-        ops::embedding_forward(ids, table, acc, true);
+        ops::embedding_forward(ids, table, acc, true, 0, 0, kRaise);
         CHECK_CLOSE(acc.t, ref_acc.t, dt == DType::F64 ? 1e-16 : 1e-7);
       }
     }
@@ -67,13 +69,13 @@ TEST_CASE("embedding backward accumulates duplicate ids and matches fp64 finite 
       for (int64_t t = 0; t < e.t; ++t)
         for (int64_t j = 0; j < e.c; ++j)
           ref.ptr<double>()[ids.ptr<int32_t>()[t] * e.c + j] += get(r, t * e.c + j);
-      ops::embedding_backward(ids, r, dtable);
+      ops::embedding_backward(ids, r, dtable, 0, 0, kRaise);
       CHECK_CLOSE(dtable.t, ref.t, 1e-15);
       Owned out = empty({e.t, e.c}, DType::F64, Device::CPU),
             grad = zeros({e.vocab, e.c}, DType::F64, Device::CPU);
-      ops::embedding_backward(ids, r, grad);
+      ops::embedding_backward(ids, r, grad, 0, 0, kRaise);
       auto loss = [&] {
-        ops::embedding_forward(ids, table, out, false);
+        ops::embedding_forward(ids, table, out, false, 0, 0, kRaise);
         return projection(out, r);
       };
       CHECK_CLOSE(grad.t, numeric_grad(table, loss).t, kGradTol);
@@ -88,9 +90,9 @@ TEST_CASE("embedding backward is bitwise identical on 1 and 3 threads") {
   Owned d1 = zeros({7, 600}, DType::F32, Device::CPU),
         d3 = zeros({7, 600}, DType::F32, Device::CPU);
   omp_set_num_threads(1);
-  ops::embedding_backward(ids, dout, d1);
+  ops::embedding_backward(ids, dout, d1, 0, 0, kRaise);
   omp_set_num_threads(3);
-  ops::embedding_backward(ids, dout, d3);
+  ops::embedding_backward(ids, dout, d3, 0, 0, kRaise);
   omp_set_num_threads(saved);
   CHECK(bitwise_equal(d1, d3));
 }
@@ -100,17 +102,17 @@ TEST_CASE("embedding: an out-of-range id names its token position and nothing is
   Owned out = randn({6, 3}, DType::F32, "emb.bad.out"), out0 = clone(out);
   for (int32_t bad : {5, -1}) {
     ids.ptr<int32_t>()[3] = bad;
-    CHECK_THROWS_WITH_AS(ops::embedding_forward(ids, table, out, false),
+    CHECK_THROWS_WITH_AS(ops::embedding_forward(ids, table, out, false, 0, 0, kRaise),
                          doctest::Contains(("ids[3] = " + std::to_string(bad)).c_str()), Error);
-    CHECK_THROWS_WITH_AS(ops::embedding_backward(ids, out, table),
+    CHECK_THROWS_WITH_AS(ops::embedding_backward(ids, out, table, 0, 0, kRaise),
                          doctest::Contains("token position 3"), Error);
     CHECK(bitwise_equal(out, out0));
   }
   ids.ptr<int32_t>()[3] = 0;
   Owned out_wrong = empty({6, 4}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::embedding_forward(ids, table, out_wrong, false),
+  CHECK_THROWS_WITH_AS(ops::embedding_forward(ids, table, out_wrong, false, 0, 0, kRaise),
                        doctest::Contains("out has shape"), Error);
   Owned ids64 = empty({6}, DType::I64, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::embedding_forward(ids64, table, out, false),
+  CHECK_THROWS_WITH_AS(ops::embedding_forward(ids64, table, out, false, 0, 0, kRaise),
                        doctest::Contains("ids is i64"), Error);
 }

@@ -174,7 +174,7 @@ TEST_CASE("linear layer gradients from matmul and sum_rows match fp64 finite dif
       };
       Owned dx = empty(x->shape, DType::F64, Device::CPU);
       poison(dx);
-      ops::matmul(r, false, w, false, dx);
+      ops::matmul(r, false, w, false, dx, {});
       Owned dw = randn(w->shape, DType::F64, "lin.dw0"), dw0 = clone(dw);  // += onto old values
       ops::matmul(r, true, x, false, dw, {1.f, 1.f, Tensor()});
       Owned db = randn(b->shape, DType::F64, "lin.db0"), db0 = clone(db);
@@ -218,22 +218,22 @@ TEST_CASE("sum_rows matches a direct column sum, beta 0 (poisoned out) and beta 
 TEST_CASE("matmul and sum_rows reject bad arguments, naming them") {
   Owned a = randn({4, 5}, DType::F32, "bad.a"), b = randn({6, 3}, DType::F32, "bad.b");
   Owned c = empty({4, 3}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b, false, c), doctest::Contains("inner dimensions"),
+  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b, false, c, {}), doctest::Contains("inner dimensions"),
                        Error);
   Owned b64 = randn({5, 3}, DType::F64, "bad.b64");
-  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b64, false, c), doctest::Contains("b (must match a)"),
+  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b64, false, c, {}), doctest::Contains("b (must match a)"),
                        Error);
   Owned b5 = randn({5, 3}, DType::F32, "bad.b5"), bias = randn({4}, DType::F32, "bad.bias");
   CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, c, {1.f, 0.f, bias.t}),
                        doctest::Contains("bias"), Error);
   Owned c_wrong = empty({3, 4}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, c_wrong), doctest::Contains("c has shape"),
+  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, c_wrong, {}), doctest::Contains("c has shape"),
                        Error);
   Owned x16 = empty({4, 5}, DType::BF16, Device::CPU), o16 = empty({5}, DType::BF16, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::sum_rows(x16, o16, 0.f), doctest::Contains("f32 or f64"), Error);
   // A tensor that claims to live on the GPU (never dereferenced): the dispatch refuses the mix.
   Tensor fake_gpu(c->data, DType::F32, Device::CUDA, {4, 3});
-  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, fake_gpu),
+  CHECK_THROWS_WITH_AS(ops::matmul(a, false, b5, false, fake_gpu, {}),
                        doctest::Contains("share a device"), Error);
 }
 

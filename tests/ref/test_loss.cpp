@@ -222,7 +222,7 @@ TEST_CASE("cross_entropy over padded rows (columns < width): the same losses and
     Owned pad = randn({t, w}, DType::F64, "ce.pad", 2.0);
     for (int64_t r = 0; r < t; ++r) pad.ptr<double>()[r * w + v] = NAN;  // never read or written
     Owned compact = empty({t, v}, DType::F64, Device::CPU);
-    ops::copy_columns(pad, 0, compact, 0, v);
+    ops::copy_columns(pad, 0, compact, 0, v, false);
     Owned labels = randint({t}, 0, v, "ce.pad.labels");
     Owned mask = empty({t}, DType::U8, Device::CPU);
     for (int64_t r = 0; r < t; ++r) mask.ptr<uint8_t>()[r] = r != 4;

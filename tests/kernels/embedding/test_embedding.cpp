@@ -20,6 +20,8 @@ using namespace engine::testing;
 
 namespace {
 
+constexpr ops::IdCheck kRaise = ops::IdCheck::kRaise;  // an id out of range raises
+
 struct EmbCase {
   int64_t t, vocab, c;
   int64_t offset;  // 1: table / out / dout / dtable one element past a 16-byte boundary
@@ -81,15 +83,15 @@ TEST_CASE("cuda embedding forward gathers rows (= and +=, bf16 and f32)" * docte
         DeviceTensor gids = to_gpu(ids, DType::I32);
         auto [gtable, table64] = device_input(table, dt, k.offset);
         Owned ref = empty({k.t, k.c}, DType::F64, Device::CPU);
-        ops::embedding_forward(ids, table64, ref, false);
+        ops::embedding_forward(ids, table64, ref, false, 0, 0, kRaise);
 
         DeviceTensor gout = gpu_poisoned({k.t, k.c}, dt, k.offset);
-        ops::embedding_forward(gids.t, gtable.t, gout.t, false);
+        ops::embedding_forward(gids.t, gtable.t, gout.t, false, 0, 0, kRaise);
         CHECK_CLOSE(gout.t, ref.t, 0.0);
 
         auto [gacc, ref_acc] = device_input(base, dt, k.offset);
-        ops::embedding_forward(ids, table64, ref_acc, true);
-        ops::embedding_forward(gids.t, gtable.t, gacc.t, true);
+        ops::embedding_forward(ids, table64, ref_acc, true, 0, 0, kRaise);
+        ops::embedding_forward(gids.t, gtable.t, gacc.t, true, 0, 0, kRaise);
         CHECK_CLOSE(gacc.t, ref_acc.t, output_tol(dt, ref_acc, 1e-6));
       }
     }
@@ -108,13 +110,13 @@ TEST_CASE("cuda embedding backward accumulates duplicate ids into f32 dtable, de
         DeviceTensor gids = to_gpu(ids, DType::I32);
         auto [gdout, dout64] = device_input(dout, dt, k.offset);
         Owned ref = to_host(dtable0, DType::F64);
-        ops::embedding_backward(ids, dout64, ref);
+        ops::embedding_backward(ids, dout64, ref, 0, 0, kRaise);
 
         DeviceTensor gd1 = to_gpu(dtable0, DType::F32, k.offset),
             gd2 = to_gpu(dtable0, DType::F32, k.offset);
-        ops::embedding_backward(gids.t, gdout.t, gd1.t);
+        ops::embedding_backward(gids.t, gdout.t, gd1.t, 0, 0, kRaise);
         CHECK_CLOSE(gd1.t, ref.t, 1e-5);
-        ops::embedding_backward(gids.t, gdout.t, gd2.t);
+        ops::embedding_backward(gids.t, gdout.t, gd2.t, 0, 0, kRaise);
         CHECK(bitwise_equal(gd1.t, gd2.t));
       }
     }
@@ -163,23 +165,23 @@ TEST_CASE("cuda embedding backward: runs of 64 and 65 entries at cell offsets 0,
             dtable0 = randn({vocab, c}, DType::F32, "emb.runs.dtable0");
       auto [gdout, dout64] = device_input(dout, dt, 0);
       Owned ref = to_host(dtable0, DType::F64);
-      ops::embedding_backward(ids, dout64, ref);
+      ops::embedding_backward(ids, dout64, ref, 0, 0, kRaise);
       DeviceTensor gd1 = to_gpu(dtable0, DType::F32), gd2 = to_gpu(dtable0, DType::F32);
-      ops::embedding_backward(gids.t, gdout.t, gd1.t);
+      ops::embedding_backward(gids.t, gdout.t, gd1.t, 0, 0, kRaise);
       CHECK_CLOSE(gd1.t, ref.t, 1e-5);
-      ops::embedding_backward(gids.t, gdout.t, gd2.t);
+      ops::embedding_backward(gids.t, gdout.t, gd2.t, 0, 0, kRaise);
       CHECK(bitwise_equal(gd1.t, gd2.t));
       DeviceTensor gd3 = to_gpu(dtable0, DType::F32);
-      ops::embedding_backward(gids.t, gdout.t, gd3.t);
+      ops::embedding_backward(gids.t, gdout.t, gd3.t, 0, 0, kRaise);
       CHECK(bitwise_equal(gd1.t, gd3.t));
     }
   }
   // No columns: nothing to add, and nothing to fail on.
   Owned dout0 = empty({t, 0}, DType::F32, Device::CUDA);
   Owned dtable00 = empty({vocab, 0}, DType::F32, Device::CUDA);
-  ops::embedding_backward(gids.t, dout0, dtable00);
+  ops::embedding_backward(gids.t, dout0, dtable00, 0, 0, kRaise);
   Owned out0 = empty({t, 0}, DType::F32, Device::CUDA);
-  ops::embedding_forward(gids.t, dtable00, out0, false);
+  ops::embedding_forward(gids.t, dtable00, out0, false, 0, 0, kRaise);
 }
 
 TEST_CASE("cuda embedding with trusted ids: the checked call's bits, bad ids skipped unreported" * doctest::test_suite("gpu")) {
@@ -195,11 +197,11 @@ TEST_CASE("cuda embedding with trusted ids: the checked call's bits, bad ids ski
       DeviceTensor dout = to_gpu(randn({k.t, k.c}, DType::F32, "emb.dout"), DType::BF16, k.offset);
       Owned dtable0 = randn({k.vocab, k.c}, DType::F32, "emb.dtable0");
       DeviceTensor a = gpu_poisoned({k.t, k.c}, DType::BF16, k.offset), b = gpu_poisoned({k.t, k.c}, DType::BF16, k.offset);
-      ops::embedding_forward(gids.t, table.t, a.t, false);
+      ops::embedding_forward(gids.t, table.t, a.t, false, 0, 0, kRaise);
       ops::embedding_forward(gids.t, table.t, b.t, false, 0, 0, ops::IdCheck::kTrusted);
       CHECK(bitwise_equal(a.t, b.t));
       DeviceTensor d1 = to_gpu(dtable0, DType::F32, k.offset), d2 = to_gpu(dtable0, DType::F32, k.offset);
-      ops::embedding_backward(gids.t, dout.t, d1.t);
+      ops::embedding_backward(gids.t, dout.t, d1.t, 0, 0, kRaise);
       ops::embedding_backward(gids.t, dout.t, d2.t, 0, 0, ops::IdCheck::kTrusted);
       CHECK(bitwise_equal(d1.t, d2.t));
 
@@ -253,8 +255,10 @@ TEST_CASE("cuda embedding raises on an out-of-range id, naming the token positio
       const std::vector<std::string> parts = {
           "ids[" + std::to_string(where) + "] = " + std::to_string(bad),
           "token position " + std::to_string(where)};
-      check_error_mentions([&] { ops::embedding_forward(gids.t, table.t, out.t, false); }, parts);
-      check_error_mentions([&] { ops::embedding_backward(gids.t, out.t, dtable.t); }, parts);
+      check_error_mentions(
+          [&] { ops::embedding_forward(gids.t, table.t, out.t, false, 0, 0, kRaise); }, parts);
+      check_error_mentions(
+          [&] { ops::embedding_backward(gids.t, out.t, dtable.t, 0, 0, kRaise); }, parts);
     }
   }
   // The device is still usable afterwards, and empty inputs are fine.
@@ -262,13 +266,13 @@ TEST_CASE("cuda embedding raises on an out-of-range id, naming the token positio
   DeviceTensor gids = to_gpu(ids, DType::I32);
   DeviceTensor table = to_gpu(randn({vocab, c}, DType::F32, "emb.table"), DType::F32);
   DeviceTensor out = gpu_poisoned({5, c}, DType::F32);
-  ops::embedding_forward(gids.t, table.t, out.t, false);
+  ops::embedding_forward(gids.t, table.t, out.t, false, 0, 0, kRaise);
   Owned ref = empty({5, c}, DType::F32, Device::CPU);
-  ops::embedding_forward(ids, to_host(table.t, DType::F32), ref, false);
+  ops::embedding_forward(ids, to_host(table.t, DType::F32), ref, false, 0, 0, kRaise);
   CHECK_CLOSE(out.t, ref.t, 0.0);
   DeviceTensor none = to_gpu(randint({0}, 0, vocab, "emb.none"), DType::I32);
   DeviceTensor out0 = gpu_poisoned({0, c}, DType::F32);
   DeviceTensor dtable = to_gpu(randn({vocab, c}, DType::F32, "emb.dtable0"), DType::F32);
-  ops::embedding_forward(none.t, table.t, out0.t, true);
-  ops::embedding_backward(none.t, out0.t, dtable.t);
+  ops::embedding_forward(none.t, table.t, out0.t, true, 0, 0, kRaise);
+  ops::embedding_backward(none.t, out0.t, dtable.t, 0, 0, kRaise);
 }

@@ -18,6 +18,8 @@ using namespace engine::testing;
 
 namespace {
 
+constexpr ops::IdCheck kRaise = ops::IdCheck::kRaise;  // an id out of range raises
+
 struct ShardCase {
   int64_t t, vocab, c;
   std::vector<int64_t> cuts;  // shard p holds ids [cuts[p], cuts[p + 1])
@@ -69,7 +71,7 @@ TEST_CASE("cuda sharded embedding forward: zero rows for other shards, shards su
               base = randn({k.t, k.c}, DType::F32, "embs.base");
         Owned table64 = to_host(to_host(table, dt), DType::F64);
         Owned full = empty({k.t, k.c}, DType::F64, Device::CPU);
-        ops::embedding_forward(ids, table64, full, false);
+        ops::embedding_forward(ids, table64, full, false, 0, 0, kRaise);
         Owned sum = zeros({k.t, k.c}, DType::F64, Device::CPU);
         for (size_t p = 0; p + 1 < k.cuts.size(); ++p) {
           INFO("shard [", k.cuts[p], ", ", k.cuts[p + 1], ")");
@@ -77,17 +79,17 @@ TEST_CASE("cuda sharded embedding forward: zero rows for other shards, shards su
           DeviceTensor gshard = gpu_poisoned(shard64->shape, dt, k.offset);
           copy_tensor(gshard.t, to_host(shard64, dt));
           Owned ref = empty({k.t, k.c}, DType::F64, Device::CPU);
-          ops::embedding_forward(ids, shard64, ref, false, k.cuts[p], k.vocab);
+          ops::embedding_forward(ids, shard64, ref, false, k.cuts[p], k.vocab, kRaise);
           DeviceTensor gout = gpu_poisoned({k.t, k.c}, dt, k.offset);
-          ops::embedding_forward(gids.t, gshard.t, gout.t, false, k.cuts[p], k.vocab);
+          ops::embedding_forward(gids.t, gshard.t, gout.t, false, k.cuts[p], k.vocab, kRaise);
           CHECK_CLOSE(gout.t, ref.t, 0.0);
           const Owned out64 = to_host(gout.t, DType::F64);
           for (int64_t i = 0; i < sum->numel(); ++i)
             sum.ptr<double>()[i] += out64.ptr<double>()[i];
 
           auto [gacc, ref_acc] = device_input(base, dt, k.offset);
-          ops::embedding_forward(ids, shard64, ref_acc, true, k.cuts[p], k.vocab);
-          ops::embedding_forward(gids.t, gshard.t, gacc.t, true, k.cuts[p], k.vocab);
+          ops::embedding_forward(ids, shard64, ref_acc, true, k.cuts[p], k.vocab, kRaise);
+          ops::embedding_forward(gids.t, gshard.t, gacc.t, true, k.cuts[p], k.vocab, kRaise);
           CHECK_CLOSE(gacc.t, ref_acc.t, output_tol(dt, ref_acc, 1e-6));
         }
         CHECK_CLOSE(sum.t, full.t, 0.0);
@@ -108,7 +110,7 @@ TEST_CASE("cuda sharded embedding backward: each shard gets its rows of the grad
               dtable0 = randn({k.vocab, k.c}, DType::F32, "embs.dtable0");
         auto [gdout, dout64] = device_input(dout, dt, k.offset);
         Owned full = to_host(dtable0, DType::F64);
-        ops::embedding_backward(ids, dout64, full);
+        ops::embedding_backward(ids, dout64, full, 0, 0, kRaise);
         for (size_t p = 0; p + 1 < k.cuts.size(); ++p) {
           INFO("shard [", k.cuts[p], ", ", k.cuts[p + 1], ")");
           Owned shard0 = rows_of(dtable0, k.cuts[p], k.cuts[p + 1]);
@@ -116,9 +118,9 @@ TEST_CASE("cuda sharded embedding backward: each shard gets its rows of the grad
                        gd2 = gpu_poisoned(shard0->shape, DType::F32, k.offset);
           copy_tensor(gd1.t, shard0);
           copy_tensor(gd2.t, shard0);
-          ops::embedding_backward(gids.t, gdout.t, gd1.t, k.cuts[p], k.vocab);
+          ops::embedding_backward(gids.t, gdout.t, gd1.t, k.cuts[p], k.vocab, kRaise);
           CHECK_CLOSE(gd1.t, rows_of(full, k.cuts[p], k.cuts[p + 1]).t, 1e-5);
-          ops::embedding_backward(gids.t, gdout.t, gd2.t, k.cuts[p], k.vocab);
+          ops::embedding_backward(gids.t, gdout.t, gd2.t, k.cuts[p], k.vocab, kRaise);
           CHECK(bitwise_equal(gd1.t, gd2.t));
         }
       }
@@ -142,9 +144,9 @@ TEST_CASE("cuda sharded embedding checks ids against the whole vocabulary" * doc
       const std::string msg = "ids[" + std::to_string(where) + "] = " + std::to_string(bad) +
                               " out of range [0, " + std::to_string(vocab) +
                               ") (token position " + std::to_string(where) + ")";
-      CHECK_THROWS_WITH_AS(ops::embedding_forward(gids.t, table.t, out.t, false, begin, vocab),
+      CHECK_THROWS_WITH_AS(ops::embedding_forward(gids.t, table.t, out.t, false, begin, vocab, kRaise),
                            doctest::Contains(msg.c_str()), Error);
-      CHECK_THROWS_WITH_AS(ops::embedding_backward(gids.t, out.t, dtable.t, begin, vocab),
+      CHECK_THROWS_WITH_AS(ops::embedding_backward(gids.t, out.t, dtable.t, begin, vocab, kRaise),
                            doctest::Contains(msg.c_str()), Error);
     }
   }
@@ -152,10 +154,10 @@ TEST_CASE("cuda sharded embedding checks ids against the whole vocabulary" * doc
   DeviceTensor gids = to_gpu(ids, DType::I32);
   DeviceTensor table = to_gpu(randn({rows, c}, DType::F32, "embs.table"), DType::F32);
   DeviceTensor out = gpu_poisoned({t, c}, DType::F32);
-  CHECK_NOTHROW(ops::embedding_forward(gids.t, table.t, out.t, false, begin, vocab));
-  CHECK_THROWS_WITH_AS(ops::embedding_forward(gids.t, table.t, out.t, false, 12, vocab),
+  CHECK_NOTHROW(ops::embedding_forward(gids.t, table.t, out.t, false, begin, vocab, kRaise));
+  CHECK_THROWS_WITH_AS(ops::embedding_forward(gids.t, table.t, out.t, false, 12, vocab, kRaise),
                        doctest::Contains("rows hold ids [12, 18), not a shard of a vocabulary of 17"),
                        Error);
-  CHECK_THROWS_WITH_AS(ops::embedding_backward(gids.t, out.t, table.t, 3, 0),
+  CHECK_THROWS_WITH_AS(ops::embedding_backward(gids.t, out.t, table.t, 3, 0, kRaise),
                        doctest::Contains("vocab_begin = 3 but vocab_total = 0"), Error);
 }

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "ops/gemm.h"
-#include "ref/gemm.h"
 #include "tests/common/gpu_testing.h"
 
 #ifdef ENGINE_CUDA
@@ -155,12 +154,12 @@ TEST_CASE("cuda matmul rejects what the GPU does not take" * doctest::test_suite
   if (!gpu_available_or_skip()) return;
   Owned a = empty({4, 3}, DType::F32, Device::CUDA), b = empty({3, 5}, DType::BF16, Device::CUDA);
   Owned c = empty({4, 5}, DType::F32, Device::CUDA), a16 = empty({4, 3}, DType::BF16, Device::CUDA);
-  CHECK_THROWS_AS(ops::matmul(a, false, b, false, c), Error);              // f32 input
-  CHECK_THROWS_AS(ops::matmul(a16, false, b, true, c), Error);             // inner dims differ
+  CHECK_THROWS_AS(ops::matmul(a, false, b, false, c, {}), Error);              // f32 input
+  CHECK_THROWS_AS(ops::matmul(a16, false, b, true, c, {}), Error);             // inner dims differ
   Owned bias = empty({4}, DType::F32, Device::CUDA);
   CHECK_THROWS_AS(ops::matmul(a16, false, b, false, c, {1.f, 0.f, bias}), Error);  // bias (M)
   Owned c64 = empty({4, 5}, DType::F64, Device::CUDA);
-  CHECK_THROWS_AS(ops::matmul(a16, false, b, false, c64), Error);
+  CHECK_THROWS_AS(ops::matmul(a16, false, b, false, c64, {}), Error);
 }
 
 TEST_CASE("cuda sum_rows matches f64 column sums, applies beta, and repeats bit for bit" * doctest::test_suite("gpu")) {

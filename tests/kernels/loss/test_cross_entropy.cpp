@@ -433,7 +433,7 @@ TEST_CASE("cross_entropy cuda over padded rows (columns < width) matches the f64
       const Owned labels = to_device(labels_host.t, Device::CUDA), mask = to_device(mask_host.t, Device::CUDA);
       // The reference on the compact (t, v) values the device holds.
       Owned ref_grad = empty({t, v}, DType::F64, Device::CPU);
-      ops::copy_columns(to_host(padded.t, DType::F64), 0, ref_grad, 0, v);
+      ops::copy_columns(to_host(padded.t, DType::F64), 0, ref_grad, 0, v, false);
       Owned ref_losses = empty({t}, DType::F64, Device::CPU);
       ref::cross_entropy(ref_grad, labels_host, mask_host, ref_losses, true, 0.5f, 1e-4f, 0.1f);
       for (const Variant& var : variants_for(v, dtype)) {
@@ -446,7 +446,7 @@ TEST_CASE("cross_entropy cuda over padded rows (columns < width) matches the f64
         CHECK_CLOSE(losses.t, ref_losses.t, dtype == DType::BF16 ? 1e-3 : 1e-5);
         const Owned out = to_host(logits.t, dtype);
         Owned grad = empty({t, v}, dtype, Device::CPU);
-        ops::copy_columns(out, 0, grad, 0, v);
+        ops::copy_columns(out, 0, grad, 0, v, false);
         CHECK_CLOSE(grad.t, ref_grad.t, dtype == DType::BF16 ? 1e-2 : 1e-5);
         bool padding_kept = true;
         const size_t es = dtype_size(dtype);

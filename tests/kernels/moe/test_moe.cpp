@@ -390,8 +390,8 @@ static void check_against_cublas(const std::vector<int32_t>& counts, int64_t N, 
     const int64_t r0 = l.offsets.ptr<int32_t>()[e], n = counts[e];
     if (n == 0) continue;
     const Tensor we = gw.t.slice(e, e + 1).view({N, K}), dwe = gdw_ref.t.slice(e, e + 1).view({N, K});
-    ops::matmul(gx.t.slice(r0, r0 + n), false, we, true, gy_ref.t.slice(r0, r0 + n));
-    ops::matmul(gdy.t.slice(r0, r0 + n), false, we, false, gdx_ref.t.slice(r0, r0 + n));
+    ops::matmul(gx.t.slice(r0, r0 + n), false, we, true, gy_ref.t.slice(r0, r0 + n), {});
+    ops::matmul(gdy.t.slice(r0, r0 + n), false, we, false, gdx_ref.t.slice(r0, r0 + n), {});
     ops::matmul(gdy.t.slice(r0, r0 + n), true, gx.t.slice(r0, r0 + n), false, dwe, {1.f, 1.f, {}});
   }
   Owned yr = owned_rows(gy_ref.t, l), dxr = owned_rows(gdx_ref.t, l);

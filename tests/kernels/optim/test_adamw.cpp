@@ -89,11 +89,11 @@ TEST_CASE("cuda adamw_step rejects wrong dtypes, lengths and steps" * doctest::t
   Owned g16 = zeros({16}, DType::BF16, Device::CUDA), short_v = zeros({15}, DType::F32, Device::CUDA);
   Owned copy_i32 = zeros({16}, DType::I32, Device::CUDA);
   ops::AdamWParams o;
-  CHECK_THROWS_AS(ops::adamw_step(p, g16, m, v, o), Error);
-  CHECK_THROWS_AS(ops::adamw_step(p, g, m, short_v, o), Error);
+  CHECK_THROWS_AS(ops::adamw_step(p, g16, m, v, o, Tensor{}), Error);
+  CHECK_THROWS_AS(ops::adamw_step(p, g, m, short_v, o, Tensor{}), Error);
   CHECK_THROWS_AS(ops::adamw_step(p, g, m, v, o, copy_i32), Error);
   o.step = 0;
-  CHECK_THROWS_AS(ops::adamw_step(p, g, m, v, o), Error);
+  CHECK_THROWS_AS(ops::adamw_step(p, g, m, v, o, Tensor{}), Error);
 }
 
 TEST_CASE("cuda adamw_step with decay runs: one call, the CPU reference's bits" * doctest::test_suite("gpu")) {
