@@ -85,12 +85,12 @@ void Moe::forward(const Env& env, const Tensor& xn, const Tensor& y, MoeSaved& s
   ops::moe_permute(x, s.row_of, xp);
   gathered = Owned{};
   s.h = env.act_tensor({R, 2 * ffn_});
-  ops::grouped_linear_forward(xp, w_gate_up_.w(), s.offsets, s.counts, s.h);
+  ops::grouped_linear_forward(xp, w_gate_up_.w(), s.offsets, s.counts, s.h, {});
   xp = Owned{};
   s.a = env.act_tensor({R, ffn_});
   ops::swiglu_forward(s.h, s.a);
   s.yo = env.act_tensor({R, C});
-  ops::grouped_linear_forward(s.a, w_out_.w(), s.offsets, s.counts, s.yo);
+  ops::grouped_linear_forward(s.a, w_out_.w(), s.offsets, s.counts, s.yo, {});
   if (env.sp()) {
     Owned partial = env.act_tensor({T, C});
     ops::moe_unpermute(s.yo, s.row_of, s.weights, partial);
@@ -118,8 +118,8 @@ void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Moe
 
   // Experts, last GEMM first.
   Owned da = env.act_tensor({R, ffn_});
-  ops::grouped_linear_backward_input(dyo, w_out_.w(), s.offsets, s.counts, da);
-  ops::grouped_linear_backward_weight(dyo, s.a, s.offsets, s.counts, w_out_.g());
+  ops::grouped_linear_backward_input(dyo, w_out_.w(), s.offsets, s.counts, da, {});
+  ops::grouped_linear_backward_weight(dyo, s.a, s.offsets, s.counts, w_out_.g(), {});
   dyo = Owned{};
   Owned dh = env.act_tensor({R, 2 * ffn_});
   ops::swiglu_backward(da, s.h, dh);
@@ -129,8 +129,8 @@ void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Moe
   Owned xp = env.act_tensor({R, C});
   ops::moe_permute(x, s.row_of, xp);
   Owned dxp = env.act_tensor({R, C});
-  ops::grouped_linear_backward_input(dh, w_gate_up_.w(), s.offsets, s.counts, dxp);
-  ops::grouped_linear_backward_weight(dh, xp, s.offsets, s.counts, w_gate_up_.g());
+  ops::grouped_linear_backward_input(dh, w_gate_up_.w(), s.offsets, s.counts, dxp, {});
+  ops::grouped_linear_backward_weight(dh, xp, s.offsets, s.counts, w_gate_up_.g(), {});
   dh = Owned{};
   xp = Owned{};
   Owned dx_storage;

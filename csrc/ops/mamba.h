@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace engine::ops {
 
@@ -55,6 +56,12 @@ struct ColumnBlock {
   int64_t ld() const { return base.ndim() == 2 ? base.size(1) : 0; }
 };
 
+// A block holds its tensor, named as the parameter (or member) it is.
+template <typename F>
+void visit_tensors(const ColumnBlock& b, const char* name, F&& f) {
+  f(b.base, name);
+}
+
 // The CUDA kernels' limits (a channel's states and conv taps live in registers); the config
 // checks models against them.
 constexpr int kMambaMaxState = 16;  // N
@@ -69,14 +76,6 @@ inline int64_t scan_num_chunks(int64_t tokens, int64_t chunk_len) {
   return tokens == 0 ? 0 : (tokens + chunk_len - 1) / chunk_len;
 }
 
-// x, y: (T, Di) blocks; weight (Di, K); bias (Di) or undefined.
-void causal_conv1d_forward(const ColumnBlock& x, const Tensor& weight, const Tensor& bias,
-                           const Tensor& cu_seqlens, bool silu, const ColumnBlock& y);
-// dy, x, dx: (T, Di) blocks; dweight (Di, K) +=, dbias (Di) += (undefined when bias is).
-void causal_conv1d_backward(const ColumnBlock& dy, const ColumnBlock& x, const Tensor& weight,
-                            const Tensor& bias, const Tensor& cu_seqlens, bool silu,
-                            const ColumnBlock& dx, const Tensor& dweight, const Tensor& dbias);
-
 struct ScanArgs {
   ColumnBlock x;       // (T, Di) the conv output (u)
   Tensor dt;           // (T, Di) dt_low W_dt^T, before dt_bias and softplus
@@ -90,6 +89,19 @@ struct ScanArgs {
   int64_t chunk_len = kScanChunk;
 };
 
+template <typename F>
+void visit_tensors(const ScanArgs& a, const char*, F&& f) {
+  visit_tensors(a.x, "x", f);
+  f(a.dt, "dt");
+  f(a.A_log, "A_log");
+  visit_tensors(a.B, "B", f);
+  visit_tensors(a.C, "C", f);
+  f(a.D, "D");
+  f(a.dt_bias, "dt_bias");
+  visit_tensors(a.z, "z", f);
+  f(a.cu_seqlens, "cu_seqlens");
+}
+
 struct ScanGrads {
   ColumnBlock dx;   // (T, Di)  =
   Tensor ddt;       // (T, Di)  =   (gradient of dt, i.e. of the dt_proj GEMM output)
@@ -101,10 +113,40 @@ struct ScanGrads {
   Tensor ddt_bias;  // (Di)     +=
 };
 
-// y: (T, Di) block; chunk_states: (scan_num_chunks(T, chunk_len), N, Di), written.
-void selective_scan_forward(const ScanArgs& a, const ColumnBlock& y, const Tensor& chunk_states);
-// dy: (T, Di) block, the gradient of y; chunk_states as forward wrote them.
-void selective_scan_backward(const ScanArgs& a, const ColumnBlock& dy, const Tensor& chunk_states,
-                             const ScanGrads& g);
+template <typename F>
+void visit_tensors(const ScanGrads& g, const char*, F&& f) {
+  visit_tensors(g.dx, "dx", f);
+  f(g.ddt, "ddt");
+  visit_tensors(g.dB, "dB", f);
+  visit_tensors(g.dC, "dC", f);
+  visit_tensors(g.dz, "dz", f);
+  f(g.dA_log, "dA_log");
+  f(g.dD, "dD");
+  f(g.ddt_bias, "ddt_bias");
+}
 
 }  // namespace engine::ops
+
+// causal_conv1d: x, y, dy, dx (T, Di) blocks; weight (Di, K); bias (Di) or undefined;
+//   dweight (Di, K) +=, dbias (Di) += (undefined when bias is).
+// selective_scan: y, dy (T, Di) blocks (dy the gradient of y); chunk_states
+//   (scan_num_chunks(T, chunk_len), N, Di), written by forward, read by backward.
+#define ENGINE_MAMBA_OPS(OP)                                                                  \
+  OP(void, causal_conv1d_forward,                                                             \
+     (const ops::ColumnBlock& x, const Tensor& weight, const Tensor& bias,                    \
+      const Tensor& cu_seqlens, bool silu, const ops::ColumnBlock& y),                        \
+     (x, weight, bias, cu_seqlens, silu, y))                                                  \
+  OP(void, causal_conv1d_backward,                                                            \
+     (const ops::ColumnBlock& dy, const ops::ColumnBlock& x, const Tensor& weight,            \
+      const Tensor& bias, const Tensor& cu_seqlens, bool silu, const ops::ColumnBlock& dx,    \
+      const Tensor& dweight, const Tensor& dbias),                                            \
+     (dy, x, weight, bias, cu_seqlens, silu, dx, dweight, dbias))                             \
+  OP(void, selective_scan_forward,                                                            \
+     (const ops::ScanArgs& a, const ops::ColumnBlock& y, const Tensor& chunk_states),         \
+     (a, y, chunk_states))                                                                    \
+  OP(void, selective_scan_backward,                                                           \
+     (const ops::ScanArgs& a, const ops::ColumnBlock& dy, const Tensor& chunk_states,         \
+      const ops::ScanGrads& g),                                                               \
+     (a, dy, chunk_states, g))
+
+ENGINE_DECLARE_OPS(ENGINE_MAMBA_OPS)

@@ -69,6 +69,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace engine::ops {
 
@@ -86,21 +87,6 @@ struct MoeAuxCoefs {
   float z_loss_coef = 0.f;    // router z-loss
 };
 
-void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
-                       const Tensor& expert_idx, const Tensor& weights);
-void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts,
-                    const MoeAuxCoefs& coefs, const Tensor& losses);
-void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
-                        const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
-                        const MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits);
-
-void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
-                  const Tensor& row_of);
-void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp);
-void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, const Tensor& y);
-void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
-                            const Tensor& weights, const Tensor& dyp, const Tensor& dweights);
-
 // The CUDA kernels of the grouped linear ops (cuda/moe/):
 //   Portable  the mma.sync kernels (grouped_gemm.cu), any GPU.
 //   Hopper    the wgmma kernels (grouped_gemm_sm90*.cu; an error on a device where the TMA kernel
@@ -114,18 +100,7 @@ struct GroupedLinearOptions {
   GroupedKernel kernel = GroupedKernel::Auto;
 };
 
-void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y,
-                            const GroupedLinearOptions& options = {});
-void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx,
-                                   const GroupedLinearOptions& options = {});
-void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw,
-                                    const GroupedLinearOptions& options = {});
-
 inline PhiloxKey moe_jitter_key(uint64_t seed) { return philox_key(seed, "moe.jitter"); }
-void moe_jitter(const Tensor& x, const Tensor& y, uint64_t seed, float eps);
 
 // The experts' weight layout of the grouped linear ops: w (E, N, K) or (S, E, N/S, K).
 struct GroupedWeight {
@@ -137,3 +112,49 @@ struct GroupedWeight {
 GroupedWeight grouped_weight(const Tensor& w, const char* op);
 
 }  // namespace engine::ops
+
+// weights of moe_unpermute: undefined (Tensor{}) for w = 1. options of the grouped linear ops:
+// the CUDA kernel choice (the CPU reference takes and ignores it).
+#define ENGINE_MOE_OPS(OP)                                                                      \
+  OP(void, moe_route_forward,                                                                   \
+     (const Tensor& logits, const Tensor& probs, const Tensor& lse, const Tensor& expert_idx,   \
+      const Tensor& weights),                                                                   \
+     (logits, probs, lse, expert_idx, weights))                                                 \
+  OP(void, moe_aux_losses,                                                                      \
+     (const Tensor& probs, const Tensor& lse, const Tensor& counts,                             \
+      const ops::MoeAuxCoefs& coefs, const Tensor& losses),                                     \
+     (probs, lse, counts, coefs, losses))                                                       \
+  OP(void, moe_route_backward,                                                                  \
+     (const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& expert_idx, \
+      const Tensor& weights, const Tensor& counts, const ops::MoeAuxCoefs& coefs,               \
+      float aux_grad_scale, const Tensor& dlogits),                                             \
+     (dweights, probs, lse, expert_idx, weights, counts, coefs, aux_grad_scale, dlogits))       \
+  OP(void, moe_dispatch,                                                                        \
+     (const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,                    \
+      const Tensor& row_of),                                                                    \
+     (expert_idx, counts, offsets, row_of))                                                     \
+  OP(void, moe_permute, (const Tensor& x, const Tensor& row_of, const Tensor& xp),              \
+     (x, row_of, xp))                                                                           \
+  OP(void, moe_unpermute,                                                                       \
+     (const Tensor& yp, const Tensor& row_of, const Tensor& weights, const Tensor& y),          \
+     (yp, row_of, weights, y))                                                                  \
+  OP(void, moe_unpermute_backward,                                                              \
+     (const Tensor& dy, const Tensor& yp, const Tensor& row_of, const Tensor& weights,          \
+      const Tensor& dyp, const Tensor& dweights),                                               \
+     (dy, yp, row_of, weights, dyp, dweights))                                                  \
+  OP(void, grouped_linear_forward,                                                              \
+     (const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& counts,            \
+      const Tensor& y, const ops::GroupedLinearOptions& options),                               \
+     (x, w, offsets, counts, y, options))                                                       \
+  OP(void, grouped_linear_backward_input,                                                       \
+     (const Tensor& dy, const Tensor& w, const Tensor& offsets, const Tensor& counts,           \
+      const Tensor& dx, const ops::GroupedLinearOptions& options),                              \
+     (dy, w, offsets, counts, dx, options))                                                     \
+  OP(void, grouped_linear_backward_weight,                                                      \
+     (const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& counts,           \
+      const Tensor& dw, const ops::GroupedLinearOptions& options),                              \
+     (dy, x, offsets, counts, dw, options))                                                     \
+  OP(void, moe_jitter, (const Tensor& x, const Tensor& y, uint64_t seed, float eps),            \
+     (x, y, seed, eps))
+
+ENGINE_DECLARE_OPS(ENGINE_MOE_OPS)

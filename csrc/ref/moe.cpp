@@ -6,7 +6,10 @@
 //             rows from a cursor per expert (stable)
 //   permute / unpermute   row copies and weighted row sums
 //   grouped linear        one plain triple loop per expert over its row range
-#include "ref/moe.h"
+// The shared checks ran (ops/moe.cpp); the reference checks what is its own: f32 or f64 floats
+// (float_switch), one dtype for all of them, and every index it reads (expert ids, rows, offsets,
+// counts) in range before anything is written.
+#include "ops/moe.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,19 +22,6 @@ namespace {
 
 constexpr int64_t kParallelWork = 1 << 15;
 
-// expert_idx (T, k) i32 with 1 <= k <= kMoeMaxTopK; returns k.
-int64_t check_idx_shape(const Tensor& idx, int64_t tokens, const char* op, const char* name) {
-  expect_cpu(idx, op, name);
-  expect_dtype(idx, DType::I32, op, name);
-  expect_ndim(idx, 2, op, name);
-  ENSURE(idx.size(0) == tokens, op, ": ", name, " has shape ", idx.shape.str(), ", expected ",
-         tokens, " rows");
-  const int64_t k = idx.size(1);
-  ENSURE(k >= 1 && k <= ops::kMoeMaxTopK, op, ": top_k = ", k, " outside [1, ",
-         ops::kMoeMaxTopK, "]");
-  return k;
-}
-
 // Every entry of an i32 tensor in [0, bound).
 void check_range(const Tensor& t, int64_t bound, const char* op, const char* name) {
   const int32_t* p = t.ptr<int32_t>();
@@ -40,17 +30,10 @@ void check_range(const Tensor& t, int64_t bound, const char* op, const char* nam
            bound, ")");
 }
 
-// counts (E) i32 with E in [1, kMoeMaxExperts], entries >= 0; returns E.
-int64_t check_counts(const Tensor& counts, const char* op) {
-  expect_cpu(counts, op, "counts");
-  expect_dtype(counts, DType::I32, op, "counts");
-  expect_ndim(counts, 1, op, "counts");
-  const int64_t e = counts.size(0);
-  ENSURE(e >= 1 && e <= ops::kMoeMaxExperts, op, ": ", e, " experts outside [1, ",
-         ops::kMoeMaxExperts, "]");
-  for (int64_t i = 0; i < e; ++i)
+// Every entry of counts (E) >= 0.
+void check_counts_nonnegative(const Tensor& counts, const char* op) {
+  for (int64_t i = 0; i < counts.numel(); ++i)
     ENSURE(counts.ptr<int32_t>()[i] >= 0, op, ": counts[", i, "] is negative");
-  return e;
 }
 
 // f_e = counts_e / sum counts (= counts_e / (T k)); zeros when nothing was routed.
@@ -67,31 +50,11 @@ std::vector<double> fractions(const Tensor& counts) {
 // Expert row ranges (offsets, counts) of an (R, ...) buffer: checks each lies inside [0, R).
 void check_ranges(const Tensor& offsets, const Tensor& counts, int64_t rows, int64_t experts,
                   const char* op) {
-  expect(offsets, DType::I32, {experts + 1}, op, "offsets");
-  expect(counts, DType::I32, {experts}, op, "counts");
   const int32_t *o = offsets.ptr<int32_t>(), *c = counts.ptr<int32_t>();
   for (int64_t e = 0; e < experts; ++e)
     ENSURE(o[e] >= 0 && c[e] >= 0 && int64_t{o[e]} + c[e] <= rows, op, ": expert ", e,
            " has rows [", o[e], ", ", int64_t{o[e]} + c[e], "), outside the ", rows,
            " rows of the buffer");
-}
-
-// The checks of a grouped product, in this order: the weight `w` (or its gradient) on the CPU in
-// the grouped layout; `lead`, the (R, ...) operand that gives R; both row operands with w's
-// dtype, `lead` and `other` of lead_cols / other_cols columns (GroupedWeight::k or ::n); the
-// experts' row ranges. Returns the weight's layout.
-ops::GroupedWeight check_grouped(const char* op, const Tensor& w, const char* w_name, const Tensor& lead,
-                           const char* lead_name, bool lead_is_k, const Tensor& other, const char* other_name,
-                           const Tensor& offsets, const Tensor& counts) {
-  expect_cpu(w, op, w_name);
-  const ops::GroupedWeight g = ops::grouped_weight(w, op);
-  expect_cpu(lead, op, lead_name);
-  expect_ndim(lead, 2, op, lead_name);
-  const int64_t R = lead.size(0);
-  expect(lead, w.dtype, {R, lead_is_k ? g.k : g.n}, op, lead_name);
-  expect(other, w.dtype, {R, lead_is_k ? g.n : g.k}, op, other_name);
-  check_ranges(offsets, counts, R, g.experts, op);
-  return g;
 }
 
 // Pointer to row n (of N = all stacks) of expert e's weight matrix W_e (N, K).
@@ -108,16 +71,7 @@ T* weight_row(T* w, const ops::GroupedWeight& g, int64_t e, int64_t n) {
 void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
                        const Tensor& expert_idx, const Tensor& weights) {
   const char* op = "moe_route_forward";
-  expect_cpu(logits, op, "logits");
-  expect_ndim(logits, 2, op, "logits");
-  const int64_t T = logits.size(0), E = logits.size(1);
-  ENSURE(E >= 1 && E <= ops::kMoeMaxExperts, op, ": ", E, " experts outside [1, ",
-         ops::kMoeMaxExperts, "]");
-  const int64_t k = check_idx_shape(expert_idx, T, op, "expert_idx");
-  ENSURE(k <= E, op, ": top_k = ", k, " > ", E, " experts");
-  expect(probs, logits.dtype, logits.shape, op, "probs");
-  expect(lse, logits.dtype, {T}, op, "lse");
-  expect(weights, logits.dtype, {T, k}, op, "weights");
+  const int64_t T = logits.size(0), E = logits.size(1), k = expert_idx.size(1);
   float_switch(logits.dtype, op, "logits", [&](auto tag) {
     using F = decltype(tag);
     const F* l = logits.ptr<F>();
@@ -151,13 +105,8 @@ void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& 
 void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts,
                     const ops::MoeAuxCoefs& coefs, const Tensor& losses) {
   const char* op = "moe_aux_losses";
-  const int64_t E = check_counts(counts, op);
-  expect_cpu(probs, op, "probs");
-  expect_ndim(probs, 2, op, "probs");
-  const int64_t T = probs.size(0);
-  expect_shape(probs, {T, E}, op, "probs");
-  expect(lse, probs.dtype, {T}, op, "lse");
-  expect(losses, probs.dtype, {2}, op, "losses");
+  check_counts_nonnegative(counts, op);
+  const int64_t T = probs.size(0), E = probs.size(1);
   const std::vector<double> f = fractions(counts);
   float_switch(probs.dtype, op, "probs", [&](auto tag) {
     using F = decltype(tag);
@@ -182,17 +131,10 @@ void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tenso
                         const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
                         const ops::MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits) {
   const char* op = "moe_route_backward";
-  const int64_t E = check_counts(counts, op);
-  expect_cpu(probs, op, "probs");
-  expect_ndim(probs, 2, op, "probs");
-  const int64_t T = probs.size(0);
-  expect_shape(probs, {T, E}, op, "probs");
-  const int64_t k = check_idx_shape(expert_idx, T, op, "expert_idx");
+  check_counts_nonnegative(counts, op);
+  const int64_t T = probs.size(0), E = probs.size(1), k = expert_idx.size(1);
   check_range(expert_idx, E, op, "expert_idx");
-  expect(lse, probs.dtype, {T}, op, "lse");
-  expect(weights, probs.dtype, {T, k}, op, "weights");
-  expect(dweights, probs.dtype, {T, k}, op, "dweights");
-  expect(dlogits, probs.dtype, {T, E}, op, "dlogits");
+  expect_dtype(dlogits, probs.dtype, op, "dlogits");
   const std::vector<double> f = fractions(counts);
   const double aux_g = T ? static_cast<double>(aux_grad_scale) * coefs.aux_loss_coef * E / T : 0;
   const double z_g = T ? static_cast<double>(aux_grad_scale) * coefs.z_loss_coef * 2.0 / T : 0;
@@ -226,21 +168,8 @@ void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tenso
 void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
                   const Tensor& row_of) {
   const char* op = "moe_dispatch";
-  expect_cpu(expert_idx, op, "expert_idx");
-  expect_ndim(expert_idx, 2, op, "expert_idx");
-  const int64_t T = expert_idx.size(0);
-  const int64_t k = check_idx_shape(expert_idx, T, op, "expert_idx");
-  expect_cpu(counts, op, "counts");
-  expect_dtype(counts, DType::I32, op, "counts");
-  expect_ndim(counts, 1, op, "counts");
-  const int64_t E = counts.size(0);
-  ENSURE(E >= 1 && E <= ops::kMoeMaxExperts, op, ": ", E, " experts outside [1, ",
-         ops::kMoeMaxExperts, "]");
-  expect(offsets, DType::I32, {E + 1}, op, "offsets");
-  expect(row_of, DType::I32, {T, k}, op, "row_of");
+  const int64_t T = expert_idx.size(0), k = expert_idx.size(1), E = counts.size(0);
   check_range(expert_idx, E, op, "expert_idx");
-  ENSURE(ops::moe_permuted_rows(T, k, E) <= INT32_MAX, op, ": ", T, " tokens x top_k ", k,
-         " overflow the i32 row indices");
   const int32_t* idx = expert_idx.ptr<int32_t>();
   int32_t *c = counts.ptr<int32_t>(), *o = offsets.ptr<int32_t>(), *row = row_of.ptr<int32_t>();
   std::fill(c, c + E, 0);
@@ -255,14 +184,7 @@ void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& 
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp) {
   const char* op = "moe_permute";
-  expect_cpu(x, op, "x");
-  expect_ndim(x, 2, op, "x");
-  const int64_t T = x.size(0), C = x.size(1);
-  const int64_t k = check_idx_shape(row_of, T, op, "row_of");
-  expect_cpu(xp, op, "xp");
-  expect_dtype(xp, x.dtype, op, "xp");
-  expect_ndim(xp, 2, op, "xp");
-  ENSURE(xp.size(1) == C, op, ": xp has shape ", xp.shape.str(), ", expected ", C, " columns");
+  const int64_t T = x.size(0), C = x.size(1), k = row_of.size(1);
   check_range(row_of, xp.size(0), op, "row_of");
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using F = decltype(tag);
@@ -276,16 +198,9 @@ void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp) {
 
 void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, const Tensor& y) {
   const char* op = "moe_unpermute";
-  expect_cpu(y, op, "y");
-  expect_ndim(y, 2, op, "y");
-  const int64_t T = y.size(0), C = y.size(1);
-  const int64_t k = check_idx_shape(row_of, T, op, "row_of");
-  expect_cpu(yp, op, "yp");
-  expect_dtype(yp, y.dtype, op, "yp");
-  expect_ndim(yp, 2, op, "yp");
-  ENSURE(yp.size(1) == C, op, ": yp has shape ", yp.shape.str(), ", expected ", C, " columns");
+  const int64_t T = y.size(0), C = y.size(1), k = row_of.size(1);
   const bool weighted = weights.defined() && weights.ndim() > 0;
-  if (weighted) expect(weights, y.dtype, {T, k}, op, "weights");
+  if (weighted) expect_dtype(weights, y.dtype, op, "weights");
   check_range(row_of, yp.size(0), op, "row_of");
   float_switch(y.dtype, op, "y", [&](auto tag) {
     using F = decltype(tag);
@@ -307,17 +222,9 @@ void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights
 void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
                             const Tensor& weights, const Tensor& dyp, const Tensor& dweights) {
   const char* op = "moe_unpermute_backward";
-  expect_cpu(dy, op, "dy");
-  expect_ndim(dy, 2, op, "dy");
-  const int64_t T = dy.size(0), C = dy.size(1);
-  const int64_t k = check_idx_shape(row_of, T, op, "row_of");
-  expect_cpu(yp, op, "yp");
-  expect_dtype(yp, dy.dtype, op, "yp");
-  expect_ndim(yp, 2, op, "yp");
-  ENSURE(yp.size(1) == C, op, ": yp has shape ", yp.shape.str(), ", expected ", C, " columns");
-  expect(dyp, dy.dtype, yp.shape, op, "dyp");
-  expect(weights, dy.dtype, {T, k}, op, "weights");
-  expect(dweights, dy.dtype, {T, k}, op, "dweights");
+  const int64_t T = dy.size(0), C = dy.size(1), k = row_of.size(1);
+  expect_dtype(weights, dy.dtype, op, "weights");
+  expect_dtype(dweights, dy.dtype, op, "dweights");
   check_range(row_of, yp.size(0), op, "row_of");
   float_switch(dy.dtype, op, "dy", [&](auto tag) {
     using F = decltype(tag);
@@ -339,10 +246,13 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& ro
 
 // ---- Grouped linear ---------------------------------------------------------------------------
 
+// The options choose among the CUDA kernels; the reference has one loop and ignores them.
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y) {
+                            const Tensor& counts, const Tensor& y,
+                            const ops::GroupedLinearOptions&) {
   const char* op = "grouped_linear_forward";
-  const ops::GroupedWeight g = check_grouped(op, w, "w", x, "x", true, y, "y", offsets, counts);
+  const ops::GroupedWeight g = ops::grouped_weight(w, op);
+  check_ranges(offsets, counts, x.size(0), g.experts, op);
   float_switch(w.dtype, op, "w", [&](auto tag) {
     using F = decltype(tag);
     const F *px = x.ptr<F>(), *pw = w.ptr<F>();
@@ -361,10 +271,13 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offs
   });
 }
 
+// The options are ignored (as in the forward).
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx) {
+                                   const Tensor& counts, const Tensor& dx,
+                                   const ops::GroupedLinearOptions&) {
   const char* op = "grouped_linear_backward_input";
-  const ops::GroupedWeight g = check_grouped(op, w, "w", dy, "dy", false, dx, "dx", offsets, counts);
+  const ops::GroupedWeight g = ops::grouped_weight(w, op);
+  check_ranges(offsets, counts, dy.size(0), g.experts, op);
   float_switch(w.dtype, op, "w", [&](auto tag) {
     using F = decltype(tag);
     const F *pdy = dy.ptr<F>(), *pw = w.ptr<F>();
@@ -385,10 +298,15 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
   });
 }
 
+// The options are ignored (as in the forward). dy and x share a dtype (the shared checks); here
+// also dw's.
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw) {
+                                    const Tensor& counts, const Tensor& dw,
+                                    const ops::GroupedLinearOptions&) {
   const char* op = "grouped_linear_backward_weight";
-  const ops::GroupedWeight g = check_grouped(op, dw, "dw", dy, "dy", false, x, "x", offsets, counts);
+  expect_dtype(dy, dw.dtype, op, "dy");
+  const ops::GroupedWeight g = ops::grouped_weight(dw, op);
+  check_ranges(offsets, counts, dy.size(0), g.experts, op);
   float_switch(dw.dtype, op, "dw", [&](auto tag) {
     using F = decltype(tag);
     const F *pdy = dy.ptr<F>(), *px = x.ptr<F>();
@@ -414,8 +332,6 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 
 void moe_jitter(const Tensor& x, const Tensor& y, uint64_t seed, float eps) {
   const char* op = "moe_jitter";
-  expect_cpu(x, op, "x");
-  expect(y, x.dtype, x.shape, op, "y");
   const PhiloxKey key = ops::moe_jitter_key(seed);
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using F = decltype(tag);

@@ -1,6 +1,6 @@
 // Shared by the Mamba kernel files (.cu only): document starts as a bitmask over the packed
-// tokens (built from cu_seqlens once per op call), launcher checks of column blocks, and the
-// device math the conv and the scan share.
+// tokens (built from cu_seqlens once per op call), the launchers' dtype check of column blocks,
+// and the device math the conv and the scan share.
 #pragma once
 #include <cstdint>
 
@@ -62,23 +62,10 @@ __device__ __forceinline__ ChunkStarts chunk_starts(const uint32_t* __restrict__
   return {start_bits64(words, count, t0), start_bits64(words, count, t0 + 64)};
 }
 
-inline void expect_cu_seqlens(const Tensor& cu, const char* op) {
-  expect_cuda(cu, op, "cu_seqlens");
-  ENSURE(cu.dtype == DType::I32 && cu.ndim() == 1 && cu.numel() >= 1, op,
-         ": cu_seqlens must be (S + 1) i32, got ", dtype_name(cu.dtype), " ", cu.shape.str());
-}
-
-// A bf16 column block of `rows` rows and `width` columns inside its 2-D tensor.
-inline void expect_block(const ops::ColumnBlock& b, int64_t rows, int64_t width, const char* op,
-                         const char* name) {
-  expect_cuda(b.base, op, name);
-  ENSURE(b.base.dtype == DType::BF16, op, ": ", name, " is ", dtype_name(b.base.dtype),
-         ", expected bf16");
-  ENSURE(b.base.ndim() == 2, op, ": ", name, " must be a 2-D tensor, got ", b.base.shape.str());
-  ENSURE(b.rows() == rows && b.width == width, op, ": ", name, " is ", b.rows(), " x ", b.width,
-         ", expected ", rows, " x ", width);
-  ENSURE(b.col >= 0 && b.col + b.width <= b.ld(), op, ": ", name, " columns [", b.col, ", ",
-         b.col + b.width, ") outside its tensor of ", b.ld(), " columns");
+// A tensor (or a column block's) in bf16, the kernels' activations and weights; its shape and
+// place were checked before (ops/mamba.cpp).
+inline void expect_bf16(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.dtype == DType::BF16, op, ": ", name, " is ", dtype_name(t.dtype), ", expected bf16");
 }
 
 template <typename T> T* block_ptr(const ops::ColumnBlock& b) {

@@ -22,11 +22,14 @@
 // reciprocal (the correctly rounded __frcp_rn added a call and a dozen instructions), row
 // pointers stepped by 32-bit strides instead of 64-bit offsets per token, the check-free path for
 // plain groups, and 4 channels a thread forward. Wider threads (more state per thread, fewer
-// threads) and groups of 32 tokens measured slower (docs/PERF.md).
+// threads) and groups of 32 tokens were slower (docs/PERF.md).
 // Memory: x, y, dy, dx bf16 column blocks of row-major tensors (any alignment: scalar loads where
 // not aligned for the forward's 8-byte ones); weight, bias bf16; dweight, dbias f32. Limits: K <=
 // 4, Di < 2^31 / 128 blocks, T < 2^31, rows of at most 2^25 elements.
-#include "cuda/mamba/conv1d.cuh"
+// The shared preconditions ran before (ops/mamba.cpp: shapes, blocks inside their tensors, one
+// dtype for x, weight, bias, y, dy, dx); the launchers check what is theirs: bf16 activations,
+// f32 parameter gradients, and the limits above.
+#include "ops/mamba.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -180,7 +183,7 @@ static __global__ void __launch_bounds__(kThreads, MB) conv_fwd_kernel(ConvParam
   }
 }
 
-// The backward: one channel a thread (wider measured slower: docs/PERF.md), groups of kGroup.
+// The backward: one channel a thread (wider threads were slower: docs/PERF.md), groups of kGroup.
 template <int K>
 static __global__ void __launch_bounds__(kThreads, kBwdMinBlocks) conv_bwd_kernel(ConvParams p) {
   constexpr int V = 1, G = kGroup;
@@ -308,26 +311,20 @@ struct ConvShape {
   int channels, k;
 };
 
-// A column block the conv kernels read or write: mamba::expect_block's checks, and rows short
-// enough for the kernels' 32-bit pointer steps (a multiple of the row length, up to 64 rows).
-void expect_conv_block(const ops::ColumnBlock& b, int64_t rows, int64_t width, const char* op,
-                       const char* name) {
-  mamba::expect_block(b, rows, width, op, name);
+// A column block the conv kernels read or write (shape checked before): rows short enough for
+// the kernels' 32-bit pointer steps (a multiple of the row length, up to 64 rows).
+void expect_conv_block(const ops::ColumnBlock& b, const char* op, const char* name) {
   ENSURE(b.ld() < (int64_t{1} << 25), op, ": ", name, " rows of ", b.ld(),
          " elements (the conv kernels need fewer than 2^25)");
 }
 
-ConvShape check_conv(const char* op, const ops::ColumnBlock& x, const Tensor& weight,
-                     const Tensor& bias, const Tensor& cu_seqlens) {
-  expect_cuda(weight, op, "weight");
-  ENSURE(weight.dtype == DType::BF16 && weight.ndim() == 2, op, ": weight must be (Di, K) bf16, got ",
-         dtype_name(weight.dtype), " ", weight.shape.str());
+// x in bf16 (weight, bias: x's dtype) and the kernels' limits.
+ConvShape check_conv(const char* op, const ops::ColumnBlock& x, const Tensor& weight) {
+  mamba::expect_bf16(x.base, op, "x");
   const int64_t di = weight.size(0), k = weight.size(1);
   ENSURE(k >= 1 && k <= kMaxK, op, ": kernel size ", k, " not in [1, ", kMaxK, "] (CUDA kernels)");
   ENSURE(di >= 1 && di < (int64_t{1} << 31) - kThreads, op, ": ", di, " channels");
-  expect_conv_block(x, x.rows(), di, op, "x");
-  if (bias.data) expect_cuda(bias, DType::BF16, {di}, op, "bias");
-  mamba::expect_cu_seqlens(cu_seqlens, op);
+  expect_conv_block(x, op, "x");
   ENSURE(x.rows() < (int64_t{1} << 31), op, ": T = ", x.rows(), " tokens");
   return {x.rows(), static_cast<int>(di), static_cast<int>(k)};
 }
@@ -375,8 +372,8 @@ void k_switch(int k, F&& f) {
 void causal_conv1d_forward(const ops::ColumnBlock& x, const Tensor& weight, const Tensor& bias,
                            const Tensor& cu_seqlens, bool silu, const ops::ColumnBlock& y) {
   const char* op = "causal_conv1d_forward";
-  const ConvShape s = check_conv(op, x, weight, bias, cu_seqlens);
-  expect_conv_block(y, s.tokens, s.channels, op, "y");
+  const ConvShape s = check_conv(op, x, weight);
+  expect_conv_block(y, op, "y");
   if (s.tokens == 0) return;
   Owned starts = mamba::doc_start_bits(cu_seqlens, s.tokens);
   bf16_t* yp = mamba::block_ptr<bf16_t>(y);
@@ -403,12 +400,11 @@ void causal_conv1d_backward(const ops::ColumnBlock& dy, const ops::ColumnBlock& 
                             bool silu, const ops::ColumnBlock& dx, const Tensor& dweight,
                             const Tensor& dbias) {
   const char* op = "causal_conv1d_backward";
-  const ConvShape s = check_conv(op, x, weight, bias, cu_seqlens);
-  expect_conv_block(dy, s.tokens, s.channels, op, "dy");
-  expect_conv_block(dx, s.tokens, s.channels, op, "dx");
-  expect_cuda(dweight, DType::F32, {s.channels, s.k}, op, "dweight");
-  ENSURE(!dbias.data || bias.data, op, ": dbias given without bias");
-  if (dbias.data) expect_cuda(dbias, DType::F32, {s.channels}, op, "dbias");
+  const ConvShape s = check_conv(op, x, weight);
+  expect_conv_block(dy, op, "dy");
+  expect_conv_block(dx, op, "dx");
+  ops::expect_dtype(dweight, DType::F32, op, "dweight");
+  if (dbias.data) ops::expect_dtype(dbias, DType::F32, op, "dbias");
   if (s.tokens == 0) return;
   Owned starts = mamba::doc_start_bits(cu_seqlens, s.tokens);
   ConvParams p = conv_params(s, x, weight, bias, silu, starts, 1);

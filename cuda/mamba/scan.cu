@@ -35,7 +35,10 @@
 // loads); A_log, D, dt_bias bf16; chunk_states f32 (chunks, N, Di); dA_log, dD, ddt_bias f32 +=.
 // Limits: N <= 16, chunk_len <= 128, T < 2^31, Di < 2^31 / 16, row strides of the (T, Di) blocks
 // below 2^31.
-#include "cuda/mamba/scan.cuh"
+// The shared preconditions ran before (ops/mamba.cpp: shapes, blocks inside their tensors, one
+// dtype for the activations and weights); the launchers check what is theirs (check_scan,
+// scan_impl.cuh): bf16, chunk_states and the parameter gradients f32, and the limits above.
+#include "ops/mamba.h"
 
 #include <cstdint>
 
@@ -196,7 +199,6 @@ void selective_scan_forward(const ops::ScanArgs& a, const ops::ColumnBlock& y,
                             const Tensor& chunk_states) {
   const char* op = "selective_scan_forward";
   const ScanShape s = check_scan(op, a, chunk_states);
-  mamba::expect_block(y, s.tokens, s.channels, op, "y");
   expect_int_stride(a.x, op, "x");
   expect_int_stride(a.z, op, "z");
   expect_int_stride(y, op, "y");

@@ -21,7 +21,7 @@
 // state), the per-state arithmetic is regrouped (pass F: v = gs h first, gy h = C v; pass R: the
 // g b terms one FMA each, q = du sum_n A2 g B), and the per-state arrays are lane-permuted so that
 // the dB/dC butterfly needs 6 selects instead of 30.
-#include "cuda/mamba/scan.cuh"
+#include "ops/mamba.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -427,15 +427,9 @@ void selective_scan_backward(const ops::ScanArgs& a, const ops::ColumnBlock& dy,
                              const Tensor& chunk_states, const ops::ScanGrads& g) {
   const char* op = "selective_scan_backward";
   const ScanShape s = check_scan(op, a, chunk_states);
-  mamba::expect_block(dy, s.tokens, s.channels, op, "dy");
-  mamba::expect_block(g.dx, s.tokens, s.channels, op, "dx");
-  expect_cuda(g.ddt, DType::BF16, {s.tokens, s.channels}, op, "ddt");
-  mamba::expect_block(g.dB, s.tokens, s.states, op, "dB");
-  mamba::expect_block(g.dC, s.tokens, s.states, op, "dC");
-  mamba::expect_block(g.dz, s.tokens, s.channels, op, "dz");
-  expect_cuda(g.dA_log, DType::F32, {s.channels, s.states}, op, "dA_log");
-  expect_cuda(g.dD, DType::F32, {s.channels}, op, "dD");
-  expect_cuda(g.ddt_bias, DType::F32, {s.channels}, op, "ddt_bias");
+  ops::expect_dtype(g.dA_log, DType::F32, op, "dA_log");
+  ops::expect_dtype(g.dD, DType::F32, op, "dD");
+  ops::expect_dtype(g.ddt_bias, DType::F32, op, "ddt_bias");
   expect_int_stride(a.x, op, "x");
   expect_int_stride(a.z, op, "z");
   expect_int_stride(dy, op, "dy");

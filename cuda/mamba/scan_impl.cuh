@@ -1,12 +1,13 @@
 // Shared by the selective scan's kernel files (scan.cu: the forward, scan_backward.cu: the
-// backward): the kernels' parameters, device helpers and launcher checks. .cu only.
+// backward): the kernels' parameters, device helpers and launcher checks (what the CUDA kernels
+// take beyond the shared preconditions of ops/mamba.cpp). .cu only.
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/mamba/common.cuh"
 #include "cuda/mamba/poly_math.h"
-#include "cuda/mamba/scan.cuh"
+#include "ops/mamba.h"
 
 namespace engine::cuda::scan_impl {
 
@@ -115,26 +116,18 @@ struct ScanShape {
   int channels, states, chunks;
 };
 
+// A_log in bf16 (every activation and weight has its dtype, checked before), chunk_states f32,
+// and the kernels' limits.
 inline ScanShape check_scan(const char* op, const ops::ScanArgs& a, const Tensor& chunk_states) {
-  expect_cuda(a.A_log, op, "A_log");
-  ENSURE(a.A_log.dtype == DType::BF16 && a.A_log.ndim() == 2, op, ": A_log must be (Di, N) bf16, got ",
-         dtype_name(a.A_log.dtype), " ", a.A_log.shape.str());
+  mamba::expect_bf16(a.A_log, op, "A_log");
   const int64_t di = a.A_log.size(0), n = a.A_log.size(1), t = a.x.rows();
   ENSURE(n >= 1 && n <= kN, op, ": N = ", n, " states, the CUDA kernels hold 1 to ", kN);
   ENSURE(di >= 1 && di < (int64_t{1} << 27), op, ": ", di, " channels");
   ENSURE(t < (int64_t{1} << 31), op, ": T = ", t, " tokens");
   ENSURE(a.chunk_len >= 1 && a.chunk_len <= kMaxChunk, op, ": chunk_len ", a.chunk_len,
          " not in [1, ", kMaxChunk, "] (CUDA kernels)");
-  mamba::expect_block(a.x, t, di, op, "x");
-  expect_cuda(a.dt, DType::BF16, {t, di}, op, "dt");
-  mamba::expect_block(a.B, t, n, op, "B");
-  mamba::expect_block(a.C, t, n, op, "C");
-  expect_cuda(a.D, DType::BF16, {di}, op, "D");
-  expect_cuda(a.dt_bias, DType::BF16, {di}, op, "dt_bias");
-  mamba::expect_block(a.z, t, di, op, "z");
-  mamba::expect_cu_seqlens(a.cu_seqlens, op);
+  ops::expect_dtype(chunk_states, DType::F32, op, "chunk_states");
   const int64_t chunks = ops::scan_num_chunks(t, a.chunk_len);
-  expect_cuda(chunk_states, DType::F32, {chunks, n, di}, op, "chunk_states");
   return {t, static_cast<int>(di), static_cast<int>(n), static_cast<int>(chunks)};
 }
 

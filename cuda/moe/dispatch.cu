@@ -1,4 +1,4 @@
-// Dispatch of token rows to experts and back (contract: csrc/ops/moe.h, launchers: moe.cuh).
+// Dispatch of token rows to experts and back (contract: csrc/ops/moe.h; the CUDA side: moe.cuh).
 // The A = T k assignments (t, j), in order a = t k + j, are cut into chunks of kChunk; chunk b
 // is handled by block b of both chunk kernels:
 //   count_kernel    per-chunk histogram (shared-memory atomics: counts are order free) ->
@@ -17,9 +17,11 @@
 //   unpermute_kernel   one block per token: y(t) = sum_j w_tj yp(row_tj) in f32
 //   unpermute_backward_kernel  one block per token: the scatter of w dy and the k dot products
 //                      (per-thread partials, then a fixed-order block reduction)
+// The shared preconditions ran before (ops/moe.cpp); the launchers check what is theirs: rows of
+// bf16 or f32, the unpermute weights in f32.
 #include "core/buffer.h"
 #include "cuda/common/launch.cuh"
-#include "cuda/moe/moe.cuh"
+#include "ops/moe.h"
 
 namespace engine::cuda {
 namespace {
@@ -226,39 +228,17 @@ static __global__ void unpermute_backward_kernel(const T* dy, const T* yp, const
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// row_of (T, k) i32 on the GPU; returns k.
-int64_t check_rows(const Tensor& row_of, int64_t tokens, const char* op) {
-  expect_cuda(row_of, op, "row_of");
-  ENSURE(row_of.dtype == DType::I32 && row_of.ndim() == 2 && row_of.size(0) == tokens, op,
-         ": row_of must be (T, k) i32 with T = ", tokens, ", got ", dtype_name(row_of.dtype), " ",
-         row_of.shape.str());
-  const int64_t k = row_of.size(1);
-  ENSURE(k >= 1 && k <= ops::kMoeMaxTopK, op, ": top_k = ", k, " outside [1, ",
-         ops::kMoeMaxTopK, "]");
-  return k;
+// t in bf16 or f32.
+void expect_float(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+         dtype_name(t.dtype), ", expected bf16 or f32");
 }
 
 }  // namespace
 
 void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
                   const Tensor& row_of) {
-  const char* op = "moe_dispatch";
-  expect_cuda(expert_idx, op, "expert_idx");
-  ENSURE(expert_idx.dtype == DType::I32 && expert_idx.ndim() == 2, op,
-         ": expert_idx must be (T, k) i32, got ", dtype_name(expert_idx.dtype), " ",
-         expert_idx.shape.str());
-  const int64_t T = expert_idx.size(0), k = expert_idx.size(1);
-  ENSURE(k >= 1 && k <= ops::kMoeMaxTopK, op, ": top_k = ", k, " outside [1, ",
-         ops::kMoeMaxTopK, "]");
-  expect_cuda(counts, op, "counts");
-  ENSURE(counts.dtype == DType::I32 && counts.ndim() == 1, op, ": counts must be (E) i32");
-  const int64_t E = counts.size(0);
-  ENSURE(E >= 1 && E <= ops::kMoeMaxExperts, op, ": ", E, " experts outside [1, ",
-         ops::kMoeMaxExperts, "]");
-  expect_cuda(offsets, DType::I32, {E + 1}, op, "offsets");
-  expect_cuda(row_of, DType::I32, {T, k}, op, "row_of");
-  ENSURE(ops::moe_permuted_rows(T, k, E) <= INT32_MAX, op, ": ", T, " tokens x top_k ", k,
-         " overflow the i32 row indices");
+  const int64_t T = expert_idx.size(0), k = expert_idx.size(1), E = counts.size(0);
   const int64_t A = T * k;
   const int64_t chunks = std::max<int64_t>(1, ceil_div(A, kChunk));
   Owned scratch = empty({chunks, E}, DType::I32, Device::CUDA);
@@ -277,14 +257,8 @@ void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& 
 }
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp) {
-  const char* op = "moe_permute";
-  expect_cuda_float(x, op, "x");
-  ENSURE(x.ndim() == 2, op, ": x must be (T, C), got ", x.shape.str());
-  const int64_t T = x.size(0), C = x.size(1);
-  const int64_t k = check_rows(row_of, T, op);
-  expect_cuda(xp, op, "xp");
-  ENSURE(xp.dtype == x.dtype && xp.ndim() == 2 && xp.size(1) == C, op, ": xp must be (R, ", C,
-         ") ", dtype_name(x.dtype), ", got ", dtype_name(xp.dtype), " ", xp.shape.str());
+  expect_float(x, "moe_permute", "x");  // xp: x's dtype
+  const int64_t T = x.size(0), C = x.size(1), k = row_of.size(1);
   if (T == 0 || C == 0) return;
   const bool vec = (C * dtype_size(x.dtype)) % 16 == 0 && aligned16(x.data) && aligned16(xp.data);
   float_switch(x.dtype, [&](auto tag) {
@@ -298,15 +272,10 @@ void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp) {
 
 void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, const Tensor& y) {
   const char* op = "moe_unpermute";
-  expect_cuda_float(y, op, "y");
-  ENSURE(y.ndim() == 2, op, ": y must be (T, C), got ", y.shape.str());
-  const int64_t T = y.size(0), C = y.size(1);
-  const int64_t k = check_rows(row_of, T, op);
-  expect_cuda(yp, op, "yp");
-  ENSURE(yp.dtype == y.dtype && yp.ndim() == 2 && yp.size(1) == C, op, ": yp must be (R, ", C,
-         ") ", dtype_name(y.dtype), ", got ", dtype_name(yp.dtype), " ", yp.shape.str());
+  expect_float(y, op, "y");  // yp: y's dtype
+  const int64_t T = y.size(0), C = y.size(1), k = row_of.size(1);
   const bool weighted = weights.data != nullptr;
-  if (weighted) expect_cuda(weights, DType::F32, {T, k}, op, "weights");
+  if (weighted) ops::expect_dtype(weights, DType::F32, op, "weights");
   if (T == 0) return;
   const bool vec = (C * dtype_size(y.dtype)) % 16 == 0 && aligned16(y.data) && aligned16(yp.data);
   float_switch(y.dtype, [&](auto tag) {
@@ -322,16 +291,10 @@ void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights
 void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
                             const Tensor& weights, const Tensor& dyp, const Tensor& dweights) {
   const char* op = "moe_unpermute_backward";
-  expect_cuda_float(dy, op, "dy");
-  ENSURE(dy.ndim() == 2, op, ": dy must be (T, C), got ", dy.shape.str());
-  const int64_t T = dy.size(0), C = dy.size(1);
-  const int64_t k = check_rows(row_of, T, op);
-  expect_cuda(yp, op, "yp");
-  ENSURE(yp.dtype == dy.dtype && yp.ndim() == 2 && yp.size(1) == C, op, ": yp must be (R, ", C,
-         ") ", dtype_name(dy.dtype), ", got ", dtype_name(yp.dtype), " ", yp.shape.str());
-  expect_cuda(dyp, dy.dtype, yp.shape, op, "dyp");
-  expect_cuda(weights, DType::F32, {T, k}, op, "weights");
-  expect_cuda(dweights, DType::F32, {T, k}, op, "dweights");
+  expect_float(dy, op, "dy");  // yp, dyp: dy's dtype
+  ops::expect_dtype(weights, DType::F32, op, "weights");
+  ops::expect_dtype(dweights, DType::F32, op, "dweights");
+  const int64_t T = dy.size(0), C = dy.size(1), k = row_of.size(1);
   if (T == 0) return;
   const bool vec = (C * dtype_size(dy.dtype)) % 16 == 0 && aligned16(dy.data) &&
                    aligned16(yp.data) && aligned16(dyp.data);

@@ -1,5 +1,5 @@
-// Grouped GEMMs of the mixture of experts on tensor cores (contract: csrc/ops/moe.h,
-// launchers: moe.cuh): one launch covers every expert.
+// Grouped GEMMs of the mixture of experts on tensor cores (contract: csrc/ops/moe.h; the CUDA
+// side: moe.cuh): one launch covers every expert.
 //   forward  y_rows(e)  = x_rows(e) W_e^T        A = x (kA),  B = W_e rows n (kB)
 //   dgrad    dx_rows(e) = dy_rows(e) W_e         A = dy (kA), B = W_e rows n, columns k (kBTrans)
 //   wgrad    dW_e      += dy_rows(e)^T x_rows(e)  A = dy^T (kATrans), B = x (kBTrans), f32 +=
@@ -24,12 +24,16 @@
 // otherwise (Auto on sm_90, Hopper) grouped_gemm_sm90.cu's persistent TMA wgmma kernel: all three
 // products, the backward ones reading their operands MN-major (no transposed copies); the
 // cp.async wgmma forward where the TMA kernel does not take the weight stacks.
+// The shared preconditions ran before (ops/moe.cpp: shapes, the row operands in one dtype, with
+// w's outside the weight gradient); the launchers check what is theirs: bf16 operands (dw f32),
+// K and N multiples of 8, 16-byte aligned bf16 pointers (dw 8-byte), 32-bit tile counts.
 #include <algorithm>
 #include <mutex>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/moe/grouped_gemm_common.cuh"
 #include "cuda/moe/moe.cuh"
+#include "ops/moe.h"
 
 namespace engine::cuda {
 namespace {
@@ -203,24 +207,20 @@ void allow_smem(Kernel kernel, std::once_flag& flag) {
   });
 }
 
-// Checks the common arguments; returns the weight layout and R.
-ops::GroupedWeight check_grouped(const Tensor& w, DType wdtype, const Tensor& rows_tensor,
-                                 const Tensor& offsets, const Tensor& counts, const char* op) {
-  expect_cuda(w, op, "w");
-  ENSURE(w.dtype == wdtype, op, ": w is ", dtype_name(w.dtype), ", expected ", dtype_name(wdtype));
+// The weight (or its gradient) in `wdtype`, K and N multiples of 8, aligned; returns its layout.
+ops::GroupedWeight check_weight(const Tensor& w, DType wdtype, const char* op) {
+  ops::expect_dtype(w, wdtype, op, "w");
   const ops::GroupedWeight g = ops::grouped_weight(w, op);
   ENSURE(g.k % 8 == 0 && g.n % 8 == 0, op, ": K = ", g.k, " and N = ", g.n,
          " must be multiples of 8 (16-byte rows)");
   ENSURE(aligned(w.data, wdtype == DType::F32 ? 8 : 16), op, ": w is not ",
          wdtype == DType::F32 ? 8 : 16, "-byte aligned");
-  expect_cuda(rows_tensor, op, "rows");
-  expect_cuda(offsets, DType::I32, {g.experts + 1}, op, "offsets");
-  expect_cuda(counts, DType::I32, {g.experts}, op, "counts");
   return g;
 }
 
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* name) {
-  expect_cuda(t, DType::BF16, {rows, cols}, op, name);
+// A row operand (its shape checked before): bf16, 16-byte aligned.
+void expect_rows(const Tensor& t, const char* op, const char* name) {
+  ops::expect_dtype(t, DType::BF16, op, name);
   ENSURE(aligned(t.data, 16), op, ": ", name, " is not 16-byte aligned");
 }
 
@@ -275,11 +275,10 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offs
                             const Tensor& counts, const Tensor& y,
                             const ops::GroupedLinearOptions& options) {
   const char* op = "grouped_linear_forward";
-  const ops::GroupedWeight g = check_grouped(w, DType::BF16, x, offsets, counts, op);
-  ENSURE(x.ndim() == 2, op, ": x must be (R, K), got ", x.shape.str());
+  const ops::GroupedWeight g = check_weight(w, DType::BF16, op);
   const int64_t R = x.size(0);
-  expect_rows(x, R, g.k, op, "x");
-  expect_rows(y, R, g.n, op, "y");
+  expect_rows(x, op, "x");
+  expect_rows(y, op, "y");
   const ForwardArgs a{static_cast<const gbf16*>(x.data), static_cast<const gbf16*>(w.data),
                       static_cast<gbf16*>(y.data), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),
                       static_cast<int>(g.experts), R, g.n, g.k, g.n_per_stack(), g.stacks};
@@ -291,11 +290,10 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
                                    const Tensor& counts, const Tensor& dx,
                                    const ops::GroupedLinearOptions& options) {
   const char* op = "grouped_linear_backward_input";
-  const ops::GroupedWeight g = check_grouped(w, DType::BF16, dy, offsets, counts, op);
-  ENSURE(dy.ndim() == 2, op, ": dy must be (R, N), got ", dy.shape.str());
+  const ops::GroupedWeight g = check_weight(w, DType::BF16, op);
   const int64_t R = dy.size(0);
-  expect_rows(dy, R, g.n, op, "dy");
-  expect_rows(dx, R, g.k, op, "dx");
+  expect_rows(dy, op, "dy");
+  expect_rows(dx, op, "dx");
   // The TMA kernel reads W_e MN-major (no copy) where it takes the weights' stacks; else the
   // mma.sync kernel (W_e through ldmatrix.trans).
   const ForwardArgs a{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(w.data),
@@ -309,13 +307,12 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& counts, const Tensor& dw,
                                     const ops::GroupedLinearOptions& options) {
   const char* op = "grouped_linear_backward_weight";
-  const ops::GroupedWeight g = check_grouped(dw, DType::F32, dy, offsets, counts, op);
-  ENSURE(dy.ndim() == 2, op, ": dy must be (R, N), got ", dy.shape.str());
+  const ops::GroupedWeight g = check_weight(dw, DType::F32, op);
   const int64_t R = dy.size(0);
-  expect_rows(dy, R, g.n, op, "dy");
-  expect_rows(x, R, g.k, op, "x");
-  // The TMA kernel (on sm_90) at every size, small experts included (faster than mma.sync on
-  // every case measured, docs/PERF.md).
+  expect_rows(dy, op, "dy");
+  expect_rows(x, op, "x");
+  // The TMA kernel (on sm_90) at every size, small experts included (faster than mma.sync in
+  // every case; figures: docs/PERF.md).
   if (try_hopper(options.kernel, op)) {
     const WgradArgs a{static_cast<const gbf16*>(dy.data), static_cast<const gbf16*>(x.data),
                       dw.ptr<float>(), offsets.ptr<int32_t>(), counts.ptr<int32_t>(),

@@ -64,7 +64,7 @@ using sm90::tma_load_3d;
 // expert's or padding) and never stored; wgrad, the last k step's token rows past the count are
 // zeroed in shared memory (both operands) before its wgmma. Rows and columns past the tensors are
 // TMA zero fill. Epilogues through a 16 KiB shared buffer per warpgroup: bf16 stores of 16-byte
-// chunks per thread (forward, dgrad; TMA stores measured no faster, docs/PERF.md), and the weight
+// chunks per thread (forward, dgrad; TMA stores were no faster, docs/PERF.md), and the weight
 // gradient's dW += by TMA reductions (the copy engine adds each 64 x 32 f32 box in L2,
 // asynchronously; each dW tile by one CTA, deterministic; see epilogue_f32_tma) where dW is 16-byte
 // aligned, each warpgroup's 64 rows lie in one stack and the expert has at least kTmaEpiMinSteps k
@@ -89,7 +89,7 @@ constexpr size_t kTmaSmemBytes = size_t{kTableOffset} + kTableBytes + 1024;  // 
 // 227 KiB per block, less the 1 KiB the compiler lists as the kernels' static shared memory.
 static_assert(kTmaSmemBytes + 1024 <= 232448, "shared memory per block");
 static_assert(kATileBytes == 2 * kBoxBytes && kBTileBytes == 4 * kBoxBytes, "boxes per tile");
-// Pairs of row tiles per raster group (a sweep of 1-16 measured within noise, docs/PERF.md).
+// Pairs of row tiles per raster group (other group sizes were no faster, docs/PERF.md).
 constexpr int kRasterGroup = 4;
 
 struct Unit {

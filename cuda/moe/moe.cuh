@@ -1,5 +1,6 @@
-// CUDA launchers of the mixture-of-experts ops (contract, formulas and shapes: csrc/ops/moe.h).
-// Kernels: routing.cu (route forward / backward, aux losses, jitter), dispatch.cu (histogram,
+// The CUDA side of the mixture-of-experts ops (ops/moe.h declares them, engine::cuda:: included;
+// contract, formulas and shapes there), and the one CUDA-only entry point the tests and the bench
+// use. Kernels: routing.cu (route forward / backward, aux losses, jitter), dispatch.cu (histogram,
 // padded offsets, stable rows, permute / unpermute), grouped_gemm.cu and grouped_gemm_sm90*.cu
 // (the expert GEMMs on tensor cores, one launch over all experts).
 //   route forward    logits (T, E) f32 -> probs (T, E) f32 (may alias logits), lse (T) f32,
@@ -17,43 +18,16 @@
 //                    portable mma.sync kernels) and grouped_gemm_sm90.cu (on sm_90 all three
 //                    products on one persistent wgmma kernel, operands by TMA, 2-CTA clusters
 //                    multicasting the shared operand; the backward reads its operands MN-major,
-//                    no transposed copies). Needs K and N multiples of 8, 16-byte aligned bf16 pointers (8-byte dw) and
-//                    expert offsets that are multiples of ops::kMoeRowAlign (moe_dispatch's).
+//                    no transposed copies). Needs K and N multiples of 8, 16-byte aligned bf16
+//                    pointers (8-byte dw) and expert offsets that are multiples of
+//                    ops::kMoeRowAlign (moe_dispatch's). GroupedKernel::Hopper where it is not
+//                    available is an error.
 // E <= ops::kMoeMaxExperts, k <= ops::kMoeMaxTopK. Every launcher runs on the compute stream.
+// The preconditions both backends share run in ops/moe.cpp; the launchers check the rest.
 #pragma once
-#include <cstdint>
-
-#include "core/tensor.h"
-#include "ops/moe.h"
 
 namespace engine::cuda {
 
-void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
-                       const Tensor& expert_idx, const Tensor& weights);
-void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts,
-                    const ops::MoeAuxCoefs& coefs, const Tensor& losses);
-void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
-                        const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
-                        const ops::MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits);
-void moe_jitter(const Tensor& x, const Tensor& y, uint64_t seed, float eps);
-
-void moe_dispatch(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
-                  const Tensor& row_of);
-void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor& xp);
-void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, const Tensor& y);
-void moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& row_of,
-                            const Tensor& weights, const Tensor& dyp, const Tensor& dweights);
-
-// kernel: ops::GroupedLinearOptions (csrc/ops/moe.h); Hopper where it is not available is an error.
-void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& counts, const Tensor& y,
-                            const ops::GroupedLinearOptions& options);
-void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& counts, const Tensor& dx,
-                                   const ops::GroupedLinearOptions& options);
-void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& counts, const Tensor& dw,
-                                    const ops::GroupedLinearOptions& options);
 // Whether GroupedKernel::Hopper runs on this device (the persistent TMA wgmma kernel is built
 // for it: sm_90a code in the binary, a compute capability 9.0 GPU).
 bool grouped_hopper_available();

@@ -1,4 +1,4 @@
-// Router kernels of the mixture of experts (contract: csrc/ops/moe.h, launchers: moe.cuh).
+// Router kernels of the mixture of experts (contract: csrc/ops/moe.h; the CUDA side: moe.cuh).
 //   route_forward_kernel   one warp per token (grid-stride): the logits row is copied to the
 //     warp's slice of shared memory (so probs may overwrite logits), max and sum of exponentials
 //     by warp shuffles, then k rounds of a warp argmax over the logits that skips the experts
@@ -10,11 +10,14 @@
 //     (g_e), the aux term (a constant per expert, kept in shared memory), the softmax backward
 //     with a warp sum of p g, and the z term.
 //   jitter_kernel          elementwise, Philox counter = element index (as ref::moe_jitter).
+// The shared preconditions ran before (ops/moe.cpp); the launchers check what is theirs: the
+// routing tensors in f32 (one dtype with logits / probs, checked there), dlogits and the jitter's
+// x in bf16 or f32, top_k <= E in the backward.
 #include <cfloat>
 
 #include "core/rng.h"
 #include "cuda/common/launch.cuh"
-#include "cuda/moe/moe.cuh"
+#include "ops/moe.h"
 
 namespace engine::cuda {
 namespace {
@@ -196,22 +199,10 @@ static __global__ void jitter_kernel(const T* x, T* y, int64_t n, PhiloxKey key,
   }
 }
 
-int64_t check_route_shapes(const Tensor& probs, const Tensor& expert_idx, const char* op) {
-  expect_cuda(probs, op, "probs");
-  ENSURE(probs.ndim() == 2 && probs.dtype == DType::F32, op, ": probs must be (T, E) f32, got ",
-         dtype_name(probs.dtype), " ", probs.shape.str());
-  const int64_t E = probs.size(1);
-  ENSURE(E >= 1 && E <= ops::kMoeMaxExperts, op, ": ", E, " experts outside [1, ",
-         ops::kMoeMaxExperts, "]");
-  expect_cuda(expert_idx, op, "expert_idx");
-  ENSURE(expert_idx.dtype == DType::I32 && expert_idx.ndim() == 2 &&
-             expert_idx.size(0) == probs.size(0),
-         op, ": expert_idx must be (T, k) i32 with T = ", probs.size(0), ", got ",
-         dtype_name(expert_idx.dtype), " ", expert_idx.shape.str());
-  const int64_t k = expert_idx.size(1);
-  ENSURE(k >= 1 && k <= ops::kMoeMaxTopK && k <= E, op, ": top_k = ", k, " outside [1, min(",
-         ops::kMoeMaxTopK, ", E = ", E, ")]");
-  return k;
+// t in bf16 or f32.
+void expect_float(const Tensor& t, const char* op, const char* name) {
+  ENSURE(t.dtype == DType::BF16 || t.dtype == DType::F32, op, ": ", name, " is ",
+         dtype_name(t.dtype), ", expected bf16 or f32");
 }
 
 unsigned token_blocks(int64_t tokens) {
@@ -224,11 +215,8 @@ unsigned token_blocks(int64_t tokens) {
 void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
                        const Tensor& expert_idx, const Tensor& weights) {
   const char* op = "moe_route_forward";
-  const int64_t k = check_route_shapes(probs, expert_idx, op);
-  const int64_t T = probs.size(0), E = probs.size(1);
-  expect_cuda(logits, DType::F32, probs.shape, op, "logits");
-  expect_cuda(lse, DType::F32, {T}, op, "lse");
-  expect_cuda(weights, DType::F32, {T, k}, op, "weights");
+  ops::expect_dtype(logits, DType::F32, op, "logits");  // probs, lse, weights: logits' dtype
+  const int64_t T = probs.size(0), E = probs.size(1), k = expert_idx.size(1);
   if (T == 0) return;
   const size_t smem = sizeof(float) * kWarps * E;
   route_forward_kernel<<<token_blocks(T), kThreads, smem, stream()>>>(
@@ -240,15 +228,8 @@ void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& 
 void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts,
                     const ops::MoeAuxCoefs& coefs, const Tensor& losses) {
   const char* op = "moe_aux_losses";
-  expect_cuda(probs, op, "probs");
-  ENSURE(probs.ndim() == 2, op, ": probs must be (T, E), got ", probs.shape.str());
+  ops::expect_dtype(probs, DType::F32, op, "probs");  // lse, losses: probs' dtype
   const int64_t T = probs.size(0), E = probs.size(1);
-  ENSURE(E >= 1 && E <= ops::kMoeMaxExperts, op, ": ", E, " experts outside [1, ",
-         ops::kMoeMaxExperts, "]");
-  expect_cuda(probs, DType::F32, {T, E}, op, "probs");
-  expect_cuda(lse, DType::F32, {T}, op, "lse");
-  expect_cuda(counts, DType::I32, {E}, op, "counts");
-  expect_cuda(losses, DType::F32, {2}, op, "losses");
   aux_losses_kernel<<<1, 1024, 0, stream()>>>(probs.ptr<float>(), lse.ptr<float>(),
                                                counts.ptr<int32_t>(), T, static_cast<int>(E),
                                                coefs.aux_loss_coef, coefs.z_loss_coef,
@@ -260,14 +241,10 @@ void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tenso
                         const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
                         const ops::MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits) {
   const char* op = "moe_route_backward";
-  const int64_t k = check_route_shapes(probs, expert_idx, op);
-  const int64_t T = probs.size(0), E = probs.size(1);
-  expect_cuda(lse, DType::F32, {T}, op, "lse");
-  expect_cuda(weights, DType::F32, {T, k}, op, "weights");
-  expect_cuda(dweights, DType::F32, {T, k}, op, "dweights");
-  expect_cuda(counts, DType::I32, {E}, op, "counts");
-  expect_cuda_float(dlogits, op, "dlogits");
-  expect_cuda(dlogits, dlogits.dtype, {T, E}, op, "dlogits");
+  ops::expect_dtype(probs, DType::F32, op, "probs");  // lse, weights, dweights: probs' dtype
+  const int64_t T = probs.size(0), E = probs.size(1), k = expert_idx.size(1);
+  ENSURE(k <= E, op, ": top_k = ", k, " > ", E, " experts");
+  expect_float(dlogits, op, "dlogits");
   if (T == 0) return;
   const float aux_g = aux_grad_scale * coefs.aux_loss_coef * static_cast<float>(E) / T;
   const float z_g = aux_grad_scale * coefs.z_loss_coef * 2.f / T;
@@ -283,8 +260,7 @@ void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tenso
 
 void moe_jitter(const Tensor& x, const Tensor& y, uint64_t seed, float eps) {
   const char* op = "moe_jitter";
-  expect_cuda_float(x, op, "x");
-  expect_cuda(y, x.dtype, x.shape, op, "y");
+  expect_float(x, op, "x");  // y: x's dtype
   const int64_t n = x.numel();
   if (n == 0) return;
   const PhiloxKey key = ops::moe_jitter_key(seed);

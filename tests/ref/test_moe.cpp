@@ -297,7 +297,7 @@ TEST_CASE("grouped linear: forward, input and weight gradients (fp64 finite diff
       Owned x = randn({R, K}, DType::F64, "gl.x"), w = randn(wshape, DType::F64, "gl.w");
       Owned y = empty({R, N}, DType::F64, Device::CPU);
       poison(y);
-      ops::grouped_linear_forward(x, w, offsets, counts, y);
+      ops::grouped_linear_forward(x, w, offsets, counts, y, {});
       // Direct check, and the untouched rows.
       std::vector<bool> owned(R, false);
       for (int64_t e = 0; e < E; ++e)
@@ -321,16 +321,16 @@ TEST_CASE("grouped linear: forward, input and weight gradients (fp64 finite diff
           for (int64_t n = 0; n < N; ++n) set(rr, r * N + n, 0.0);
       Owned y2 = zeros({R, N}, DType::F64, Device::CPU);
       auto loss = [&] {
-        ops::grouped_linear_forward(x, w, offsets, counts, y2);
+        ops::grouped_linear_forward(x, w, offsets, counts, y2, {});
         return dot(y2, rr);
       };
       Owned dx = zeros({R, K}, DType::F64, Device::CPU);
-      ops::grouped_linear_backward_input(rr, w, offsets, counts, dx);
+      ops::grouped_linear_backward_input(rr, w, offsets, counts, dx, {});
       auto cx = finite_difference_check(loss, x, dx, "dx");
       INFO(cx.report);
       if (cx.scale > 0) CHECK(cx.rel_rms < kGradTol);
       Owned dw0 = randn(wshape, DType::F64, "gl.dw0"), dw = clone(dw0);
-      ops::grouped_linear_backward_weight(rr, x, offsets, counts, dw);  // += onto dw0
+      ops::grouped_linear_backward_weight(rr, x, offsets, counts, dw, {});  // += onto dw0
       Owned ddw = empty(wshape, DType::F64, Device::CPU);
       for (int64_t i = 0; i < ddw->numel(); ++i) set(ddw, i, get(dw, i) - get(dw0, i));
       auto cw = finite_difference_check(loss, w, ddw, "dw");
@@ -346,7 +346,7 @@ TEST_CASE("grouped linear: forward, input and weight gradients (fp64 finite diff
     counts.ptr<int32_t>()[0] = 3;
     offsets.ptr<int32_t>()[0] = 2;
     offsets.ptr<int32_t>()[1] = 5;
-    CHECK_THROWS_AS(ops::grouped_linear_forward(x, w, offsets, counts, y), Error);
+    CHECK_THROWS_AS(ops::grouped_linear_forward(x, w, offsets, counts, y, {}), Error);
   }
 }
 

@@ -18,7 +18,6 @@
 
 #include "ops/gemm.h"
 #include "ops/moe.h"
-#include "ref/moe.h"
 #include "tests/common/gpu_testing.h"
 
 #ifdef ENGINE_CUDA
@@ -338,7 +337,7 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       auto [gdy, dy64] = device_input(randn({R, c.n}, DType::F32, "gg.dy"), DType::BF16);
       // forward
       Owned y64 = empty({R, c.n}, DType::F64, Device::CPU);
-      ref::grouped_linear_forward(x64, w64, l.offsets, l.counts, y64);
+      ref::grouped_linear_forward(x64, w64, l.offsets, l.counts, y64, {});
       Owned yref = owned_rows(y64, l);
       for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("forward kernel " << static_cast<int>(kernel));
@@ -349,7 +348,7 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       }
       // input gradient
       Owned dx64 = empty({R, c.k}, DType::F64, Device::CPU);
-      ref::grouped_linear_backward_input(dy64, w64, l.offsets, l.counts, dx64);
+      ref::grouped_linear_backward_input(dy64, w64, l.offsets, l.counts, dx64, {});
       Owned dxref = owned_rows(dx64, l);
       for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("dgrad kernel " << static_cast<int>(kernel));
@@ -361,7 +360,7 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
       // weight gradient, accumulated onto random f32 values; twice gives the same bits
       Owned dw0 = randn(wshape, DType::F32, "gg.dw0");
       Owned dw64 = to_host(dw0, DType::F64);
-      ref::grouped_linear_backward_weight(dy64, x64, l.offsets, l.counts, dw64);
+      ref::grouped_linear_backward_weight(dy64, x64, l.offsets, l.counts, dw64, {});
       for (ops::GroupedKernel kernel : grouped_kernels()) {
         INFO("wgrad kernel " << static_cast<int>(kernel));
         DeviceTensor gdw = to_gpu(dw0), gdw2 = to_gpu(dw0);
