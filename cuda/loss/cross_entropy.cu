@@ -1,5 +1,6 @@
-// Fused cross-entropy with its gradient in place over the logits (launcher contract in
-// cross_entropy.cuh; CPU reference csrc/ref/loss.cpp). Per masked-in row of x = logits (T, V):
+// Fused cross-entropy with its gradient in place over the logits (contract: csrc/ops/loss.h;
+// the CUDA-only entry points and the paths: cross_entropy.cuh; CPU reference
+// csrc/ref/loss.cpp). Per masked-in row of x = logits (T, V):
 //   pass 1   m = max_v x_v,  s = sum_v exp(x_v - m)   one read, online: whenever a batch of
 //            values raises the running max, s is rescaled by exp(m_old - m_new) first;
 //            partial (m, s) pairs merge as (max, s_a e^(m_a - m) + s_b e^(m_b - m))
@@ -53,6 +54,8 @@
 // (fixed reduction order, no float atomics). A bad label makes that row's loss NaN and drops its
 // one-hot term; the launcher reads the flag back and raises. The per-device limits and the
 // cluster-occupancy answers are cached for the first device that asks (one GPU per process).
+// The shared preconditions ran before (ops/loss.cpp); the launcher checks what is its own:
+// logits bf16 or f32, element-aligned, a plan that holds the row, T * C within the grid.
 #include "cuda/loss/cross_entropy.cuh"
 
 #include <cooperative_groups.h>
@@ -189,21 +192,9 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
                    const Tensor& losses, bool with_grad, float grad_scale,
                    const CrossEntropyChoice& choice, float z_loss, float label_smoothing,
                    int64_t columns) {
-  ENSURE(logits.device == Device::CUDA, "cross_entropy: logits are on ", device_name(logits.device),
-         ", expected cuda");
-  ENSURE(logits.ndim() == 2, "cross_entropy: logits must be 2-D (T, V), got shape ",
-         logits.shape.str());
   ENSURE(logits.dtype == DType::BF16 || logits.dtype == DType::F32, "cross_entropy: logits are ",
          dtype_name(logits.dtype), ", expected bf16 or f32");
-  ENSURE(columns >= 0 && columns <= logits.size(1), "cross_entropy: columns = ", columns,
-         " outside [0, ", logits.size(1), "] (the logits' width)");
   const int64_t t = logits.size(0), ld = logits.size(1), v = columns > 0 ? columns : ld;
-  ENSURE(v > 0, "cross_entropy: logits has shape ", logits.shape.str(),
-         ", the vocabulary is empty");
-  ops::check_loss_coefficients(z_loss, label_smoothing, "cross_entropy");
-  expect_cuda(labels, DType::I32, {t}, "cross_entropy", "labels");
-  expect_cuda(mask, DType::U8, {t}, "cross_entropy", "mask");
-  expect_cuda(losses, DType::F32, {t}, "cross_entropy", "losses");
   ENSURE(reinterpret_cast<uintptr_t>(logits.data) % dtype_size(logits.dtype) == 0,
          "cross_entropy: logits are not aligned to their element size");
   const std::optional<CrossEntropyPlan> plan = cross_entropy_plan(v, logits.dtype, choice);
@@ -272,6 +263,14 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
     RAISE("cross_entropy: labels[", pos, "] = ", label, " out of range [0, ", v,
           ") at a masked-in token (position ", pos, ")");
   }
+}
+
+// ops/loss.h's entry: the Auto plan.
+void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                   const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
+                   float label_smoothing, int64_t columns) {
+  cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, CrossEntropyChoice{}, z_loss,
+                label_smoothing, columns);
 }
 
 }  // namespace engine::cuda
