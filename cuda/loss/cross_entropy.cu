@@ -29,10 +29,10 @@
 //              (no exchange) while two such blocks fit on a multiprocessor (rows <= 110 KB),
 //              else the smallest C whose slice is <= 72 KB (3 blocks per SM): 32000 and 50304
 //              bf16 -> C = 1, 128256 bf16 -> C = 4 (62.6 KB). The exchange costs more than the
-//              extra blocks per SM win, so one block per row beats two while it fits, and four
-//              blocks at 128256 beat 2, 3 and 5-8 (measured on H200, docs/PERF.md). Rows whose
-//              72 KB slices would need more than 8 blocks take the first C whose slice fits the
-//              shared memory at all.
+//              extra blocks per SM win, so one block per row is faster than two while it fits,
+//              and four blocks at 128256 faster than 2, 3 and 5-8 (figures: docs/PERF.md). Rows
+//              whose 72 KB slices would need more than 8 blocks take the first C whose slice
+//              fits the shared memory at all.
 // Cluster exchange (C > 1): Barrier, each block writes its (m, s) to its shared memory, a
 // cluster barrier with release/acquire semantics (a GPU-scope MEMBAR before the arrive), every
 // block reads all C through distributed shared memory, and a second (release) arrive before the
@@ -40,10 +40,10 @@
 // (st.async, 16 bytes, completing on an mbarrier of the receiving block): no fence, and only
 // relaxed cluster-barrier arrivals (one after the barrier's initialisation, one as the exit
 // guard). Both merge the C values in rank order: bitwise the same results. Auto pushes (no
-// GPU-scope fence: faster, docs/PERF.md) wherever the push kernel's slice fits; its static
-// shared memory is 128 bytes larger than the barrier kernel's, so slices within those last 128
-// bytes of the limit exchange by Barrier (on H100/H200: bf16 rows of 464136-464391 logits at
-// C = 4 and 928264-928775 at C = 8; f32 232068-232195 and 464132-464387).
+// GPU-scope fence: faster; figures: docs/PERF.md) wherever the push kernel's slice fits; its
+// static shared memory is 128 bytes larger than the barrier kernel's, so slices within those
+// last 128 bytes of the limit exchange by Barrier (on H100/H200: bf16 rows of 464136-464391
+// logits at C = 4 and 928264-928775 at C = 8; f32 232068-232195 and 464132-464387).
 // Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element; the up to
 // 2 x 7 elements before and after the vectors (rows of odd V are not aligned) are scalars,
 // one per thread. Masked rows read nothing but the mask and write zeros.
@@ -168,8 +168,8 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
         return CrossEntropyPlan{CrossEntropyPath::WarpRows, 1, 0};
       if (auto plan = choose_cluster()) {
         // Clusters of several blocks exchange (m, s) by st.async pushes where the slice fits
-        // the push kernel, without the GPU-scope fence of cluster.sync(): faster (docs/PERF.md),
-        // bitwise the same results.
+        // the push kernel, without the GPU-scope fence of cluster.sync(): faster (figures:
+        // docs/PERF.md), bitwise the same results.
         const int c = plan->cluster;
         if (c > 1 && slice(c) <= max_slice_bytes(true) && cluster_schedulable(dtype, true, c, slice(c)))
           plan->exchange = ClusterExchange::Push;

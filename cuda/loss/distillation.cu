@@ -28,9 +28,10 @@
 //              slice's gradient from shared memory: read 2 B + write B, the bytes floor. Auto
 //              takes the smallest C <= 4 whose two slices are <= 72 KB (3 blocks per SM), e.g.
 //              50257 bf16 -> C = 4, 32000 bf16 -> C = 2, and BlockRows beyond: where C = 8 would
-//              be needed (128256 bf16) BlockRows measured faster on H200 (docs/PERF.md), as the
-//              cross-entropy's C = 8 trails its C = 4 (8-block clusters schedule poorly). Tests
-//              and benchmarks may force C = 8 or slices beyond 72 KB (the same kernel).
+//              be needed (128256 bf16) BlockRows is faster (figures: docs/PERF.md), as the
+//              cross-entropy's C = 8 is slower than its C = 4 (8-block clusters schedule
+//              poorly). Tests and benchmarks may force C = 8 or slices beyond 72 KB (the same
+//              kernel).
 // Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element (the same
 // for x and y when their rows are co-aligned); the up to 2 x 7 elements before and after the
 // vectors are scalars. Masked rows read nothing but the mask and write zeros.

@@ -18,8 +18,9 @@
 //              memory: both rows are read once and the gradient written once (the bytes floor);
 //              needs the two rows at the same 16-byte alignment (always so for tensors from the
 //              allocator)
-// Auto picks by the row size (Cluster up to 4 blocks per row, else BlockRows, which measured
-// faster than 8-block clusters); tests and benchmarks may force a path and a cluster size.
+// Auto picks by the row size (Cluster up to 4 blocks per row, else BlockRows, which is faster
+// than 8-block clusters; figures: docs/PERF.md); tests and benchmarks may force a path and a
+// cluster size.
 // Plain C++ declarations: includable from g++-built files.
 #pragma once
 #include <cstdint>
