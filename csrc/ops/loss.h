@@ -123,10 +123,11 @@ constexpr int64_t kDistillRowStats = 6;  // rows of distillation_combine's row_s
 
 // Shared preconditions (ops/loss.cpp; an engine::Error naming op and value): z_loss finite,
 // label_smoothing in [0, 1]; temperature finite and > 0, weights and z_loss finite, a known kind.
-// cross_entropy: columns = 0 for all of them (see above). cross_entropy_partial: stats (3, T),
-// or (4, T) to also collect what label smoothing needs. cross_entropy_grad: vocab_total is read
-// only with label smoothing (0 otherwise is fine). Distillation: labels (T) i32, read only when
-// label_weight != 0 (else may be Tensor{}); distill_losses (T) or Tensor{}.
+// cross_entropy: columns = 0 when every column is the vocabulary (see above).
+// cross_entropy_partial: stats (3, T), or (4, T) to also collect what label smoothing needs.
+// cross_entropy_grad: vocab_total is read only with label smoothing (0 otherwise is fine).
+// Distillation: labels (T) i32, read only when label_weight != 0 (else may be Tensor{});
+// distill_losses (T) or Tensor{}.
 #define ENGINE_LOSS_OPS(OP)                                                                      \
   OP(void, cross_entropy,                                                                        \
      (const Tensor& logits, const Tensor& labels, const Tensor& mask, const Tensor& losses,      \
