@@ -1,20 +1,10 @@
-// Dispatch of ops/loss.h: CPU -> ref/loss, CUDA -> cuda/loss/cross_entropy (fused),
-// cuda/loss/cross_entropy_vocab_parallel (partial, combine, grad), cuda/loss/distillation (fused)
-// and cuda/loss/distillation_vocab_parallel (partial, combine, grad). Also the argument checks
-// both backends share.
+// The loss ops (ops/loss.h): the preconditions both backends share, and the dispatch. The CPU
+// reference (csrc/ref/loss.cpp) and the CUDA kernels (cuda/loss/) check only what is theirs: the
+// dtypes of the logits (and of the partials) they take, size limits, alignment, and the labels'
+// range at masked-in rows (the reference reads them; the kernels flag them and raise after).
 #include "ops/loss.h"
 
 #include <cmath>
-
-#include "ops/dispatch.h"
-#include "ref/loss.h"
-
-#ifdef ENGINE_CUDA
-#include "cuda/loss/cross_entropy.cuh"
-#include "cuda/loss/cross_entropy_vocab_parallel.cuh"
-#include "cuda/loss/distillation.cuh"
-#include "cuda/loss/distillation_vocab_parallel.cuh"
-#endif
 
 namespace engine::ops {
 
@@ -29,6 +19,15 @@ const char* distill_kind_name(DistillKind kind) {
   }
   return "?";
 }
+
+namespace {
+
+// The stat dtype (stats, lse, row statistics, losses): f64 for f64 logits, else f32.
+DType stat_dtype(const Tensor& logits) {
+  return logits.dtype == DType::F64 ? DType::F64 : DType::F32;
+}
+
+bool undefined(const Tensor& t) { return t.data == nullptr && t.ndim() == 0; }
 
 void check_loss_coefficients(float z_loss, float label_smoothing, const char* op) {
   ENSURE(std::isfinite(z_loss), op, ": z_loss = ", z_loss, " is not finite");
@@ -48,125 +47,157 @@ void check_distill_params(const DistillParams& p, const char* op) {
   ENSURE(std::isfinite(p.z_loss), op, ": z_loss = ", p.z_loss, " is not finite");
 }
 
-void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                   const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
-                   float label_smoothing, int64_t columns) {
-  if (device_of("cross_entropy",
-                {{"logits", logits}, {"labels", labels}, {"mask", mask}, {"losses", losses}}) ==
-      Device::CPU)
-    return ref::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, z_loss,
-                              label_smoothing, columns);
-#ifdef ENGINE_CUDA
-  return cuda::cross_entropy(logits, labels, mask, losses, with_grad, grad_scale,
-                             cuda::CrossEntropyChoice{}, z_loss, label_smoothing, columns);
-#endif
-  no_cuda_build("cross_entropy");
+// logits 2-D; dims names them in the message: "(T, V)" or, for a shard, "(T, Vl)".
+void check_logits(const Tensor& logits, const char* dims, const char* op) {
+  expect_defined(logits, op, "logits");
+  ENSURE(logits.ndim() == 2, op, ": logits must be 2-D ", dims, ", got shape ",
+         logits.shape.str());
 }
 
-void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                           int64_t vocab_begin, int64_t vocab_total, const Tensor& stats) {
-  if (device_of("cross_entropy_partial",
-                {{"logits", logits}, {"labels", labels}, {"mask", mask}, {"stats", stats}}) ==
-      Device::CPU)
-    return ref::cross_entropy_partial(logits, labels, mask, vocab_begin, vocab_total, stats);
-#ifdef ENGINE_CUDA
-  return cuda::cross_entropy_partial(logits, labels, mask, vocab_begin, vocab_total, stats);
-#endif
-  no_cuda_build("cross_entropy_partial");
+// A shard's columns [vocab_begin, vocab_begin + v) inside a vocabulary of vocab_total.
+void check_shard(int64_t vocab_begin, int64_t v, int64_t vocab_total, const char* op) {
+  ENSURE(vocab_total > 0 && vocab_begin >= 0 && vocab_begin + v <= vocab_total, op,
+         ": logits hold columns [", vocab_begin, ", ", vocab_begin + v,
+         "), not a shard of a vocabulary of ", vocab_total);
 }
 
-void cross_entropy_combine(const Tensor& partials, const Tensor& mask, const Tensor& lse,
-                           const Tensor& losses, float z_loss, float label_smoothing) {
-  if (device_of("cross_entropy_combine",
-                {{"partials", partials}, {"mask", mask}, {"lse", lse}, {"losses", losses}}) ==
-      Device::CPU)
-    return ref::cross_entropy_combine(partials, mask, lse, losses, z_loss, label_smoothing);
-#ifdef ENGINE_CUDA
-  return cuda::cross_entropy_combine(partials, mask, lse, losses, z_loss, label_smoothing);
-#endif
-  no_cuda_build("cross_entropy_combine");
+// logits and teacher: 2-D, the same dtype and shape.
+void check_pair(const Tensor& logits, const Tensor& teacher, const char* dims, const char* op) {
+  check_logits(logits, dims, op);
+  expect(teacher, logits.dtype, logits.shape, op, "teacher");
 }
 
-void cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                        int64_t vocab_begin, const Tensor& lse, float grad_scale, float z_loss,
-                        float label_smoothing, int64_t vocab_total) {
-  if (device_of("cross_entropy_grad",
-                {{"logits", logits}, {"labels", labels}, {"mask", mask}, {"lse", lse}}) ==
-      Device::CPU)
-    return ref::cross_entropy_grad(logits, labels, mask, vocab_begin, lse, grad_scale, z_loss,
-                                   label_smoothing, vocab_total);
-#ifdef ENGINE_CUDA
-  return cuda::cross_entropy_grad(logits, labels, mask, vocab_begin, lse, grad_scale, z_loss,
-                                  label_smoothing, vocab_total);
-#endif
-  no_cuda_build("cross_entropy_grad");
+// With a label term the labels must be given, (T) i32; without one they are never read.
+void check_distill_labels(const Tensor& labels, const DistillParams& p, int64_t t,
+                          const char* op) {
+  if (p.label_weight == 0) return;
+  ENSURE(!undefined(labels), op, ": labels are undefined, but label_weight = ", p.label_weight,
+         " needs them");
+  expect(labels, DType::I32, {t}, op, "labels");
 }
 
-void distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
-                       const Tensor& mask, const DistillParams& p, const Tensor& losses,
-                       const Tensor& distill_losses, bool with_grad, float grad_scale) {
-  if (device_of("distillation_loss", {{"logits", logits},
-                                      {"teacher", teacher},
-                                      {"labels", labels},
-                                      {"mask", mask},
-                                      {"losses", losses},
-                                      {"distill_losses", distill_losses}}) == Device::CPU)
-    return ref::distillation_loss(logits, teacher, labels, mask, p, losses, distill_losses,
-                                  with_grad, grad_scale);
-#ifdef ENGINE_CUDA
-  return cuda::distillation_loss(logits, teacher, labels, mask, p, losses, distill_losses,
-                                 with_grad, grad_scale);
-#endif
-  no_cuda_build("distillation_loss");
+// The optional output: undefined, or (T) in dtype.
+void check_optional(const Tensor& t, DType dtype, int64_t rows, const char* op, const char* name) {
+  if (!undefined(t)) expect(t, dtype, {rows}, op, name);
 }
 
-void distillation_partial(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
-                          const Tensor& mask, int64_t vocab_begin, int64_t vocab_total,
-                          const DistillParams& p, const Tensor& stats) {
-  if (device_of("distillation_partial", {{"logits", logits},
-                                         {"teacher", teacher},
-                                         {"labels", labels},
-                                         {"mask", mask},
-                                         {"stats", stats}}) == Device::CPU)
-    return ref::distillation_partial(logits, teacher, labels, mask, vocab_begin, vocab_total, p,
-                                     stats);
-#ifdef ENGINE_CUDA
-  return cuda::distillation_partial(logits, teacher, labels, mask, vocab_begin, vocab_total, p,
-                                    stats);
-#endif
-  no_cuda_build("distillation_partial");
+void check_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                         const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
+                         float label_smoothing, int64_t columns) {
+  const char* op = "cross_entropy";
+  check_logits(logits, "(T, V)", op);
+  check_loss_coefficients(z_loss, label_smoothing, op);
+  ENSURE(columns >= 0 && columns <= logits.size(1), op, ": columns = ", columns,
+         " outside [0, ", logits.size(1), "] (the logits' width)");
+  const int64_t t = logits.size(0), v = columns > 0 ? columns : logits.size(1);
+  ENSURE(v > 0, op, ": logits has shape ", logits.shape.str(), ", the vocabulary is empty");
+  expect(labels, DType::I32, {t}, op, "labels");
+  expect(mask, DType::U8, {t}, op, "mask");
+  expect(losses, stat_dtype(logits), {t}, op, "losses");
 }
 
-void distillation_combine(const Tensor& partials, const Tensor& mask, const DistillParams& p,
-                          const Tensor& row_stats, const Tensor& losses,
-                          const Tensor& distill_losses) {
-  if (device_of("distillation_combine", {{"partials", partials},
-                                         {"mask", mask},
-                                         {"row_stats", row_stats},
-                                         {"losses", losses},
-                                         {"distill_losses", distill_losses}}) == Device::CPU)
-    return ref::distillation_combine(partials, mask, p, row_stats, losses, distill_losses);
-#ifdef ENGINE_CUDA
-  return cuda::distillation_combine(partials, mask, p, row_stats, losses, distill_losses);
-#endif
-  no_cuda_build("distillation_combine");
+void check_cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                                 int64_t vocab_begin, int64_t vocab_total, const Tensor& stats) {
+  const char* op = "cross_entropy_partial";
+  check_logits(logits, "(T, Vl)", op);
+  const int64_t t = logits.size(0), v = logits.size(1);
+  check_shard(vocab_begin, v, vocab_total, op);
+  expect(labels, DType::I32, {t}, op, "labels");
+  expect(mask, DType::U8, {t}, op, "mask");
+  const int64_t k = stats.ndim() == 2 && stats.size(0) == 4 ? 4 : 3;
+  expect(stats, stat_dtype(logits), {k, t}, op, "stats");
 }
 
-void distillation_grad(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
-                       const Tensor& mask, int64_t vocab_begin, const DistillParams& p,
-                       const Tensor& row_stats, float grad_scale) {
-  if (device_of("distillation_grad", {{"logits", logits},
-                                      {"teacher", teacher},
-                                      {"labels", labels},
-                                      {"mask", mask},
-                                      {"row_stats", row_stats}}) == Device::CPU)
-    return ref::distillation_grad(logits, teacher, labels, mask, vocab_begin, p, row_stats,
-                                  grad_scale);
-#ifdef ENGINE_CUDA
-  return cuda::distillation_grad(logits, teacher, labels, mask, vocab_begin, p, row_stats,
-                                 grad_scale);
-#endif
-  no_cuda_build("distillation_grad");
+void check_cross_entropy_combine(const Tensor& partials, const Tensor& mask, const Tensor& lse,
+                                 const Tensor& losses, float z_loss, float label_smoothing) {
+  const char* op = "cross_entropy_combine";
+  expect_defined(partials, op, "partials");
+  check_loss_coefficients(z_loss, label_smoothing, op);
+  ENSURE(partials.ndim() == 3 && (partials.size(1) == 3 || partials.size(1) == 4), op,
+         ": partials must be (P, 3, T) or (P, 4, T), got shape ", partials.shape.str());
+  const int64_t np = partials.size(0), k = partials.size(1), t = partials.size(2);
+  ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
+  ENSURE(label_smoothing == 0 || k == 4, op, ": label smoothing needs (P, 4, T) partials (the ",
+         "mean logit), got shape ", partials.shape.str());
+  expect(mask, DType::U8, {t}, op, "mask");
+  expect(lse, partials.dtype, {t}, op, "lse");
+  expect(losses, partials.dtype, {t}, op, "losses");
 }
+
+void check_cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                              int64_t vocab_begin, const Tensor& lse, float grad_scale,
+                              float z_loss, float label_smoothing, int64_t vocab_total) {
+  const char* op = "cross_entropy_grad";
+  check_logits(logits, "(T, Vl)", op);
+  check_loss_coefficients(z_loss, label_smoothing, op);
+  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
+  ENSURE(label_smoothing == 0 || vocab_total >= vocab_begin + v, op,
+         ": label smoothing needs the vocabulary size, got vocab_total = ", vocab_total,
+         " for columns [", vocab_begin, ", ", vocab_begin + v, ")");
+  expect(labels, DType::I32, {t}, op, "labels");
+  expect(mask, DType::U8, {t}, op, "mask");
+  expect(lse, stat_dtype(logits), {t}, op, "lse");
+}
+
+void check_distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
+                             const Tensor& mask, const DistillParams& p, const Tensor& losses,
+                             const Tensor& distill_losses, bool with_grad, float grad_scale) {
+  const char* op = "distillation_loss";
+  check_pair(logits, teacher, "(T, V)", op);
+  check_distill_params(p, op);
+  const int64_t t = logits.size(0), v = logits.size(1);
+  ENSURE(v > 0, op, ": logits has shape ", logits.shape.str(), ", the vocabulary is empty");
+  check_distill_labels(labels, p, t, op);
+  expect(mask, DType::U8, {t}, op, "mask");
+  expect(losses, stat_dtype(logits), {t}, op, "losses");
+  check_optional(distill_losses, stat_dtype(logits), t, op, "distill_losses");
+}
+
+void check_distillation_partial(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
+                                const Tensor& mask, int64_t vocab_begin, int64_t vocab_total,
+                                const DistillParams& p, const Tensor& stats) {
+  const char* op = "distillation_partial";
+  check_pair(logits, teacher, "(T, Vl)", op);
+  check_distill_params(p, op);
+  const int64_t t = logits.size(0), v = logits.size(1);
+  check_shard(vocab_begin, v, vocab_total, op);
+  expect(stats, stat_dtype(logits), {kDistillStats, t}, op, "stats");
+  check_distill_labels(labels, p, t, op);
+  expect(mask, DType::U8, {t}, op, "mask");
+}
+
+void check_distillation_combine(const Tensor& partials, const Tensor& mask,
+                                const DistillParams& p, const Tensor& row_stats,
+                                const Tensor& losses, const Tensor& distill_losses) {
+  const char* op = "distillation_combine";
+  expect_defined(partials, op, "partials");
+  check_distill_params(p, op);
+  ENSURE(partials.ndim() == 3 && partials.size(1) == kDistillStats, op, ": partials must be (P, ",
+         kDistillStats, ", T), got shape ", partials.shape.str());
+  const int64_t np = partials.size(0), t = partials.size(2);
+  ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
+  expect(mask, DType::U8, {t}, op, "mask");
+  expect(row_stats, partials.dtype, {kDistillRowStats, t}, op, "row_stats");
+  expect(losses, partials.dtype, {t}, op, "losses");
+  check_optional(distill_losses, partials.dtype, t, op, "distill_losses");
+}
+
+void check_distillation_grad(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
+                             const Tensor& mask, int64_t vocab_begin, const DistillParams& p,
+                             const Tensor& row_stats, float grad_scale) {
+  const char* op = "distillation_grad";
+  check_pair(logits, teacher, "(T, Vl)", op);
+  check_distill_params(p, op);
+  const int64_t t = logits.size(0);
+  ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
+  check_distill_labels(labels, p, t, op);
+  expect(mask, DType::U8, {t}, op, "mask");
+  expect(row_stats, stat_dtype(logits), {kDistillRowStats, t}, op, "row_stats");
+}
+
+}  // namespace
+
+ENGINE_DEFINE_OPS(ENGINE_LOSS_OPS)
 
 }  // namespace engine::ops

@@ -100,22 +100,9 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace engine::ops {
-
-void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                   const Tensor& losses, bool with_grad, float grad_scale, float z_loss = 0.f,
-                   float label_smoothing = 0.f, int64_t columns = 0);
-
-// logits (T, Vl) are columns [vocab_begin, vocab_begin + Vl) of a vocabulary of vocab_total;
-// stats (3, T), or (4, T) to also collect what label smoothing needs.
-void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                           int64_t vocab_begin, int64_t vocab_total, const Tensor& stats);
-void cross_entropy_combine(const Tensor& partials, const Tensor& mask, const Tensor& lse,
-                           const Tensor& losses, float z_loss = 0.f, float label_smoothing = 0.f);
-void cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& mask,
-                        int64_t vocab_begin, const Tensor& lse, float grad_scale,
-                        float z_loss = 0.f, float label_smoothing = 0.f, int64_t vocab_total = 0);
 
 enum class DistillKind { SoftCE, ForwardKL, ReverseKL };
 
@@ -129,28 +116,54 @@ struct DistillParams {
 
 const char* distill_kind_name(DistillKind kind);
 
-// Argument checks shared by the backends (an engine::Error naming op and value): z_loss finite,
-// label_smoothing in [0, 1]; temperature finite and > 0, weights and z_loss finite, a known kind.
-void check_loss_coefficients(float z_loss, float label_smoothing, const char* op);
-void check_distill_params(const DistillParams& p, const char* op);
-
 constexpr int64_t kDistillStats = 7;     // rows of distillation_partial's stats
 constexpr int64_t kDistillRowStats = 6;  // rows of distillation_combine's row_stats
 
-// logits, teacher (T, V); labels (T) i32 (read only when label_weight != 0); mask (T) u8;
-// losses (T); distill_losses (T) or undefined.
-void distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
-                       const Tensor& mask, const DistillParams& p, const Tensor& losses,
-                       const Tensor& distill_losses, bool with_grad, float grad_scale);
-
-void distillation_partial(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
-                          const Tensor& mask, int64_t vocab_begin, int64_t vocab_total,
-                          const DistillParams& p, const Tensor& stats);
-void distillation_combine(const Tensor& partials, const Tensor& mask, const DistillParams& p,
-                          const Tensor& row_stats, const Tensor& losses,
-                          const Tensor& distill_losses);
-void distillation_grad(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
-                       const Tensor& mask, int64_t vocab_begin, const DistillParams& p,
-                       const Tensor& row_stats, float grad_scale);
-
 }  // namespace engine::ops
+
+// Shared preconditions (ops/loss.cpp; an engine::Error naming op and value): z_loss finite,
+// label_smoothing in [0, 1]; temperature finite and > 0, weights and z_loss finite, a known kind.
+// cross_entropy: columns = 0 when every column is the vocabulary (see above).
+// cross_entropy_partial: stats (3, T), or (4, T) to also collect what label smoothing needs.
+// cross_entropy_grad: vocab_total is read only with label smoothing (0 otherwise is fine).
+// Distillation: labels (T) i32, read only when label_weight != 0 (else may be Tensor{});
+// distill_losses (T) or Tensor{}.
+#define ENGINE_LOSS_OPS(OP)                                                                      \
+  OP(void, cross_entropy,                                                                        \
+     (const Tensor& logits, const Tensor& labels, const Tensor& mask, const Tensor& losses,      \
+      bool with_grad, float grad_scale, float z_loss, float label_smoothing, int64_t columns),   \
+     (logits, labels, mask, losses, with_grad, grad_scale, z_loss, label_smoothing, columns))    \
+  OP(void, cross_entropy_partial,                                                                \
+     (const Tensor& logits, const Tensor& labels, const Tensor& mask, int64_t vocab_begin,       \
+      int64_t vocab_total, const Tensor& stats),                                                 \
+     (logits, labels, mask, vocab_begin, vocab_total, stats))                                    \
+  OP(void, cross_entropy_combine,                                                                \
+     (const Tensor& partials, const Tensor& mask, const Tensor& lse, const Tensor& losses,        \
+      float z_loss, float label_smoothing),                                                      \
+     (partials, mask, lse, losses, z_loss, label_smoothing))                                     \
+  OP(void, cross_entropy_grad,                                                                   \
+     (const Tensor& logits, const Tensor& labels, const Tensor& mask, int64_t vocab_begin,       \
+      const Tensor& lse, float grad_scale, float z_loss, float label_smoothing,                  \
+      int64_t vocab_total),                                                                      \
+     (logits, labels, mask, vocab_begin, lse, grad_scale, z_loss, label_smoothing, vocab_total)) \
+  OP(void, distillation_loss,                                                                    \
+     (const Tensor& logits, const Tensor& teacher, const Tensor& labels, const Tensor& mask,     \
+      const ops::DistillParams& p, const Tensor& losses, const Tensor& distill_losses,           \
+      bool with_grad, float grad_scale),                                                         \
+     (logits, teacher, labels, mask, p, losses, distill_losses, with_grad, grad_scale))          \
+  OP(void, distillation_partial,                                                                 \
+     (const Tensor& logits, const Tensor& teacher, const Tensor& labels, const Tensor& mask,     \
+      int64_t vocab_begin, int64_t vocab_total, const ops::DistillParams& p,                     \
+      const Tensor& stats),                                                                      \
+     (logits, teacher, labels, mask, vocab_begin, vocab_total, p, stats))                        \
+  OP(void, distillation_combine,                                                                 \
+     (const Tensor& partials, const Tensor& mask, const ops::DistillParams& p,                   \
+      const Tensor& row_stats, const Tensor& losses, const Tensor& distill_losses),              \
+     (partials, mask, p, row_stats, losses, distill_losses))                                     \
+  OP(void, distillation_grad,                                                                    \
+     (const Tensor& logits, const Tensor& teacher, const Tensor& labels, const Tensor& mask,     \
+      int64_t vocab_begin, const ops::DistillParams& p, const Tensor& row_stats,                 \
+      float grad_scale),                                                                         \
+     (logits, teacher, labels, mask, vocab_begin, p, row_stats, grad_scale))
+
+ENGINE_DECLARE_OPS(ENGINE_LOSS_OPS)

@@ -21,7 +21,9 @@
 // s (log s - log q - D) / tau plus the label term's. The vocabulary-parallel steps use the shard
 // statistics of ops/loss.h instead (maxima, sums of exponentials, the kind's weighted sum), so
 // the tests that equate the two check the decomposition, not a copy of one formula.
-#include "ref/loss.h"
+// The shared preconditions ran before (ops/loss.cpp); the reference checks what is its own: the
+// logits (and partials) in f32 or f64 (float_switch), and the labels' range at masked-in rows.
+#include "ops/loss.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,8 +38,6 @@ namespace {
 // Checks labels (T) i32 in [0, vocab) where mask (T) u8 is set.
 void check_labels(const Tensor& labels, const Tensor& mask, int64_t t, int64_t vocab,
                   const char* op) {
-  expect(labels, DType::I32, {t}, op, "labels");
-  expect(mask, DType::U8, {t}, op, "mask");
   const int32_t* lab = labels.ptr<int32_t>();
   const uint8_t* msk = mask.ptr<uint8_t>();
   for (int64_t r = 0; r < t; ++r)
@@ -59,15 +59,8 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
                    const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
                    float label_smoothing, int64_t columns) {
   const char* op = "cross_entropy";
-  expect_cpu(logits, op, "logits");
-  expect_ndim(logits, 2, op, "logits");
-  ops::check_loss_coefficients(z_loss, label_smoothing, op);
-  ENSURE(columns >= 0 && columns <= logits.size(1), op, ": columns = ", columns,
-         " outside [0, ", logits.size(1), "] (the logits' width)");
   const int64_t t = logits.size(0), ld = logits.size(1), v = columns > 0 ? columns : ld;
-  ENSURE(v > 0, op, ": logits has shape ", logits.shape.str(), ", the vocabulary is empty");
   check_labels(labels, mask, t, v, op);
-  expect(losses, logits.dtype, {t}, op, "losses");
   const int32_t* lab = labels.ptr<int32_t>();
   const uint8_t* msk = mask.ptr<uint8_t>();
   const double zl = z_loss, eps = label_smoothing;
@@ -106,14 +99,8 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
 void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                            int64_t vocab_begin, int64_t vocab_total, const Tensor& stats) {
   const char* op = "cross_entropy_partial";
-  expect_cpu(logits, op, "logits");
-  expect_ndim(logits, 2, op, "logits");
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(vocab_total > 0 && vocab_begin >= 0 && vocab_begin + v <= vocab_total, op,
-         ": logits hold columns [", vocab_begin, ", ", vocab_begin + v,
-         "), not a shard of a vocabulary of ", vocab_total);
-  const int64_t k = stats.ndim() == 2 && stats.size(0) == 4 ? 4 : 3;
-  expect(stats, logits.dtype, {k, t}, op, "stats");
+  const int64_t k = stats.size(0);  // 3, or 4 with the mean logit
   check_labels(labels, mask, t, vocab_total, op);
   const int32_t* lab = labels.ptr<int32_t>();
   const uint8_t* msk = mask.ptr<uint8_t>();
@@ -148,17 +135,7 @@ void cross_entropy_partial(const Tensor& logits, const Tensor& labels, const Ten
 void cross_entropy_combine(const Tensor& partials, const Tensor& mask, const Tensor& lse,
                            const Tensor& losses, float z_loss, float label_smoothing) {
   const char* op = "cross_entropy_combine";
-  expect_cpu(partials, op, "partials");
-  ops::check_loss_coefficients(z_loss, label_smoothing, op);
-  ENSURE(partials.ndim() == 3 && (partials.size(1) == 3 || partials.size(1) == 4), op,
-         ": partials must be (P, 3, T) or (P, 4, T), got shape ", partials.shape.str());
   const int64_t np = partials.size(0), k = partials.size(1), t = partials.size(2);
-  ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
-  ENSURE(label_smoothing == 0 || k == 4, op, ": label smoothing needs (P, 4, T) partials (the ",
-         "mean logit), got shape ", partials.shape.str());
-  expect(mask, DType::U8, {t}, op, "mask");
-  expect(lse, partials.dtype, {t}, op, "lse");
-  expect(losses, partials.dtype, {t}, op, "losses");
   const uint8_t* msk = mask.ptr<uint8_t>();
   float_switch(partials.dtype, op, "partials", [&](auto tag) {
     using T = decltype(tag);
@@ -190,17 +167,7 @@ void cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor
                         int64_t vocab_begin, const Tensor& lse, float grad_scale, float z_loss,
                         float label_smoothing, int64_t vocab_total) {
   const char* op = "cross_entropy_grad";
-  expect_cpu(logits, op, "logits");
-  expect_ndim(logits, 2, op, "logits");
-  ops::check_loss_coefficients(z_loss, label_smoothing, op);
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
-  ENSURE(label_smoothing == 0 || vocab_total >= vocab_begin + v, op,
-         ": label smoothing needs the vocabulary size, got vocab_total = ", vocab_total,
-         " for columns [", vocab_begin, ", ", vocab_begin + v, ")");
-  expect(labels, DType::I32, {t}, op, "labels");
-  expect(mask, DType::U8, {t}, op, "mask");
-  expect(lse, logits.dtype, {t}, op, "lse");
   const int32_t* lab = labels.ptr<int32_t>();
   const uint8_t* msk = mask.ptr<uint8_t>();
   const double zl = z_loss, eps = label_smoothing;
@@ -233,27 +200,8 @@ namespace {
 
 bool uses_labels(const ops::DistillParams& p) { return p.label_weight != 0; }
 
-bool undefined(const Tensor& t) { return t.data == nullptr && t.ndim() == 0; }
-
-// With a label term the labels must be given.
-void require_labels(const Tensor& labels, const ops::DistillParams& p, const char* op) {
-  ENSURE(!uses_labels(p) || !undefined(labels), op,
-         ": labels are undefined, but label_weight = ", p.label_weight, " needs them");
-}
-
-// logits and teacher: CPU, 2-D, same dtype and shape; returns (T, V).
-void check_pair(const Tensor& logits, const Tensor& teacher, const char* op) {
-  expect_cpu(logits, op, "logits");
-  expect_ndim(logits, 2, op, "logits");
-  expect(teacher, logits.dtype, logits.shape, op, "teacher");
-}
-
-// The optional output: undefined, or (T) in dtype.
-bool optional_out(const Tensor& t, DType dtype, int64_t rows, const char* op, const char* name) {
-  if (undefined(t)) return false;
-  expect(t, dtype, {rows}, op, name);
-  return true;
-}
+// The optional output distill_losses was given (checked: ops/loss.cpp).
+bool given(const Tensor& t) { return !(t.data == nullptr && t.ndim() == 0); }
 
 }  // namespace
 
@@ -261,18 +209,10 @@ void distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor
                        const Tensor& mask, const ops::DistillParams& p, const Tensor& losses,
                        const Tensor& distill_losses, bool with_grad, float grad_scale) {
   const char* op = "distillation_loss";
-  check_pair(logits, teacher, op);
-  ops::check_distill_params(p, op);
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(v > 0, op, ": logits has shape ", logits.shape.str(), ", the vocabulary is empty");
-  require_labels(labels, p, op);
   const bool lab_on = uses_labels(p);
-  if (lab_on)
-    check_labels(labels, mask, t, v, op);
-  else
-    expect(mask, DType::U8, {t}, op, "mask");
-  expect(losses, logits.dtype, {t}, op, "losses");
-  const bool want_d = optional_out(distill_losses, logits.dtype, t, op, "distill_losses");
+  if (lab_on) check_labels(labels, mask, t, v, op);
+  const bool want_d = given(distill_losses);
   const int32_t* lab = lab_on ? labels.ptr<int32_t>() : nullptr;
   const uint8_t* msk = mask.ptr<uint8_t>();
   const double tau = p.temperature, wl = p.label_weight, wd = p.distill_weight, zl = p.z_loss;
@@ -354,19 +294,9 @@ void distillation_partial(const Tensor& logits, const Tensor& teacher, const Ten
                           const Tensor& mask, int64_t vocab_begin, int64_t vocab_total,
                           const ops::DistillParams& p, const Tensor& stats) {
   const char* op = "distillation_partial";
-  check_pair(logits, teacher, op);
-  ops::check_distill_params(p, op);
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(vocab_total > 0 && vocab_begin >= 0 && vocab_begin + v <= vocab_total, op,
-         ": logits hold columns [", vocab_begin, ", ", vocab_begin + v,
-         "), not a shard of a vocabulary of ", vocab_total);
-  expect(stats, logits.dtype, {ops::kDistillStats, t}, op, "stats");
-  require_labels(labels, p, op);
   const bool lab_on = uses_labels(p);
-  if (lab_on)
-    check_labels(labels, mask, t, vocab_total, op);
-  else
-    expect(mask, DType::U8, {t}, op, "mask");
+  if (lab_on) check_labels(labels, mask, t, vocab_total, op);
   const int32_t* lab = lab_on ? labels.ptr<int32_t>() : nullptr;
   const uint8_t* msk = mask.ptr<uint8_t>();
   const double tau = p.temperature;
@@ -425,16 +355,8 @@ void distillation_combine(const Tensor& partials, const Tensor& mask, const ops:
                           const Tensor& row_stats, const Tensor& losses,
                           const Tensor& distill_losses) {
   const char* op = "distillation_combine";
-  expect_cpu(partials, op, "partials");
-  ops::check_distill_params(p, op);
-  ENSURE(partials.ndim() == 3 && partials.size(1) == ops::kDistillStats, op,
-         ": partials must be (P, ", ops::kDistillStats, ", T), got shape ", partials.shape.str());
   const int64_t np = partials.size(0), k = ops::kDistillStats, t = partials.size(2);
-  ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
-  expect(mask, DType::U8, {t}, op, "mask");
-  expect(row_stats, partials.dtype, {ops::kDistillRowStats, t}, op, "row_stats");
-  expect(losses, partials.dtype, {t}, op, "losses");
-  const bool want_d = optional_out(distill_losses, partials.dtype, t, op, "distill_losses");
+  const bool want_d = given(distill_losses);
   const uint8_t* msk = mask.ptr<uint8_t>();
   const bool lab_on = uses_labels(p);
   const double tau = p.temperature, wl = p.label_weight, wd = p.distill_weight, zl = p.z_loss;
@@ -513,15 +435,8 @@ void distillation_grad(const Tensor& logits, const Tensor& teacher, const Tensor
                        const Tensor& mask, int64_t vocab_begin, const ops::DistillParams& p,
                        const Tensor& row_stats, float grad_scale) {
   const char* op = "distillation_grad";
-  check_pair(logits, teacher, op);
-  ops::check_distill_params(p, op);
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
-  require_labels(labels, p, op);
   const bool lab_on = uses_labels(p);
-  if (lab_on) expect(labels, DType::I32, {t}, op, "labels");
-  expect(mask, DType::U8, {t}, op, "mask");
-  expect(row_stats, logits.dtype, {ops::kDistillRowStats, t}, op, "row_stats");
   const int32_t* lab = lab_on ? labels.ptr<int32_t>() : nullptr;
   const uint8_t* msk = mask.ptr<uint8_t>();
   const double tau = p.temperature, wl = p.label_weight, wd = p.distill_weight, zl = p.z_loss;

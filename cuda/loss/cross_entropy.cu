@@ -1,5 +1,6 @@
-// Fused cross-entropy with its gradient in place over the logits (launcher contract in
-// cross_entropy.cuh; CPU reference csrc/ref/loss.cpp). Per masked-in row of x = logits (T, V):
+// Fused cross-entropy with its gradient in place over the logits (contract: csrc/ops/loss.h;
+// the CUDA-only entry points and the paths: cross_entropy.cuh; CPU reference
+// csrc/ref/loss.cpp). Per masked-in row of x = logits (T, V):
 //   pass 1   m = max_v x_v,  s = sum_v exp(x_v - m)   one read, online: whenever a batch of
 //            values raises the running max, s is rescaled by exp(m_old - m_new) first;
 //            partial (m, s) pairs merge as (max, s_a e^(m_a - m) + s_b e^(m_b - m))
@@ -28,10 +29,10 @@
 //              (no exchange) while two such blocks fit on a multiprocessor (rows <= 110 KB),
 //              else the smallest C whose slice is <= 72 KB (3 blocks per SM): 32000 and 50304
 //              bf16 -> C = 1, 128256 bf16 -> C = 4 (62.6 KB). The exchange costs more than the
-//              extra blocks per SM win, so one block per row beats two while it fits, and four
-//              blocks at 128256 beat 2, 3 and 5-8 (measured on H200, docs/PERF.md). Rows whose
-//              72 KB slices would need more than 8 blocks take the first C whose slice fits the
-//              shared memory at all.
+//              extra blocks per SM win, so one block per row is faster than two while it fits,
+//              and four blocks at 128256 faster than 2, 3 and 5-8 (figures: docs/PERF.md). Rows
+//              whose 72 KB slices would need more than 8 blocks take the first C whose slice
+//              fits the shared memory at all.
 // Cluster exchange (C > 1): Barrier, each block writes its (m, s) to its shared memory, a
 // cluster barrier with release/acquire semantics (a GPU-scope MEMBAR before the arrive), every
 // block reads all C through distributed shared memory, and a second (release) arrive before the
@@ -39,10 +40,10 @@
 // (st.async, 16 bytes, completing on an mbarrier of the receiving block): no fence, and only
 // relaxed cluster-barrier arrivals (one after the barrier's initialisation, one as the exit
 // guard). Both merge the C values in rank order: bitwise the same results. Auto pushes (no
-// GPU-scope fence: faster, docs/PERF.md) wherever the push kernel's slice fits; its static
-// shared memory is 128 bytes larger than the barrier kernel's, so slices within those last 128
-// bytes of the limit exchange by Barrier (on H100/H200: bf16 rows of 464136-464391 logits at
-// C = 4 and 928264-928775 at C = 8; f32 232068-232195 and 464132-464387).
+// GPU-scope fence: faster; figures: docs/PERF.md) wherever the push kernel's slice fits; its
+// static shared memory is 128 bytes larger than the barrier kernel's, so slices within those
+// last 128 bytes of the limit exchange by Barrier (on H100/H200: bf16 rows of 464136-464391
+// logits at C = 4 and 928264-928775 at C = 8; f32 232068-232195 and 464132-464387).
 // Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element; the up to
 // 2 x 7 elements before and after the vectors (rows of odd V are not aligned) are scalars,
 // one per thread. Masked rows read nothing but the mask and write zeros.
@@ -53,6 +54,8 @@
 // (fixed reduction order, no float atomics). A bad label makes that row's loss NaN and drops its
 // one-hot term; the launcher reads the flag back and raises. The per-device limits and the
 // cluster-occupancy answers are cached for the first device that asks (one GPU per process).
+// The shared preconditions ran before (ops/loss.cpp); the launcher checks what is its own:
+// logits bf16 or f32, element-aligned, a plan that holds the row, T * C within the grid.
 #include "cuda/loss/cross_entropy.cuh"
 
 #include <cooperative_groups.h>
@@ -165,8 +168,8 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
         return CrossEntropyPlan{CrossEntropyPath::WarpRows, 1, 0};
       if (auto plan = choose_cluster()) {
         // Clusters of several blocks exchange (m, s) by st.async pushes where the slice fits
-        // the push kernel, without the GPU-scope fence of cluster.sync(): faster (docs/PERF.md),
-        // bitwise the same results.
+        // the push kernel, without the GPU-scope fence of cluster.sync(): faster (figures:
+        // docs/PERF.md), bitwise the same results.
         const int c = plan->cluster;
         if (c > 1 && slice(c) <= max_slice_bytes(true) && cluster_schedulable(dtype, true, c, slice(c)))
           plan->exchange = ClusterExchange::Push;
@@ -189,21 +192,9 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
                    const Tensor& losses, bool with_grad, float grad_scale,
                    const CrossEntropyChoice& choice, float z_loss, float label_smoothing,
                    int64_t columns) {
-  ENSURE(logits.device == Device::CUDA, "cross_entropy: logits are on ", device_name(logits.device),
-         ", expected cuda");
-  ENSURE(logits.ndim() == 2, "cross_entropy: logits must be 2-D (T, V), got shape ",
-         logits.shape.str());
   ENSURE(logits.dtype == DType::BF16 || logits.dtype == DType::F32, "cross_entropy: logits are ",
          dtype_name(logits.dtype), ", expected bf16 or f32");
-  ENSURE(columns >= 0 && columns <= logits.size(1), "cross_entropy: columns = ", columns,
-         " outside [0, ", logits.size(1), "] (the logits' width)");
   const int64_t t = logits.size(0), ld = logits.size(1), v = columns > 0 ? columns : ld;
-  ENSURE(v > 0, "cross_entropy: logits has shape ", logits.shape.str(),
-         ", the vocabulary is empty");
-  ops::check_loss_coefficients(z_loss, label_smoothing, "cross_entropy");
-  expect_cuda(labels, DType::I32, {t}, "cross_entropy", "labels");
-  expect_cuda(mask, DType::U8, {t}, "cross_entropy", "mask");
-  expect_cuda(losses, DType::F32, {t}, "cross_entropy", "losses");
   ENSURE(reinterpret_cast<uintptr_t>(logits.data) % dtype_size(logits.dtype) == 0,
          "cross_entropy: logits are not aligned to their element size");
   const std::optional<CrossEntropyPlan> plan = cross_entropy_plan(v, logits.dtype, choice);
@@ -272,6 +263,14 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mas
     RAISE("cross_entropy: labels[", pos, "] = ", label, " out of range [0, ", v,
           ") at a masked-in token (position ", pos, ")");
   }
+}
+
+// ops/loss.h's entry: the Auto plan.
+void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                   const Tensor& losses, bool with_grad, float grad_scale, float z_loss,
+                   float label_smoothing, int64_t columns) {
+  cross_entropy(logits, labels, mask, losses, with_grad, grad_scale, CrossEntropyChoice{}, z_loss,
+                label_smoothing, columns);
 }
 
 }  // namespace engine::cuda

@@ -1,15 +1,10 @@
-// Fused cross-entropy over CUDA logits (T, V), the CUDA backend of ops::cross_entropy
-// (csrc/ops/loss.h; CPU reference csrc/ref/loss.cpp). For every row t with mask(t) != 0:
-//   m = max_v x_v,  s = sum_v exp(x_v - m),  lse = m + log s
-//   losses(t) = lse - (1 - eps) x_label - eps mean_v x_v + z lse^2
-//   with_grad: x_v <- grad_scale * ((1 + 2 z lse) exp(x_v - lse) - (1 - eps)[v == label] - eps / V)
-//              in place, logits' dtype
-// (z = z_loss, eps = label_smoothing; both 0: the plain cross-entropy and softmax - onehot).
-// Masked rows: losses(t) = 0 and (with_grad) a zero gradient row; their labels are never read.
-// logits bf16 or f32 (T, V); labels i32 (T); mask u8 (T); losses f32 (T). A label outside
-// [0, V) at a masked-in token raises engine::Error naming the position and the label, after
-// the kernel ran (the logits may then already hold gradients; the losses are unspecified).
-// The call synchronises the compute stream once (the bad-label flag is read back).
+// The CUDA-only entry points of the fused cross-entropy (cuda/loss/cross_entropy.cu), beside
+// cuda::cross_entropy of ops/loss.h (declared there; it runs the Auto plan): the plan a row
+// takes, and the kernel choice the tests and benchmarks force. The contract is ops/loss.h's;
+// on CUDA, logits bf16 or f32 (T, V), losses f32 (T). A label outside [0, V) at a masked-in
+// token raises engine::Error naming the position and the label, after the kernel ran (the
+// logits may then already hold gradients; the losses are unspecified). The call synchronises
+// the compute stream once (the bad-label flag is read back).
 //
 // Paths (cross_entropy.cu says how each one moves the bytes):
 //   WarpRows   one warp per row, 8 rows per block: small vocabularies (rows of a few KB)
@@ -24,6 +19,7 @@
 #include <optional>
 
 #include "core/tensor.h"
+#include "ops/loss.h"
 
 namespace engine::cuda {
 
@@ -62,15 +58,17 @@ inline std::optional<CrossEntropyPlan> cross_entropy_plan(
   return cross_entropy_plan(vocab, dtype, CrossEntropyChoice{path, cluster});
 }
 
-// ops::cross_entropy for CUDA tensors (see the top of this file), on stream().
+// cuda::cross_entropy with a forced choice, on stream(). It checks only what the kernels need
+// (dtype, alignment, a plan that holds the row); the shared preconditions of ops/loss.cpp are
+// the caller's (ops::cross_entropy runs them; tests and benchmarks pass valid arguments).
 void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                    const Tensor& losses, bool with_grad, float grad_scale,
                    const CrossEntropyChoice& choice, float z_loss = 0.f,
                    float label_smoothing = 0.f, int64_t columns = 0);
 inline void cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& mask,
                           const Tensor& losses, bool with_grad, float grad_scale,
-                          CrossEntropyPath path = CrossEntropyPath::Auto, int cluster = 0,
-                          float z_loss = 0.f, float label_smoothing = 0.f, int64_t columns = 0) {
+                          CrossEntropyPath path, int cluster = 0, float z_loss = 0.f,
+                          float label_smoothing = 0.f, int64_t columns = 0) {
   cross_entropy(logits, labels, mask, losses, with_grad, grad_scale,
                 CrossEntropyChoice{path, cluster}, z_loss, label_smoothing, columns);
 }

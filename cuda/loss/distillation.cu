@@ -1,5 +1,6 @@
-// Fused distillation loss with its gradient in place over the student's logits (launcher
-// contract in distillation.cuh; formulas in csrc/ops/loss.h; CPU reference csrc/ref/loss.cpp).
+// Fused distillation loss with its gradient in place over the student's logits (contract and
+// formulas: csrc/ops/loss.h; the CUDA-only entry points and the paths: distillation.cuh; CPU
+// reference csrc/ref/loss.cpp).
 // Per masked-in row of x = logits (T, V) and y = teacher (T, V):
 //   pass 1   the statistics of distill_device.cuh over (x_v, y_v) pairs, reading each row once:
 //            online maxima of x and y, sums of 2^(a - ma) and 2^(b - mb) (a, b the tempered
@@ -27,9 +28,10 @@
 //              slice's gradient from shared memory: read 2 B + write B, the bytes floor. Auto
 //              takes the smallest C <= 4 whose two slices are <= 72 KB (3 blocks per SM), e.g.
 //              50257 bf16 -> C = 4, 32000 bf16 -> C = 2, and BlockRows beyond: where C = 8 would
-//              be needed (128256 bf16) BlockRows measured faster on H200 (docs/PERF.md), as the
-//              cross-entropy's C = 8 trails its C = 4 (8-block clusters schedule poorly). Tests
-//              and benchmarks may force C = 8 or slices beyond 72 KB (the same kernel).
+//              be needed (128256 bf16) BlockRows is faster (figures: docs/PERF.md), as the
+//              cross-entropy's C = 8 is slower than its C = 4 (8-block clusters schedule
+//              poorly). Tests and benchmarks may force C = 8 or slices beyond 72 KB (the same
+//              kernel).
 // Rows are 16-byte vectors (8 bf16 or 4 f32) from the first 16-byte-aligned element (the same
 // for x and y when their rows are co-aligned); the up to 2 x 7 elements before and after the
 // vectors are scalars. Masked rows read nothing but the mask and write zeros.
@@ -38,6 +40,8 @@
 // T * C < 2^31 blocks; Cluster slices up to the device's shared memory per block. Results are
 // deterministic (fixed reduction orders, no float atomics). A bad label makes that row's loss NaN
 // and drops its one-hot term; the launcher reads the flag back and raises.
+// The shared preconditions ran before (ops/loss.cpp); the launcher checks what is its own:
+// logits bf16 or f32, both tensors element-aligned, T < 2^31, a plan that holds the row.
 #include "cuda/loss/distillation.cuh"
 
 #include <cooperative_groups.h>
@@ -356,21 +360,12 @@ void distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor
                        const Tensor& distill_losses, bool with_grad, float grad_scale,
                        DistillPath path, int cluster) {
   const char* op = "distillation_loss";
-  expect_cuda_float(logits, op, "logits");
-  ENSURE(logits.ndim() == 2, op, ": logits must be 2-D (T, V), got shape ", logits.shape.str());
-  expect_cuda(teacher, logits.dtype, logits.shape, op, "teacher");
-  ops::check_distill_params(dp, op);
+  ENSURE(logits.dtype == DType::BF16 || logits.dtype == DType::F32, op, ": logits is ",
+         dtype_name(logits.dtype), ", expected bf16 or f32");
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(v > 0, op, ": logits has shape ", logits.shape.str(), ", the vocabulary is empty");
   ENSURE(t <= INT32_MAX, op, ": ", t, " rows are too many");
   const bool label = dp.label_weight != 0.f;
-  ENSURE(!label || !(labels.data == nullptr && labels.ndim() == 0), op,
-         ": labels are undefined, but label_weight = ", dp.label_weight, " needs them");
-  if (label) expect_cuda(labels, DType::I32, {t}, op, "labels");
-  expect_cuda(mask, DType::U8, {t}, op, "mask");
-  expect_cuda(losses, DType::F32, {t}, op, "losses");
   const bool want_d = !(distill_losses.data == nullptr && distill_losses.ndim() == 0);
-  if (want_d) expect_cuda(distill_losses, DType::F32, {t}, op, "distill_losses");
   const size_t esize = dtype_size(logits.dtype);
   ENSURE(reinterpret_cast<uintptr_t>(logits.data) % esize == 0 &&
              reinterpret_cast<uintptr_t>(teacher.data) % esize == 0,
@@ -455,6 +450,14 @@ void distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor
     RAISE(op, ": labels[", pos, "] = ", lab, " out of range [0, ", v,
           ") at a masked-in token (position ", pos, ")");
   }
+}
+
+// ops/loss.h's entry: the Auto plan.
+void distillation_loss(const Tensor& logits, const Tensor& teacher, const Tensor& labels,
+                       const Tensor& mask, const ops::DistillParams& p, const Tensor& losses,
+                       const Tensor& distill_losses, bool with_grad, float grad_scale) {
+  distillation_loss(logits, teacher, labels, mask, p, losses, distill_losses, with_grad,
+                    grad_scale, DistillPath::Auto, 0);
 }
 
 }  // namespace engine::cuda

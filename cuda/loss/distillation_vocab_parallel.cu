@@ -1,6 +1,11 @@
-// Vocabulary-parallel distillation (launcher contract in distillation_vocab_parallel.cuh;
-// formulas in csrc/ops/loss.h; CPU reference csrc/ref/loss.cpp). A shard's logits x and teacher
-// columns y (T, Vl) are columns [B, B + Vl) of the vocabulary; per masked-in row:
+// Vocabulary-parallel distillation on CUDA: the backends of ops::distillation_partial,
+// distillation_combine and distillation_grad (contract and formulas: csrc/ops/loss.h; CPU
+// reference csrc/ref/loss.cpp). On CUDA the logits and teacher are bf16 or f32 and the stats,
+// partials, row_stats and losses f32. With a label term, a label outside [0, vocab_total) at a
+// masked-in token raises engine::Error after the partial's kernel ran (a flag read back: that
+// call then synchronises the compute stream once); combine and grad do not synchronise. No
+// scratch beyond the partial's 8-byte flag. A shard's logits x and teacher columns y (T, Vl) are
+// columns [B, B + Vl) of the vocabulary; per masked-in row:
 //   partial  the statistics pass of distill_device.cuh over the shard's (x_v, y_v) pairs (one
 //            streaming read of both rows, online maxima and sums, the kind's weighted sum), then
 //            its statistics relative to the shard's raw maxima (to_part): (mx, sx, z, ss, my, sq,
@@ -21,8 +26,8 @@
 // Limits: logits and teacher contiguous, element-aligned, finite; Vl < 2^31, vocab_total < 2^31;
 // T < 2^31 rows. A bad label (outside [0, vocab_total), masked-in, label term on) makes the row's
 // z NaN; the launcher reads the flag back and raises.
-#include "cuda/loss/distillation_vocab_parallel.cuh"
-
+// The shared preconditions ran before (ops/loss.cpp); the launchers check what is theirs: logits
+// bf16 or f32, both tensors element-aligned, within the 32-bit limits above; partials f32.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +38,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/loss/ce_device.cuh"
 #include "cuda/loss/distill_device.cuh"
+#include "ops/loss.h"
 
 namespace engine::cuda {
 namespace {
@@ -200,12 +206,10 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-// logits and teacher (T, Vl) bf16 or f32 on cuda, same dtype and shape, element-aligned;
-// returns the row path's group size.
+// logits and teacher (T, Vl) bf16 or f32, element-aligned; returns the row path's group size.
 int check_pair(const Tensor& logits, const Tensor& teacher, const char* op) {
-  expect_cuda_float(logits, op, "logits");
-  ENSURE(logits.ndim() == 2, op, ": logits must be 2-D (T, Vl), got shape ", logits.shape.str());
-  expect_cuda(teacher, logits.dtype, logits.shape, op, "teacher");
+  ENSURE(logits.dtype == DType::BF16 || logits.dtype == DType::F32, op, ": logits is ",
+         dtype_name(logits.dtype), ", expected bf16 or f32");
   ENSURE(logits.size(1) <= INT32_MAX, op, ": a shard of ", logits.size(1), " columns is too wide");
   ENSURE(logits.size(0) <= INT32_MAX, op, ": ", logits.size(0), " rows are too many");
   const size_t esize = dtype_size(logits.dtype);
@@ -214,7 +218,6 @@ int check_pair(const Tensor& logits, const Tensor& teacher, const char* op) {
          op, ": logits and teacher must be aligned to their element size");
   return logits.size(1) * static_cast<int64_t>(esize) <= kWarpRowsMaxBytes ? 32 : kThreads;
 }
-
 
 bool is_undefined(const Tensor& t) { return t.data == nullptr && t.ndim() == 0; }
 
@@ -231,18 +234,10 @@ void distillation_partial(const Tensor& logits, const Tensor& teacher, const Ten
                           const ops::DistillParams& dp, const Tensor& stats) {
   const char* op = "distillation_partial";
   const int group = check_pair(logits, teacher, op);
-  ops::check_distill_params(dp, op);
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(vocab_total > 0 && vocab_total <= INT32_MAX && vocab_begin >= 0 &&
-             vocab_begin + v <= vocab_total,
-         op, ": logits hold columns [", vocab_begin, ", ", vocab_begin + v,
-         "), not a shard of a vocabulary of ", vocab_total);
+  ENSURE(vocab_total <= INT32_MAX, op, ": logits hold columns [", vocab_begin, ", ",
+         vocab_begin + v, "), not a shard of a vocabulary of ", vocab_total);
   const DConst c = make_const(dp);
-  ENSURE(!c.label || !is_undefined(labels), op,
-         ": labels are undefined, but label_weight = ", dp.label_weight, " needs them");
-  if (c.label) expect_cuda(labels, DType::I32, {t}, op, "labels");
-  expect_cuda(mask, DType::U8, {t}, op, "mask");
-  expect_cuda(stats, DType::F32, {ops::kDistillStats, t}, op, "stats");
   if (t == 0) return;
 
   Owned flag;
@@ -286,20 +281,11 @@ void distillation_combine(const Tensor& partials, const Tensor& mask, const ops:
                           const Tensor& row_stats, const Tensor& losses,
                           const Tensor& distill_losses) {
   const char* op = "distillation_combine";
-  expect_cuda(partials, op, "partials");
-  ops::check_distill_params(dp, op);
   ENSURE(partials.dtype == DType::F32, op, ": partials is ", dtype_name(partials.dtype),
          ", expected f32");
-  ENSURE(partials.ndim() == 3 && partials.size(1) == ops::kDistillStats, op,
-         ": partials must be (P, ", ops::kDistillStats, ", T), got shape ", partials.shape.str());
   const int64_t np = partials.size(0), t = partials.size(2);
-  ENSURE(np > 0, op, ": partials hold no shard (P = 0)");
   ENSURE(np <= INT32_MAX, op, ": ", np, " shards are too many");
-  expect_cuda(mask, DType::U8, {t}, op, "mask");
-  expect_cuda(row_stats, DType::F32, {ops::kDistillRowStats, t}, op, "row_stats");
-  expect_cuda(losses, DType::F32, {t}, op, "losses");
   const bool want_d = !is_undefined(distill_losses);
-  if (want_d) expect_cuda(distill_losses, DType::F32, {t}, op, "distill_losses");
   if (t == 0) return;
   distill_combine_kernel<<<static_cast<unsigned>(ceil_div(t, kThreads)), kThreads, 0, stream()>>>(
       partials.ptr<float>(), mask.ptr<uint8_t>(), row_stats.ptr<float>(), losses.ptr<float>(),
@@ -312,15 +298,8 @@ void distillation_grad(const Tensor& logits, const Tensor& teacher, const Tensor
                        const Tensor& row_stats, float grad_scale) {
   const char* op = "distillation_grad";
   const int group = check_pair(logits, teacher, op);
-  ops::check_distill_params(dp, op);
   const int64_t t = logits.size(0), v = logits.size(1);
-  ENSURE(vocab_begin >= 0, op, ": vocab_begin = ", vocab_begin, " is negative");
   const DConst c = make_const(dp);
-  ENSURE(!c.label || !is_undefined(labels), op,
-         ": labels are undefined, but label_weight = ", dp.label_weight, " needs them");
-  if (c.label) expect_cuda(labels, DType::I32, {t}, op, "labels");
-  expect_cuda(mask, DType::U8, {t}, op, "mask");
-  expect_cuda(row_stats, DType::F32, {ops::kDistillRowStats, t}, op, "row_stats");
   if (t == 0) return;
   VpParams p{};
   p.logits = logits.data;

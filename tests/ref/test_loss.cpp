@@ -43,7 +43,7 @@ Batch make_batch(const LossCase& c, DType dt, double std = 3.0) {
 Owned losses_of(const Batch& b, const Tensor& logits, bool with_grad, float scale) {
   Owned losses = empty({logits.size(0)}, logits.dtype, Device::CPU);
   poison(losses);
-  ops::cross_entropy(logits, b.labels, b.mask, losses, with_grad, scale);
+  ops::cross_entropy(logits, b.labels, b.mask, losses, with_grad, scale, 0.f, 0.f, 0);
   return losses;
 }
 
@@ -116,14 +116,17 @@ TEST_CASE("cross_entropy rejects an out-of-range label where the mask is set, an
   Batch b = make_batch({5, 7}, DType::F32);
   b.labels.ptr<int32_t>()[2] = 7;
   Owned losses = empty({5}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, 0.f, 0.f,
+                                          0),
                        doctest::Contains("labels[2] = 7"), Error);
   b.labels.ptr<int32_t>()[2] = 0;
   Owned losses64 = empty({5}, DType::F64, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses64, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses64, false, 1.f,
+                                          0.f, 0.f, 0),
                        doctest::Contains("losses is f64"), Error);
   Owned mask_i32 = empty({5}, DType::I32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, mask_i32, losses, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, mask_i32, losses, false, 1.f,
+                                          0.f, 0.f, 0),
                        doctest::Contains("mask is i32"), Error);
 }
 
@@ -142,7 +145,7 @@ const std::vector<Reg> kRegs = {{0.f, 0.f}, {1e-2f, 0.f}, {0.f, 0.1f}, {0.3f, 0.
 Owned reg_losses(const Batch& b, const Tensor& logits, bool with_grad, float scale, Reg reg) {
   Owned losses = empty({logits.size(0)}, logits.dtype, Device::CPU);
   poison(losses);
-  ops::cross_entropy(logits, b.labels, b.mask, losses, with_grad, scale, reg.z, reg.eps);
+  ops::cross_entropy(logits, b.labels, b.mask, losses, with_grad, scale, reg.z, reg.eps, 0);
   return losses;
 }
 
@@ -210,9 +213,10 @@ TEST_CASE("cross_entropy rejects a non-finite z_loss and label smoothing outside
   Batch b = make_batch({5, 7}, DType::F32);
   Owned losses = empty({5}, DType::F32, Device::CPU);
   CHECK_THROWS_WITH_AS(
-      ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, 0.f, 1.5f),
+      ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, 0.f, 1.5f, 0),
       doctest::Contains("label_smoothing = 1.5 outside [0, 1]"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, NAN, 0.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(b.logits, b.labels, b.mask, losses, false, 1.f, NAN, 0.f,
+                                          0),
                        doctest::Contains("z_loss = nan is not finite"), Error);
 }
 
@@ -228,7 +232,7 @@ TEST_CASE("cross_entropy over padded rows (columns < width): the same losses and
     for (int64_t r = 0; r < t; ++r) mask.ptr<uint8_t>()[r] = r != 4;
     Owned l1 = empty({t}, DType::F64, Device::CPU), l2 = empty({t}, DType::F64, Device::CPU);
     ops::cross_entropy(pad, labels, mask, l1, true, 0.5f, 1e-3f, eps, v);
-    ops::cross_entropy(compact, labels, mask, l2, true, 0.5f, 1e-3f, eps);
+    ops::cross_entropy(compact, labels, mask, l2, true, 0.5f, 1e-3f, eps, 0);
     CHECK(bitwise_equal(l1, l2));
     for (int64_t r = 0; r < t; ++r) {
       CHECK(std::isnan(pad.ptr<double>()[r * w + v]));

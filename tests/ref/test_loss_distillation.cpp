@@ -209,7 +209,7 @@ TEST_CASE("distillation with the label term: weights, and the label-only mix is 
     // label_weight 1, distill_weight 0: the cross-entropy with z-loss, losses and gradient.
     Owned g_ce = clone(b.logits), g_d = clone(b.logits);
     Owned ce = empty({s.t}, DType::F64, Device::CPU);
-    ops::cross_entropy(g_ce, b.labels, b.mask, ce, true, scale, 0.05f);
+    ops::cross_entropy(g_ce, b.labels, b.mask, ce, true, scale, 0.05f, 0.f, 0);
     const Out only = run_fused(b, g_d, {kind, 2.5f, 1.f, 0.f, 0.05f}, true, scale);
     CHECK(rel_err(only.losses, ce) <= 1e-13);
     CHECK(rel_err(g_d, g_ce, 1e-3) <= 1e-13);

@@ -94,9 +94,9 @@ VpResult run_vocab_parallel(const Batch& b, const std::vector<int64_t>& cuts, fl
     ops::cross_entropy_partial(shards.back(), b.labels, b.mask, cuts[p], vocab,
                                r.partials->slice(p, p + 1).view({3, t}));
   }
-  ops::cross_entropy_combine(r.partials, b.mask, r.lse, r.losses);
+  ops::cross_entropy_combine(r.partials, b.mask, r.lse, r.losses, 0.f, 0.f);
   for (int64_t p = 0; p < np; ++p) {
-    ops::cross_entropy_grad(shards[p], b.labels, b.mask, cuts[p], r.lse, scale);
+    ops::cross_entropy_grad(shards[p], b.labels, b.mask, cuts[p], r.lse, scale, 0.f, 0.f, 0);
     const int64_t w = cuts[p + 1] - cuts[p];
     for (int64_t i = 0; i < t; ++i)
       for (int64_t j = 0; j < w; ++j)
@@ -111,7 +111,7 @@ struct Fused {
 };
 Fused run_fused(const Batch& b, float scale) {
   Fused f{empty({b.logits->size(0)}, b.logits->dtype, Device::CPU), clone(b.logits)};
-  ops::cross_entropy(f.grad, b.labels, b.mask, f.losses, true, scale);
+  ops::cross_entropy(f.grad, b.labels, b.mask, f.losses, true, scale, 0.f, 0.f, 0);
   return f;
 }
 
@@ -200,8 +200,8 @@ TEST_CASE("vocab-parallel combine of two equal shards gives m + log(2 s), the sa
   }
   Owned lse = empty({t}, DType::F64, Device::CPU), losses = empty({t}, DType::F64, Device::CPU);
   Owned lse2 = empty({t}, DType::F64, Device::CPU), losses2 = empty({t}, DType::F64, Device::CPU);
-  ops::cross_entropy_combine(partials, mask, lse, losses);
-  ops::cross_entropy_combine(partials, mask, lse2, losses2);
+  ops::cross_entropy_combine(partials, mask, lse, losses, 0.f, 0.f);
+  ops::cross_entropy_combine(partials, mask, lse2, losses2, 0.f, 0.f);
   CHECK(bitwise_equal(lse, lse2));
   CHECK(bitwise_equal(losses, losses2));
   for (int64_t r = 0; r < t; ++r) {
@@ -247,14 +247,14 @@ TEST_CASE("vocab-parallel cross_entropy: bad labels where the mask is set, and a
   Owned lse = empty({t}, DType::F32, Device::CPU), losses = empty({t}, DType::F32, Device::CPU);
   Owned flat = empty({3, t}, DType::F32, Device::CPU), none = empty({0, 3, t}, DType::F32,
                                                                      Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(flat, b.mask, lse, losses),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(flat, b.mask, lse, losses, 0.f, 0.f),
                        doctest::Contains("partials must be (P, 3, T)"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(none, b.mask, lse, losses),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(none, b.mask, lse, losses, 0.f, 0.f),
                        doctest::Contains("P = 0"), Error);
   Owned lse64 = empty({t}, DType::F64, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(shard, b.labels, b.mask, 3, lse64, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(shard, b.labels, b.mask, 3, lse64, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("lse is f64, expected f32"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(shard, b.labels, b.mask, -3, lse, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(shard, b.labels, b.mask, -3, lse, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("vocab_begin = -3 is negative"), Error);
 }
 
@@ -302,7 +302,7 @@ TEST_CASE("vocab-parallel cross_entropy with z-loss and label smoothing equals t
         const float scale = 0.37f;
         const Batch b = make_batch(c.t, c.vocab, DType::F64, c.shift);
         Fused f{empty({c.t}, DType::F64, Device::CPU), clone(b.logits)};
-        ops::cross_entropy(f.grad, b.labels, b.mask, f.losses, true, scale, z, eps);
+        ops::cross_entropy(f.grad, b.labels, b.mask, f.losses, true, scale, z, eps, 0);
         const VpResult r = run_vocab_parallel_reg(b, c.cuts, scale, z, eps);
         CHECK(rel_err(r.losses, f.losses) <= 1e-12);
         CHECK(rel_err(r.grad, f.grad, 1e-3) <= 1e-12);
@@ -341,7 +341,7 @@ TEST_CASE("vocab-parallel cross_entropy: label smoothing needs the mean row and 
   CHECK_THROWS_WITH_AS(ops::cross_entropy_partial(b.logits, b.labels, b.mask, 0, vocab, five),
                        doctest::Contains("stats has shape (5, 5), expected (3, 5)"), Error);
   Owned logits = clone(b.logits);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, b.labels, b.mask, 0, lse, 1.f, 0.f, 0.1f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, b.labels, b.mask, 0, lse, 1.f, 0.f, 0.1f, 0),
                        doctest::Contains("label smoothing needs the vocabulary size"), Error);
   CHECK_NOTHROW(ops::cross_entropy_grad(logits, b.labels, b.mask, 0, lse, 1.f, 0.f, 0.1f, vocab));
 }

@@ -34,7 +34,6 @@
 #include "cuda/loss/cross_entropy.cuh"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
-#include "ref/loss.h"
 #include "tests/common/gpu_testing.h"
 
 using namespace engine;
@@ -174,7 +173,8 @@ TEST_CASE("cross_entropy cuda matches the f64 reference (shapes, dtypes, paths, 
         // The reference in f64 on exactly the device's values.
         Owned ref_grad = to_host(in.logits.t, DType::F64);
         Owned ref_losses = empty({c.t}, DType::F64, Device::CPU);
-        ref::cross_entropy(ref_grad, in.labels_host, in.mask_host, ref_losses, true, c.grad_scale);
+        ref::cross_entropy(ref_grad, in.labels_host, in.mask_host, ref_losses, true, c.grad_scale,
+                           0.f, 0.f, 0);
         double naive = 0;  // the bf16 rounding of the exact gradient
         if (dtype == DType::BF16) {
           Owned rounded = empty(ref_grad.t.shape, DType::BF16, Device::CPU);
@@ -344,22 +344,24 @@ TEST_CASE("cross_entropy cuda rejects bad dtypes, shapes and forced paths that c
   Owned labels_short = zeros({t - 1}, DType::I32, Device::CUDA);
   Owned logits64 = zeros({t, v}, DType::F64, Device::CUDA),
         flat = zeros({t * v}, DType::BF16, Device::CUDA);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, labels, mask, losses64, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, labels, mask, losses64, false, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("losses is f64, expected f32"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, labels, mask32, losses, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, labels, mask32, losses, false, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("mask is i32, expected u8"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, labels_short, mask, losses, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, labels_short, mask, losses, false, 1.f, 0.f, 0.f,
+                                          0),
                        doctest::Contains("labels has shape (4), expected (5)"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits64, labels, mask, losses, false, 1.f),
+  // f64 logits with the f64 losses of their stat dtype: only the kernel's dtype is wrong.
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits64, labels, mask, losses64, false, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("expected bf16 or f32"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy(flat, labels, mask, losses, false, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(flat, labels, mask, losses, false, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("must be 2-D"), Error);
 #ifdef ENGINE_CUDA
   CHECK_THROWS_WITH_AS(
       cuda::cross_entropy(logits, labels, mask, losses, false, 1.f, CrossEntropyPath::Cluster, 3),
       doctest::Contains("cannot run a row"), Error);
 #endif
-  CHECK_NOTHROW(ops::cross_entropy(logits, labels, mask, losses, true, 1.f));
+  CHECK_NOTHROW(ops::cross_entropy(logits, labels, mask, losses, true, 1.f, 0.f, 0.f, 0));
 }
 
 // ---- z-loss and label smoothing: the same kernels with the extra terms (the loss adds
@@ -383,7 +385,7 @@ TEST_CASE("cross_entropy cuda with z-loss and label smoothing matches the f64 re
           Owned ref_grad = to_host(in.logits.t, DType::F64);
           Owned ref_losses = empty({c.t}, DType::F64, Device::CPU);
           ref::cross_entropy(ref_grad, in.labels_host, in.mask_host, ref_losses, true, c.grad_scale,
-                             z, eps);
+                             z, eps, 0);
           double naive = 0;
           if (dtype == DType::BF16) {
             Owned rounded = empty(ref_grad.t.shape, DType::BF16, Device::CPU);
@@ -435,7 +437,7 @@ TEST_CASE("cross_entropy cuda over padded rows (columns < width) matches the f64
       Owned ref_grad = empty({t, v}, DType::F64, Device::CPU);
       ops::copy_columns(to_host(padded.t, DType::F64), 0, ref_grad, 0, v, false);
       Owned ref_losses = empty({t}, DType::F64, Device::CPU);
-      ref::cross_entropy(ref_grad, labels_host, mask_host, ref_losses, true, 0.5f, 1e-4f, 0.1f);
+      ref::cross_entropy(ref_grad, labels_host, mask_host, ref_losses, true, 0.5f, 1e-4f, 0.1f, 0);
       for (const Variant& var : variants_for(v, dtype)) {
         INFO(var.name());
         const DeviceTensor logits = gpu_empty({t, w}, dtype);

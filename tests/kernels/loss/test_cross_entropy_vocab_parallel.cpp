@@ -32,7 +32,6 @@
 #include "core/buffer.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
-#include "ref/loss.h"
 #include "tests/common/gpu_testing.h"
 
 using namespace engine;
@@ -131,10 +130,11 @@ DeviceRun run_device(const VpCase& c, const Inputs& in, DType dtype) {
     ops::cross_entropy_partial(shards.back().t, in.labels, in.mask, c.cuts[p], c.v,
                                partials.t.slice(p, p + 1).view({3, c.t}));
   }
-  ops::cross_entropy_combine(partials.t, in.mask, lse.t, losses.t);
+  ops::cross_entropy_combine(partials.t, in.mask, lse.t, losses.t, 0.f, 0.f);
   out.grad = empty({c.t, c.v}, DType::F64, Device::CPU);
   for (int64_t p = 0; p < np; ++p) {
-    ops::cross_entropy_grad(shards[p].t, in.labels, in.mask, c.cuts[p], lse.t, c.grad_scale);
+    ops::cross_entropy_grad(shards[p].t, in.labels, in.mask, c.cuts[p], lse.t, c.grad_scale,
+                            0.f, 0.f, 0);
     const Owned g = to_host(shards[p].t, DType::F64);
     const int64_t w = c.cuts[p + 1] - c.cuts[p];
     for (int64_t r = 0; r < c.t; ++r)
@@ -194,13 +194,13 @@ TEST_CASE("cross_entropy vocab-parallel cuda matches the f64 reference (partial,
         Owned lse_ref = empty({c.t}, DType::F64, Device::CPU),
               loss_ref = empty({c.t}, DType::F64, Device::CPU);
         ref::cross_entropy_combine(to_host(d.partials, DType::F64), in.mask_host, lse_ref,
-                                   loss_ref);
+                                   loss_ref, 0.f, 0.f);
         CHECK_ROWS_CLOSE(d.lse.t, lse_ref.t, 1e-6, 1.0);
         CHECK_ROWS_CLOSE(d.losses.t, loss_ref.t, 1e-6, 1.0);
         Owned fused_grad = to_host(in.x64, DType::F64);
         Owned fused_losses = empty({c.t}, DType::F64, Device::CPU);
         ref::cross_entropy(fused_grad, in.labels_host, in.mask_host, fused_losses, true,
-                           c.grad_scale);
+                           c.grad_scale, 0.f, 0.f, 0);
         double max_lse = 0;
         for (int64_t r = 0; r < c.t; ++r) {
           if (!msk[r]) {
@@ -225,7 +225,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda matches the f64 reference (partial,
         for (int64_t p = 0; p < np; ++p) {
           Owned g = to_host(d.shards64[p], DType::F64);
           ref::cross_entropy_grad(g, in.labels_host, in.mask_host, c.cuts[p],
-                                  to_host(d.lse, DType::F64), c.grad_scale);
+                                  to_host(d.lse, DType::F64), c.grad_scale, 0.f, 0.f, 0);
           const int64_t w = c.cuts[p + 1] - c.cuts[p];
           for (int64_t r = 0; r < c.t; ++r)
             for (int64_t j = 0; j < w; ++j)
@@ -272,7 +272,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda with one shard agrees with the fuse
       const DeviceRun d = run_device(c, in, dtype);
       DeviceTensor logits = to_gpu(in.x64, dtype);
       DeviceTensor losses = gpu_poisoned({c.t}, DType::F32);
-      ops::cross_entropy(logits.t, in.labels, in.mask, losses.t, true, c.grad_scale);
+      ops::cross_entropy(logits.t, in.labels, in.mask, losses.t, true, c.grad_scale, 0.f, 0.f, 0);
       CHECK_CLOSE(d.losses.t, losses.t, 1e-6);
       double max_lse = 0;
       for (int64_t r = 0; r < c.t; ++r) max_lse = std::max(max_lse, std::abs(get(d.lse, r)));
@@ -349,30 +349,35 @@ TEST_CASE("cross_entropy vocab-parallel cuda rejects bad dtypes, shapes and shar
         lse_bf = zeros({t}, DType::BF16, Device::CUDA);
   CHECK_THROWS_WITH_AS(ops::cross_entropy_partial(logits, labels, mask, 0, v, stats64),
                        doctest::Contains("stats is f64, expected f32"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_partial(logits64, labels, mask, 0, v, stats),
+  // f64 logits with the f64 stats of their stat dtype: only the kernel's dtype is wrong.
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_partial(logits64, labels, mask, 0, v, stats64),
                        doctest::Contains("expected bf16 or f32"), Error);
   CHECK_THROWS_WITH_AS(ops::cross_entropy_partial(logits, labels, mask, 1, v, stats),
                        doctest::Contains("logits hold columns [1, 8), not a shard of a vocabulary "
                                          "of 7"),
                        Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(flat.t.view({1, 3 * t}), mask, lse, losses),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(flat.t.view({1, 3 * t}), mask, lse, losses,
+                                                  0.f, 0.f),
                        doctest::Contains("partials must be (P, 3, T)"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(flat.t.view({1, 3, t}), mask, lse_bf, losses),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_combine(flat.t.view({1, 3, t}), mask, lse_bf, losses,
+                                                  0.f, 0.f),
                        doctest::Contains("lse is bf16, expected f32"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, labels, mask, 0, lse_bf, 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, labels, mask, 0, lse_bf, 1.f, 0.f, 0.f, 0),
                        doctest::Contains("lse is bf16, expected f32"), Error);
-  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, labels, mask, 0, lse.t.view({1, t}), 1.f),
+  CHECK_THROWS_WITH_AS(ops::cross_entropy_grad(logits, labels, mask, 0, lse.t.view({1, t}), 1.f,
+                                               0.f, 0.f, 0),
                        doctest::Contains("lse has shape (1, 5), expected (5)"), Error);
   CHECK_NOTHROW(ops::cross_entropy_partial(logits, labels, mask, 0, v, stats));
-  CHECK_NOTHROW(ops::cross_entropy_combine(stats.t.view({1, 3, t}), mask, lse, losses));
-  CHECK_NOTHROW(ops::cross_entropy_grad(logits, labels, mask, 0, lse, 1.f));
+  CHECK_NOTHROW(ops::cross_entropy_combine(stats.t.view({1, 3, t}), mask, lse, losses, 0.f, 0.f));
+  CHECK_NOTHROW(ops::cross_entropy_grad(logits, labels, mask, 0, lse, 1.f, 0.f, 0.f, 0));
   // Empty batches are fine.
   DeviceTensor none = gpu_poisoned({0, v}, DType::BF16), none_i = gpu_poisoned({0}, DType::I32),
                none_m = gpu_poisoned({0}, DType::U8), none_s = gpu_poisoned({3, 0}, DType::F32);
   CHECK_NOTHROW(ops::cross_entropy_partial(none.t, none_i.t, none_m.t, 0, v, none_s.t));
   DeviceTensor none_l = gpu_poisoned({0}, DType::F32), none_z = gpu_poisoned({0}, DType::F32);
-  CHECK_NOTHROW(ops::cross_entropy_combine(none_s.t.view({1, 3, 0}), none_m.t, none_l.t, none_z.t));
-  CHECK_NOTHROW(ops::cross_entropy_grad(none.t, none_i.t, none_m.t, 0, none_l.t, 1.f));
+  CHECK_NOTHROW(ops::cross_entropy_combine(none_s.t.view({1, 3, 0}), none_m.t, none_l.t, none_z.t,
+                                           0.f, 0.f));
+  CHECK_NOTHROW(ops::cross_entropy_grad(none.t, none_i.t, none_m.t, 0, none_l.t, 1.f, 0.f, 0.f, 0));
 }
 
 // ---- z-loss and label smoothing: (4, T) stats (the shards' shares of the mean logit), combine
@@ -437,7 +442,7 @@ TEST_CASE("cross_entropy vocab-parallel cuda with z-loss and label smoothing mat
           Owned fused_grad = to_host(in.x64, DType::F64);
           Owned fused_losses = empty({c.t}, DType::F64, Device::CPU);
           ref::cross_entropy(fused_grad, in.labels_host, in.mask_host, fused_losses, true,
-                             c.grad_scale, z, eps);
+                             c.grad_scale, z, eps, 0);
           CHECK_CLOSE(losses.t, fused_losses.t, dtype == DType::BF16 ? 1e-4 : 1e-5);
           double max_lse = 0;
           const Owned lse_host = to_host(lse.t, DType::F64);

@@ -16,7 +16,6 @@
 #include "core/buffer.h"
 #include "cuda/loss/distillation.cuh"
 #include "ops/loss.h"
-#include "ref/loss.h"
 #include "tests/common/gpu_testing.h"
 #include "tests/kernels/loss/distillation_testing.h"
 
@@ -215,6 +214,7 @@ TEST_CASE("distillation cuda rejects bad dtypes, shapes, parameters and impossib
   Owned teacher32 = zeros({t, v}, DType::F32, Device::CUDA),
         narrow = zeros({t, v - 1}, DType::BF16, Device::CUDA);
   Owned logits64 = zeros({t, v}, DType::F64, Device::CUDA),
+        teacher64 = zeros({t, v}, DType::F64, Device::CUDA),
         losses64 = zeros({t}, DType::F64, Device::CUDA);
   const DistillParams p{DistillKind::SoftCE, 1.f, 0.f, 1.f, 0.f};
   auto call = [&](const Tensor& x, const Tensor& y, const Tensor& l, const DistillParams& q) {
@@ -224,7 +224,8 @@ TEST_CASE("distillation cuda rejects bad dtypes, shapes, parameters and impossib
                        doctest::Contains("teacher is f32, expected bf16"), Error);
   CHECK_THROWS_WITH_AS(call(logits, narrow, losses, p),
                        doctest::Contains("teacher has shape (5, 6), expected (5, 7)"), Error);
-  CHECK_THROWS_WITH_AS(call(logits64, teacher, losses, p),
+  // f64 logits with an f64 teacher and losses (the shared checks pass): the kernel's dtype.
+  CHECK_THROWS_WITH_AS(call(logits64, teacher64, losses64, p),
                        doctest::Contains("expected bf16 or f32"), Error);
   CHECK_THROWS_WITH_AS(call(logits, teacher, losses64, p),
                        doctest::Contains("losses is f64, expected f32"), Error);

@@ -12,7 +12,6 @@
 
 #include "core/buffer.h"
 #include "ops/loss.h"
-#include "ref/loss.h"
 #include "tests/common/gpu_testing.h"
 #include "tests/kernels/loss/distillation_testing.h"
 
@@ -254,7 +253,9 @@ TEST_CASE("distillation vocab-parallel cuda: bad labels with a label term, and a
   Owned stats3 = zeros({3, c.t}, DType::F32, Device::CUDA),
         rs = zeros({6, c.t}, DType::F32, Device::CUDA);
   Owned losses = zeros({c.t}, DType::F32, Device::CUDA),
-        stats64 = zeros({7, c.t}, DType::F64, Device::CUDA);
+        stats64 = zeros({7, c.t}, DType::F64, Device::CUDA),
+        rs64 = zeros({6, c.t}, DType::F64, Device::CUDA),
+        losses64 = zeros({c.t}, DType::F64, Device::CUDA);
   CHECK_THROWS_WITH_AS(
       ops::distillation_partial(x.t, y.t, in.labels, in.mask, 400, c.v, without, stats3),
       doctest::Contains("stats has shape (3, 8), expected (7, 8)"), Error);
@@ -264,8 +265,9 @@ TEST_CASE("distillation vocab-parallel cuda: bad labels with a label term, and a
   CHECK_THROWS_WITH_AS(
       ops::distillation_combine(stats3.t.view({1, 3, c.t}), in.mask, without, rs, losses, Tensor{}),
       doctest::Contains("partials must be (P, 7, T)"), Error);
-  CHECK_THROWS_WITH_AS(ops::distillation_combine(stats64.t.view({1, 7, c.t}), in.mask, without, rs,
-                                                 losses, Tensor{}),
+  // f64 partials with f64 outputs (the shared checks pass): only the kernel's dtype is wrong.
+  CHECK_THROWS_WITH_AS(ops::distillation_combine(stats64.t.view({1, 7, c.t}), in.mask, without,
+                                                 rs64, losses64, Tensor{}),
                        doctest::Contains("partials is f64, expected f32"), Error);
   CHECK_THROWS_WITH_AS(
       ops::distillation_grad(x.t, y.t, in.labels, in.mask, 400, without, stats3, 1.f),
