@@ -14,22 +14,12 @@
 // (Lk >= Lq) query i sits at key position i + Lk - Lq; keys no query sees get dk = dv = 0.
 #pragma once
 #include "cuda/attention/flash_common.cuh"
+#include "cuda/common/warp.cuh"
 
 namespace engine::cuda::flash::fallback {
 
 constexpr int kWarps = 4;                         // rows per block
 constexpr int kSlots = kFallbackMaxHeadDim / 32;  // dims per lane
-
-static __device__ __forceinline__ float warp_max(float v) {
-  FLASH_UNROLL
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-static __device__ __forceinline__ float warp_sum(float v) {
-  FLASH_UNROLL
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // x (shared, f32) . y (global, bf16) over D.
 static __device__ __forceinline__ float dot(const float* x, const bf16* y, int D) {

@@ -17,6 +17,7 @@
 
 #include "core/rng.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/warp.cuh"
 #include "ops/moe.h"
 
 namespace engine::cuda {
@@ -26,14 +27,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr unsigned kFull = 0xffffffffu;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
 
 static __global__ void route_forward_kernel(const float* logits, float* probs, float* lse,
                                             int32_t* expert_idx, float* weights, int64_t tokens,

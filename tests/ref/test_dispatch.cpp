@@ -1,4 +1,4 @@
-// Device dispatch (ops/dispatch.h): every op refuses tensors on two devices, naming both, and in
+// Device dispatch (ops/op.h): every op refuses tensors on two devices, naming both, and in
 // a build without CUDA refuses CUDA tensors with a message. The "CUDA" tensors here are views
 // labelled Device::CUDA over host memory; the checks stop before anything reads them.
 #include <doctest/doctest.h>
