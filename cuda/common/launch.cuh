@@ -106,8 +106,8 @@ inline int64_t balanced_blocks(int64_t rows, int64_t blocks) {
 // way and call wait_for_previous_kernel() first, before any global access, so they keep stream
 // order (tests/kernels/test_stream_order.cpp); each block then lets the next kernel launch,
 // which happens once all of this kernel's blocks have started: the next grid's launch and block
-// placement overlap this one's last wave instead of following its end. Back to back
-// (`./bench memory_bound`) that measured 1-8 points of copy bandwidth more (docs/PERF.md).
+// placement overlap this one's last wave instead of following its end: more of the copy
+// bandwidth back to back (`./bench memory_bound`; figures: docs/PERF.md).
 // After a kernel that never lets its dependents launch early (cuBLASLt's), the launch happens
 // at its end as before.
 static __device__ __forceinline__ void wait_for_previous_kernel() {

@@ -36,7 +36,7 @@ namespace engine::cuda::sm90 {
 // warpgroups). setmaxnreg only moves registers between the block's warpgroups: the block keeps
 // what it was launched with, 65536 / threads a thread rounded down to the allocation unit of 8
 // (384 threads: 168, 64512 in all), and an inc that asks for more than the others gave up waits
-// for ever (a hang, not an error: measured with 24 + 2 x 240 raised to 32 + 2 x 240 = 65536).
+// for ever (a hang, not an error: 24 + 2 x 240 raised to 32 + 2 x 240 = 65536 hangs).
 constexpr bool setmaxnreg_fits(int threads, int regs_per_128) {
   return 128 * regs_per_128 <= threads * (65536 / threads / 8 * 8);
 }
