@@ -29,8 +29,8 @@ constexpr int kMapUnroll = 2;  // gelu: packs per thread, loaded together
 
 // 1 / (1 + e^-z): fast intrinsics for bf16 outputs, IEEE exp and division for f32.
 template <typename T>
-static __device__ __forceinline__ float sigmoid(float z) {
-  return gelu::sigmoid<sizeof(T) == 2>(z);
+static __device__ __forceinline__ float sigmoid_for(float z) {
+  return sigmoid<sizeof(T) == 2>(z);
 }
 
 struct GeluForward {
@@ -138,7 +138,7 @@ static __global__ void __launch_bounds__(kThreads)
     load_pack<T, N>(g, vg);
     load_pack<T, N>(g + f, vu);
 #pragma unroll
-    for (int j = 0; j < N; ++j) o[j] = vg[j] * sigmoid<T>(vg[j]) * vu[j];
+    for (int j = 0; j < N; ++j) o[j] = vg[j] * sigmoid_for<T>(vg[j]) * vu[j];
     store_pack<T, N>(y + row * f + col * N, o);
   });
 }
@@ -155,7 +155,7 @@ static __global__ void __launch_bounds__(kThreads)
     load_pack<T, N>(gate_up + gi + f, vu);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const float s = sigmoid<T>(vg[j]);
+      const float s = sigmoid_for<T>(vg[j]);
       dg[j] = vd[j] * vu[j] * s * (1.f + vg[j] * (1.f - s));
       du[j] = vd[j] * vg[j] * s;
     }

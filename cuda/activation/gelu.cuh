@@ -8,19 +8,12 @@
 // kFast (outputs rounded to bf16): the fast exp / divide (error ~1e-6, far below bf16's 4e-3);
 // else IEEE exp and division.
 #pragma once
+#include "cuda/common/fast_math.cuh"
 
 namespace engine::cuda::gelu {
 
 constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kA = 0.044715f;
-
-template <bool kFast>
-__device__ __forceinline__ float sigmoid(float z) {
-  if constexpr (kFast)
-    return __fdividef(1.f, 1.f + __expf(-z));
-  else
-    return 1.f / (1.f + expf(-z));
-}
 
 template <bool kFast>
 __device__ __forceinline__ float forward(float x) {

@@ -23,6 +23,18 @@ __device__ __forceinline__ float rcp(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// 1 / (1 + e^-z). kFast: the library's fast exp and divide (error ~1e-6, for bf16 outputs);
+// else IEEE exp and division.
+template <bool kFast>
+__device__ __forceinline__ float sigmoid(float z) {
+  if constexpr (kFast)
+    return __fdividef(1.f, 1.f + __expf(-z));
+  else
+    return 1.f / (1.f + expf(-z));
+}
+// 1 / (1 + e^-v) in the one-instruction forms above (the Mamba gates): 0 when e^-v overflows
+// (rcp(inf) = 0), 1 when it underflows.
+__device__ __forceinline__ float sigmoid_ex2(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
 #endif
 
 }  // namespace engine::cuda

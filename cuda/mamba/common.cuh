@@ -74,8 +74,6 @@ template <typename T> T* block_ptr(const ops::ColumnBlock& b) {
 
 __device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v); }
 
-// 1 / (1 + e^-v): 0 when e^-v overflows (rcp(inf) = 0), 1 when it underflows.
-__device__ __forceinline__ float sigmoid_fast(float v) { return rcp(1.f + ex2(v * -kLog2e)); }
 // d silu(v) / dv from s = sigmoid(v).
 __device__ __forceinline__ float dsilu(float v, float s) { return s * (1.f + v * (1.f - s)); }
 

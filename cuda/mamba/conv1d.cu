@@ -173,7 +173,7 @@ static __global__ void __launch_bounds__(kThreads, MB) conv_fwd_kernel(ConvParam
           float acc = b[v];
 #pragma unroll
           for (int k = 0; k < K; ++k) acc += w[v][k] * hist[v][k];
-          out[v] = p.silu ? acc * mamba::sigmoid_fast(acc) : acc;
+          out[v] = p.silu ? acc * cuda::sigmoid_ex2(acc) : acc;
         }
         store_pack<bf16_t, V>(yg + i * ldy, out);
       }
@@ -244,7 +244,7 @@ static __global__ void __launch_bounds__(kThreads, kBwdMinBlocks) conv_bwd_kerne
             float pre = b[v];
 #pragma unroll
             for (int k = 0; k < K; ++k) pre += w[v][k] * hist[v][k];
-            dpre[v] = p.silu ? gs[i][v] * mamba::dsilu(pre, mamba::sigmoid_fast(pre)) : gs[i][v];
+            dpre[v] = p.silu ? gs[i][v] * mamba::dsilu(pre, cuda::sigmoid_ex2(pre)) : gs[i][v];
             if (own) {
               gb[v] += dpre[v];
 #pragma unroll

@@ -25,7 +25,7 @@
 //     (decay(), scan_impl.cuh; per token from a shared-memory row), so h = a h + b restarts by
 //     itself;
 //   - exp and sigmoid in their one-instruction flush-to-zero forms, softplus branch free with one
-//     exp (softplus_fast, sigmoid_fast) instead of __expf, __logf, a divergent series and the
+//     exp (softplus_fast, sigmoid_ex2) instead of __expf, __logf, a divergent series and the
 //     correctly rounded reciprocal (a call and a dozen instructions);
 //   - pointers advance by a 32-bit stride per token instead of recomputing 64-bit offsets;
 //   - the combine steps load kAhead chunks' inputs at a time instead of waiting on a load per
@@ -188,7 +188,7 @@ static __global__ void __launch_bounds__(kThreads, 7) scan_output_kernel(ScanPar
         acc = fmaf(at(cc, k), h[n], acc);
       }
     }
-    *yp = __float2bfloat16(acc * zv * sigmoid_fast(zv));
+    *yp = __float2bfloat16(acc * zv * sigmoid_ex2(zv));
     yp += sy;
   }
 }

@@ -89,7 +89,7 @@ static __global__ void __launch_bounds__(kThreads, 7) scan_bwd_summary_kernel(Sc
       dy_next = mamba::bf(*dyp);
     }
     const float delta = softplus_fast(dtv + bias);
-    const float gs = gy * zv * sigmoid_fast(zv);
+    const float gs = gy * zv * sigmoid_ex2(zv);
     sum += delta;
     const float rb = sR[i].x;  // -inf at a document start: nothing flows into the previous one
     const float* row = sC + i * kN;
@@ -256,7 +256,7 @@ static __global__ void __launch_bounds__(kThreads, 4) scan_bwd_kernel(ScanParams
         for (; i < part_end; ++i) {
           const float delta = softplus_fast(mamba::bf(*dtp) + bias);
           const float xv = mamba::bf(*xp), du = delta * xv;
-          const float zv = mamba::bf(*zp), sg = sigmoid_fast(zv);
+          const float zv = mamba::bf(*zp), sg = sigmoid_ex2(zv);
           const float gy = active ? mamba::bf(*dyp) : 0.f, gs = gy * zv * sg;
           cum += delta;
           const float* rowb = sB + i * kN;
@@ -324,7 +324,7 @@ static __global__ void __launch_bounds__(kThreads, 4) scan_bwd_kernel(ScanParams
           const float pre = mamba::bf(*dtp) + bias, delta = softplus_fast(pre);
           const float xv = mamba::bf(*xp), du = active ? delta * xv : 0.f;
           const float zv = mamba::bf(*zp);
-          const float gy = active ? mamba::bf(*dyp) : 0.f, gs = gy * zv * sigmoid_fast(zv);
+          const float gy = active ? mamba::bf(*dyp) : 0.f, gs = gy * zv * sigmoid_ex2(zv);
           const float* rowb = sB + i * kN;
           const float* rowc = sC + i * kN;
           float v[kN];
@@ -346,7 +346,7 @@ static __global__ void __launch_bounds__(kThreads, 4) scan_bwd_kernel(ScanParams
           }
           rsum += sP[i * kThreads + tid] - qb * du;
           const float ddelta = xv * gb_sum + kLn2 * (rsum + cterm);
-          const float gdt = ddelta * sigmoid_fast(pre);
+          const float gdt = ddelta * sigmoid_ex2(pre);
           if (active) {
             *dxp = __float2bfloat16(delta * gb_sum + dd * gs);
             *ddtp = __float2bfloat16(gdt);

@@ -11,8 +11,6 @@
 
 namespace engine::cuda::scan_impl {
 
-using mamba::sigmoid_fast;
-
 constexpr int kN = ops::kMambaMaxState;  // states per channel held in registers
 constexpr int kThreads = 128;   // channels per block
 constexpr int kWarps = kThreads / 32;

@@ -423,7 +423,7 @@ static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 
         const uint64_t db = sm90::smem_desc_sw128(stage + kATileBytes, kTB ? kBoxBytes : 16);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_tt<kTA, kTB>(acc, da + kk * kStepA, db + kk * kStepB);
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_tt<kTA, kTB>(acc, da + kk * kStepA, db + kk * kStepB);
         wgmma_commit();
         wgmma_wait<0>();  // this step has retired: its stage goes back at once
         release(it);

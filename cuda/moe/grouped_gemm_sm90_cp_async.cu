@@ -92,7 +92,7 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
     const uint64_t da = smem_desc(stage + wg * 64 * 128), db = smem_desc(stage + kATileBytes);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_tt<0, 0>(acc, da + 2 * kk, db + 2 * kk);
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_tt<0, 0>(acc, da + 2 * kk, db + 2 * kk);
     wgmma_commit();
     wgmma_wait<1>();
   }
