@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -69,6 +70,10 @@ class Comm {
   virtual int64_t all_reduce_sum(int64_t v);
   virtual double all_reduce_max(double v);
 };
+
+// Every rank's bytes, in rank order (collective; strings of any lengths, staged in device memory
+// for device backends): checkpoint tables, the ranks' agreement at start.
+std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine);
 
 // The group of every process (MPI_COMM_WORLD, or a single-process group without MPI).
 Comm& world();

@@ -1,6 +1,7 @@
 #include "comm/mpi_comm.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "comm/launch.h"
 #include "core/buffer.h"
@@ -208,6 +209,30 @@ double Comm::all_reduce_max(double v) {
   Tensor t(&v, DType::F64, Device::CPU, {1});
   all_reduce(t, ReduceOp::Max);
   return v;
+}
+
+std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine) {
+  const int n = comm.size();
+  const auto longest = static_cast<int64_t>(comm.all_reduce_max(static_cast<double>(mine.size())));
+  const int64_t slot = 8 + longest;  // length, then the bytes
+  std::vector<unsigned char> host(static_cast<size_t>(slot * n), 0);
+  const auto len = static_cast<int64_t>(mine.size());
+  std::memcpy(host.data(), &len, 8);
+  std::memcpy(host.data() + 8, mine.data(), mine.size());
+  const Device dev = std::string(comm.backend()) == "nccl" ? Device::CUDA : Device::CPU;
+  Owned in = empty({slot}, DType::U8, dev), out = empty({slot * n}, DType::U8, dev);
+  copy_bytes(in.t.data, dev, host.data(), Device::CPU, static_cast<size_t>(slot));
+  comm.all_gather(in.t, out.t);
+  copy_bytes(host.data(), Device::CPU, out.t.data, dev, host.size());
+  std::vector<std::string> all(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const unsigned char* at = host.data() + r * slot;
+    int64_t m = 0;
+    std::memcpy(&m, at, 8);
+    ENSURE(m >= 0 && m <= longest, "all_gather_strings: rank ", r, " sent ", m, " bytes");
+    all[static_cast<size_t>(r)].assign(reinterpret_cast<const char*>(at + 8), static_cast<size_t>(m));
+  }
+  return all;
 }
 
 Comm& world() {

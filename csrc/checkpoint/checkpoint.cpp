@@ -42,32 +42,6 @@ uint64_t share_u64(Comm& comm, int from, uint64_t v) {
   return v;
 }
 
-// Every rank's bytes, in rank order. The group's backend decides where the staging tensors live
-// (NCCL: device memory; MPI and self: host).
-std::vector<std::string> all_gather_bytes(Comm& comm, const std::string& mine) {
-  const int n = comm.size();
-  const auto longest = static_cast<int64_t>(comm.all_reduce_max(static_cast<double>(mine.size())));
-  const int64_t slot = 8 + longest;  // length, then the bytes
-  std::vector<unsigned char> host(static_cast<size_t>(slot * n), 0);
-  const auto len = static_cast<int64_t>(mine.size());
-  std::memcpy(host.data(), &len, 8);
-  std::memcpy(host.data() + 8, mine.data(), mine.size());
-  const Device dev = std::string(comm.backend()) == "nccl" ? Device::CUDA : Device::CPU;
-  Owned in = empty({slot}, DType::U8, dev), out = empty({slot * n}, DType::U8, dev);
-  copy_bytes(in.t.data, dev, host.data(), Device::CPU, static_cast<size_t>(slot));
-  comm.all_gather(in.t, out.t);
-  copy_bytes(host.data(), Device::CPU, out.t.data, dev, host.size());
-  std::vector<std::string> all(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    const unsigned char* at = host.data() + r * slot;
-    int64_t m = 0;
-    std::memcpy(&m, at, 8);
-    ENSURE(m >= 0 && m <= longest, "all_gather_bytes: rank ", r, " sent ", m, " bytes");
-    all[static_cast<size_t>(r)].assign(reinterpret_cast<const char*>(at + 8), static_cast<size_t>(m));
-  }
-  return all;
-}
-
 // One pipeline rank's parameter table as the metadata records it (offsets in its buffers).
 struct StageTable {
   std::vector<Metadata::Param> params;
@@ -106,7 +80,7 @@ std::vector<StageTable> gather_tables(Comm& comm, const AdamW& opt) {
                .dump();
   }
   std::vector<StageTable> tables(static_cast<size_t>(pp_size_of(opt)));
-  for (const std::string& bytes : all_gather_bytes(comm, mine)) {
+  for (const std::string& bytes : all_gather_strings(comm, mine)) {
     if (bytes.empty()) continue;
     const json j = json::parse(bytes);
     const int q = j.at("pp_rank").get<int>();
@@ -216,6 +190,27 @@ void commit(const std::string& tmp, const std::string& final_dir, const std::str
                "): training.resume = \"auto\" picks the highest step; remove it to continue from this run");
 }
 
+// Every rank must see the same checkpoint: a node-local folder or a per-rank path may hold
+// another one (the files' checks below, one file per rank, would then compare against different
+// lists). The bytes of metadata.json decide; a difference is an error on every rank naming both
+// folders, never a fallback to an older checkpoint.
+void agree_on_metadata(const std::string& dir, const Metadata& m, const FileDigest& meta, Comm& comm) {
+  // "<step> <xxh64>" (what must agree), then a line with this rank's folder (for the message).
+  const std::vector<std::string> all =
+      all_gather_strings(comm, str_cat(m.state.step, " ", hex64(meta.xxh64), "\n", dir));
+  auto what = [&](int r) { return all[static_cast<size_t>(r)].substr(0, all[static_cast<size_t>(r)].find('\n')); };
+  auto describe = [&](int r) {
+    const std::string& s = all[static_cast<size_t>(r)];
+    const std::string w = what(r);
+    return str_cat(join(s.substr(w.size() + 1), kMetadataFile), " on rank ", r, " (step ", w.substr(0, w.find(' ')),
+                   ", xxh64 ", w.substr(w.find(' ') + 1), ")");
+  };
+  for (int r = 1; r < comm.size(); ++r)
+    if (what(r) != what(0))
+      RAISE("the ranks see different checkpoints: ", describe(r), " differs from ", describe(0),
+            "; every rank must load the same checkpoint");
+}
+
 }  // namespace
 
 void agree(Comm& comm, const std::function<void()>& f, const std::function<void()>& on_fail) {
@@ -323,16 +318,19 @@ std::string save(const SaveOptions& o, AdamW& opt, Comm* group) {
 
 std::string check(const std::string& dir, Comm& comm) {
   Metadata m;
+  FileDigest meta;
   std::string error;
   try {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) RAISE(dir, ": no such checkpoint folder");
     m = read_metadata(dir);
+    meta = digest_file(join(dir, kMetadataFile));
   } catch (const std::exception& e) {
     error = e.what();
   }
   if (comm.all_reduce_sum(int64_t{error.empty() ? 0 : 1}) > 0)
     return error.empty() ? join(dir, kMetadataFile) + ": unreadable on another rank" : error;
+  if (comm.size() > 1) agree_on_metadata(dir, m, meta, comm);
   // Each file is checked by one rank, all ranks at once (code 0 ok, 1 missing, 2 wrong size, 3
   // wrong checksum); then the results are shared.
   const int n = comm.size();
@@ -389,7 +387,11 @@ std::string resolve_resume(const std::string& spec_in, const std::string& root, 
   std::string search = root;
   if (spec != "auto") {
     std::error_code ec;
-    if (fs::exists(join(spec, kMetadataFile), ec) || parse_step_dir_name(fs::path(spec).filename().string())) {
+    // Rank 0's view decides whether the path is a checkpoint (the collectives of the two ways
+    // differ; a rank that sees something else at the path fails in check()).
+    const bool checkpoint =
+        fs::exists(join(spec, kMetadataFile), ec) || parse_step_dir_name(fs::path(spec).filename().string());
+    if (share(comm, 0, checkpoint ? 1 : 0) != 0) {
       const std::string error = check(spec, comm);
       if (!error.empty()) RAISE("training.resume: corrupt checkpoint: ", error);
       return spec;

@@ -48,7 +48,9 @@ struct SaveOptions {
 std::string save(const SaveOptions& options, AdamW& opt, Comm* group = nullptr);
 
 // "" when the checkpoint at `dir` is complete and intact, else what is wrong, naming the file.
-// Collective over `comm` (files are hashed in parallel); every rank gets the same answer.
+// Collective over `comm` (files are hashed in parallel); every rank gets the same answer. Throws
+// on every rank when the ranks see different checkpoints (metadata.json of another step or other
+// bytes: a node-local folder, or `dir` differing per rank), naming both folders.
 std::string check(const std::string& dir, Comm& comm);
 // One process: throws the problem check() finds.
 void verify(const std::string& dir);

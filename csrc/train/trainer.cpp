@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +22,7 @@
 #include "core/faults.h"
 #include "core/log.h"
 #include "models/model.h"
+#include "train/agreement.h"
 
 namespace engine {
 
@@ -41,29 +41,10 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// "section.key = value" of an effective config (multi-line values joined), for comparisons.
-std::map<std::string, std::string> config_entries(const std::string& toml) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(toml);
-  std::string section, line, key;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (!key.empty()) {  // inside a multi-line array
-      out[key] += line;
-      if (line == "]") key.clear();
-      continue;
-    }
-    if (line[0] == '[') {
-      section = line.substr(1, line.find(']') - 1);
-      continue;
-    }
-    const size_t eq = line.find(" = ");
-    if (eq == std::string::npos) continue;
-    const std::string k = section + "." + line.substr(0, eq), v = line.substr(eq + 3);
-    out[k] = v;
-    if (v == "[") key = k;
-  }
-  return out;
+// The ranks' agreement comes first: the plan's communicators already depend on the config.
+const Config& agreed(const Config& config, Comm* group) {
+  check_ranks_agree(config, group ? *group : world());
+  return config;
 }
 
 std::string rate(double tokens_per_s) {
@@ -80,7 +61,7 @@ void Trainer::install_signal_handlers() {
 }
 
 Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
-    : config_(config), plan_(make_run_plan(config, group)), mesh_(plan_.mesh.get()), dp_(mesh_->dp()),
+    : config_(agreed(config, group)), plan_(make_run_plan(config, group)), mesh_(plan_.mesh.get()), dp_(mesh_->dp()),
       write_outputs_(write_outputs && world().rank() == 0), device_(plan_.device) {
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
   if (config_.run.debug_level >= 2) {
@@ -199,8 +180,9 @@ void Trainer::resume_or_init() {
     // Settings that changed since the save: layout and bookkeeping keys may (re-sharding is
     // what checkpoints do); others are allowed too (e.g. more steps) but then the run is not the
     // one that would have continued, so they are a warning.
-    const auto before = config_entries(checkpoint::read_metadata(resumed_from_).config_toml);
-    const auto now = config_entries(config_to_toml(config_));
+    const auto saved = config_entries(checkpoint::read_metadata(resumed_from_).config_toml);
+    const auto current = config_entries(config_to_toml(config_));
+    const std::map<std::string, std::string> before(saved.begin(), saved.end()), now(current.begin(), current.end());
     std::string changes, notes;
     for (const auto& [k, v] : now) {
       auto it = before.find(k);

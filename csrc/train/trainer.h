@@ -6,6 +6,8 @@
 // (samples consumed: sample i of the training split is a pure function of config, seed and i),
 // so the losses after a resume equal those of the run that never stopped, bitwise on the CPU.
 // model.init_from starts from a Hugging Face folder's weights instead of the random init.
+// Before anything else the ranks check that they run the same config on the same data
+// (train/agreement.h); a difference ends every rank with an error naming it.
 // The loss of a step is the sum of per-token losses over the global batch divided by the number
 // of loss tokens in it, so how the batch is cut into micro-batches does not change it.
 #pragma once
