@@ -5,7 +5,8 @@ Inputs: `.txt` files (one document per blank-line-separated paragraph) or JSONL 
 `.json`; one object per line, the document in --field, default "text"). Output: OUTPUT.bin and
 OUTPUT.idx in the format csrc/data/dataset_writer.cpp writes: tokens as uint16 when the
 vocabulary has fewer than 65536 entries, else int32; written to temporary names, fsynced, then
-renamed.
+renamed. A write that fails (full disk, size limit) is an error naming the file; the temporary
+files are removed and an existing OUTPUT stays as it was.
 
 Tokenizers:
   default      byte level: token = UTF-8 byte (0..255), end-of-document token 256 appended to
@@ -19,6 +20,7 @@ The engine derives the validation split itself (data.valid_fraction).
     python3 scripts/prepare_data.py a.txt b.txt --output data/ab --tokenizer tokenizer.json --eos "</s>"
 """
 import argparse
+import errno
 import json
 import os
 import struct
@@ -89,8 +91,14 @@ class HFTokenizer:
         return ids
 
 
+def write_error(path: str, e: OSError) -> SystemExit:
+    """A failed write (full disk, size limit, I/O error) as an error naming the file and the reason."""
+    return SystemExit(f"error: cannot write {path}: {e.strerror or e}")
+
+
 class IndexedWriter:
-    """Streams documents into OUTPUT.bin; writes OUTPUT.idx (version 1) on close."""
+    """Streams documents into OUTPUT.bin; writes OUTPUT.idx (version 1) on close. Every write is
+    checked: a failure is an error naming the file, and abort() removes the temporary files."""
 
     def __init__(self, prefix: str, vocab_size: int):
         self.prefix = prefix
@@ -101,7 +109,11 @@ class IndexedWriter:
         self.tokens = 0
         self._tmp_bin = f"{prefix}.bin.tmp.{os.getpid()}"
         self._tmp_idx = f"{prefix}.idx.tmp.{os.getpid()}"
-        self._bin = open(self._tmp_bin, "wb")
+        self._bin = None
+        try:
+            self._bin = open(self._tmp_bin, "wb")
+        except OSError as e:
+            raise write_error(self._tmp_bin, e) from None
 
     def add(self, ids):
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
@@ -109,36 +121,65 @@ class IndexedWriter:
         a = array(self.typecode, ids)
         if sys.byteorder != "little":
             a.byteswap()
-        self._bin.write(a.tobytes())
+        try:
+            self._bin.write(a.tobytes())
+        except OSError as e:
+            raise write_error(self._tmp_bin, e) from None
         self.sizes.append(len(ids))
         self.tokens += len(ids)
 
     def close(self):
         n = len(self.sizes)
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
+        try:
+            self._bin.flush()
+            os.fsync(self._bin.fileno())
+            self._bin.close()
+        except OSError as e:
+            raise write_error(self._tmp_bin, e) from None
         pointers, offset = array("q"), 0
         for size in self.sizes:
             pointers.append(offset)
             offset += size * self.itemsize
         arrays = [array("i", self.sizes), pointers, array("q", range(n + 1))]
-        with open(self._tmp_idx, "wb") as f:
-            f.write(MAGIC)
-            f.write(struct.pack("<Q", 1))
-            f.write(struct.pack("<B", DTYPE_CODES[self.typecode]))
-            f.write(struct.pack("<QQ", n, n + 1))
-            for a in arrays:
-                if sys.byteorder != "little":
-                    a.byteswap()
-                f.write(a.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(self._tmp_bin, self.prefix + ".bin")
-        os.replace(self._tmp_idx, self.prefix + ".idx")
+        try:
+            with open(self._tmp_idx, "wb") as f:
+                f.write(MAGIC)
+                f.write(struct.pack("<Q", 1))
+                f.write(struct.pack("<B", DTYPE_CODES[self.typecode]))
+                f.write(struct.pack("<QQ", n, n + 1))
+                for a in arrays:
+                    if sys.byteorder != "little":
+                        a.byteswap()
+                    f.write(a.tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise write_error(self._tmp_idx, e) from None
+        for tmp, final in ((self._tmp_bin, self.prefix + ".bin"), (self._tmp_idx, self.prefix + ".idx")):
+            try:
+                os.replace(tmp, final)
+            except OSError as e:
+                raise SystemExit(f"error: cannot rename {tmp} to {final}: {e.strerror or e}") from None
+        # The renames are durable once the folder is synchronised (where folders can be).
+        folder = os.path.dirname(os.path.abspath(self.prefix))
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise SystemExit(f"error: cannot fsync the folder {folder}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
 
     def abort(self):
-        self._bin.close()
+        if self._bin is not None:
+            try:
+                self._bin.close()  # flushes what is buffered: fails again on a full disk
+            except OSError:
+                pass
         for p in (self._tmp_bin, self._tmp_idx):
             if os.path.exists(p):
                 os.remove(p)

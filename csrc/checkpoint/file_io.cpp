@@ -45,9 +45,14 @@ void inject_write_kill(int64_t bytes) {
   g_fail_after.store(bytes < 0 ? -1 : bytes);
 }
 
-OutFile::OutFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) RAISE("cannot create ", path, ": ", std::strerror(errno));
+OutFile::OutFile(const std::string& path, Mode mode) : path_(path) {
+  const int how = mode == Mode::Create ? O_EXCL : mode == Mode::Truncate ? O_TRUNC : O_APPEND;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | how, 0644);
+  if (fd_ < 0) RAISE("cannot ", mode == Mode::Create ? "create " : "open for writing ", path, ": ", std::strerror(errno));
+  if (mode == Mode::Append) {
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) start_ = static_cast<uint64_t>(st.st_size);
+  }
 }
 
 OutFile::~OutFile() {
@@ -63,20 +68,25 @@ void OutFile::write(const void* data, size_t bytes) {
   while (done < allowed) {
     ssize_t n = ::write(fd_, p + done, allowed - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) RAISE("write ", path_, " (at byte ", written_ + done, "): ", std::strerror(errno));
+    if (n < 0) RAISE("write ", path_, " (at byte ", start_ + written_ + done, "): ", std::strerror(errno));
     done += static_cast<size_t>(n);
   }
   hash_.update(p, done);
   written_ += done;
   if (fire && g_fail_kills.load()) std::raise(SIGKILL);  // as kill -9 mid-write: no cleanup at all
-  if (fire) RAISE("write ", path_, " (at byte ", written_, "): ", std::strerror(ENOSPC), " (injected fault)");
+  if (fire) RAISE("write ", path_, " (at byte ", start_ + written_, "): ", std::strerror(ENOSPC), " (injected fault)");
+}
+
+void OutFile::sync() {
+  ENSURE(fd_ >= 0, "fsync of ", path_, " after close");
+  if (::fsync(fd_) != 0 && errno != EINVAL) RAISE("fsync ", path_, ": ", std::strerror(errno));
 }
 
 FileDigest OutFile::sync_and_close() {
   ENSURE(fd_ >= 0, "close of ", path_, " twice");
   const int fd = fd_;
   fd_ = -1;
-  if (::fsync(fd) != 0) {
+  if (::fsync(fd) != 0 && errno != EINVAL) {
     const int e = errno;
     ::close(fd);
     RAISE("fsync ", path_, ": ", std::strerror(e));
@@ -89,6 +99,25 @@ FileDigest write_file(const std::string& path, const std::string& contents) {
   OutFile f(path);
   f.write(contents.data(), contents.size());
   return f.sync_and_close();
+}
+
+void replace_file(const std::string& path, const std::string& contents) {
+  replace_file(path, [&contents](const std::string& tmp) { write_file(tmp, contents); });
+}
+
+void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
+  const std::string tmp = str_cat(path, ".tmp-", static_cast<long>(::getpid()));
+  std::error_code ec;
+  std::filesystem::remove(tmp, ec);  // a leftover of a process with the same id
+  try {
+    write(tmp);
+    rename_path(tmp, path);
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  fsync_dir(parent.empty() ? "." : parent);
 }
 
 namespace {

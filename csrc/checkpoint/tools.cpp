@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint/file_io.h"
 #include "comm/mpi_comm.h"
 #include "core/log.h"
 #include "models/model.h"
@@ -104,9 +105,8 @@ void dump_logits(const Config& c, Device device, const std::string& tokens_path,
     wr.add("logits." + std::to_string(i), "F32", {T, V},
            [&, i](OutFile& f) { f.write(logits[i].data(), logits[i].size() * 4); });
   }
-  std::error_code ec;
-  std::filesystem::remove(out_path, ec);
-  wr.write(out_path);
+  // Written under a temporary name and renamed over OUT: a failed write leaves OUT as it was.
+  replace_file(out_path, [&wr](const std::string& tmp) { wr.write(tmp); });
   log_info("wrote ", out_path);
 }
 

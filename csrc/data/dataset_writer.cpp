@@ -37,9 +37,13 @@ class AtomicFile {
     for (size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<unsigned char>(v >> (8 * (sizeof(T) - 1 - i)));
     write(b, sizeof(T));
   }
-  uint64_t tell() const { return static_cast<uint64_t>(std::ftell(f_)); }
+  uint64_t tell() const {
+    const long at = std::ftell(f_);
+    if (at < 0) RAISE("ftell ", tmp_, ": ", std::strerror(errno));
+    return static_cast<uint64_t>(at);
+  }
   void seek(uint64_t off) {
-    if (std::fseek(f_, static_cast<long>(off), SEEK_SET) != 0) RAISE("seek in ", tmp_, " failed");
+    if (std::fseek(f_, static_cast<long>(off), SEEK_SET) != 0) RAISE("seek in ", tmp_, ": ", std::strerror(errno));
   }
   // Flushes and fsyncs; the rename happens in rename_into_place() so that several files can be
   // made durable before any of them appears.

@@ -96,7 +96,12 @@ void fsync_parent_dir(const std::string& path) {
   if (parent.empty()) parent = ".";
   int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // best effort: some file systems do not allow opening folders
-  ::fsync(fd);
+  // ... nor fsyncing them (EINVAL); any other error means the rename may not be durable.
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    const int e = errno;
+    ::close(fd);
+    RAISE("fsync folder ", parent.string(), " (after writing ", path, "): ", std::strerror(e));
+  }
   ::close(fd);
 }
 

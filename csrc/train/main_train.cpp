@@ -1,5 +1,6 @@
 // ./train run.toml [section.key=value ...] [--export-hf DIR | --dump-logits TOKENS OUT]
 // Trains the model the config describes; see README.md for the config reference.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -92,10 +93,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   engine::Trainer::install_signal_handlers();
+  // A file grown past the size limit (ulimit -f) makes the write fail with EFBIG, reported with
+  // the file's name like any failed write, instead of killing the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     engine::Config config = engine::load_config(path, overrides);
     if (print_config) {
       std::fputs(engine::config_to_toml(config).c_str(), stdout);
+      engine::check_log_output();
       return 0;
     }
     if (print_schedule) {
@@ -114,6 +119,7 @@ int main(int argc, char** argv) {
                         engine::build_schedule(layout, micro * chunks, d.pipeline_schedule, true, chunks), layout,
                         chunks)
                         .c_str());
+      engine::check_log_output();
       engine::launch_finalize();
       return 0;
     }
@@ -124,6 +130,7 @@ int main(int argc, char** argv) {
         if (!tokens_path.empty())
           engine::checkpoint::dump_logits(config, engine::resolve_device(config.run.device), tokens_path, logits_path);
       }
+      engine::check_log_output();
       engine::world().barrier();
       engine::launch_finalize();
       return 0;
@@ -133,6 +140,7 @@ int main(int argc, char** argv) {
       engine::Trainer trainer(config);
       code = trainer.run();
     }
+    engine::check_log_output();
     engine::launch_finalize();
     return code;
   } catch (const std::exception& e) {

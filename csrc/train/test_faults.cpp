@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "checkpoint/file_io.h"
+#include "comm/launch.h"
 #include "core/faults.h"
 #include "core/log.h"
 
@@ -69,6 +70,12 @@ void install_test_faults_from_env() {
   if (const char* r = std::getenv("ENGINE_TEST_MISSING_DATA")) {
     hooks->missing_data_rank = std::atoi(r);
     any = true;
+  }
+  if (const char* spec = std::getenv("ENGINE_TEST_FULL_DISK")) {
+    int rank = -1;
+    long long bytes = -1;
+    if (std::sscanf(spec, "%d:%lld", &rank, &bytes) == 2 && rank == launch_info().rank)
+      checkpoint::inject_write_failure(bytes);
   }
   if (any) faults::install(std::move(hooks));
 }

@@ -6,6 +6,9 @@
 //   ENGINE_TEST_STALL="<rank>:<step>"            that rank stops responding (sleeps forever) at
 //                                                the start of that step, as a stuck rank would
 //   ENGINE_TEST_MISSING_DATA="<rank>"            that rank cannot open its training data
+//   ENGINE_TEST_FULL_DISK="<rank>:<bytes>"       that rank's checked writes (checkpoint::OutFile:
+//                                                run directory files, checkpoints, exports) fail
+//                                                with ENOSPC after that many bytes
 // Installed by main_train.cpp only when one of them is set.
 #pragma once
 

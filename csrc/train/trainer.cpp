@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +22,7 @@
 #include "core/log.h"
 #include "models/model.h"
 #include "train/agreement.h"
+#include "train/metrics_file.h"
 
 namespace engine {
 
@@ -95,7 +95,7 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
     std::error_code ec;
     std::filesystem::create_directories(run_dir_, ec);
     ENSURE(!ec, "cannot create run directory ", run_dir_, ": ", ec.message());
-    std::ofstream(run_dir_ + "/config.toml") << config_to_toml(config_);
+    checkpoint::replace_file(run_dir_ + "/config.toml", config_to_toml(config_));
     open_metrics();
   }
   const ParamTable& t = model_->params().table();
@@ -113,9 +113,8 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
            " (ZeRO stage ", config_.distributed.zero_stage, " over ", dp_size, " rank(s))");
 }
 
-Trainer::~Trainer() {
-  if (metrics_) std::fclose(metrics_);
-}
+// metrics_ closes with the trainer; run() fsyncs it (checked) before it returns.
+Trainer::~Trainer() = default;
 
 void Trainer::init_teacher(const ModelLayout& student, DType compute) {
   const DistillationConfig& d = config_.distillation;
@@ -213,22 +212,11 @@ void Trainer::resume_or_init() {
 
 void Trainer::open_metrics() {
   const std::string path = run_dir_ + "/metrics.jsonl";
-  if (!resumed_from_.empty() && std::filesystem::exists(path)) {
-    // Keep the lines up to the resumed step; the steps after it are trained again.
-    std::ifstream in(path);
-    std::string kept, line;
-    while (std::getline(in, line)) {
-      try {
-        auto j = nlohmann::json::parse(line);
-        if (j.contains("step") && j["step"].get<int>() <= step_) kept += line + "\n";
-      } catch (const std::exception&) {  // a line cut by a crash
-      }
-    }
-    in.close();
-    std::ofstream(path, std::ios::trunc) << kept;
-  }
-  metrics_ = std::fopen(path.c_str(), resumed_from_.empty() ? "w" : "a");
-  ENSURE(metrics_ != nullptr, "cannot write ", path);
+  // On resume: the lines up to the resumed step (the steps after it are trained again), damaged
+  // lines reported and dropped.
+  if (!resumed_from_.empty()) trim_metrics_for_resume(path, step_);
+  using Mode = checkpoint::OutFile::Mode;
+  metrics_ = std::make_unique<checkpoint::OutFile>(path, resumed_from_.empty() ? Mode::Truncate : Mode::Append);
 }
 
 std::string Trainer::save_checkpoint() {
@@ -240,6 +228,7 @@ std::string Trainer::save_checkpoint() {
   const double t0 = now_seconds();
   WatchdogScope watchdog(str_cat("the checkpoint of step ", step_), config_.distributed.timeout_s);
   faults::at(faults::Point::CheckpointWrite, {world().rank(), step_});
+  if (metrics_) metrics_->sync();  // the metrics up to the checkpoint's step are on disk with it
   const std::string dir = checkpoint::save(o, *optimizer_, &mesh_->all());
   last_checkpoint_step_ = step_;
   log_info("checkpoint ", dir, " written in ", format_duration(now_seconds() - t0));
@@ -347,22 +336,27 @@ double Trainer::evaluate() {
 void Trainer::write_stats(int step) {
   stats_->merge(mesh_->all());
   if (!write_outputs_) return;
-  std::ofstream out(run_dir_ + "/debug_stats.jsonl", std::ios::app);
+  std::string lines;
   int order = 0;
   for (const std::string& n : stats_->names()) {
     const TensorStats& t = stats_->at(n);
-    out << nlohmann::json{{"step", step}, {"order", order++}, {"tensor", n}, {"count", t.count},
-                          {"mean", t.mean()}, {"std", t.std()}, {"max_abs", t.max_abs}, {"nan", t.nan}}
-               .dump()
-        << "\n";
+    lines += nlohmann::json{{"step", step}, {"order", order++}, {"tensor", n}, {"count", t.count},
+                            {"mean", t.mean()}, {"std", t.std()}, {"max_abs", t.max_abs}, {"nan", t.nan}}
+                 .dump() +
+             "\n";
   }
+  checkpoint::OutFile out(run_dir_ + "/debug_stats.jsonl", checkpoint::OutFile::Mode::Append);
+  out.write(lines);
+  out.sync_and_close();
 }
 
 void Trainer::write_metrics(const std::string& line) {
-  if (!metrics_) return;
-  std::fputs(line.c_str(), metrics_);
-  std::fputc('\n', metrics_);
-  std::fflush(metrics_);
+  if (metrics_) metrics_->write(line + "\n");  // one write: whole lines for a reader
+}
+
+void Trainer::sync_outputs() {
+  if (metrics_) metrics_->sync();
+  check_log_output();
 }
 
 int Trainer::run() {
@@ -390,6 +384,7 @@ int Trainer::run() {
                         {"peak_memory_bytes", peak}};
     if (r.skipped) j["skipped"] = true;
     write_metrics(j.dump());
+    check_log_output();  // a log that cannot be written ends the run, as the metrics do
     bad_in_a_row = r.skipped ? bad_in_a_row + 1 : 0;
     if (r.skipped) {
       log_warn("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, " (not finite): update skipped, ",
@@ -399,6 +394,7 @@ int Trainer::run() {
                   " consecutive steps with a non-finite loss or gradients (training.max_bad_steps = ",
                   config_.training.max_bad_steps, "); the last checkpoint, if any, holds the last good state");
         g_stop.store(false);
+        sync_outputs();
         return 1;
       }
     }
@@ -429,6 +425,7 @@ int Trainer::run() {
   if (every > 0 && last_checkpoint_step_ != step_) save_checkpoint();  // the end of the run
   log_info("done: ", step_, " steps in ", format_duration(train_seconds_), ", peak memory ",
            format_bytes(static_cast<double>(memory_stats(device_).peak_in_use)));
+  sync_outputs();
   return 0;
 }
 

@@ -27,6 +27,10 @@
 
 namespace engine {
 
+namespace checkpoint {
+class OutFile;
+}
+
 struct StepResult {
   int step = 0;
   double loss = 0;
@@ -78,6 +82,8 @@ class Trainer {
   void resume_or_init();
   void init_teacher(const ModelLayout& student, DType compute);
   void open_metrics();
+  // fsyncs metrics.jsonl and checks that the log reached stdout/stderr; raises naming the file.
+  void sync_outputs();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
   void write_stats(int step);   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
 
@@ -96,7 +102,7 @@ class Trainer {
   std::unique_ptr<DataParallel> parallel_;  // gradient sums and weight gathers (ZeRO)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
-  FILE* metrics_ = nullptr;
+  std::unique_ptr<checkpoint::OutFile> metrics_;  // metrics.jsonl (rank 0 with write_outputs)
   int step_ = 0;
   int64_t consumed_ = 0;     // training samples used so far (the data position)
   int64_t tokens_seen_ = 0;

@@ -114,6 +114,36 @@ TEST_CASE("prepare_data.py: a bad input fails and leaves no output" * doctest::t
   CHECK(files == 2);  // in.jsonl and log.txt: no temporary left behind
 }
 
+TEST_CASE("prepare_data.py: a write that fails (the file size limit) names the file; the previous output stays" *
+          doctest::test_suite("full")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  std::string dir = data_testing::data_test_dir("prepare_full");
+  std::string script = repo_root() + "/scripts/prepare_data.py";
+  {
+    std::ofstream f(dir + "/small.txt");
+    f << "short\n";
+    std::ofstream g(dir + "/big.txt");
+    for (int i = 0; i < 400; ++i) g << "paragraph " << i << " of a corpus bigger than the limit\n\n";
+  }
+  REQUIRE(std::system((py + " " + script + " " + dir + "/small.txt -o " + dir + "/out > /dev/null").c_str()) == 0);
+  const auto bin = std::filesystem::file_size(dir + "/out.bin");
+  // bash's ulimit -f counts KiB: writes past 1 KiB fail with EFBIG (python ignores SIGXFSZ).
+  std::string log = dir + "/log.txt";
+  std::string cmd = "bash -c 'ulimit -f 1 && exec " + py + " " + script + " " + dir + "/big.txt -o " + dir +
+                    "/out' > " + log + " 2>&1";
+  CHECK(std::system(cmd.c_str()) != 0);
+  std::ifstream in(log);
+  std::string printed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(printed);
+  CHECK(printed.find("error: cannot write " + dir + "/out.bin.tmp.") != std::string::npos);
+  CHECK(printed.find("File too large") != std::string::npos);
+  CHECK(printed.find("Traceback") == std::string::npos);
+  CHECK(std::filesystem::file_size(dir + "/out.bin") == bin);
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    CHECK(e.path().string().find(".tmp.") == std::string::npos);
+}
+
 TEST_CASE("make_demo_corpus.py -> prepare_data.py: 3000 documents" * doctest::test_suite("full")) {
   std::string py = python_or_skip();
   if (py.empty()) return;
