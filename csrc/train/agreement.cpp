@@ -22,10 +22,25 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// "N bytes, xxh64 H" of a whole file, or "N bytes" alone; "unreadable" (the reason in *why).
+// An error's text without the " at file.cpp:line" that RAISE appends (it goes into another message).
+std::string reason(const std::string& what) {
+  const size_t at = what.rfind(" at ");
+  const size_t colon = what.rfind(':');
+  if (at == std::string::npos || colon == std::string::npos || colon < at || colon + 1 == what.size() ||
+      what.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+    return what;
+  return what.substr(0, at);
+}
+
+// "N bytes, xxh64 H" of a whole file, or "N bytes" alone; "missing" or "unreadable" (the reason in
+// *why).
 std::string file_summary(const std::string& path, bool hash, std::string* why) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    *why = ec ? ec.message() : "no such file";
+    return "missing";
+  }
   try {
-    std::error_code ec;
     if (!hash) {
       const auto bytes = fs::file_size(path, ec);
       if (ec) RAISE(ec.message());
@@ -34,7 +49,7 @@ std::string file_summary(const std::string& path, bool hash, std::string* why) {
     const checkpoint::FileDigest d = checkpoint::digest_file(path);
     return str_cat(d.bytes, " bytes, xxh64 ", hex64(d.xxh64));
   } catch (const std::exception& e) {
-    *why = e.what();
+    *why = reason(e.what());
     return "unreadable";
   }
 }
@@ -44,6 +59,10 @@ std::string ends_summary(const std::string& path, std::string* why) {
   constexpr int64_t kPart = int64_t{1} << 20;
   std::ifstream in(path, std::ios::binary);
   std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    *why = ec ? ec.message() : "no such file";
+    return "missing";
+  }
   const auto size = static_cast<int64_t>(fs::file_size(path, ec));
   if (!in || ec) {
     *why = ec ? ec.message() : "cannot open";
@@ -68,20 +87,21 @@ void add(std::vector<AgreementEntry>& out, const std::string& key, const std::st
   out.push_back({key, value, str_cat(path, " (", value, why.empty() ? "" : ": " + why, ")")});
 }
 
-// One dataset (a .bin/.idx prefix, or a .fast_llm_dataset file), as open_token_dataset reads it.
+// One dataset (a .bin/.idx prefix, or a .fast_llm_dataset file), as open_token_dataset reads it:
+// "<key> (index)" (the .idx, or the single file) and, for a prefix, "<key> (tokens)" (the .bin).
 void add_dataset(std::vector<AgreementEntry>& out, const std::string& key, const std::string& path) {
   std::string why;
   if (ends_with(path, ".fast_llm_dataset")) {
     const std::string v = ends_summary(path, &why);
-    return add(out, key, path, v, why);
+    return add(out, key + " (index)", path, v, why);
   }
   std::string prefix = path;
   if (ends_with(prefix, ".bin") || ends_with(prefix, ".idx")) prefix.resize(prefix.size() - 4);
   const std::string idx = file_summary(prefix + ".idx", true, &why);
-  add(out, key + " (.idx)", prefix + ".idx", idx, why);
+  add(out, key + " (index)", prefix + ".idx", idx, why);
   why.clear();
   const std::string bin = file_summary(prefix + ".bin", false, &why);
-  add(out, key + " (.bin)", prefix + ".bin", bin, why);
+  add(out, key + " (tokens)", prefix + ".bin", bin, why);
 }
 
 // A model folder (Hugging Face or checkpoint): its files' names and sizes, and the .json files'

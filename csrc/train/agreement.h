@@ -29,7 +29,7 @@ namespace engine {
 std::vector<std::pair<std::string, std::string>> config_entries(const std::string& toml);
 
 struct AgreementEntry {
-  std::string key;    // "optimizer.lr", "data.train[0] (.idx)", "model.init_from (config.json)"
+  std::string key;    // "optimizer.lr", "data.train[0] (index)", "model.init_from (config.json)"
   std::string value;  // what must be equal on every rank
   std::string shown;  // the rank's own view, for the message: the value as set and where, the file
 };

@@ -49,7 +49,7 @@ struct SharedDir {
 };
 
 Config small(const std::vector<std::string>& more = {}) {
-  std::vector<std::string> o = {"training.steps=3", "batch.global_batch_size=8", "batch.micro_batch_size=2",
+  std::vector<std::string> o = {"training.steps=3", "batch.global_batch_size=24", "batch.micro_batch_size=2",
                                 "data.sequence_length=16"};
   o.insert(o.end(), more.begin(), more.end());
   return tiny_run_config("llama", o);
@@ -108,23 +108,25 @@ TEST_CASE("ranks that disagree: a dataset whose index differs on rank 1 ends eve
   if (!two_ranks_or_more()) return;
   QuietLogs quiet;
   SharedDir d("data");
-  const std::string prefix = d.rank_dir() + "/docs";
-  std::vector<std::vector<int32_t>> docs;
-  for (int i = 0; i < 40; ++i) docs.push_back({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, i % 30});
-  {  // the same documents in each rank's folder: agree
-    write_token_dataset(prefix, docs, 37);
+  // Each rank's copy in its own folder, as a .bin/.idx prefix and as a .fast_llm_dataset.
+  for (const std::string name : {"docs", "docs.fast_llm_dataset"}) {
+    CAPTURE(name);
+    const std::string path = d.rank_dir() + "/" + name;
+    std::vector<std::vector<int32_t>> docs;
+    for (int i = 0; i < 40; ++i) docs.push_back({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, i % 30});
     Config c = small();
-    c.data.train[0].path = prefix;
-    CHECK(start_error(c).empty());
+    c.data.train[0].path = path;
+    write_token_dataset(path, docs, 37);
+    CHECK(start_error(c).empty());  // the same documents: agree
+    if (world().rank() == 1) docs[3].push_back(4);  // one document one token longer: another index
+    write_token_dataset(path, docs, 37);
+    const std::string error = start_error(c);
+    INFO(error);
+    const std::string file = name == "docs" ? "docs.idx" : name;
+    CHECK(error.find("the ranks disagree at data.train[0] (index): " + d.path + "/rank1/" + file + " (") !=
+          std::string::npos);
+    CHECK(error.find(") on rank 1, " + d.path + "/rank0/" + file + " (") != std::string::npos);
   }
-  if (world().rank() == 1) docs[3].push_back(4);  // one document one token longer: another index
-  write_token_dataset(prefix, docs, 37);
-  Config c = small();
-  c.data.train[0].path = prefix;
-  const std::string error = start_error(c);
-  INFO(error);
-  CHECK(error.find("the ranks disagree at data.train[0] (.idx): " + d.path + "/rank1/docs.idx (") != std::string::npos);
-  CHECK(error.find(") on rank 1, " + d.path + "/rank0/docs.idx (") != std::string::npos);
 }
 
 TEST_CASE("ranks that disagree: a model.init_from folder with other files on rank 1") {

@@ -213,10 +213,13 @@ TEST_CASE("mpirun ./train: an error on one rank ends every rank promptly, the me
   }
   const fs::path dir = fs::path(learnable_dataset()).parent_path();
   const std::string good = good_config("mpi-good");
-  const std::string bad = good_config("mpi-bad", (dir / "missing-on-rank-1").string());
+  Config missing = tiny_run_config("llama", {"training.steps=3", "run.name=mpi-good"});
+  missing.data.train[0].path = (dir / "missing-on-rank-1").string();
+  const std::string bad = write_config("mpi-bad.toml", config_to_toml(missing));
   const char* bin = std::getenv("TRAIN_BIN");
   const std::string train = bin ? bin : "./train";
-  // MPMD launch: rank 0 gets a valid config, rank 1 one whose dataset does not exist.
+  // MPMD launch: rank 0 gets a valid config, rank 1 the same one but for a dataset that does not
+  // exist (the ranks' check at start that they agree names it).
   const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                           "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 60 mpirun --oversubscribe "
                           "--bind-to none -n 1 " + train + " " + good + " : -n 1 " + train + " " + bad;
