@@ -35,7 +35,7 @@ template <typename T, typename... What>
 T checked_mul(T a, T b, const What&... what) {
   T r;
   if (mul_overflows(a, b, &r)) [[unlikely]]
-    RAISE(str_cat(what...), sizeof...(What) ? ": " : "", a, " x ", b, " overflows ", int_type_name<T>(),
+    RAISE(str_cat("", what...), sizeof...(What) ? ": " : "", a, " x ", b, " overflows ", int_type_name<T>(),
           " integers");
   return r;
 }
@@ -44,7 +44,7 @@ template <typename T, typename... What>
 T checked_add(T a, T b, const What&... what) {
   T r;
   if (add_overflows(a, b, &r)) [[unlikely]]
-    RAISE(str_cat(what...), sizeof...(What) ? ": " : "", a, " + ", b, " overflows ", int_type_name<T>(),
+    RAISE(str_cat("", what...), sizeof...(What) ? ": " : "", a, " + ", b, " overflows ", int_type_name<T>(),
           " integers");
   return r;
 }
@@ -53,7 +53,7 @@ T checked_add(T a, T b, const What&... what) {
 template <typename... What>
 size_t checked_size(int64_t n, const What&... what) {
   if (n < 0) [[unlikely]]
-    RAISE(str_cat(what...), sizeof...(What) ? ": " : "", "negative size ", n);
+    RAISE(str_cat("", what...), sizeof...(What) ? ": " : "", "negative size ", n);
   return static_cast<size_t>(n);
 }
 
