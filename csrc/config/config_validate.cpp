@@ -447,6 +447,11 @@ struct Checker {
             "pipeline_parallel x stages_per_rank = ", stages, " stages, more than model.num_layers (", m.num_layers,
             "): every stage needs at least one block");
     const int64_t tokens = int64_t{c.batch.micro_batch_size} * c.data.sequence_length;
+    // A micro-batch's documents are addressed by 32-bit token offsets (cu_seqlens, the kernels' rows).
+    if (tokens > INT_MAX)
+      RAISE(c.where("batch.micro_batch_size"), "micro_batch_size ", c.batch.micro_batch_size, " x data.sequence_length ",
+            c.data.sequence_length, " = ", tokens, " tokens per micro-batch, more than 32-bit token offsets address (",
+            INT_MAX, ")");
     if (d.sequence_parallel && tp > 1 && tokens % tp != 0)
       RAISE(c.where("distributed.sequence_parallel"), "needs the tokens of a micro-batch (micro_batch_size ",
             c.batch.micro_batch_size, " x sequence_length ", c.data.sequence_length, " = ", tokens,
