@@ -212,5 +212,9 @@ std::string config_to_toml(const Config& c);
 const char* family_name(ModelFamily f);
 // One letter per layer (A, E or M, see ModelConfig::hybrid_layout) for any family.
 std::string block_layout(const ModelConfig& m);
+// The letter of one layer, and whether any layer is one of `letters` (e.g. "AE": any attention),
+// without building the whole layout (num_layers may be anything a config says).
+char block_letter(const ModelConfig& m, int layer);
+bool has_block_kind(const ModelConfig& m, const char* letters);
 
 }  // namespace engine

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -56,14 +57,26 @@ const char* family_name(ModelFamily f) {
   return config_detail::enum_name(f, config_detail::names_of(config_detail::kFamilyNames));
 }
 
+namespace {
+char family_letter(ModelFamily f) {  // of every layer, for the families with one kind of block
+  return f == ModelFamily::Mixtral ? 'E' : f == ModelFamily::Mamba ? 'M' : 'A';
+}
+}  // namespace
+
 std::string block_layout(const ModelConfig& m) {
-  const size_t n = static_cast<size_t>(std::max(0, m.num_layers));
-  switch (m.family) {
-    case ModelFamily::Mixtral: return std::string(n, 'E');
-    case ModelFamily::Mamba: return std::string(n, 'M');
-    case ModelFamily::Hybrid: return m.hybrid_layout;
-    default: return std::string(n, 'A');
-  }
+  if (m.family == ModelFamily::Hybrid) return m.hybrid_layout;
+  return std::string(static_cast<size_t>(std::max(0, m.num_layers)), family_letter(m.family));
+}
+
+char block_letter(const ModelConfig& m, int layer) {
+  if (m.family != ModelFamily::Hybrid) return layer >= 0 && layer < m.num_layers ? family_letter(m.family) : 0;
+  return layer >= 0 && static_cast<size_t>(layer) < m.hybrid_layout.size() ? m.hybrid_layout[static_cast<size_t>(layer)]
+                                                                           : 0;
+}
+
+bool has_block_kind(const ModelConfig& m, const char* letters) {
+  if (m.family == ModelFamily::Hybrid) return m.hybrid_layout.find_first_of(letters) != std::string::npos;
+  return m.num_layers > 0 && std::strchr(letters, family_letter(m.family)) != nullptr;
 }
 
 namespace config_detail {
@@ -247,8 +260,7 @@ struct Checker {
       RAISE(c.where("model.hybrid_layout"), "only with model.family = \"hybrid\" (", family_name(m.family),
             " has a fixed layout)");
     }
-    const std::string layout = block_layout(m);
-    const bool moe = layout.find('E') != std::string::npos, mamba = layout.find('M') != std::string::npos;
+    const bool moe = has_block_kind(m, "E"), mamba = has_block_kind(m, "M");
     // Keys of a block kind the model lacks: the effective config writes their defaults, so only
     // other values are an error.
     const ModelConfig d;
@@ -290,7 +302,7 @@ struct Checker {
         RAISE(c.where("model.mamba_d_conv"), "must be at most ", ops::kMambaMaxConv, ", got ", m.mamba_d_conv);
       positive("model.mamba_expand", m.mamba_expand);
       if (set("model.mamba_dt_rank")) positive("model.mamba_dt_rank", m.mamba_dt_rank);
-      else m.mamba_dt_rank = (m.hidden_size + 15) / 16;
+      else m.mamba_dt_rank = static_cast<int>((int64_t{m.hidden_size} + 15) / 16);
     } else {
       unused_keys({{"model.mamba_d_state", m.mamba_d_state != d.mamba_d_state},
                    {"model.mamba_d_conv", m.mamba_d_conv != d.mamba_d_conv},
@@ -315,7 +327,7 @@ struct Checker {
     required_positive("model.num_layers", m.num_layers);
     family_presets();
     blocks();
-    const bool attention = block_layout(m).find_first_of("AE") != std::string::npos;
+    const bool attention = has_block_kind(m, "AE");
     if (!attention && !set("model.num_heads")) {  // no attention: the attention keys do not matter
       if (m.num_heads <= 0) m.num_heads = 1;      // (the effective config writes this 1 back)
       if (!set("model.head_dim")) m.head_dim = m.hidden_size;
@@ -415,8 +427,7 @@ struct Checker {
     const ModelConfig& m = c.model;
     // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
     // (Mamba blocks: the inner dimension, expand x hidden_size.)
-    const std::string layout = block_layout(m);
-    const bool attention = layout.find_first_of("AE") != std::string::npos, mamba = layout.find('M') != std::string::npos;
+    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "M");
     const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
                                                      {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
                                                      {"model.ffn_hidden_size", attention ? m.ffn_hidden_size : 0},
@@ -430,12 +441,17 @@ struct Checker {
     non_negative("distributed.timeout_s", d.timeout_s);
     at_least("distributed.pipeline_parallel", d.pipeline_parallel, 1);
     at_least("distributed.stages_per_rank", d.stages_per_rank, 1);
-    const int stages = d.pipeline_parallel * d.stages_per_rank;
+    const int64_t stages = int64_t{d.pipeline_parallel} * d.stages_per_rank;
     if (stages > m.num_layers)
       RAISE(c.where(set("distributed.stages_per_rank") ? "distributed.stages_per_rank" : "distributed.pipeline_parallel"),
             "pipeline_parallel x stages_per_rank = ", stages, " stages, more than model.num_layers (", m.num_layers,
             "): every stage needs at least one block");
     const int64_t tokens = int64_t{c.batch.micro_batch_size} * c.data.sequence_length;
+    // A micro-batch's documents are addressed by 32-bit token offsets (cu_seqlens, the kernels' rows).
+    if (tokens > INT_MAX)
+      RAISE(c.where("batch.micro_batch_size"), "micro_batch_size ", c.batch.micro_batch_size, " x data.sequence_length ",
+            c.data.sequence_length, " = ", tokens, " tokens per micro-batch, more than 32-bit token offsets address (",
+            INT_MAX, ")");
     if (d.sequence_parallel && tp > 1 && tokens % tp != 0)
       RAISE(c.where("distributed.sequence_parallel"), "needs the tokens of a micro-batch (micro_batch_size ",
             c.batch.micro_batch_size, " x sequence_length ", c.data.sequence_length, " = ", tokens,
@@ -530,15 +546,27 @@ void finish_config(Config& c) {
 int micro_batches_per_rank(const Config& c, int dp) {
   const BatchConfig& b = c.batch;
   const DistributedConfig& d = c.distributed;
-  if (b.global_batch_size % (b.micro_batch_size * dp) != 0)
+  const int64_t per_step = int64_t{b.micro_batch_size} * dp;  // (ints: the product fits 64 bits)
+  if (b.global_batch_size % per_step != 0)
     RAISE(c.where("batch.global_batch_size"), "must be a multiple of micro_batch_size (", b.micro_batch_size,
-          ") x data_parallel (", dp, " ranks) = ", b.micro_batch_size * dp, ", got ", b.global_batch_size);
-  const int m = b.global_batch_size / (b.micro_batch_size * dp);
+          ") x data_parallel (", dp, " ranks) = ", per_step, ", got ", b.global_batch_size);
+  const int m = static_cast<int>(b.global_batch_size / per_step);
   if (d.pipeline_schedule == ScheduleKind::OneFOneB && d.stages_per_rank > 1 && m % d.pipeline_parallel != 0)
     RAISE(c.where("distributed.pipeline_schedule"), "\"1f1b\" with stages_per_rank = ", d.stages_per_rank,
           " (interleaved) takes the micro-batches in groups of pipeline_parallel (", d.pipeline_parallel, "), got ", m,
           " per data-parallel rank (global_batch_size ", b.global_batch_size, " / (micro_batch_size ",
           b.micro_batch_size, " x data_parallel ", dp, "))");
+  // The pipeline schedule numbers its units (micro-batch x micro-sequence) and, between pipeline
+  // ranks, tags each message by (direction, stage, unit) in an int.
+  const int msl = b.micro_sequence_length;
+  const int64_t chunks = msl > 0 ? int64_t{b.micro_batch_size} * c.data.sequence_length / msl : 1;
+  const int64_t units = m * chunks, stages = int64_t{d.pipeline_parallel} * d.stages_per_rank;
+  const int64_t tags = d.pipeline_parallel > 1 ? 2 * stages * units : units;
+  if (tags > INT_MAX)
+    RAISE(c.where(msl > 0 ? "batch.micro_sequence_length" : "batch.global_batch_size"), "a step of ", m,
+          " micro-batches per data-parallel rank", msl > 0 ? str_cat(" of ", chunks, " micro-sequences each") : "",
+          d.pipeline_parallel > 1 ? str_cat(" over ", stages, " pipeline stages") : "", " has more schedule steps (",
+          tags, ") than the pipeline can number (", INT_MAX, ")");
   return m;
 }
 

@@ -6,16 +6,24 @@
 #include <mutex>
 #include <vector>
 
+#include "core/checked.h"
 #include "core/device.h"
 
 namespace engine {
 namespace {
 
+// No host or device holds this much; a larger request is a size computed wrongly (or from a value
+// too large to be meant), refused before the size-class arithmetic below could wrap.
+constexpr size_t kMaxAllocation = size_t{1} << 56;  // 64 PiB
+
 // Size classes: multiples of 512 bytes up to 1 MiB, then multiples of 1/8 of the power of two
 // at or below the size (at most 12.5% waste). Exact re-use of a class keeps the cache simple and
 // deterministic.
-size_t size_class(size_t bytes) {
+size_t size_class(size_t bytes, Device device) {
   if (bytes == 0) return 0;
+  if (bytes > kMaxAllocation)
+    RAISE("allocation of ", bytes, " bytes of ", device_name(device), " memory: more than any ",
+          device == Device::CPU ? "host" : "device", " holds (", kMaxAllocation, " bytes at most)");
   if (bytes <= (1u << 20)) return (bytes + 511) / 512 * 512;
   size_t p = 1;
   while (p * 2 <= bytes) p *= 2;
@@ -33,9 +41,16 @@ struct CachingAllocator {
     void* p = nullptr;
     if (device == Device::CPU) {
       p = std::aligned_alloc(256, bytes);
-      ENSURE(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+      if (!p)
+        RAISE("out of host memory allocating ", bytes, " bytes (", stats.in_use, " bytes in use and ",
+              stats.reserved, " reserved by this process's allocator)");
     } else {
-      p = device::alloc(bytes);
+      try {
+        p = device::alloc(bytes);
+      } catch (const Error& e) {
+        throw Error(str_cat(e.what(), " (", stats.in_use, " bytes in use and ", stats.reserved,
+                            " reserved by this process's allocator)"));
+      }
     }
     stats.system_allocs++;
     return p;
@@ -89,7 +104,7 @@ CachingAllocator& allocator(Device d) {
 }  // namespace
 
 Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  capacity_ = size_class(bytes);
+  capacity_ = size_class(bytes, device);
   if (capacity_) ptr_ = allocator(device).take(capacity_);
 }
 
@@ -114,7 +129,9 @@ void Buffer::release() {
 
 Owned empty(Shape s, DType dtype, Device device) {
   Owned o;
-  o.buf = Buffer(static_cast<size_t>(s.numel()) * dtype_size(dtype), device);
+  o.buf = Buffer(checked_mul<size_t>(static_cast<size_t>(s.numel()), dtype_size(dtype), "bytes of a ",
+                                     dtype_name(dtype), " tensor of shape ", s.str()),
+                 device);
   o.t = Tensor(o.buf.data(), dtype, device, s);
   return o;
 }

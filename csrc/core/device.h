@@ -13,6 +13,10 @@ bool in_build();                  // whether this build has a device backend at 
 int count();                      // 0 when no driver, no GPU or no CUDA in the build (never throws)
 std::string description(int device);  // "NVIDIA H200 (sm_90, 139 GiB)"
 void select(int device);          // this process's device from now on
+struct MemoryInfo {
+  size_t free = 0, total = 0;     // bytes
+};
+MemoryInfo memory_info();         // of the selected device, now (the run's memory check)
 void* alloc(size_t bytes);
 void release(void* p);
 // Ordered with the kernels on the compute stream; a copy that touches host memory returns only

@@ -13,6 +13,7 @@ bool in_build() { return false; }
 int count() { return 0; }
 std::string description(int) { no_cuda(); }
 void select(int) { no_cuda(); }
+MemoryInfo memory_info() { no_cuda(); }
 void* alloc(size_t) { no_cuda(); }
 void release(void*) { no_cuda(); }
 void copy(void*, bool, const void*, bool, size_t) { no_cuda(); }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "core/checked.h"
 #include "core/rng.h"
 
 namespace engine {
@@ -18,7 +19,13 @@ ParamTable::ParamTable(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(t
 
 const ParamSpec& ParamTable::add(ParamSpec spec) {
   ENSURE(!index_.count(spec.name), "parameter ", spec.name, " declared twice");
-  ENSURE(spec.shape.numel() > 0, "parameter ", spec.name, " has empty shape ", spec.shape.str());
+  int64_t numel = 0;
+  try {
+    numel = spec.shape.numel();
+  } catch (const Error& e) {
+    RAISE("parameter ", spec.name, ": ", e.what());
+  }
+  ENSURE(numel > 0, "parameter ", spec.name, " has empty shape ", spec.shape.str());
   ENSURE(spec.init != InitKind::InvSoftplusLogUniform ||
              (spec.init_low > 0 && spec.init_low <= spec.init_high && spec.init_floor >= 0),
          "parameter ", spec.name, ": log-uniform init range [", spec.init_low, ", ", spec.init_high,
@@ -34,10 +41,11 @@ const ParamSpec& ParamTable::add(ParamSpec spec) {
     spec.split_begin = n / tp_size_ * tp_rank_;
   }
   int64_t off = total_;
-  if (!spec.adjacent) off = (off + kAlign - 1) / kAlign * kAlign;
+  if (!spec.adjacent) off = checked_add<int64_t>(off, kAlign - 1, "parameter ", spec.name, ": flat offset") / kAlign * kAlign;
   ENSURE(!spec.adjacent || !entries_.empty(), "first parameter cannot be adjacent");
   spec.offset = off;
-  total_ = off + spec.shape.numel();
+  total_ = checked_add<int64_t>(off, spec.shape.numel(), "parameter ", spec.name, " ", spec.shape.str(),
+                                ": the flat parameter buffers' length");
   index_[spec.name] = entries_.size();
   entries_.push_back(std::move(spec));
   return entries_.back();
@@ -51,13 +59,13 @@ const ParamSpec& ParamTable::get(const std::string& name) const {
 
 int64_t ParamTable::num_full_parameters() const {
   int64_t n = 0;
-  for (auto& e : entries_) n += e.full_shape.numel();
+  for (auto& e : entries_) n = checked_add<int64_t>(n, e.full_shape.numel(), "the model's parameter count");
   return n;
 }
 
 int64_t ParamTable::num_parameters() const {
   int64_t n = 0;
-  for (auto& e : entries_) n += e.shape.numel();
+  for (auto& e : entries_) n = checked_add<int64_t>(n, e.shape.numel(), "the parameter count of this rank");
   return n;
 }
 
@@ -158,18 +166,22 @@ void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t 
 ParamStore::ParamStore(const ParamTable& table, Device device, DType compute_dtype, int64_t capacity,
                        int64_t pad_multiple)
     : table_(table), device_(device), compute_dtype_(compute_dtype),
-      capacity_((std::max(capacity, table.total_elements()) + pad_multiple - 1) / pad_multiple * pad_multiple) {
+      capacity_(checked_add<int64_t>(std::max(capacity, table.total_elements()), pad_multiple - 1,
+                                     "parameter buffer length") /
+                pad_multiple * pad_multiple) {
   ENSURE(pad_multiple >= 1, "parameter buffer padded to a multiple of ", pad_multiple);
   ENSURE(compute_dtype == DType::F32 || compute_dtype == DType::F64 || compute_dtype == DType::BF16,
          "parameters in ", dtype_name(compute_dtype));
   allocate_weights();
-  grads_ = Buffer(static_cast<size_t>(capacity_) * dtype_size(grad_dtype()), device);
+  grads_ = Buffer(checked_mul<size_t>(static_cast<size_t>(capacity_), dtype_size(grad_dtype()), "gradient buffer bytes"),
+                  device);
   zero_grads();
 }
 
 void ParamStore::allocate_weights() {
   if (has_weights()) return;
-  weights_ = Buffer(static_cast<size_t>(capacity_) * dtype_size(compute_dtype_), device_);
+  weights_ = Buffer(
+      checked_mul<size_t>(static_cast<size_t>(capacity_), dtype_size(compute_dtype_), "weight buffer bytes"), device_);
   fill_zero_bytes(weights_.data(), device_, weights_.bytes());
 }
 

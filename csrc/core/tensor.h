@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "core/dtype.h"
 
 namespace engine {
@@ -27,9 +28,12 @@ struct Shape {
     }
   }
   int64_t operator[](int i) const { return d[i < 0 ? ndim + i : i]; }
+  // The element count; a shape whose count does not fit int64 is an error, never a wrapped value.
   int64_t numel() const {
     int64_t n = 1;
-    for (int i = 0; i < ndim; ++i) n *= d[i];
+    for (int i = 0; i < ndim; ++i)
+      if (mul_overflows(n, d[i], &n)) [[unlikely]]
+        RAISE("shape ", str(), ": the element count overflows 64-bit integers");
     return n;
   }
   bool operator==(const Shape& o) const {
@@ -59,7 +63,10 @@ struct Tensor {
   int64_t numel() const { return shape.numel(); }
   int ndim() const { return shape.ndim; }
   int64_t size(int i) const { return shape[i]; }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  size_t nbytes() const {
+    return checked_mul<size_t>(static_cast<size_t>(numel()), dtype_size(dtype), "bytes of a ", dtype_name(dtype),
+                               " tensor of shape ", shape.str());
+  }
   bool defined() const { return data != nullptr || numel() == 0; }
 
   template <typename T> T* ptr() const {

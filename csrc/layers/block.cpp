@@ -10,10 +10,9 @@ namespace engine::layers {
 static std::string prefix(int i) { return "layers." + std::to_string(i); }
 
 BlockKind block_kind(const ModelConfig& c, int layer) {
-  const std::string layout = block_layout(c);
-  ENSURE(layer >= 0 && static_cast<size_t>(layer) < layout.size(), "layer ", layer, " of a ", layout.size(),
-         "-layer layout");
-  switch (layout[static_cast<size_t>(layer)]) {
+  const char letter = block_letter(c, layer);
+  ENSURE(letter != 0, "layer ", layer, " is not in the model's layout (", c.num_layers, " layers)");
+  switch (letter) {
     case 'E': return BlockKind::Experts;
     case 'M': return BlockKind::Mamba;
     default: return BlockKind::Attention;

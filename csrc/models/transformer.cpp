@@ -81,7 +81,7 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
     if (p.head) head_ = std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits);
   }
   // Which attention kernels the blocks run (chosen from the device and the head dim).
-  if (block_layout(c).find_first_of("AE") != std::string::npos) {  // attention and MoE blocks
+  if (has_block_kind(c, "AE")) {  // attention and MoE blocks
     const int head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
     log_info("attention: ", device == Device::CUDA && c.attention_backend == AttentionBackendKind::Cudnn
                                 ? "cudnn"

@@ -5,7 +5,7 @@ namespace engine {
 Mesh::Mesh(Comm& group, const Config& config) : all_(&group), dp_(&group) {
   const int tp = config.distributed.tensor_parallel, pp = config.distributed.pipeline_parallel;
   const int n = group.size(), r = group.rank();
-  if (n % (tp * pp) != 0)
+  if (n % (int64_t{tp} * pp) != 0)  // (after this, tp x pp <= n fits an int)
     RAISE(config.where(pp > 1 ? "distributed.pipeline_parallel" : "distributed.tensor_parallel"),
           "tensor_parallel x pipeline_parallel = ", tp, " x ", pp, " must divide the number of ranks (", n, ")");
   if (tp == 1 && pp == 1) return;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -105,12 +106,13 @@ int main(int argc, char** argv) {
     }
     if (print_schedule) {
       const engine::DistributedConfig& d = config.distributed;
-      const int model_ranks = d.tensor_parallel * d.pipeline_parallel;
-      const int dp = std::max(1, engine::world().size() / model_ranks);
+      const int64_t model_ranks = int64_t{d.tensor_parallel} * d.pipeline_parallel;
+      const int dp = static_cast<int>(std::max<int64_t>(1, engine::world().size() / model_ranks));
       const int micro = engine::micro_batches_per_rank(config, dp);
       const engine::PipelineLayout layout{d.pipeline_parallel * d.stages_per_rank, d.pipeline_parallel};
       const int msl = config.batch.micro_sequence_length;
-      const int chunks = msl > 0 ? config.batch.micro_batch_size * config.data.sequence_length / msl : 1;
+      // (micro_batches_per_rank checked that micro x chunks fits an int)
+      const int chunks = msl > 0 ? static_cast<int>(int64_t{config.batch.micro_batch_size} * config.data.sequence_length / msl) : 1;
       if (engine::world().rank() == 0)
         std::printf("%d stages over %d pipeline rank(s), %d micro-batches per data-parallel rank (%d)%s:\n%s",
                     layout.stages, layout.ranks, micro, dp,
@@ -143,6 +145,10 @@ int main(int argc, char** argv) {
     engine::check_log_output();
     engine::launch_finalize();
     return code;
+  } catch (const std::bad_alloc&) {
+    engine::fatal_error(
+        "out of host memory: a host allocation failed (std::bad_alloc); the memory check at start counts a lower "
+        "bound of what the run needs (README.md, Failure behaviour)");
   } catch (const std::exception& e) {
     // Ends every rank (MPI_Abort) so none waits in a collective for this one.
     engine::fatal_error(e.what());

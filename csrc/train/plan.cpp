@@ -4,9 +4,45 @@
 #include "comm/nccl_comm.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "core/host_memory.h"
 #include "core/log.h"
+#include "models/memory_estimate.h"
 
 namespace engine {
+
+namespace {
+
+// Refuses a run that cannot fit (models/memory_estimate.h) before anything is allocated: this
+// rank's place in the layout as the mesh will give it (rank = (pp_rank x dp + dp_rank) x tp +
+// tp_rank), its GPU's memory and the host's.
+void check_run_memory(const Config& config, Device device, DType compute, const Comm& group, int gpu) {
+  const DistributedConfig& d = config.distributed;
+  const int n = group.size();
+  const int64_t model_ranks = int64_t{d.tensor_parallel} * d.pipeline_parallel;
+  if (model_ranks <= 0 || n % model_ranks != 0) return;  // the mesh names the problem
+  RankPlacement p;
+  p.tp = d.tensor_parallel;
+  p.pp = d.pipeline_parallel;
+  p.dp = static_cast<int>(n / model_ranks);
+  p.pp_rank = group.rank() / (p.tp * p.dp);
+  p.device = device;
+  p.compute = compute;
+  // Ranks of this host with a lower local rank share its memory (and every gpus-th one its GPU).
+  const int local = launch_info().local_rank;
+  std::vector<MemoryPool> pools;
+  if (device == Device::CUDA) {
+    const device::MemoryInfo info = device::memory_info();
+    pools.push_back({true, static_cast<double>(info.free), static_cast<double>(info.total),
+                     local / std::max(1, device::count()) + 1, str_cat("GPU ", gpu, " memory"),
+                     "cudaMemGetInfo: free now; total"});
+  }
+  const HostMemory host = host_memory();
+  pools.push_back({host.known, static_cast<double>(host.available), static_cast<double>(host.capacity), local + 1,
+                   "host memory", host.source});
+  check_memory(config, p, pools, group.rank());
+}
+
+}  // namespace
 
 Device resolve_device(DeviceChoice choice) {
   const int gpus = device::count();
@@ -26,11 +62,12 @@ RunPlan make_run_plan(const Config& config, Comm* group) {
   plan.device = resolve_device(config.run.device);
   const int gpu = plan.device == Device::CUDA ? launch_info().local_rank % device::count() : 0;
   if (plan.device == Device::CUDA) device::select(gpu);
+  plan.compute = plan.device == Device::CPU ? DType::F32 : DType::BF16;
+  check_run_memory(config, plan.device, plan.compute, group ? *group : world(), gpu);
   if (!group && plan.device == Device::CUDA && world().size() > 1) plan.device_comm = make_nccl_comm(world());
   plan.mesh = std::make_unique<Mesh>(group ? *group : plan.device_comm ? *plan.device_comm : world(), config);
   if (plan.device == Device::CUDA)
     log_info("GPU ", gpu, ": ", device::description(gpu), ", data-parallel backend ", plan.mesh->dp().backend());
-  plan.compute = plan.device == Device::CPU ? DType::F32 : DType::BF16;
   const DistributedConfig& dist = config.distributed;
   const Mesh& m = *plan.mesh;
   plan.layout = ModelLayout{m.tp(),       dist.sequence_parallel, dist.cross_entropy_splits, m.pp_rank(),

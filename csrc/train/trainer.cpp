@@ -6,8 +6,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -28,8 +31,34 @@ namespace engine {
 
 namespace {
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_signalled{false};  // a SIGINT/SIGTERM came since the handlers were installed
+bool g_say_stop = true;                // this process prints the first signal's note (rank 0)
 
-void on_signal(int) { g_stop.store(true); }
+// Only async-signal-safe calls here (write, _exit). The first signal asks for a clean stop after
+// the current step; a second one, at any point (setup, a step, a stuck collective, a checkpoint),
+// ends the process at once: nothing this process does can defer it.
+void on_signal(int sig) {
+  const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  auto say = [](const char* text) {
+    for (size_t n = std::strlen(text); n > 0;) {
+      const ssize_t w = ::write(STDERR_FILENO, text, n);
+      if (w <= 0) return;
+      text += w, n -= static_cast<size_t>(w);
+    }
+  };
+  if (g_signalled.exchange(true)) {
+    say("\nerror: ");
+    say(name);
+    say(" again: exiting at once (no checkpoint is written)\n");
+    ::_exit(128 + sig);
+  }
+  g_stop.store(true);
+  if (g_say_stop) {
+    say("\n");
+    say(name);
+    say(": stopping after the current step (send SIGINT or SIGTERM again to exit at once)\n");
+  }
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -56,8 +85,13 @@ std::string rate(double tokens_per_s) {
 void Trainer::request_stop() { g_stop.store(true); }
 
 void Trainer::install_signal_handlers() {
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  g_say_stop = launch_info().rank == 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // a clean stop lets interrupted system calls carry on
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)

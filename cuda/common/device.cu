@@ -32,6 +32,12 @@ std::string description(int device) {
 
 void select(int device) { CUDA_CHECK(cudaSetDevice(device)); }
 
+MemoryInfo memory_info() {
+  MemoryInfo m;
+  CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
+
 void* alloc(size_t bytes) {
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, bytes);
