@@ -131,6 +131,20 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
   CHECK(fs::file_size(learnable_dataset() + ".idx") == idx_size);
 }
 
+TEST_CASE("mpirun ./train --print-config and --help: rank 0 prints, every rank exits 0" * doctest::test_suite("full")) {
+  if (!has_train_binary() || !has_mpirun()) return;
+  Result p = mpirun2("", good_config("cli-print") + " --print-config");
+  INFO(p.output);
+  CHECK(p.code == 0);
+  size_t runs = 0;
+  for (size_t at = p.output.find("[run]"); at != std::string::npos; at = p.output.find("[run]", at + 1)) ++runs;
+  CHECK(runs == 1);
+  Result h = mpirun2("", "--help");
+  INFO(h.output);
+  CHECK(h.code == 0);
+  CHECK(h.output.find("usage:") == h.output.rfind("usage:"));
+}
+
 TEST_CASE("./train: SIGINT stops the run cleanly after the current step" * doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string cfg = good_config("cli-signal");
