@@ -15,7 +15,8 @@ if [[ ! -f data/demo/demo.idx ]]; then
   "$PYTHON" scripts/make_demo_corpus.py data/demo/corpus.jsonl
   "$PYTHON" scripts/prepare_data.py data/demo/corpus.jsonl --output data/demo/demo
 fi
-./train "$config" "$@"
+# The demo replaces its previous run (run.overwrite); a later argument can say otherwise.
+./train "$config" run.overwrite=true "$@"
 name=$(./train "$config" "$@" --print-config | sed -n 's/^name = "\(.*\)"$/\1/p' | head -n 1)
 out=$(./train "$config" "$@" --print-config | sed -n 's/^output_dir = "\(.*\)"$/\1/p' | head -n 1)
 run_dir=$out/$name

@@ -572,6 +572,7 @@ TrainerState load(const std::string& dir, AdamW& opt, Comm* group) {
     for (int k = 0; k < 3; ++k)
       fill_shard(opt, k, [&](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
         reader->read(k, p.name, lo, hi, out);
+        require_finite(out, hi - lo, lo, p.name, str_cat("checkpoint ", dir, ": ", kTensorKinds[k]));
       });
   });
   opt.weights_from_master();

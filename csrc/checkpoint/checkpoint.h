@@ -98,6 +98,10 @@ class Reader {
 // Values of elements [lo, hi) of parameter p (counted within the full tensor, whatever block of
 // it p describes), as f32.
 using Fetch = std::function<void(const ParamSpec& p, int64_t lo, int64_t hi, float* out)>;
+// Throws when values[0, n), elements [lo, lo + n) of parameter `param` counted in the full
+// tensor, hold a NaN or an infinity, naming `source`, the parameter, the first such element and
+// its value: weights imported or resumed must be finite (finite.cpp).
+void require_finite(const float* values, int64_t n, int64_t lo, const std::string& param, const std::string& source);
 // Overwrites the optimizer shard's tensor `kind` (0 master, 1 exp_avg, 2 exp_avg_sq) parameter
 // by parameter from `fetch` (gaps and padding are left alone: they are zero).
 void fill_shard(AdamW& opt, int kind, const Fetch& fetch);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -369,6 +370,22 @@ HfWeights::HfWeights(const std::string& dir, const ModelConfig& c) : impl_(std::
 HfWeights::~HfWeights() = default;
 
 void HfWeights::fetch(const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+  read(p, lo, hi, out);
+  for (int64_t e = lo; e < hi; ++e) {
+    if (std::isfinite(out[e - lo])) continue;
+    // The tensor that holds element e: the parameter's own, or the part (expert) covering e.
+    const Impl& s = *impl_;
+    const std::vector<size_t>& in = s.maps_of_param.at(p.name);
+    const TensorMap* m = &s.maps[in[0]];
+    for (size_t i : in)
+      if (s.maps[i].part_count > 0 && e >= s.maps[i].part_begin && e < s.maps[i].part_begin + s.maps[i].part_count)
+        m = &s.maps[i];
+    const auto& [fi, t] = s.tensors.at(m->hf_name);
+    checkpoint::require_finite(out + (e - lo), 1, e, p.name, str_cat(s.files[fi]->path(), ": tensor '", t->name, "'"));
+  }
+}
+
+void HfWeights::read(const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
   Impl& s = *impl_;
   const std::vector<size_t>& in = s.maps_of_param.at(p.name);
   if (s.maps[in[0]].part_count > 0) {  // parts of the parameter: read where they overlap [lo, hi)

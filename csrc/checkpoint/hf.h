@@ -83,12 +83,15 @@ class HfWeights {
  public:
   HfWeights(const std::string& dir, const ModelConfig& c);
   ~HfWeights();
+  // Elements [lo, hi) of parameter p; a NaN or infinite value is an error naming the file, the
+  // Hugging Face tensor, the parameter and the element.
   void fetch(const ParamSpec& p, int64_t lo, int64_t hi, float* out);
   checkpoint::Fetch fetcher() {
     return [this](const ParamSpec& p, int64_t lo, int64_t hi, float* out) { fetch(p, lo, hi, out); };
   }
 
  private:
+  void read(const ParamSpec& p, int64_t lo, int64_t hi, float* out);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -30,6 +30,10 @@ struct RunConfig {
   int log_every = 1;                 // steps between log lines (metrics.jsonl gets every step)
   int debug_level = 0;               // 1: debug log lines; 2: also per-layer tensor statistics
   std::string debug_steps = "1";     // steps with statistics (debug_level 2): "1,5,10-12"
+  // A fresh run (training.resume = "none") whose run directory holds an earlier run's
+  // metrics.jsonl, debug_stats.jsonl or checkpoints is refused unless this is set; then those
+  // files are removed before the run writes its own.
+  bool overwrite = false;
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -101,6 +105,9 @@ struct DataConfig {
   int sequence_length = 0;
   bool truncate_documents = true;    // false: documents kept whole, sequences padded
   bool cross_document_attention = false;
+  // Passes over a training dataset the run may make: more is refused before the first step
+  // (a dataset shorter than a sequence, the wrong file); 0 = no limit. Over 1 is a warning.
+  int max_epochs = 1000;
   bool operator==(const DataConfig&) const = default;
 };
 

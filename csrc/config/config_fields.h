@@ -85,6 +85,7 @@ void visit_fields(C& c, V& v) {
   v.field("log_every", c.run.log_every);
   v.field("debug_level", c.run.debug_level);
   v.field("debug_steps", c.run.debug_steps);
+  v.field("overwrite", c.run.overwrite);
 
   v.section("model");
   v.choice("family", c.model.family, names_of(kFamilyNames));
@@ -130,6 +131,7 @@ void visit_fields(C& c, V& v) {
   v.field("sequence_length", c.data.sequence_length);
   v.field("truncate_documents", c.data.truncate_documents);
   v.field("cross_document_attention", c.data.cross_document_attention);
+  v.field("max_epochs", c.data.max_epochs);
 
   v.section("batch");
   v.field("micro_batch_size", c.batch.micro_batch_size);

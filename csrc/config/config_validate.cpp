@@ -403,6 +403,7 @@ struct Checker {
     if (d.train.empty()) RAISE(c.where("data.train"), "must list at least one dataset");
     required_positive("data.sequence_length", d.sequence_length);
     unit_interval("data.valid_fraction", d.valid_fraction);
+    at_least("data.max_epochs", d.max_epochs, 0);
   }
 
   void batch() const {

@@ -103,6 +103,14 @@ double DatasetSampler::epochs() const {
   return static_cast<double>(end) / static_cast<double>(docs_.size());
 }
 
+double DatasetSampler::epochs_for(int64_t samples) const {
+  samples = std::clamp<int64_t>(samples, 0, planned_);
+  if (samples == 0) return 0;
+  if (p_.truncate_documents)
+    return static_cast<double>(samples * p_.sequence_length + 1) / static_cast<double>(split_tokens_);
+  return static_cast<double>(start_[static_cast<size_t>(samples)]) / static_cast<double>(docs_.size());
+}
+
 void DatasetSampler::put_piece(int64_t doc, int64_t offset, int64_t count, int64_t pos,
                                Sample* out) const {
   const TokenDataset& ds = *docs_.dataset;

@@ -56,6 +56,9 @@ class DatasetSampler {
   int64_t split_tokens() const { return split_tokens_; }
   int64_t skipped_documents() const { return too_long_; }  // per epoch (truncate = false)
   double epochs() const;  // stream epochs the plan covers
+  // Stream epochs that local samples [0, samples) take: tokens consumed / tokens of the split
+  // (truncate_documents = true), documents passed / documents of the split (false).
+  double epochs_for(int64_t samples) const;
   const TokenDataset& dataset() const { return *docs_.dataset; }
 
  private:

@@ -19,6 +19,7 @@ class FastLLMDataset : public TokenDataset {
 
   int64_t document_size(int64_t doc) const override;
   std::vector<TokenSpan> loss_masking_spans(int64_t doc) const override;
+  std::vector<const MappedFile*> files() const override { return {&file_}; }
 
  protected:
   const unsigned char* document_data(int64_t doc) const override;

@@ -14,6 +14,24 @@ void file_error(const std::string& path, uint64_t offset, const std::string& wha
   RAISE(path, ": at offset ", offset, ": ", what);
 }
 
+namespace {
+FileStamp stamp_of(const struct stat& st) {
+  FileStamp s;
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  s.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+  s.dev = static_cast<uint64_t>(st.st_dev);
+  s.ino = static_cast<uint64_t>(st.st_ino);
+  return s;
+}
+}  // namespace
+
+FileStamp file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) RAISE("cannot stat ", path, ": ", std::strerror(errno));
+  return stamp_of(st);
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) RAISE("cannot open ", path, ": ", std::strerror(errno));
@@ -28,6 +46,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     RAISE(path, ": not a regular file");
   }
   size_ = static_cast<uint64_t>(st.st_size);
+  stamp_ = stamp_of(st);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
@@ -56,6 +75,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     path_ = std::move(o.path_);
     data_ = o.data_;
     size_ = o.size_;
+    stamp_ = o.stamp_;
     o.data_ = nullptr;
     o.size_ = 0;
   }

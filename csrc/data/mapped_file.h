@@ -17,6 +17,17 @@ static_assert(std::endian::native == std::endian::little, "the data readers assu
 
 [[noreturn]] void file_error(const std::string& path, uint64_t offset, const std::string& what);
 
+// What identifies a file's contents for caches of facts about it (data/token_scan.h): size,
+// modification and status-change times (nanoseconds), device and inode.
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  uint64_t dev = 0, ino = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+// The stamp of `path` now (stat); throws naming the file when it cannot be read.
+FileStamp file_stamp(const std::string& path);
+
 // A whole file mapped read-only (MAP_SHARED, PROT_READ). Move-only; unmaps on destruction.
 // An empty file maps to size() == 0 and data() == nullptr.
 class MappedFile {
@@ -32,6 +43,8 @@ class MappedFile {
   const unsigned char* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file's stamp when it was opened (the mapped contents).
+  const FileStamp& stamp() const { return stamp_; }
 
   // Throws (file, offset, "truncated: need N bytes for <what>") unless [offset, offset + bytes)
   // lies inside the file; overflow-safe.
@@ -59,6 +72,7 @@ class MappedFile {
   std::string path_;
   const unsigned char* data_ = nullptr;
   uint64_t size_ = 0;
+  FileStamp stamp_;
 };
 
 // Unchecked little-endian load of element `i` of an array at `p` (after validation).

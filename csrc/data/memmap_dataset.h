@@ -16,6 +16,7 @@ class MemmapDataset : public TokenDataset {
 
   int64_t document_size(int64_t doc) const override;
   std::vector<TokenSpan> loss_masking_spans(int64_t doc) const override;
+  std::vector<const MappedFile*> files() const override { return {&idx_, &bin_}; }
   int version() const { return version_; }
   bool has_preference_spans() const { return has_preference_spans_; }
 

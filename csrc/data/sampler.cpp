@@ -14,6 +14,7 @@
 #include "data/dataset_sampler.h"
 #include "data/permutation.h"
 #include "data/sampler.h"
+#include "data/token_scan.h"
 
 namespace engine {
 
@@ -68,7 +69,12 @@ class BlendedSampleSource final : public SampleSource {
 
   // Samples each dataset must provide.
   const std::vector<int64_t>& counts() const { return taken_; }
-  void set_samplers(std::vector<std::unique_ptr<DatasetSampler>> samplers) { samplers_ = std::move(samplers); }
+  void set_samplers(std::vector<std::unique_ptr<DatasetSampler>> samplers, std::vector<std::string> wheres,
+                    int64_t vocab_size) {
+    samplers_ = std::move(samplers);
+    wheres_ = std::move(wheres);
+    vocab_size_ = vocab_size;
+  }
 
   Sample get(int64_t index) const override {
     ENSURE(index >= 0 && index < n_, "sample index ", index, " out of range [0, ", n_, ")");
@@ -105,8 +111,30 @@ class BlendedSampleSource final : public SampleSource {
     return os.str();
   }
 
+  std::vector<DatasetUse> usage() const override {
+    std::vector<DatasetUse> out;
+    for (size_t d = 0; d < samplers_.size(); ++d) {
+      const DatasetSampler& s = *samplers_[d];
+      out.push_back({wheres_[d], s.dataset().path(), s.split_documents(), s.split_tokens(), taken_[d],
+                     s.epochs_for(taken_[d])});
+    }
+    return out;
+  }
+
+  void check_token_ids() const override {
+    for (size_t d = 0; d < samplers_.size(); ++d) {
+      try {
+        engine::check_token_ids(samplers_[d]->dataset(), vocab_size_);
+      } catch (const Error& e) {
+        throw Error(wheres_[d] + e.what());
+      }
+    }
+  }
+
  private:
   std::vector<std::unique_ptr<DatasetSampler>> samplers_;
+  std::vector<std::string> wheres_;  // "run.toml:12: data.train[0]: " per dataset
+  int64_t vocab_size_ = 0;
   std::vector<double> weights_;
   int64_t n_;
   DataConfig data_;
@@ -148,6 +176,7 @@ std::unique_ptr<SampleSource> make_sample_source(const Config& config, Split spl
   const std::vector<int64_t>& counts = source->counts();
 
   std::vector<std::unique_ptr<DatasetSampler>> samplers;
+  std::vector<std::string> wheres;
   for (size_t i = 0; i < refs->size(); ++i) {
     const DatasetRef& ref = (*refs)[i];
     // "run.toml:12: data.train[0]: " in front of the reader's message (file, offset, what).
@@ -173,8 +202,9 @@ std::unique_ptr<SampleSource> make_sample_source(const Config& config, Split spl
     p.seed = config.run.seed;
     p.key_name = str_cat("data/", split_name, "/", i);
     samplers.push_back(std::make_unique<DatasetSampler>(std::move(docs), p, counts[i]));
+    wheres.push_back(where);
   }
-  source->set_samplers(std::move(samplers));
+  source->set_samplers(std::move(samplers), std::move(wheres), config.model.vocab_size);
   return source;
 }
 

@@ -25,6 +25,15 @@ struct Sample {
 
 enum class Split { Train, Valid };
 
+// How a split uses one of its datasets.
+struct DatasetUse {
+  std::string where;                  // "run.toml:12: data.train[0]: " (the config entry)
+  std::string path;
+  int64_t documents = 0, tokens = 0;  // in this split
+  int64_t samples = 0;                // samples the source takes from it
+  double epochs = 0;                  // passes over its documents those samples make
+};
+
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
@@ -33,10 +42,16 @@ class SampleSource {
   virtual int64_t num_samples() const = 0;
   // One line per dataset: path, documents, tokens, weight, samples taken from it.
   virtual std::string describe() const = 0;
+  virtual std::vector<DatasetUse> usage() const = 0;
+  // Throws unless every stored token of every dataset is below model.vocab_size, naming the
+  // config entry, the token file, the document, offsets and the id (data/token_scan.h: one
+  // parallel scan a file, cached). Reading a sample checks its own tokens in any case.
+  virtual void check_token_ids() const = 0;
 };
 
 // Opens the datasets of `split` and plans `num_samples` samples (more epochs when one is not
-// enough). Token ids >= model.vocab_size are an error naming the dataset, document and offset.
+// enough). Token ids >= model.vocab_size are an error naming the dataset, document and offset
+// (when a sample holding one is read, or for the whole dataset by check_token_ids()).
 // Returns nullptr for Split::Valid when the config defines no validation data.
 std::unique_ptr<SampleSource> make_sample_source(const Config& config, Split split,
                                                  int64_t num_samples);

@@ -22,6 +22,20 @@ const char* token_type_name(TokenType t);  // numpy spelling: "uint16", "int32",
 // The type a writer uses for a vocabulary: uint16 below 65536, else int32.
 TokenType token_type_for_vocab(int64_t vocab_size);
 
+// The smallest and largest stored token value of a dataset (raw values: negative ones and ones
+// past 2^31 included); min > max when it holds no tokens.
+struct TokenIdRange {
+  int64_t min = 0, max = -1;
+  bool operator==(const TokenIdRange&) const = default;
+};
+
+// Where a stored token is: document, token offset in it, byte offset in the token file.
+struct TokenLocation {
+  int64_t doc = -1, offset = 0;
+  uint64_t byte = 0;
+  int64_t value = 0;
+};
+
 // A token range [begin, end) relative to the start of its document.
 struct TokenSpan {
   int64_t begin = 0;
@@ -46,6 +60,16 @@ class TokenDataset {
   // Tokens [offset, offset + count) of `doc` into out[0, count); bounds-checked.
   void read(int64_t doc, int64_t offset, int64_t count, int32_t* out) const;
   std::vector<int32_t> read(int64_t doc, int64_t offset = 0, int64_t count = -1) const;
+
+  // The file that holds the tokens (the .bin, or the .fast_llm_dataset itself).
+  const std::string& tokens_path() const { return token_file(); }
+  // The mapped files whose contents define the tokens (the .idx and .bin, or the one file); the
+  // last one holds the tokens.
+  virtual std::vector<const MappedFile*> files() const = 0;
+  // Every stored token's range, scanned in parallel (OpenMP) over pieces of about 1M tokens.
+  TokenIdRange scan_token_ids() const;
+  // The first stored token outside [0, limit) in document order (doc = -1 when there is none).
+  TokenLocation first_token_outside(int64_t limit) const;
 
  protected:
   // First byte of the tokens of `doc` inside the mapping (validated at open).

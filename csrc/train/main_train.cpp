@@ -36,6 +36,15 @@ static void usage() {
       "                            separated by spaces) to OUT (safetensors), with the same weights\n");
 }
 
+// Ends a run that trains nothing (help, a usage error, --print-config): under mpirun every rank
+// finalizes MPI (a rank that exits without it fails the job) and only rank 0 prints.
+static int finish(int code) {
+  engine::launch_finalize();
+  return code;
+}
+
+static bool rank0() { return engine::launch_info().rank == 0; }
+
 int main(int argc, char** argv) {
   engine::launch_init(&argc, &argv);
   engine::install_test_faults_from_env();
@@ -45,15 +54,15 @@ int main(int argc, char** argv) {
   bool print_config = false, print_schedule = false;
   auto value = [&](int& i) -> std::string {
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]);
-      std::exit(2);
+      if (rank0()) std::fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]);
+      std::exit(finish(2));
     }
     return argv[++i];
   };
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
-      usage();
-      return 0;
+      if (rank0()) usage();
+      return finish(0);
     }
     if (!std::strcmp(argv[i], "--print-config")) {
       print_config = true;
@@ -64,8 +73,8 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--export-dtype")) {
       const std::string d = value(i);
       if (d != "f32" && d != "bf16") {
-        std::fprintf(stderr, "error: --export-dtype must be f32 or bf16, got %s\n", d.c_str());
-        return 2;
+        if (rank0()) std::fprintf(stderr, "error: --export-dtype must be f32 or bf16, got %s\n", d.c_str());
+        return finish(2);
       }
       export_options.dtype = d == "f32" ? "F32" : "BF16";
     } else if (!std::strcmp(argv[i], "--export-shard-mb")) {
@@ -73,8 +82,8 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       const double mb = std::strtod(v.c_str(), &end);
       if (*end != '\0' || !(mb > 0)) {
-        std::fprintf(stderr, "error: --export-shard-mb must be a positive number, got %s\n", v.c_str());
-        return 2;
+        if (rank0()) std::fprintf(stderr, "error: --export-shard-mb must be a positive number, got %s\n", v.c_str());
+        return finish(2);
       }
       export_options.shard_bytes = static_cast<uint64_t>(mb * 1024 * 1024);
     } else if (!std::strcmp(argv[i], "--dump-logits")) {
@@ -83,15 +92,15 @@ int main(int argc, char** argv) {
     } else if (path.empty() && std::strchr(argv[i], '=') == nullptr && argv[i][0] != '-') {
       path = argv[i];
     } else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "error: unknown option %s (see --help)\n", argv[i]);
-      return 2;
+      if (rank0()) std::fprintf(stderr, "error: unknown option %s (see --help)\n", argv[i]);
+      return finish(2);
     } else {
       overrides.emplace_back(argv[i]);
     }
   }
   if (path.empty()) {
-    usage();
-    return 2;
+    if (rank0()) usage();
+    return finish(2);
   }
   engine::Trainer::install_signal_handlers();
   // A file grown past the size limit (ulimit -f) makes the write fail with EFBIG, reported with
@@ -100,9 +109,9 @@ int main(int argc, char** argv) {
   try {
     engine::Config config = engine::load_config(path, overrides);
     if (print_config) {
-      std::fputs(engine::config_to_toml(config).c_str(), stdout);
+      if (rank0()) std::fputs(engine::config_to_toml(config).c_str(), stdout);
       engine::check_log_output();
-      return 0;
+      return finish(0);
     }
     if (print_schedule) {
       const engine::DistributedConfig& d = config.distributed;

@@ -76,6 +76,20 @@ const Config& agreed(const Config& config, Comm* group) {
   return config;
 }
 
+// The files an earlier run left in run_dir that a fresh run would overwrite, as a list for a
+// message ("" when there are none: an empty metrics.jsonl is a run that never trained a step).
+std::string earlier_run_files(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string out;
+  for (const char* f : {"metrics.jsonl", "debug_stats.jsonl"})
+    if (const fs::path p = fs::path(run_dir) / f; fs::is_regular_file(p, ec) && fs::file_size(p, ec) > 0)
+      out += std::string(out.empty() ? "" : ", ") + f;
+  if (const fs::path p = fs::path(run_dir) / "checkpoints"; fs::is_directory(p, ec) && !fs::is_empty(p, ec))
+    out += std::string(out.empty() ? "" : ", ") + "checkpoints/";
+  return out;
+}
+
 std::string rate(double tokens_per_s) {
   return tokens_per_s >= 1e6 ? fmt("%.2fM", tokens_per_s / 1e6)
                              : tokens_per_s >= 1e3 ? fmt("%.1fk", tokens_per_s / 1e3) : fmt("%.0f", tokens_per_s);
@@ -97,6 +111,7 @@ void Trainer::install_signal_handlers() {
 Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
     : config_(agreed(config, group)), plan_(make_run_plan(config, group)), mesh_(plan_.mesh.get()), dp_(mesh_->dp()),
       write_outputs_(write_outputs && world().rank() == 0), device_(plan_.device) {
+  if (write_outputs) checkpoint::agree(mesh_->all(), [&] { check_run_dir(); });
   if (config_.run.debug_level > 0) log_set_level(LogLevel::Debug);
   if (config_.run.debug_level >= 2) {
     stats_ = std::make_unique<StatsRecorder>(config_.model.num_layers);
@@ -123,10 +138,18 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   train_data_ = make_sample_source(config_, Split::Train, samples);
   if (!config_.data.valid.empty() || config_.data.valid_fraction > 0)
     valid_data_ = make_sample_source(config_, Split::Valid, int64_t{config_.training.eval_steps} * gb);
+  check_data();
 
   if (write_outputs_) {
     run_dir_ = (std::filesystem::path(config_.run.output_dir) / config_.run.name).string();
     std::error_code ec;
+    if (resumed_from_.empty() && config_.training.resume == "none" && config_.run.overwrite) {
+      if (const std::string old = earlier_run_files(run_dir_); !old.empty()) {
+        for (const char* f : {"metrics.jsonl", "debug_stats.jsonl", "checkpoints"})
+          std::filesystem::remove_all(std::filesystem::path(run_dir_) / f, ec);
+        log_warn("run.overwrite = true: removed the earlier run's ", old, " from ", run_dir_);
+      }
+    }
     std::filesystem::create_directories(run_dir_, ec);
     ENSURE(!ec, "cannot create run directory ", run_dir_, ": ", ec.message());
     checkpoint::replace_file(run_dir_ + "/config.toml", config_to_toml(config_));
@@ -149,6 +172,33 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
 
 // metrics_ closes with the trainer; run() fsyncs it (checked) before it returns.
 Trainer::~Trainer() = default;
+
+void Trainer::check_run_dir() const {
+  if (world().rank() != 0 || config_.training.resume != "none" || config_.run.overwrite) return;
+  const std::string dir = (std::filesystem::path(config_.run.output_dir) / config_.run.name).string();
+  const std::string old = earlier_run_files(dir);
+  if (!old.empty())
+    RAISE(config_.where("run.name"), "the run directory ", dir, " already holds an earlier run's ", old,
+          ", which a fresh run would overwrite: set training.resume = \"auto\" to continue that run, or "
+          "run.overwrite = true to replace it (or choose another run.name)");
+}
+
+void Trainer::check_data() const {
+  train_data_->check_token_ids();
+  if (valid_data_) valid_data_->check_token_ids();
+  const int max = config_.data.max_epochs;
+  for (const DatasetUse& u : train_data_->usage()) {
+    if (u.epochs <= 1) continue;
+    const std::string what =
+        str_cat(u.where, u.path, ": the run takes ", u.samples, " samples of ", config_.data.sequence_length + 1,
+                " tokens from its ", u.tokens, " tokens (", u.documents, " documents): ", fmt("%.1f", u.epochs),
+                " epochs");
+    if (max > 0 && u.epochs > max)
+      RAISE(what, ", more than data.max_epochs = ", max, " (a dataset shorter than a sequence, or the wrong file?): ",
+            "use more data, fewer training.steps, or data.max_epochs = 0 to allow it");
+    if (mesh_->all().rank() == 0) log_warn(what, ": the data repeats");
+  }
+}
 
 void Trainer::init_teacher(const ModelLayout& student, DType compute) {
   const DistillationConfig& d = config_.distillation;
@@ -187,7 +237,10 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
       weights = std::make_unique<hf::HfWeights>(d.teacher, tc);
       fetch = weights->fetcher();
     } else {
-      fetch = [r = reader.get()](const ParamSpec& p, int64_t lo, int64_t hi, float* out) { r->read(0, p.name, lo, hi, out); };
+      fetch = [r = reader.get(), &d](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+        r->read(0, p.name, lo, hi, out);
+        checkpoint::require_finite(out, hi - lo, lo, p.name, str_cat("distillation.teacher ", d.teacher));
+      };
     }
     checkpoint::fill_weights(teacher_->params(), fetch);
     description = str_cat(family_name(tc.family), " teacher (", tc.num_layers, " layers, hidden ", tc.hidden_size,
@@ -222,7 +275,7 @@ void Trainer::resume_or_init() {
       if (k == "training.resume" || (it != before.end() && it->second == v)) continue;
       const bool benign = k.rfind("run.", 0) == 0 || k.rfind("distributed.", 0) == 0 ||
                           k == "training.checkpoint_every" || k == "training.keep_checkpoints" ||
-                          k == "training.eval_every" || k == "training.eval_steps";
+                          k == "training.eval_every" || k == "training.eval_steps" || k == "data.max_epochs";
       (benign ? notes : changes) += "\n  " + k + ": " + (it == before.end() ? std::string("(unset)") : it->second) +
                                     " -> " + v;
     }
@@ -424,9 +477,16 @@ int Trainer::run() {
       log_warn("step ", r.step, ": loss ", r.loss, ", gradient norm ", r.grad_norm, " (not finite): update skipped, ",
                bad_in_a_row, " such step(s) in a row (training.max_bad_steps = ", config_.training.max_bad_steps, ")");
       if (bad_in_a_row > config_.training.max_bad_steps) {
+        // Skipped steps make no update and imported or resumed weights are finite, so the newest
+        // checkpoint holds the weights of the last step that trained.
+        const int kept = std::min(r.step - bad_in_a_row, last_checkpoint_step_);
         log_error("stopping at step ", r.step, ": ", bad_in_a_row,
                   " consecutive steps with a non-finite loss or gradients (training.max_bad_steps = ",
-                  config_.training.max_bad_steps, "); the last checkpoint, if any, holds the last good state");
+                  config_.training.max_bad_steps, "); ",
+                  last_checkpoint_step_ >= 0
+                      ? str_cat("the newest checkpoint (step ", last_checkpoint_step_, ", under ", checkpoint_root_,
+                                ") holds the weights after step ", kept, kept > 0 ? "" : " (the initial weights)")
+                      : std::string("no checkpoint was written or loaded"));
         g_stop.store(false);
         sync_outputs();
         return 1;

@@ -43,7 +43,8 @@ struct StepResult {
 
 class Trainer {
  public:
-  // write_outputs = false keeps everything in memory (tests): no run directory, no metrics file.
+  // write_outputs = false keeps everything in memory (tests): no run directory, no metrics file
+  // (checkpoints still go under checkpoint_root() when asked for), and no run directory check.
   // group: every rank of the run (world() by default, NCCL over it on GPUs), split into the
   // data- and tensor-parallel groups of parallel/mesh.h. Each data-parallel rank takes its part
   // of every global batch and gradients are summed over the dp group (optimizer sharding per
@@ -81,6 +82,13 @@ class Trainer {
                    int64_t* loss_tokens);
   void write_metrics(const std::string& json_line);
   void resume_or_init();
+  // A fresh run (training.resume = "none", run.overwrite unset) refuses a run directory that
+  // holds an earlier run's metrics, statistics or checkpoints.
+  void check_run_dir() const;
+  // Before the first step: every token id below model.vocab_size (a scan, cached per file), and
+  // the epochs the run makes over each training dataset (a warning over 1, an error over
+  // data.max_epochs).
+  void check_data() const;
   void init_teacher(const ModelLayout& student, DType compute);
   void open_metrics();
   // fsyncs metrics.jsonl and checks that the log reached stdout/stderr; raises naming the file.

@@ -113,7 +113,7 @@ TEST_CASE("./train: SIGTERM writes a checkpoint after the current step; resume =
           doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string cfg = write_config("sigterm", "llama", {"training.steps=100000", "optimizer.warmup_steps=1",
-                                                            "training.checkpoint_every=1000000"});
+                                                            "training.checkpoint_every=1000000", "data.max_epochs=0"});
   Result r = run("--help >/dev/null; exec timeout --preserve-status -s TERM 1 " + train_bin() + " " + cfg);
   INFO(r.output);
   CHECK(r.code == 0);

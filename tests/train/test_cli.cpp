@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset_writer.h"
 #include "tests/common/process.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
@@ -84,6 +85,20 @@ TEST_CASE("./train: a short run succeeds and writes its run directory") {
   CHECK(fs::exists(fs::path(c.run.output_dir) / "cli-ok" / "metrics.jsonl"));
   CHECK(fs::exists(fs::path(c.run.output_dir) / "cli-ok" / "config.toml"));
   CHECK(run("--help").code == 0);
+  // The same run name again: refused before anything is written, unless run.overwrite is set.
+  const std::string metrics = (fs::path(c.run.output_dir) / "cli-ok" / "metrics.jsonl").string();
+  const auto size = fs::file_size(metrics);
+  Result again = run(good_config("cli-ok"));
+  INFO(again.output);
+  CHECK(again.code != 0);
+  CHECK(again.output.find("already holds an earlier run's metrics.jsonl") != std::string::npos);
+  CHECK(again.output.find("run.overwrite = true") != std::string::npos);
+  CHECK(fs::file_size(metrics) == size);
+  Result replaced = run(good_config("cli-ok") + " run.overwrite=true training.steps=2 optimizer.warmup_steps=1");
+  INFO(replaced.output);
+  CHECK(replaced.code == 0);
+  CHECK(replaced.output.find("removed the earlier run's metrics.jsonl") != std::string::npos);
+  CHECK(fs::file_size(metrics) < size);
   Result sched = run(good_config("cli-sched") + " distributed.pipeline_parallel=2 --print-schedule");
   INFO(sched.output);
   CHECK(sched.code == 0);
@@ -129,13 +144,51 @@ TEST_CASE("./train: bad input fails with a message that names the problem") {
     for (const std::string& e : k.expect) CHECK(r.output.find(e) != std::string::npos);
   }
   CHECK(fs::file_size(learnable_dataset() + ".idx") == idx_size);
+  // A token id past the vocabulary stops the run before its first step, wherever it is.
+  Result vocab = run(good + " model.vocab_size=30");
+  INFO(vocab.output);
+  CHECK(vocab.code != 0);
+  CHECK(vocab.output.find(learnable_dataset() + ".bin: document ") != std::string::npos);
+  CHECK(vocab.output.find(">= model.vocab_size (30)") != std::string::npos);
+  CHECK(vocab.output.find("step 1/") == std::string::npos);
+}
+
+TEST_CASE("./train: a dataset the run repeats is a warning with the epoch count, past data.max_epochs an error") {
+  if (!has_train_binary()) return;
+  const fs::path dir = fs::path(learnable_dataset()).parent_path() / "cli-short";
+  fs::create_directories(dir);
+  write_token_dataset((dir / "tiny").string(), {{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}, {11, 12, 13, 14, 15}}, 37);
+  const std::string cfg = good_config("cli-short", (dir / "tiny").string()) + " data.valid_fraction=0";
+  Result warn = run(cfg);
+  INFO(warn.output);
+  CHECK(warn.code == 0);
+  // 3 steps x 8 sequences x 20 tokens from 15 tokens: (480 + 1) / 15 = 32.1 epochs.
+  CHECK(warn.output.find("15 tokens (3 documents): 32.1 epochs: the data repeats") != std::string::npos);
+  Result refused = run(cfg + " data.max_epochs=30 run.name=cli-short-2");
+  INFO(refused.output);
+  CHECK(refused.code != 0);
+  CHECK(refused.output.find("32.1 epochs, more than data.max_epochs = 30") != std::string::npos);
+}
+
+TEST_CASE("mpirun ./train --print-config and --help: rank 0 prints, every rank exits 0" * doctest::test_suite("full")) {
+  if (!has_train_binary() || !has_mpirun()) return;
+  Result p = mpirun2("", good_config("cli-print") + " --print-config");
+  INFO(p.output);
+  CHECK(p.code == 0);
+  size_t runs = 0;
+  for (size_t at = p.output.find("[run]"); at != std::string::npos; at = p.output.find("[run]", at + 1)) ++runs;
+  CHECK(runs == 1);
+  Result h = mpirun2("", "--help");
+  INFO(h.output);
+  CHECK(h.code == 0);
+  CHECK(h.output.find("usage:") == h.output.rfind("usage:"));
 }
 
 TEST_CASE("./train: SIGINT stops the run cleanly after the current step" * doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string cfg = good_config("cli-signal");
   Result r = run("--help >/dev/null; exec timeout --preserve-status -s INT 1 " + std::string(std::getenv("TRAIN_BIN") ? std::getenv("TRAIN_BIN") : "./train") +
-                 " " + cfg + " training.steps=100000 optimizer.warmup_steps=1");
+                 " " + cfg + " training.steps=100000 optimizer.warmup_steps=1 data.max_epochs=0");
   INFO(r.output);
   CHECK(r.code == 0);
   CHECK(r.output.find("stopped cleanly after step") != std::string::npos);
@@ -266,7 +319,7 @@ TEST_CASE("./train: a stuck rank ends the run with a message within distributed.
   if (!has_mpirun()) return;
   // Two ranks, rank 1 stalls: rank 0 waits in a collective; both are ended with the message.
   const auto t0 = std::chrono::steady_clock::now();
-  Result m = mpirun2("ENGINE_TEST_STALL=1:2", cfg);
+  Result m = mpirun2("ENGINE_TEST_STALL=1:2", cfg + " run.name=cli-stall-mpi");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(m.output);
   CHECK(m.code != 0);
