@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 
@@ -31,13 +32,25 @@ namespace engine {
 
 namespace {
 std::atomic<bool> g_stop{false};
-std::atomic<bool> g_signalled{false};  // a SIGINT/SIGTERM came since the handlers were installed
-bool g_say_stop = true;                // this process prints the first signal's note (rank 0)
+// When the first SIGINT/SIGTERM came (CLOCK_MONOTONIC ns; -1: none since the handlers were installed).
+std::atomic<int64_t> g_first_signal_ns{-1};
+bool g_say_stop = true;  // this process prints the first signal's note (rank 0)
+// A signal this soon after the first is the same request delivered twice, not a second one:
+// timeout(1) signals the process and then its whole process group, so `timeout -s TERM` alone
+// delivers SIGTERM twice back to back (and a clean stop must still write its checkpoint).
+constexpr int64_t kRepeatNs = 500'000'000;
 
-// Only async-signal-safe calls here (write, _exit). The first signal asks for a clean stop after
-// the current step; a second one, at any point (setup, a step, a stuck collective, a checkpoint),
-// ends the process at once: nothing this process does can defer it.
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Only async-signal-safe calls here (clock_gettime, write, _exit). The first signal asks for a
+// clean stop after the current step; a second one, at any point (setup, a step, a stuck
+// collective, a checkpoint), ends the process at once: nothing this process does can defer it.
 void on_signal(int sig) {
+  const int64_t now = monotonic_ns();
   const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
   auto say = [](const char* text) {
     for (size_t n = std::strlen(text); n > 0;) {
@@ -46,7 +59,9 @@ void on_signal(int sig) {
       text += w, n -= static_cast<size_t>(w);
     }
   };
-  if (g_signalled.exchange(true)) {
+  int64_t first = -1;
+  if (!g_first_signal_ns.compare_exchange_strong(first, now)) {
+    if (now - first < kRepeatNs) return;
     say("\nerror: ");
     say(name);
     say(" again: exiting at once (no checkpoint is written)\n");
@@ -56,7 +71,7 @@ void on_signal(int sig) {
   if (g_say_stop) {
     say("\n");
     say(name);
-    say(": stopping after the current step (send SIGINT or SIGTERM again to exit at once)\n");
+    say(": stopping after the current step (a second SIGINT or SIGTERM exits at once)\n");
   }
 }
 

@@ -70,8 +70,9 @@ class Trainer {
   const std::string& run_dir() const { return run_dir_; }
 
   // Set by SIGINT/SIGTERM once install_signal_handlers() ran (the train program does so at
-  // start): the loop stops after the current step. A second SIGINT/SIGTERM, at any point from
-  // the install on (setup included), ends the process at once with exit code 128 + signal.
+  // start): the loop stops after the current step. A second SIGINT/SIGTERM (half a second or
+  // more after the first: sooner it is the same one delivered twice, as timeout(1) does), at any
+  // point from the install on (setup included), ends the process at once, exit code 128 + signal.
   static void request_stop();
   static void install_signal_handlers();
 
