@@ -15,6 +15,12 @@ std::string checkpoint_root(const Config& c) {
   return (std::filesystem::path(c.run.output_dir) / c.run.name / "checkpoints").string();
 }
 
+ModelConfig folder_model_config(const std::string& folder) {
+  const std::filesystem::path config_json = std::filesystem::path(folder) / "config.json";
+  if (std::filesystem::exists(config_json)) return hf::model_from_hf_config(config_json.string());
+  return parse_config(read_metadata(folder).config_toml, folder + "/metadata.json").model;
+}
+
 WeightSource weight_source(const Config& c) {
   SelfComm self;
   const std::string& spec = c.training.resume;

@@ -27,6 +27,10 @@ WeightSource weight_source(const Config& c);
 // <output_dir>/<name>/checkpoints
 std::string checkpoint_root(const Config& c);
 
+// The model a folder holds: a Hugging Face folder's config.json, else a checkpoint's
+// metadata.json (distillation.teacher takes either).
+ModelConfig folder_model_config(const std::string& folder);
+
 void export_hf_from_config(const Config& c, const std::string& out_dir, const hf::ExportOptions& options);
 
 // TOKENS: a text file, one sequence per line of whitespace-separated token ids (each line a

@@ -121,10 +121,24 @@ class BlendedSampleSource final : public SampleSource {
     return out;
   }
 
-  void check_token_ids() const override {
+  std::vector<TokenScan> scan_token_ids() const override {
+    std::vector<TokenScan> out;
     for (size_t d = 0; d < samplers_.size(); ++d) {
       try {
-        engine::check_token_ids(samplers_[d]->dataset(), vocab_size_);
+        out.push_back(scan_token_ids_cached(samplers_[d]->dataset()));
+      } catch (const Error& e) {
+        throw Error(wheres_[d] + e.what());
+      }
+    }
+    return out;
+  }
+
+  void check_token_ids(const std::vector<TokenScan>& scans) const override {
+    ENSURE(scans.size() == samplers_.size(), "check_token_ids: ", scans.size(), " scans for ", samplers_.size(),
+           " datasets");
+    for (size_t d = 0; d < samplers_.size(); ++d) {
+      try {
+        check_token_range(samplers_[d]->dataset(), scans[d], vocab_size_);
       } catch (const Error& e) {
         throw Error(wheres_[d] + e.what());
       }

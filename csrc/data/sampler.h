@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "data/token_scan.h"
 
 namespace engine {
 
@@ -46,7 +47,11 @@ class SampleSource {
   // Throws unless every stored token of every dataset is below model.vocab_size, naming the
   // config entry, the token file, the document, offsets and the id (data/token_scan.h: one
   // parallel scan a file, cached). Reading a sample checks its own tokens in any case.
-  virtual void check_token_ids() const = 0;
+  void check_token_ids() const { check_token_ids(scan_token_ids()); }
+  // The same in two halves, so that the ranks of a run scan once: the scans of every dataset (in
+  // order), and the check given scans of the same files (made on another rank).
+  virtual std::vector<TokenScan> scan_token_ids() const = 0;
+  virtual void check_token_ids(const std::vector<TokenScan>& scans) const = 0;
 };
 
 // Opens the datasets of `split` and plans `num_samples` samples (more epochs when one is not

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -63,9 +64,10 @@ bool read_entry(const std::string& path, const json& key, TokenIdRange* range) {
   if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) > (1 << 20)) return false;
   std::ifstream in(path);
   json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("version", 0) != kCacheVersion || !j.contains("files") ||
-      j["files"] != key || !j.contains("min") || !j.contains("max") || !j["min"].is_number_integer() ||
-      !j["max"].is_number_integer())
+  // Only the exact shape the writer makes is an entry; nothing in a damaged file throws.
+  const auto integer = [&](const char* k) { return j.contains(k) && j[k].is_number_integer(); };
+  if (j.is_discarded() || !j.is_object() || !integer("version") || j["version"] != kCacheVersion ||
+      !j.contains("files") || j["files"] != key || !integer("min") || !integer("max"))
     return false;
   *range = {j["min"].get<int64_t>(), j["max"].get<int64_t>()};
   return true;
@@ -116,6 +118,7 @@ bool settled(const TokenDataset& ds, int64_t start, int64_t settle) {
   return true;
 }
 
+std::atomic<int64_t> g_scans{0};
 std::mutex g_memo_mutex;
 std::map<std::string, TokenIdRange> g_memo;  // this process's settled scans, by key
 
@@ -148,6 +151,7 @@ TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& 
   }
   const int64_t start = now_ns();
   out.range = ds.scan_token_ids();
+  ++g_scans;
   if (!settled(ds, start, static_cast<int64_t>(o.settle_seconds * 1e9))) return out;
   {
     std::lock_guard<std::mutex> lock(g_memo_mutex);
@@ -161,8 +165,13 @@ TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& 
   return out;
 }
 
+int64_t token_scans_run() { return g_scans.load(); }
+
 void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& o) {
-  const TokenScan scan = scan_token_ids_cached(ds, o);
+  check_token_range(ds, scan_token_ids_cached(ds, o), vocab_size);
+}
+
+void check_token_range(const TokenDataset& ds, const TokenScan& scan, int64_t vocab_size) {
   const TokenIdRange r = scan.range;
   if (r.min > r.max || (r.min >= 0 && r.max < vocab_size)) return;
   const TokenLocation at = ds.first_token_outside(vocab_size);

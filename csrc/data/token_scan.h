@@ -39,5 +39,12 @@ TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& 
 // Throws unless every stored token of `ds` lies in [0, vocab_size), naming the token file, the
 // first offending token's document, token offset and byte offset, and its id.
 void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& options = {});
+// The same check with a scan made elsewhere (another rank's of the same files: the ranks of a run
+// scan once, train/trainer.cpp).
+void check_token_range(const TokenDataset& ds, const TokenScan& scan, int64_t vocab_size);
+
+// How many full scans (TokenDataset::scan_token_ids) this process has run through
+// scan_token_ids_cached: the cache and the sharing between ranks are tested by it.
+int64_t token_scans_run();
 
 }  // namespace engine

@@ -11,6 +11,7 @@
 #include "layers/block.h"
 #include "layers/embedding.h"
 #include "layers/lm_head.h"
+#include "ops/gemm.h"
 
 namespace engine {
 namespace {
@@ -88,28 +89,10 @@ const char* largest_model_key(const ModelConfig& m) {
   return std::max_element(std::begin(keys), std::end(keys), [](auto& a, auto& b) { return a.second < b.second; })->first;
 }
 
-}  // namespace
-
-double MemoryEstimate::device_bytes() const {
-  double b = 0;
-  for (const MemoryPart& p : parts) b += p.host ? 0 : p.bytes;
-  return b;
-}
-
-double MemoryEstimate::host_bytes() const {
-  double b = 0;
-  for (const MemoryPart& p : parts) b += p.host ? p.bytes : 0;
-  return b;
-}
-
-MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p) {
-  const ModelConfig& m = c.model;
-  const DistributedConfig& d = c.distributed;
-  const int tp = std::max(1, p.tp), dp = std::max(1, p.dp), pp = std::max(1, p.pp);
-  const RankLayers layers = rank_layers(m, pp, std::max(1, d.stages_per_rank), p.pp_rank);
-
-  // Parameters: the layers' own declarations of the embedding, the head and one block per kind.
-  double block_params[3] = {0, 0, 0}, params = 0;
+// This rank's parameters of model m: the layers' own declarations of the embedding, the head and
+// one block per kind (block_params: per block of each kind).
+double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& layers, int tp, double block_params[3]) {
+  double params = 0;
   try {
     if (layers.embedding) {
       ParamTable t;
@@ -131,9 +114,34 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p) {
       params += layers.count[i] * block_params[i];
     }
   } catch (const Error& e) {
-    const char* key = largest_model_key(m);
+    const char* key = &m == &c.model ? largest_model_key(m) : "distillation.teacher";
     RAISE(c.where(key), "this model's parameters cannot be counted in 64-bit integers: ", e.what());
   }
+  return params;
+}
+
+}  // namespace
+
+double MemoryEstimate::device_bytes() const {
+  double b = 0;
+  for (const MemoryPart& p : parts) b += p.host ? 0 : p.bytes;
+  return b;
+}
+
+double MemoryEstimate::host_bytes() const {
+  double b = 0;
+  for (const MemoryPart& p : parts) b += p.host ? p.bytes : 0;
+  return b;
+}
+
+MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const ModelConfig* teacher) {
+  const ModelConfig& m = c.model;
+  const DistributedConfig& d = c.distributed;
+  const int tp = std::max(1, p.tp), dp = std::max(1, p.dp), pp = std::max(1, p.pp);
+  const RankLayers layers = rank_layers(m, pp, std::max(1, d.stages_per_rank), p.pp_rank);
+
+  double block_params[3] = {0, 0, 0};
+  const double params = rank_parameters(c, m, layers, tp, block_params);
   const bool moe = layers.count[1] > 0, mamba = layers.count[2] > 0;
 
   const double a = static_cast<double>(dtype_size(p.compute));
@@ -209,6 +217,20 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p) {
                                  teacher ? ", and the teacher's logits of the whole unit" : "")});
   }
 
+  // A distillation teacher: its whole model on the ranks of the student's last stage (split over
+  // the same tensor-parallel group), weights only (it runs forward, no gradients or state).
+  if (teacher && layers.head) {
+    double teacher_blocks[3] = {0, 0, 0};
+    const double n = rank_parameters(c, *teacher, rank_layers(*teacher, 1, 1, 0), tp, teacher_blocks);
+    est.parts.push_back({"teacher", false, n * a,
+                         str_cat(num(n), " teacher parameters on this rank x ", num(a), " bytes (", dtype,
+                                 "): distillation.teacher ", c.distillation.teacher, " (", teacher->num_layers,
+                                 " layers, hidden ", teacher->hidden_size, tp > 1 ? str_cat(", / ", tp) : "", ")")});
+  }
+  if (p.device == Device::CUDA)
+    est.parts.push_back({"workspaces", false, static_cast<double>(ops::kGemmWorkspaceBytes),
+                         "the GEMM library's (cuBLASLt) workspace, allocated once"});
+
   const double samples = static_cast<double>(c.training.steps) * c.batch.global_batch_size +
                          (c.training.eval_every > 0 ? static_cast<double>(c.training.eval_steps) * c.batch.global_batch_size : 0);
   const double per_sample = c.data.truncate_documents ? 12 : 8;  // start position (+ offset in a document)
@@ -224,8 +246,9 @@ namespace {
 
 // The keys whose value scales the estimate, each halved in turn: the one whose halving saves the
 // most of `total` is the one the message names first.
-std::string driving_key(const Config& c, const RankPlacement& p, const std::function<double(const MemoryEstimate&)>& total) {
-  const double base = total(estimate_memory(c, p));
+std::string driving_key(const Config& c, const RankPlacement& p, const ModelConfig* teacher,
+                        const std::function<double(const MemoryEstimate&)>& total) {
+  const double base = total(estimate_memory(c, p, teacher));
   struct Key {
     const char* name;
     std::function<int&(Config&)> field;
@@ -257,7 +280,7 @@ std::string driving_key(const Config& c, const RankPlacement& p, const std::func
     }
     double saving = 0;
     try {
-      saving = base - total(estimate_memory(half, p));
+      saving = base - total(estimate_memory(half, p, teacher));
     } catch (const Error&) {
       continue;
     }
@@ -279,8 +302,9 @@ std::string breakdown(const MemoryEstimate& e, bool device_parts, bool host_part
 
 }  // namespace
 
-void check_memory(const Config& c, const RankPlacement& p, const std::vector<MemoryPool>& pools, int rank) {
-  const MemoryEstimate mine = estimate_memory(c, p);
+void check_memory(const Config& c, const RankPlacement& p, const std::vector<MemoryPool>& pools, int rank,
+                  const ModelConfig* teacher) {
+  const MemoryEstimate mine = estimate_memory(c, p, teacher);
   const bool cpu = p.device == Device::CPU;
   for (size_t i = 0; i < pools.size(); ++i) {
     const MemoryPool& pool = pools[i];
@@ -296,11 +320,11 @@ void check_memory(const Config& c, const RankPlacement& p, const std::vector<Mem
       for (int r = 0; r < p.pp; ++r) {
         RankPlacement q = p;
         q.pp_rank = r;
-        least = std::min(least, total(estimate_memory(c, q)));
+        least = std::min(least, total(estimate_memory(c, q, teacher)));
       }
     const bool over_now = need > pool.available, over_all = pool.sharing * least > pool.capacity;
     if (!over_now && !over_all) continue;
-    const std::string key = driving_key(c, p, total);
+    const std::string key = driving_key(c, p, teacher, total);
     const std::string what =
         over_now ? str_cat("this run needs at least ", format_bytes(need), " of ", pool.name, " on rank ", rank, ", and ",
                            format_bytes(pool.available), " are available (", pool.source, ")")

@@ -17,9 +17,13 @@
 //                    the micro-batches the pipeline schedule keeps in flight on this rank
 //   logits           one chunk of the LM head's logits (tokens / cross_entropy_splits x the rank's
 //                    vocabulary columns; and a distillation teacher's logits)
+//   teacher          a distillation teacher's weights in the compute dtype, on the ranks of the
+//                    student's last stage (given its model config)
+//   workspaces       (GPU) the GEMM library's workspace
 //   sample plan      (host) the data samplers' start positions, one per sample of the run
-// and leaves out everything smaller or harder to bound (the CUDA context, communicator and GEMM
-// workspaces, transient buffers inside a layer, padding, the allocator's size classes). So a run
+// and leaves out everything smaller or harder to bound (the CUDA context, the communicators'
+// buffers, transient buffers inside a layer and a teacher's forward, padding, the allocator's size
+// classes). So a run
 // it refuses cannot fit; one it accepts may still run out of memory later (the allocator's
 // error then says how much was asked for and how much is in use).
 #pragma once
@@ -52,7 +56,8 @@ struct MemoryEstimate {
 };
 
 // Raises (naming the model keys) only when a parameter tensor's element count overflows 64 bits.
-MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p);
+// teacher: distillation.teacher's model config (nullptr: none, or not readable yet).
+MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const ModelConfig* teacher = nullptr);
 
 // What the run may use: the device's memory (GPU runs) and the host's. `sharing`: a lower bound of
 // the ranks that share the pool (ranks of this host, ranks on this GPU); their estimates together
@@ -68,6 +73,7 @@ struct MemoryPool {
 // every part, its size and the keys behind it) when this rank's estimate exceeds a pool's
 // available bytes, or `sharing` times the smallest estimate over the pipeline ranks exceeds its
 // capacity. pools: [device, host] for a GPU run, [host] for a CPU run.
-void check_memory(const Config& c, const RankPlacement& p, const std::vector<MemoryPool>& pools, int rank);
+void check_memory(const Config& c, const RankPlacement& p, const std::vector<MemoryPool>& pools, int rank,
+                  const ModelConfig* teacher = nullptr);
 
 }  // namespace engine

@@ -15,6 +15,10 @@
 
 namespace engine::ops {
 
+// The GPU's cuBLASLt workspace, allocated once per process on first use (the memory estimate,
+// models/memory_estimate.h, counts it).
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
 struct MatmulOptions {
   MatmulOptions() = default;
   MatmulOptions(float alpha_, float beta_, Tensor bias_ = {}) : alpha(alpha_), beta(beta_), bias(bias_) {}

@@ -1,5 +1,8 @@
 #include "train/plan.h"
 
+#include <optional>
+
+#include "checkpoint/tools.h"
 #include "comm/launch.h"
 #include "comm/nccl_comm.h"
 #include "core/check.h"
@@ -39,7 +42,13 @@ void check_run_memory(const Config& config, Device device, DType compute, const 
   const HostMemory host = host_memory();
   pools.push_back({host.known, static_cast<double>(host.available), static_cast<double>(host.capacity), local + 1,
                    "host memory", host.source});
-  check_memory(config, p, pools, group.rank());
+  // The teacher's folder is read again (and any problem with it named) when the trainer loads it.
+  std::optional<ModelConfig> teacher;
+  if (!config.distillation.teacher.empty()) try {
+      teacher = checkpoint::folder_model_config(config.distillation.teacher);
+    } catch (const Error&) {
+    }
+  check_memory(config, p, pools, group.rank(), teacher ? &*teacher : nullptr);
 }
 
 }  // namespace

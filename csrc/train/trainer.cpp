@@ -199,8 +199,34 @@ void Trainer::check_run_dir() const {
 }
 
 void Trainer::check_data() const {
-  train_data_->check_token_ids();
-  if (valid_data_) valid_data_->check_token_ids();
+  // One token-id scan for the run: rank 0 scans (or reads its cache, data/token_scan.h) and every
+  // rank checks its files against that range. The ranks' data files agree (train/agreement.h),
+  // and a rank that finds an id out of range locates it in its own files.
+  std::vector<TokenScan> train_scans, valid_scans;
+  nlohmann::json ranges = nlohmann::json::array();  // [[min, max, cache file], ...]: train, then valid
+  checkpoint::agree(mesh_->all(), [&] {
+    if (mesh_->all().rank() != 0) return;
+    train_scans = train_data_->scan_token_ids();
+    if (valid_data_) valid_scans = valid_data_->scan_token_ids();
+    for (const auto* scans : {&train_scans, &valid_scans})
+      for (const TokenScan& s : *scans) ranges.push_back({s.range.min, s.range.max, s.cache_file});
+  });
+  if (mesh_->all().size() > 1) {
+    ranges = nlohmann::json::parse(all_gather_strings(mesh_->all(), ranges.dump())[0]);
+    const size_t n_train = train_data_->usage().size();
+    train_scans.assign(n_train, {});
+    valid_scans.assign(ranges.size() - n_train, {});
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      TokenScan& s = i < n_train ? train_scans[i] : valid_scans[i - n_train];
+      s.range = {ranges[i][0].get<int64_t>(), ranges[i][1].get<int64_t>()};
+      s.cache_file = ranges[i][2].get<std::string>();
+      s.from_cache = !s.cache_file.empty();
+    }
+  }
+  checkpoint::agree(mesh_->all(), [&] {
+    train_data_->check_token_ids(train_scans);
+    if (valid_data_) valid_data_->check_token_ids(valid_scans);
+  });
   const int max = config_.data.max_epochs;
   for (const DatasetUse& u : train_data_->usage()) {
     if (u.epochs <= 1) continue;
@@ -226,14 +252,9 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
     if (!needed) return;
     namespace fs = std::filesystem;
     const bool hf_folder = fs::exists(fs::path(d.teacher) / "config.json");
+    const ModelConfig tc = checkpoint::folder_model_config(d.teacher);
     std::unique_ptr<checkpoint::Reader> reader;
-    ModelConfig tc;
-    if (hf_folder) {
-      tc = hf::model_from_hf_config((fs::path(d.teacher) / "config.json").string());
-    } else {
-      reader = std::make_unique<checkpoint::Reader>(d.teacher);
-      tc = parse_config(reader->metadata().config_toml, d.teacher + "/metadata.json").model;
-    }
+    if (!hf_folder) reader = std::make_unique<checkpoint::Reader>(d.teacher);
     if (config_.batch.micro_sequence_length > 0 && block_layout(tc).find('M') != std::string::npos)
       RAISE(config_.where("distillation.teacher"), d.teacher, ": a teacher with Mamba blocks cannot run on ",
             "micro-sequences (batch.micro_sequence_length = ", config_.batch.micro_sequence_length,

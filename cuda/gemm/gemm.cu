@@ -39,7 +39,7 @@
 namespace engine::cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kWorkspaceBytes = ops::kGemmWorkspaceBytes;
 constexpr int kThreads = 256;
 
 // ---- cuBLASLt state and plans --------------------------------------------------------------

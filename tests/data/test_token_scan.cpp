@@ -137,6 +137,24 @@ TEST_CASE("token scan: cached next to the dataset, keyed by the files, used on t
   }
 }
 
+TEST_CASE("token scan: a damaged or wrongly typed cache entry is no entry: the files are scanned") {
+  const std::string dir = data_testing::data_test_dir("scan_cache_damaged");
+  write_token_dataset(dir + "/a", {{1, 2, 3}, {4, 30}}, 40);
+  const std::string sidecar = dir + "/a.token_ids.json";
+  // Found by fuzz_token_cache: a string "version" made the reader throw a bare JSON type error.
+  for (const char* text : {"{\"version\":\"1\",\"files\":[],\"min\":1,\"max\":2}", "{\"version\":1.5}", "[1]", "{",
+                           "{\"version\":1,\"files\":[],\"min\":\"1\",\"max\":null}"}) {
+    CAPTURE(text);
+    std::ofstream(sidecar) << text;
+    auto ds = open_token_dataset(dir + "/a");
+    TokenScanOptions o = fresh(dir);
+    o.settle_seconds = 1e9;  // never rewrite the entry under test
+    const TokenScan s = scan_token_ids_cached(*ds, o);
+    CHECK_FALSE(s.from_cache);
+    CHECK(s.range == TokenIdRange{1, 30});
+  }
+}
+
 TEST_CASE("token scan: a folder that takes no entry falls back to the user cache; recent files are not cached") {
   const std::string dir = data_testing::data_test_dir("scan_fallback");
   write_token_dataset(dir + "/a", {{1, 2, 3}}, 40);

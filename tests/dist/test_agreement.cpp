@@ -15,6 +15,7 @@
 #include "comm/mpi_comm.h"
 #include "core/log.h"
 #include "data/dataset_writer.h"
+#include "data/token_scan.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
@@ -177,4 +178,33 @@ TEST_CASE("ranks that disagree: a resume where each rank sees another checkpoint
     fs::copy(from, copy, fs::copy_options::recursive);
     CHECK(start_error(small({"training.resume=\"" + copy + "\""})).empty());
   }
+}
+
+TEST_CASE("token ids: the ranks of a run scan once (rank 0), and every rank checks against that range") {
+  if (!two_ranks_or_more()) return;
+  QuietLogs quiet;
+  SharedDir d("scan");
+  const std::string path = d.path + "/docs";
+  std::vector<std::vector<int32_t>> docs;
+  for (int i = 0; i < 40; ++i) docs.push_back({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, i % 30});
+  if (world().rank() == 0) write_token_dataset(path, docs, 37);
+  world().barrier();
+  Config c = small();
+  c.data.train[0].path = path;
+  // Freshly written files are not cached (token_scan.h): without the sharing every rank would scan.
+  const int64_t before = token_scans_run();
+  CHECK(start_error(c).empty());
+  const int64_t scans = token_scans_run() - before;
+  if (world().rank() == 0) CHECK(scans >= 1);  // (the training and the validation split's)
+  else CHECK(scans == 0);
+  // An id outside the vocabulary is found by rank 0's scan and reported by every rank with its place.
+  docs[5][2] = 36;
+  world().barrier();
+  if (world().rank() == 0) write_token_dataset(path, docs, 37);
+  world().barrier();
+  c.model.vocab_size = 32;
+  const std::string error = start_error(c);
+  INFO(error);
+  CHECK(error.find("document 5, token offset 2") != std::string::npos);
+  CHECK(error.find("token id 36 >= model.vocab_size (32)") != std::string::npos);
 }

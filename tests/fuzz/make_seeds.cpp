@@ -231,6 +231,24 @@ int main(int argc, char** argv) {
     put(d, "v1", replace(old, "\"version\": 3", "\"version\": 1"));
     put(d, "bad_tiling", replace(v3, "\"end\": 48", "\"end\": 40"));
   }
+  // metrics.jsonl: the resumed step as the first byte, then the file (fuzz_metrics's layout).
+  {
+    const fs::path d = out / "metrics";
+    const Bytes lines = "{\"step\": 1, \"loss\": 5.5, \"lr\": 0.001}\n{\"step\": 2, \"loss\": 5.25}\n"
+                        "{\"step\": 2, \"valid_loss\": 5.4}\n{\"step\": 3, \"loss\": 5.0}\n";
+    put(d, "whole", Bytes(1, '\x03') + lines);
+    put(d, "later_steps", Bytes(1, '\x01') + lines);
+    put(d, "torn_last", Bytes(1, '\x03') + lines + "{\"step\": 4, \"lo");
+    put(d, "damaged_middle", Bytes(1, '\x09') + "{\"step\": 1}\nnot json\n[1, 2]\n{\"step\": \"2\"}\n\n{\"step\": 3}\n");
+  }
+  // token-id cache entries; "@FILES@" stands for the harness dataset's key (fuzz_token_cache).
+  {
+    const fs::path d = out / "token_cache";
+    put(d, "entry", "{\"version\":1,\"files\":@FILES@,\"min\":1,\"max\":300}\n");
+    put(d, "narrow_range", "{\"version\":1,\"files\":@FILES@,\"min\":0,\"max\":10}\n");
+    put(d, "stale_key", "{\"version\":1,\"files\":[{\"path\":\"/x\",\"size\":1}],\"min\":1,\"max\":300}\n");
+    put(d, "wrong_types", "{\"version\":\"1\",\"files\":@FILES@,\"min\":1.5,\"max\":null}\n");
+  }
   fs::remove_all(tmp);
   return 0;
 }

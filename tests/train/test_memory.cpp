@@ -3,12 +3,17 @@
 // refusal of a run that cannot fit that names the key behind it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 
+#include "checkpoint/tools.h"
 #include "config/config.h"
 #include "core/buffer.h"
 #include "core/host_memory.h"
 #include "models/memory_estimate.h"
+#include "models/model.h"
+#include "ops/gemm.h"
+#include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
 
@@ -108,6 +113,44 @@ TEST_CASE("memory estimate: the bench configs fit one H200 and stay below their 
   CHECK_NOTHROW(check_memory(llama, dp2, pools, 1));
 }
 
+TEST_CASE("memory estimate: a distillation teacher's weights are counted, and the bound still holds") {
+  const std::string dir = (std::filesystem::path(learnable_dataset()).parent_path() / "memory-teacher-hf").string();
+  const Config src = tiny_run_config("llama", {"run.name=memory-teacher", "model.num_layers=3", "model.hidden_size=48"});
+  checkpoint::export_hf_from_config(src, dir, {});
+  const Config c = tiny_run_config("llama", {"distillation.teacher=\"" + dir + "\"", "training.steps=2",
+                                             "optimizer.warmup_steps=1"});
+  const ModelConfig teacher = checkpoint::folder_model_config(dir);
+  CHECK(teacher.num_layers == 3);
+  const MemoryEstimate without = estimate_memory(c, RankPlacement{}), with = estimate_memory(c, RankPlacement{}, &teacher);
+  const double teacher_params = static_cast<double>(model_param_table(teacher).num_parameters());
+  CHECK(with.device_bytes() - without.device_bytes() == doctest::Approx(4 * teacher_params));  // f32 on the CPU
+  CHECK(with.parts.size() == without.parts.size() + 1);
+  const size_t before = memory_stats(Device::CPU).in_use;
+  reset_peak_memory(Device::CPU);
+  {
+    Trainer t(c, false);
+    t.train_step();
+  }
+  const double peak = static_cast<double>(memory_stats(Device::CPU).peak_in_use - before);
+  INFO("estimate " << with.device_bytes() << " bytes, peak allocated " << peak);
+  CHECK(with.device_bytes() <= peak);
+  // A refusal lists the teacher's part.
+  std::string message;
+  try {
+    check_memory(c, RankPlacement{}, {pool("host memory", 1e5)}, 0, &teacher);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("teacher") != std::string::npos);
+  CHECK(message.find(dir) != std::string::npos);
+  // On a GPU the GEMM workspace is part of the estimate.
+  RankPlacement gpu;
+  gpu.device = Device::CUDA;
+  gpu.compute = DType::BF16;
+  const MemoryEstimate on_gpu = estimate_memory(c, gpu);
+  CHECK(std::any_of(on_gpu.parts.begin(), on_gpu.parts.end(), [](const MemoryPart& p) { return p.name == "workspaces"; }));
+}
+
 TEST_CASE("memory estimate: a run that cannot fit is refused with every part and the key that drives it") {
   const MemoryPool host = pool("host memory", 64 * kGiB);
   struct Case {
@@ -190,4 +233,35 @@ TEST_CASE("config: a micro-batch's tokens must fit the 32-bit offsets its docume
                                          "data.sequence_length 1100000000 = 2200000000 tokens per micro-batch"),
                        Error);
   CHECK_NOTHROW(tiny_run_config("llama", {"batch.micro_batch_size=2", "data.sequence_length=1000000000"}));
+}
+
+TEST_CASE("memory estimate: a lower bound of what a GPU run allocates (bf16; every block kind)" * doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  const std::vector<std::string> size = {"run.device=\"cuda\"",      "model.hidden_size=512", "model.num_heads=8",
+                                         "model.num_kv_heads=4",     "model.ffn_hidden_size=1024",
+                                         "data.sequence_length=256", "batch.micro_batch_size=4",
+                                         "batch.global_batch_size=8", "training.steps=2", "optimizer.warmup_steps=1",
+                                         "data.max_epochs=0"};
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"llama", {}}, {"gpt2", {}}, {"mixtral", kMixtral}, {"mamba", kMamba}, {"hybrid", kHybrid}};
+  RankPlacement gpu;
+  gpu.device = Device::CUDA;
+  gpu.compute = DType::BF16;
+  for (const auto& [family, overrides] : cases) {
+    CAPTURE(family);
+    const Config c = tiny_run_config(family, plus(plus(size, overrides), {}));
+    const size_t before = memory_stats(Device::CUDA).in_use;
+    reset_peak_memory(Device::CUDA);
+    {
+      Trainer t(c, false);
+      t.train_step();
+    }
+    // The GEMM workspace is allocated once per process outside the caching allocator.
+    const double peak = static_cast<double>(memory_stats(Device::CUDA).peak_in_use - before) +
+                        static_cast<double>(ops::kGemmWorkspaceBytes);
+    const MemoryEstimate e = estimate_memory(c, gpu);
+    INFO("estimate " << e.device_bytes() << " bytes, peak allocated " << peak);
+    CHECK(e.device_bytes() > 2 * static_cast<double>(ops::kGemmWorkspaceBytes));  // the model's parts dominate
+    CHECK(e.device_bytes() <= peak);
+  }
 }
