@@ -1,14 +1,18 @@
 # Plain Makefile: one object per source, dependency files for incremental rebuilds.
-#   make            build ./train, ./bench and the test binary (CUDA kernels too when nvcc exists)
+#   make            build ./train, ./bench, the test binaries and the tiny configs' demo data (CUDA
+#                   kernels too when nvcc exists); every core unless -jN is given
 #   make test       full CPU test suite (+ GPU cases when a GPU is present), one summary line
 #   make test-fast  the fast tier only (seconds)
 #   make test-slow  make test plus the long sweeps (opt-in)
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
-#   make demo       deps + build + demo data + a short tiny-llama training run + loss plot
+#   make demo       deps + ./train + demo data + a short tiny-llama training run + loss plot (the CPU
+#                   backend only, in build-cpu/, when no GPU is visible and CUDA=1 is not given)
 #   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
 #   make CUDNN=0    leave cuDNN out (model.attention_backend = "cudnn" then fails at config check)
 #   make fuzz       libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/; opt-in, see scripts/fuzz.sh
 SHELL := /bin/bash
+# Every core unless the command line says otherwise (an explicit -jN wins).
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 CXX ?= g++
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -74,8 +78,19 @@ DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
 PROGRAMS := train bench
 
-.PHONY: all test test-fast test-slow deps clean demo fuzz
-all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests
+.PHONY: all test test-fast test-slow deps clean demo fuzz demo-data
+all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests demo-data
+
+# The tiny configs' dataset (configs/tiny-*.toml train on data/demo/demo): a synthetic corpus,
+# byte-level tokens, about a second; made by the first `make` so their README lines work.
+DEMO_DATA := data/demo/demo.idx
+demo-data: $(DEMO_DATA)
+$(DEMO_DATA): scripts/make_demo_corpus.py
+	@mkdir -p data/demo
+	@if [ -z "$(PYTHON)" ]; then echo "make: no python3: data/demo not made (the tiny configs need it)"; else \
+	  $(PYTHON) scripts/make_demo_corpus.py data/demo/corpus.jsonl >/dev/null && \
+	  $(PYTHON) scripts/prepare_data.py data/demo/corpus.jsonl --output data/demo/demo >/dev/null && \
+	  echo "made data/demo/demo (the tiny configs' dataset)"; fi
 
 HEADER_DEPS := .deps/include/toml++/toml.h .deps/include/nlohmann/json.hpp
 
@@ -99,10 +114,14 @@ $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-train: $(BUILD)/obj/csrc/train/main_train.o $(LIB) $(FLAGS_STAMP)
+# ./train and ./bench sit at the top whatever BUILD is: .programs-build names the folder they were
+# linked from, and changes (so they are linked again) when another one builds them.
+$(shell [ "$$(cat .programs-build 2>/dev/null)" = "$(BUILD)" ] || echo "$(BUILD)" > .programs-build)
+
+train: $(BUILD)/obj/csrc/train/main_train.o $(LIB) $(FLAGS_STAMP) .programs-build
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
-bench: $(BUILD)/obj/csrc/train/main_bench.o $(BENCH_OBJ) $(LIB) $(FLAGS_STAMP)
+bench: $(BUILD)/obj/csrc/train/main_bench.o $(BENCH_OBJ) $(LIB) $(FLAGS_STAMP) .programs-build
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
 $(BUILD)/engine_tests: $(TEST_OBJ) $(BUILD)/obj/csrc/bench/kernel_profile.o $(LIB) $(FLAGS_STAMP)
@@ -137,8 +156,13 @@ test-slow: deps
 	@$(MAKE) --no-print-directory all
 	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/run_tests.sh slow
 
+# The demo needs ./train alone. Where no GPU is visible and CUDA was not asked for, it builds the
+# CPU backend only (into build-cpu/: build/ keeps what a CUDA build left there).
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@if [ "$(origin CUDA)" = file ] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+	  echo "make demo: no GPU visible, so the CPU backend only (into build-cpu/; make demo CUDA=1 builds the CUDA kernels too)"; \
+	  $(MAKE) --no-print-directory CUDA=0 BUILD=build-cpu train demo-data; \
+	else $(MAKE) --no-print-directory train demo-data; fi
 	PYTHON=$(PYTHON) scripts/demo.sh
 
 # Fuzzing (opt-in, never part of `all` or `test`): libFuzzer targets of the readers of outside

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the test suites and ends with one summary line over all of them:
 #   tests: N passed, N failed, N skipped
-# usage: scripts/run_tests.sh fast|full|slow|gpu [extra doctest args]
+# usage: scripts/run_tests.sh fast|full|slow|gpu|gpu-slow [extra doctest args]
 #   fast: the default tier (seconds); full: + the "full" suite and the multi-rank runs (make test,
-#   CI); slow: full + the long "slow" sweeps (opt-in); gpu: the GPU cases alone (a GPU machine)
+#   CI); slow: full + the long "slow" sweeps (opt-in); gpu: the GPU cases alone (a GPU machine);
+#   gpu-slow: the GPU's long sweeps (opt-in). Every tier lists its 15 slowest cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tier=${1:-fast}
@@ -11,7 +12,8 @@ build=${BUILD:-build}  # the build folder of make BUILD=...
 shift || true
 export PYTHON=${PYTHON:-python3}
 # Two OpenMP threads (CI's two cores), or every core for the GPU tier (its f64 references).
-[[ $tier == gpu ]] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+[[ $tier == gpu* ]] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+export TEST_SLOWEST=${TEST_SLOWEST:-15}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 passed=0 failed=0 skipped=0 status=0
@@ -43,7 +45,8 @@ case $tier in
   full) args+=(--all) ;;
   slow) args+=(--slow) ;;
   gpu) args+=(-ts=gpu) ;;
-  *) echo "unknown tier $tier (fast, full, slow or gpu)"; exit 2 ;;
+  gpu-slow) args+=(-ts=gpu-slow) ;;
+  *) echo "unknown tier $tier (fast, full, slow, gpu or gpu-slow)"; exit 2 ;;
 esac
 start=$(date +%s)
 run_suite "unit and model tests" "$build"/engine_tests "${args[@]}" "$@"

@@ -5,7 +5,9 @@
 // suites; --all (or TEST_TIER=full) adds the "full" suite (what `make test` and CI run); --slow
 // (or TEST_TIER=slow) adds the "slow" suite too: long sweeps whose smaller versions are in the
 // other tiers. GPU cases are in the "gpu" suite, in every tier (skipped without a GPU):
-// `-ts=gpu` runs the GPU tier alone. Other doctest flags pass through (-tc=, -ts=, ...).
+// `-ts=gpu` runs the GPU tier alone. The GPU's long sweeps are the "gpu-slow" suite, run by the
+// slow tier or when named (`-ts=gpu-slow`). Other doctest flags pass through (-tc=, -ts=, ...).
+// TEST_SLOWEST=N lists the N slowest cases (default 10).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -65,7 +67,9 @@ struct TimingListener : public doctest::IReporter {
     double total = 0;
     for (auto& e : entries) total += e.seconds;
     std::printf("slowest tests (of %zu, %.2f s in all):\n", entries.size(), total);
-    for (size_t i = 0; i < std::min<size_t>(10, entries.size()); ++i)
+    const char* n = std::getenv("TEST_SLOWEST");
+    const size_t shown = n && std::atoi(n) > 0 ? static_cast<size_t>(std::atoi(n)) : 10;
+    for (size_t i = 0; i < std::min(shown, entries.size()); ++i)
       std::printf("  %8.3f s  %s\n", entries[i].seconds, entries[i].name.c_str());
     std::printf("tests: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
     std::fflush(stdout);
@@ -121,7 +125,9 @@ int main(int argc, char** argv) {
   int tier = 0;  // 0 fast, 1 full, 2 slow
   if (const char* t = std::getenv("TEST_TIER")) tier = std::strcmp(t, "slow") == 0 ? 2 : std::strcmp(t, "full") == 0;
   std::vector<char*> args;
+  bool names_gpu_slow = false;
   for (int i = 0; i < argc; ++i) {
+    names_gpu_slow |= std::strstr(argv[i], "gpu-slow") != nullptr;
     if (std::strcmp(argv[i], "--all") == 0 || std::strcmp(argv[i], "--slow") == 0) {
       tier = std::max(tier, argv[i][2] == 's' ? 2 : 1);
       continue;
@@ -133,6 +139,7 @@ int main(int argc, char** argv) {
   doctest::Context context;
   if (tier < 1) context.addFilter("test-suite-exclude", "full");
   if (tier < 2) context.addFilter("test-suite-exclude", "slow");
+  if (tier < 2 && !names_gpu_slow) context.addFilter("test-suite-exclude", "gpu-slow");
   context.setOption("no-intro", true);
   context.applyCommandLine(static_cast<int>(args.size()), args.data());
   // Only the reporting rank prints doctest's own summary; the others report failures alone.

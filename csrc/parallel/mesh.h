@@ -9,6 +9,8 @@
 // The groups are splits of the run's group, so they use its backend (MPI, or NCCL on GPUs).
 #pragma once
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "config/config.h"
@@ -35,5 +37,10 @@ class Mesh {
   Comm* dp_ = nullptr;
   std::unique_ptr<Comm> dp_owned_, tp_, pp_;
 };
+
+// The tensor-parallel groups (tp consecutive ranks) that span more than one host, one line each
+// naming the ranks and their hosts ("" when every group sits on one host). hosts: one name per
+// rank of the run, in rank order.
+std::string tensor_parallel_host_report(const std::vector<std::string>& hosts, int tp);
 
 }  // namespace engine
