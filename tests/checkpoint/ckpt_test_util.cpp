@@ -10,11 +10,6 @@
 
 namespace engine::testing {
 
-QuietLogs::QuietLogs() {
-  if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
-}
-QuietLogs::~QuietLogs() { log_set_level(std::getenv("TEST_VERBOSE") ? LogLevel::Info : LogLevel::Warn); }
-
 std::string scratch_dir(const std::string& name) {
   const auto dir = std::filesystem::path(learnable_dataset()).parent_path() / "ckpt" / name;
   std::filesystem::remove_all(dir);

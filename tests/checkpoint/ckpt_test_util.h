@@ -10,12 +10,6 @@
 
 namespace engine::testing {
 
-// Silences the expected warnings (fallbacks, config changes) while alive, unless TEST_VERBOSE.
-struct QuietLogs {
-  QuietLogs();
-  ~QuietLogs();
-};
-
 // A fresh, empty folder under the test temp folder (removed at exit with it).
 std::string scratch_dir(const std::string& name);
 void truncate_file(const std::string& path, uint64_t size);

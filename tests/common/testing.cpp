@@ -8,7 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
+
+#include <unistd.h>
+
+#include "comm/mpi_comm.h"
+#include "core/log.h"
 
 #ifdef ENGINE_CUDA
 #include "cuda/common/device.cuh"
@@ -208,6 +214,33 @@ bool gpus_for_ranks_or_skip(int ranks, int required) {
     return false;
   }
   return true;
+}
+
+QuietLogs::QuietLogs() {
+  if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
+}
+QuietLogs::~QuietLogs() { log_set_level(std::getenv("TEST_VERBOSE") ? LogLevel::Info : LogLevel::Warn); }
+
+SharedDir::SharedDir(const std::string& group, const std::string& name) {
+  namespace fs = std::filesystem;
+  const int64_t pid = world().all_reduce_sum(int64_t{world().rank() == 0 ? ::getpid() : 0});
+  path = (fs::temp_directory_path() / ("engine_dist_" + group + "." + std::to_string(pid)) / name).string();
+  if (world().rank() == 0) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  world().barrier();
+}
+
+SharedDir::~SharedDir() {
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+}
+
+std::string SharedDir::rank_dir() const {
+  const std::string d = path + "/rank" + std::to_string(world().rank());
+  std::filesystem::create_directories(d);
+  return d;
 }
 
 }  // namespace engine::testing

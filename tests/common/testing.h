@@ -81,4 +81,20 @@ bool gpus_for_ranks_or_skip(int ranks, int required = 0);
 // Records that the current test case was skipped, with a reason (counted in the summary).
 void skip_test(const std::string& reason);
 
+// Silences the expected warnings (fallbacks, config changes) while alive, unless TEST_VERBOSE;
+// then back to the runner's level (Warn, or Info with TEST_VERBOSE).
+struct QuietLogs {
+  QuietLogs();
+  ~QuietLogs();
+};
+
+// For the multi-rank suite: a fresh folder every rank of the world sees,
+// <temp>/engine_dist_<group>.<rank 0's pid>/<name>, removed with its parent at the end.
+struct SharedDir {
+  std::string path;
+  SharedDir(const std::string& group, const std::string& name);
+  ~SharedDir();
+  std::string rank_dir() const;  // this rank's own folder inside (made on first call)
+};
+
 }  // namespace engine::testing

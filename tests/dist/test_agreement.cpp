@@ -26,28 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A folder every rank sees (rank 0's pid in its name), fresh per test.
-struct SharedDir {
-  std::string path;
-  explicit SharedDir(const std::string& name) {
-    const int64_t pid = world().all_reduce_sum(int64_t{world().rank() == 0 ? ::getpid() : 0});
-    path = (fs::temp_directory_path() / ("engine_dist_agree." + std::to_string(pid)) / name).string();
-    if (world().rank() == 0) {
-      fs::remove_all(path);
-      fs::create_directories(path);
-    }
-    world().barrier();
-  }
-  ~SharedDir() {
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(fs::path(path).parent_path());
-  }
-  std::string rank_dir() const {  // this rank's own folder inside
-    const std::string d = path + "/rank" + std::to_string(world().rank());
-    fs::create_directories(d);
-    return d;
-  }
-};
 
 Config small(const std::vector<std::string>& more = {}) {
   std::vector<std::string> o = {"training.steps=3", "batch.global_batch_size=24", "batch.micro_batch_size=2",
@@ -76,12 +54,6 @@ bool two_ranks_or_more() {
   return false;
 }
 
-struct QuietLogs {
-  QuietLogs() {
-    if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
-  }
-  ~QuietLogs() { log_set_level(std::getenv("TEST_VERBOSE") ? LogLevel::Info : LogLevel::Warn); }
-};
 
 }  // namespace
 
@@ -108,7 +80,7 @@ TEST_CASE("ranks that disagree: another optimizer.lr on rank 1 ends every rank, 
 TEST_CASE("ranks that disagree: a dataset whose index differs on rank 1 ends every rank, naming the files") {
   if (!two_ranks_or_more()) return;
   QuietLogs quiet;
-  SharedDir d("data");
+  SharedDir d("agree", "data");
   // Each rank's copy in its own folder, as a .bin/.idx prefix and as a .fast_llm_dataset.
   for (const std::string name : {"docs", "docs.fast_llm_dataset"}) {
     CAPTURE(name);
@@ -133,7 +105,7 @@ TEST_CASE("ranks that disagree: a dataset whose index differs on rank 1 ends eve
 TEST_CASE("ranks that disagree: a model.init_from folder with other files on rank 1") {
   if (!two_ranks_or_more()) return;
   QuietLogs quiet;
-  SharedDir d("init");
+  SharedDir d("agree", "init");
   const std::string dir = d.rank_dir() + "/hf";
   hf::ExportOptions o;
   if (world().rank() == 1) o.dtype = "BF16";  // the same structure, other weights and config.json
@@ -147,7 +119,7 @@ TEST_CASE("ranks that disagree: a model.init_from folder with other files on ran
 TEST_CASE("ranks that disagree: a resume where each rank sees another checkpoint") {
   if (!two_ranks_or_more()) return;
   QuietLogs quiet;
-  SharedDir d("resume");
+  SharedDir d("agree", "resume");
   // Each rank's own one-rank run (rank 1 with another seed) saves step 1 in its own folder.
   const std::string mine = d.rank_dir();
   SelfComm self;
@@ -183,7 +155,7 @@ TEST_CASE("ranks that disagree: a resume where each rank sees another checkpoint
 TEST_CASE("token ids: the ranks of a run scan once (rank 0), and every rank checks against that range") {
   if (!two_ranks_or_more()) return;
   QuietLogs quiet;
-  SharedDir d("scan");
+  SharedDir d("agree", "scan");
   const std::string path = d.path + "/docs";
   std::vector<std::vector<int32_t>> docs;
   for (int i = 0; i < 40; ++i) docs.push_back({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, i % 30});

@@ -35,31 +35,7 @@ namespace ck = engine::checkpoint;
 
 namespace {
 
-// The expected warnings (fallbacks; config paths that differ per rank) stay quiet.
-struct QuietLogs {
-  QuietLogs() {
-    if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
-  }
-  ~QuietLogs() { log_set_level(std::getenv("TEST_VERBOSE") ? LogLevel::Info : LogLevel::Warn); }
-};
 
-// A folder every rank sees (rank 0's pid in its name), fresh per test.
-struct SharedDir {
-  std::string path;
-  explicit SharedDir(const std::string& name) {
-    const int64_t pid = world().all_reduce_sum(int64_t{world().rank() == 0 ? ::getpid() : 0});
-    path = (fs::temp_directory_path() / ("engine_dist_ckpt." + std::to_string(pid)) / name).string();
-    if (world().rank() == 0) {
-      fs::remove_all(path);
-      fs::create_directories(path);
-    }
-    world().barrier();
-  }
-  ~SharedDir() {
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(fs::path(path).parent_path());
-  }
-};
 
 // Global batch 24 splits over 1-4 ranks; micro-batches of 2.
 Config config(const SharedDir& d, const std::string& name, int zero, const std::string& resume = "none") {
@@ -93,7 +69,7 @@ void check_weights(Trainer& a, Trainer& b, double tol) {
 
 TEST_CASE("checkpoint across layouts: dp=all ZeRO 1 -> 1 rank, -> all ranks ZeRO 3; 1 rank -> all ranks ZeRO 3") {
   QuietLogs quiet;
-  SharedDir d("layouts");
+  SharedDir d("ckpt", "layouts");
   SelfComm self;
   Trainer ref(config(d, "ref", 0), false, &self);
   const std::vector<double> want = losses(ref, 6);
@@ -143,7 +119,7 @@ TEST_CASE("checkpoint across layouts: dp=all ZeRO 1 -> 1 rank, -> all ranks ZeRO
 
 TEST_CASE("checkpoint across world sizes: 2 ranks ZeRO 1 -> all ranks ZeRO 3, and all ranks ZeRO 3 -> 2 ranks ZeRO 1") {
   QuietLogs quiet;
-  SharedDir d("sizes");
+  SharedDir d("ckpt", "sizes");
   SelfComm self;
   Trainer ref(config(d, "ref", 0), false, &self);
   const std::vector<double> want = losses(ref, 6);
@@ -177,7 +153,7 @@ TEST_CASE("checkpoint across world sizes: 2 ranks ZeRO 1 -> all ranks ZeRO 3, an
 
 TEST_CASE("checkpoint under mpirun: a corrupt file found by the rank hashing it is reported on every rank") {
   QuietLogs quiet;
-  SharedDir d("corrupt");
+  SharedDir d("ckpt", "corrupt");
   const int n = world().size();
   Trainer t(config(d, "run", 2), false, &world());
   losses(t, 1);
@@ -203,7 +179,7 @@ TEST_CASE("checkpoint under mpirun: a corrupt file found by the rank hashing it 
 
 TEST_CASE("checkpoint under mpirun: a failed write on one rank fails the save on every rank, the previous one stays") {
   QuietLogs quiet;
-  SharedDir d("enospc");
+  SharedDir d("ckpt", "enospc");
   const int n = world().size();
   Trainer t(config(d, "run", 1), false, &world());
   losses(t, 1);
@@ -308,7 +284,7 @@ TEST_CASE("checkpoint re-sharding across tensor-parallel sizes: tp2 -> tp2, 1 ra
     return;
   }
   QuietLogs quiet;
-  SharedDir d("tp");
+  SharedDir d("ckpt", "tp");
   SelfComm self;
   Trainer ref(tp_config(d, "ref", 1, 0), false, &self);
   const std::vector<double> want = losses(ref, 6);
@@ -356,7 +332,7 @@ TEST_CASE("checkpoint re-sharding of MoE and Mamba blocks: hybrid tp2 -> 1 rank,
     return;
   }
   QuietLogs quiet;
-  SharedDir d("tp-hybrid");
+  SharedDir d("ckpt", "tp-hybrid");
   SelfComm self;
   const std::vector<std::string> hybrid = {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
                                            "model.mamba_d_state=4", "model.moe_aux_loss_coef=0.01"};
@@ -390,7 +366,7 @@ TEST_CASE("checkpoint re-sharding across pipeline layouts: pp -> pp (bitwise), 1
     return;
   }
   QuietLogs quiet;
-  SharedDir d("pp");
+  SharedDir d("ckpt", "pp");
   SelfComm self;
   const Pp layout = pipeline_layout(n), one{};
   for (const std::string family : {"llama", "gpt2"}) {  // gpt2: tied embeddings, a copy on the head's rank
@@ -478,7 +454,7 @@ TEST_CASE("checkpoint: --export-hf from a pipeline-parallel checkpoint equals th
     return;
   }
   QuietLogs quiet;
-  SharedDir d("pp-export");
+  SharedDir d("ckpt", "pp-export");
   SelfComm self;
   const Pp layout = pipeline_layout(world().size()), one{};
   for (const std::string family : {"gpt2", "llama"}) {  // tied embeddings, and an untied head
@@ -537,7 +513,7 @@ TEST_CASE("checkpoint: --export-hf from a pipeline-parallel checkpoint equals th
 TEST_CASE("GPUs with NCCL: pp2 and tp2 checkpoints save, and resume on the same layout and on one GPU" * doctest::test_suite("gpu")) {
   if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   QuietLogs quiet;
-  SharedDir d("gpu");
+  SharedDir d("ckpt", "gpu");
   auto nccl = make_nccl_comm(world());
   SelfComm self;
   for (const Pp& l : {Pp{2, 2, 1, 1}, Pp{1, 1, 2, 0}}) {

@@ -40,10 +40,6 @@ std::string read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-struct QuietLogs {
-  QuietLogs() { log_set_level(LogLevel::Error); }
-  ~QuietLogs() { log_set_level(LogLevel::Info); }
-};
 
 }  // namespace
 
