@@ -14,7 +14,7 @@
 
 namespace engine {
 
-using json = nlohmann::ordered_json;
+using json = nlohmann::json;
 
 namespace {
 

@@ -21,7 +21,7 @@ class BpeModel {
   // Reads the "model" object; `where` names the file for errors. Refuses options it does not
   // implement (dropout, continuing_subword_prefix, end_of_word_suffix) and merges naming tokens
   // outside the vocab.
-  BpeModel(const nlohmann::ordered_json& model, const std::string& where);
+  BpeModel(const nlohmann::json& model, const std::string& where);
 
   // Appends the ids of one pre-tokenized word.
   void tokenize(std::string_view word, std::vector<int32_t>& out) const;

@@ -8,7 +8,7 @@
 
 namespace engine::tok {
 
-using json = nlohmann::ordered_json;
+using json = nlohmann::json;
 
 namespace {
 
@@ -80,7 +80,8 @@ struct Obj {
   std::pair<std::string, bool> pattern() const {
     const json* p = get("pattern");
     if (!p || !p->is_object() || p->size() != 1) bad("pattern", "expected {\"String\": ...} or {\"Regex\": ...}");
-    const auto& [k, v] = *p->items().begin();
+    const std::string k = p->begin().key();
+    const json& v = p->begin().value();
     if (!v.is_string() || (k != "String" && k != "Regex")) bad("pattern", "expected {\"String\": ...} or {\"Regex\": ...}, got " + p->dump());
     return {v.get<std::string>(), k == "Regex"};
   }

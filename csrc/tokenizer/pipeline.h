@@ -57,9 +57,9 @@ struct DecoderStep {
 
 // Readers of the three keys; `where` names the file for errors. A null or absent key gives an
 // empty list.
-std::vector<NormalizerStep> read_normalizer(const nlohmann::ordered_json* j, const std::string& where);
-std::vector<PreTokenizerStep> read_pre_tokenizer(const nlohmann::ordered_json* j, const std::string& where);
-std::vector<DecoderStep> read_decoder(const nlohmann::ordered_json* j, const std::string& where);
+std::vector<NormalizerStep> read_normalizer(const nlohmann::json* j, const std::string& where);
+std::vector<PreTokenizerStep> read_pre_tokenizer(const nlohmann::json* j, const std::string& where);
+std::vector<DecoderStep> read_decoder(const nlohmann::json* j, const std::string& where);
 
 std::string normalize(const std::vector<NormalizerStep>& steps, std::string text);
 std::vector<Piece> pre_tokenize(const std::vector<PreTokenizerStep>& steps, std::vector<Piece> pieces);

@@ -15,7 +15,7 @@ namespace engine {
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 json read_json(const std::string& path) {
@@ -215,8 +215,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (!top.is_object()) RAISE(t->path, ": expected a JSON object (a Hugging Face tokenizer.json)");
   check_keys(top, t->path + ":", {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
                                   "post_processor", "decoder", "model"});
-  for (const char* k : {"truncation", "padding"})
-    if (key(top, k)) RAISE(t->path, ": ", k, ": must be null (encode neither truncates nor pads)");
+  // "truncation" and "padding" are not read: transformers resets both on every call from its own
+  // arguments, and encode here, like a call without them, neither truncates nor pads.
   const json* model = key(top, "model");
   if (!model || !model->is_object()) RAISE(t->path, ": model: expected an object");
   const json* type = key(*model, "type");

@@ -8,27 +8,38 @@ without Python:
                    a TemplateProcessing post-processor prepending <|begin_of_text|>
   qwen2.json       as llama3 with Qwen2's pattern (\\p{N} one at a time), the NFC normalizer and
                    a non-special, normalized added token
+  nemo.json        byte-level BPE with Mistral-Nemo's (Tekken's) pattern: \p{Lu} \p{Ll} \p{M} ...
+  gpt2_strip.json  gpt2.json plus added tokens with lstrip / rstrip, a non-special one and one
+                   made of several words
   spm.json         SentencePiece-style BPE (Llama 2): Prepend + Replace normalizer, byte fallback
                    <0xNN> tokens, unk with fuse_unk, the Replace/ByteFallback/Fuse/Strip decoder;
                    merges written as "a b" strings
   spm_meta.json    the same model with the Metaspace pre-tokenizer (prepend_scheme "first",
                    split false) and decoder (newer Llama / Mistral conversions); merges as pairs
+  tests/fuzz/corpus/tokenizer/   seeds of the fuzz target: tiny tokenizers of each kind (u16 text
+                   length, a text, the tokenizer.json) and broken variants
   expected.json    for each tokenizer and test string: ids of encode(text, add_special_tokens=False),
                    whether decode(ids) == text, and decode(ids) where not; plus decode cases of
                    arbitrary id lists (partial UTF-8: U+FFFD)
 
-  tests/tokenizer/make_expected.py    (deterministic: fixed seeds; run from the repository root)
+  tests/tokenizer/make_expected.py    (run from the repository root; the test strings come from fixed
+  seeds, but training breaks frequency ties in hash order, so a rerun may learn a slightly different
+  vocab: the expectations are always computed from the files as saved)
 """
 import json
 import os
 import random
 
 import tokenizers
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 OUT = "tests/tokenizer/data"
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral-Nemo (Tekken) / GPT-4o style: case-aware words, marks, '/' after punctuation.
+NEMO = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
          r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -78,7 +89,9 @@ def test_strings():
              "<0x41>", "▁", "▁▁hello", "Ġhello", "\u00A0nbsp\u00A0", "\u3000ideographic", "\u2028\u2029",
              "\x1c\x1d\x1e\x1f", "\x85", "\x00nul", "\x7f", "𝐀𝐁𝐂", "\U0001E5D0\U0001E5D1", "\U00016EA0",
              "\uE000private", "\uFFFD", "\uFEFFbom", "​zero​width", "mixed日本English123中文", "🤖🤖🤖",
-             "the\nmodel\n", "  indented\n    more\n", "a" * 300, " " * 300, "ab" * 200, "1" * 50,
+             "the\nmodel\n", "  indented\n    more\n", "a" * 300, " " * 300, "ab" * 200, "1" * 50, "HeLLo WoRLD/ x//y", "ǅungla ǈ", "ÀÉÎõü",
+             "x <mask> y", "x<mask>y", "x   <mask>", "[SEP]   next", "a [SEP]\n\tb", "new token", "a new token b",
+             "<both>", "  <both>  x", "<mask><mask>  <mask>", "[SEP][SEP] ",
              "special_word", "special_word here", "specialwords"]
     strings = fixed + ENGLISH + CODE + OTHER
     strings += [" ".join(rnd.choice(ENGLISH + CODE + OTHER) for _ in range(rnd.randint(1, 3))) for _ in range(80)]
@@ -86,7 +99,7 @@ def test_strings():
     return strings
 
 
-def byte_level(pattern, name, normalizer=None, extra=()):
+def byte_level(pattern, name, normalizer=None, extra=(), vocab_size=900, alphabet=True, text=None):
     tok = Tokenizer(models.BPE(ignore_merges=pattern is not None))
     if normalizer:
         tok.normalizer = normalizer
@@ -98,30 +111,32 @@ def byte_level(pattern, name, normalizer=None, extra=()):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>"] if pattern is None else ["<|begin_of_text|>", "<|end_of_text|>"]
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=specials, min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus(), trainer)
+    opts = dict(initial_alphabet=pre_tokenizers.ByteLevel.alphabet()) if alphabet else dict(limit_alphabet=30)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, min_frequency=2,
+                                  show_progress=False, **opts)
+    tok.train_from_iterator(text or corpus(), trainer)
     if pattern is not None:
         tok.post_processor = processors.TemplateProcessing(
             single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
     for t in extra:
         tok.add_tokens([t])
-    tok.save(os.path.join(OUT, name))
+    if name:
+        tok.save(os.path.join(OUT, name))
     return tok
 
 
-def sentencepiece(name, metaspace, legacy_merges):
+def sentencepiece(name, metaspace, legacy_merges, vocab_size=700, alphabet=150, text=None, byte_tokens=range(256)):
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"], min_frequency=2,
-                                  show_progress=False, limit_alphabet=150)
-    tok.train_from_iterator(corpus(), trainer)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], min_frequency=2,
+                                  show_progress=False, limit_alphabet=alphabet)
+    tok.train_from_iterator(text or corpus(), trainer)
     j = json.loads(tok.to_str())
     # Llama 2's layout: <unk> <s> </s>, the 256 byte tokens, then the learned vocab.
     old = j["model"]["vocab"]
     order = sorted(old, key=old.get)
     vocab = {}
-    for t in order[:3] + [f"<0x{b:02X}>" for b in range(256)] + order[3:]:
+    for t in order[:3] + [f"<0x{b:02X}>" for b in byte_tokens] + order[3:]:
         vocab.setdefault(t, len(vocab))
     j["model"]["vocab"] = vocab
     for a in j["added_tokens"]:
@@ -141,10 +156,56 @@ def sentencepiece(name, metaspace, legacy_merges):
                            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                                     {"Sequence": {"id": "B", "type_id": 1}}],
                            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
-    text = json.dumps(j, ensure_ascii=False, indent=1)
-    with open(os.path.join(OUT, name), "w", encoding="utf-8") as f:
-        f.write(text)
+    text = json.dumps(j, ensure_ascii=False, indent=None if name is None else 1)
+    if name:
+        with open(os.path.join(OUT, name), "w", encoding="utf-8") as f:
+            f.write(text)
     return Tokenizer.from_str(text)
+
+
+def with_stripped_tokens(src, name):
+    """gpt2.json plus added tokens exercising lstrip / rstrip / normalized matching."""
+    tok = Tokenizer.from_file(os.path.join(OUT, src))
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False)])
+    tok.add_special_tokens([AddedToken("[SEP]", lstrip=False, rstrip=True, normalized=False)])
+    tok.add_tokens([AddedToken("new token", normalized=True), AddedToken("<both>", lstrip=True, rstrip=True)])
+    tok.save(os.path.join(OUT, name))
+
+
+def fuzz_seeds():
+    """Tiny tokenizers (a few hundred bytes to ~2 KB) as the fuzz target's seeds, with broken variants."""
+    d = "tests/fuzz/corpus/tokenizer"
+    os.makedirs(d, exist_ok=True)
+    small = ["hello world, hello there", "the cat sat on the mat 123", "日本 語 hello\n\n  x", "don't stop 42 !!"] * 20
+    seeds = {
+        "gpt2": (byte_level(None, None, vocab_size=60, alphabet=False, text=small), "hello <|endoftext|> 12"),
+        "llama3": (byte_level(LLAMA3, None, vocab_size=60, alphabet=False, text=small), "I'm 1234 \n\n x"),
+        "qwen2": (byte_level(QWEN2, None, normalizers.NFC(), vocab_size=60, alphabet=False, text=small), "cafe\u0301"),
+        "nemo": (byte_level(NEMO, None, vocab_size=60, alphabet=False, text=small), "HeLLo World/"),
+        "spm": (sentencepiece(None, False, True, vocab_size=50, alphabet=20, text=small, byte_tokens=range(0xE0, 0xF0)),
+                "<s>hello 日本"),
+        "spm_meta": (sentencepiece(None, True, False, vocab_size=50, alphabet=20, text=small, byte_tokens=range(0x60, 0x70)),
+                     " the cat"),
+    }
+    def put(name, text, js):
+        t = text.encode()
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(len(t).to_bytes(2, "little") + t + js.encode())
+    for name, (tok, text) in seeds.items():
+        js = tok.to_str()
+        put(name, text, js)
+    js = json.loads(seeds["gpt2"][0].to_str())
+    raw = seeds["gpt2"][0].to_str()
+    put("bad_truncated", "hi", raw[: len(raw) // 2])
+    bad = dict(js, model=dict(js["model"], type="WordPiece"))
+    put("bad_model_type", "hi", json.dumps(bad))
+    bad = dict(js, model=dict(js["model"], merges=js["model"]["merges"] + [["qqq", "zzz"]]))
+    put("bad_merge_unknown", "hi", json.dumps(bad))
+    bad = dict(js, model=dict(js["model"], vocab=dict(js["model"]["vocab"], h="x")))
+    put("bad_vocab_type", "hi", json.dumps(bad))
+    bad = dict(js, pre_tokenizer={"type": "Split", "pattern": {"Regex": "\\s*\\s*\\s*x|(?!a)[^a-c]{2,5}"},
+                                  "behavior": "MergedWithNext", "invert": True})
+    put("split_regex", "   aaa  x  bc" * 3, json.dumps(bad))
 
 
 def main():
@@ -153,9 +214,13 @@ def main():
         "gpt2.json": byte_level(None, "gpt2.json"),
         "llama3.json": byte_level(LLAMA3, "llama3.json"),
         "qwen2.json": byte_level(QWEN2, "qwen2.json", normalizers.NFC(), extra=["special_word"]),
+        "nemo.json": byte_level(NEMO, "nemo.json"),
         "spm.json": sentencepiece("spm.json", metaspace=False, legacy_merges=True),
         "spm_meta.json": sentencepiece("spm_meta.json", metaspace=True, legacy_merges=False),
     }
+    with_stripped_tokens("gpt2.json", "gpt2_strip.json")
+    toks["gpt2_strip.json"] = None
+    fuzz_seeds()
     # Reload each saved file: the expectations come from what the C++ side reads.
     cases, decode_cases = [], []
     rnd = random.Random(2)
