@@ -208,7 +208,12 @@ void read_configs(const fs::path& dir, const json& top, Tokenizer::Impl& t) {
 Tokenizer Tokenizer::load(const std::string& path) {
   fs::path file = path;
   if (fs::is_directory(file)) file /= "tokenizer.json";
-  if (!fs::is_regular_file(file)) RAISE(file.string(), ": no such tokenizer file");
+  if (!fs::is_regular_file(file)) {
+    std::string hint;
+    for (const char* other : {"tokenizer.model", "vocab.json", "tekken.json"})
+      if (fs::exists(file.parent_path() / other)) hint += str_cat(" (the folder has ", other, ": only tokenizer.json is read)");
+    RAISE(file.string(), ": no such tokenizer file", hint);
+  }
   auto t = std::make_shared<Impl>();
   t->path = file.string();
   const json top = read_json(t->path);

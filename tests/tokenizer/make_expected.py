@@ -9,6 +9,8 @@ without Python:
   qwen2.json       as llama3 with Qwen2's pattern (\\p{N} one at a time), the NFC normalizer and
                    a non-special, normalized added token
   nemo.json        byte-level BPE with Mistral-Nemo's (Tekken's) pattern: \p{Lu} \p{Ll} \p{M} ...
+  gpt2_prefix.json, split_variants.json   gpt2.json's model with ByteLevel's add_prefix_space, and
+                   behind Split pre-tokenizers of every behavior (invert, String patterns)
   gpt2_strip.json  gpt2.json plus added tokens with lstrip / rstrip, a non-special one and one
                    made of several words
   spm.json         SentencePiece-style BPE (Llama 2): Prepend + Replace normalizer, byte fallback
@@ -172,6 +174,24 @@ def with_stripped_tokens(src, name):
     tok.save(os.path.join(OUT, name))
 
 
+def variants(src):
+    """gpt2.json's model behind other pre-tokenizer settings: ByteLevel's add_prefix_space, and
+    Split with each behavior, invert and a String pattern."""
+    j = json.load(open(os.path.join(OUT, src), encoding="utf-8"))
+    j["pre_tokenizer"]["add_prefix_space"] = True
+    with open(os.path.join(OUT, "gpt2_prefix.json"), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\d"}, "behavior": "Contiguous", "invert": False},
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False},
+        {"type": "Split", "pattern": {"Regex": r"[aeiou]+"}, "behavior": "MergedWithNext", "invert": True},
+        {"type": "Split", "pattern": {"String": "x"}, "behavior": "Removed", "invert": False},
+        {"type": "Split", "pattern": {"Regex": r"(?:\p{Lu}|[.,;])"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    with open(os.path.join(OUT, "split_variants.json"), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+
+
 def fuzz_seeds():
     """Tiny tokenizers (a few hundred bytes to ~2 KB) as the fuzz target's seeds, with broken variants."""
     d = "tests/fuzz/corpus/tokenizer"
@@ -220,6 +240,8 @@ def main():
     }
     with_stripped_tokens("gpt2.json", "gpt2_strip.json")
     toks["gpt2_strip.json"] = None
+    variants("gpt2.json")
+    toks["gpt2_prefix.json"] = toks["split_variants.json"] = None
     fuzz_seeds()
     # Reload each saved file: the expectations come from what the C++ side reads.
     cases, decode_cases = [], []

@@ -74,7 +74,8 @@ std::string error_of(const std::string& path) {
 
 TEST_CASE("tokenizer: encode and decode agree with Hugging Face tokenizers on every fixture string") {
   std::map<std::string, Tokenizer> toks;
-  for (const char* name : {"gpt2.json", "gpt2_strip.json", "llama3.json", "qwen2.json", "nemo.json", "spm.json", "spm_meta.json"})
+  for (const char* name : {"gpt2.json", "gpt2_strip.json", "gpt2_prefix.json", "split_variants.json", "llama3.json", "qwen2.json", "nemo.json",
+                           "spm.json", "spm_meta.json"})
     toks.emplace(name, Tokenizer::load(kData + name));
   INFO("expectations from tokenizers ", expected()["tokenizers_version"].get<std::string>());
   int encode_bad = 0, decode_bad = 0, roundtrips = 0;
