@@ -22,7 +22,9 @@ without Python:
                    length, a text, the tokenizer.json) and broken variants
   expected.json    for each tokenizer and test string: ids of encode(text, add_special_tokens=False),
                    whether decode(ids) == text, and decode(ids) where not; plus decode cases of
-                   arbitrary id lists (partial UTF-8: U+FFFD)
+                   arbitrary id lists (partial UTF-8: U+FFFD); NFC of every code point NFC changes
+                   and of random mixes of combining marks, Hangul jamo and precomposed letters
+                   (unicodedata2 16.0.0)
 
   tests/tokenizer/make_expected.py    (run from the repository root; the test strings come from fixed
   seeds, but training breaks frequency ties in hash order, so a rerun may learn a slightly different
@@ -33,6 +35,7 @@ import os
 import random
 
 import tokenizers
+import unicodedata2  # pip install unicodedata2==16.0.0: the Unicode version of the C++ tables
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 OUT = "tests/tokenizer/data"
@@ -259,9 +262,24 @@ def main():
         for _ in range(40):
             ids = [rnd.randrange(n) for _ in range(rnd.randint(1, 12))]
             decode_cases.append({"tokenizer": name, "ids": ids, "text": tok.decode(ids, skip_special_tokens=False)})
+    assert unicodedata2.unidata_version == "16.0.0", "make_expected.py: needs unicodedata2==16.0.0"
+    nfc = []
+    for cp in range(0x110000):
+        if not 0xD800 <= cp < 0xE000 and unicodedata2.normalize("NFC", chr(cp)) != chr(cp):
+            nfc.append([chr(cp), unicodedata2.normalize("NFC", chr(cp))])
+    blocks = [(0x41, 0x7A), (0xC0, 0x24F), (0x300, 0x36F), (0x1100, 0x11FF), (0xAC00, 0xAC40), (0x1E00, 0x1EFF),
+              (0x0900, 0x097F), (0x0B00, 0x0B7F), (0x3040, 0x30FF), (0x1F00, 0x1FFF), (0x0591, 0x05C7)]
+    for _ in range(1000):
+        t = "".join(chr(rnd.randint(*rnd.choice(blocks))) for _ in range(rnd.randint(1, 8)))
+        nfc.append([t, unicodedata2.normalize("NFC", t)])
+    # One case a line (diffs stay readable), UTF-8 as is.
     with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizers_version": tokenizers.__version__, "encode": cases, "decode": decode_cases}, f,
-                  ensure_ascii=True, indent=0)
+        f.write(f'{{"tokenizers_version": "{tokenizers.__version__}", '
+                f'"unicode_version": "{unicodedata2.unidata_version}",\n')
+        for key, rows in (("encode", cases), ("decode", decode_cases), ("nfc", nfc)):
+            f.write(f'"{key}": [\n')
+            f.write(",\n".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in rows))
+            f.write("\n]" + (",\n" if key != "nfc" else "\n}\n"))
     print(f"{OUT}: {len(toks)} tokenizers, {len(cases)} encode cases, {len(decode_cases)} decode cases "
           f"(tokenizers {tokenizers.__version__})")
 

@@ -252,6 +252,14 @@ TEST_CASE("tokenizer: NFC and lossy UTF-8 decoding") {
   CHECK(nfc("a\xCC\x88\xCC\xA3") == "\xE1\xBA\xA1\xCC\x88");   // reordered: dot below first, composed
   CHECK(nfc("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8") == "\xEA\xB0\x81");  // Hangul L V T -> 각
   CHECK(nfc("plain ascii") == "plain ascii");
+  int bad = 0;
+  for (const json& c : expected()["nfc"]) {
+    const std::string got = nfc(c[0].get<std::string>());
+    if (got != c[1].get<std::string>() && ++bad <= 5)
+      FAIL_CHECK("nfc ", c[0].dump(), ": got ", json(got).dump(), " want ", c[1].dump());
+  }
+  CHECK(expected()["nfc"].size() > 2000);
+  CHECK(bad == 0);
   CHECK(from_utf8_lossy("a\xF0\x9F\x98") == "a\xEF\xBF\xBD");          // one truncated sequence: one U+FFFD
   CHECK(from_utf8_lossy("\xC3\x28") == "\xEF\xBF\xBD(");
   CHECK(from_utf8_lossy("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate: each byte
