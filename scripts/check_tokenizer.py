@@ -3,7 +3,8 @@
 tokenizer.json files: GPT-2's, Llama 3's, Qwen2's, Mistral's, TinyLlama's, ... (files too big to
 check in). For each path (a tokenizer.json or a model folder holding one) it encodes a few hundred
 strings with Python (encode(text, add_special_tokens=False), decode(ids, skip_special_tokens=False)),
-writes the expectations to a JSON file, and runs the C++ test case
+and, where `transformers` is installed and PATH is a model folder, takes BOS / EOS / whether a
+prompt gets BOS from AutoTokenizer; it writes the expectations to a JSON file and runs the C++ test case
 "tokenizer: published tokenizer.json files agree with tokenizers" on it.
 
   scripts/check_tokenizer.py [--build build] PATH...
@@ -47,10 +48,10 @@ def main():
     paths = list(args.paths)
     if args.hf_cache:
         hub = os.environ.get("HF_HUB_CACHE", os.path.expanduser("~/.cache/huggingface/hub"))
-        paths += sorted(glob.glob(os.path.join(hub, "*", "snapshots", "*", "tokenizer.json")))
+        paths += sorted(os.path.dirname(f) for f in glob.glob(os.path.join(hub, "*", "snapshots", "*", "tokenizer.json")))
     if not paths:
         sys.exit("check_tokenizer.py: no tokenizer.json given (or found with --hf-cache)")
-    cases = []
+    cases, configs = [], []
     texts = strings()
     for p in paths:
         f = os.path.join(p, "tokenizer.json") if os.path.isdir(p) else p
@@ -63,11 +64,22 @@ def main():
             cases.append({"path": f, "text": s, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
             n += 1
         print(f"{f}: {n} strings, vocab {tok.get_vocab_size(with_added_tokens=True)}")
+        if os.path.isdir(p):
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                print("  (no transformers: BOS / EOS not checked)")
+                continue
+            at = AutoTokenizer.from_pretrained(p)
+            first = at("hello").input_ids[:1]
+            configs.append({"path": p, "bos": at.bos_token_id, "eos": at.eos_token_id,
+                            "add_bos": at.bos_token_id is not None and first == [at.bos_token_id]})
+            print(f"  transformers: bos {at.bos_token_id}, eos {at.eos_token_id}, add_bos {configs[-1]['add_bos']}")
     exe = os.path.join(args.build, "engine_tests")
     if not os.path.exists(exe):
         sys.exit(f"check_tokenizer.py: {exe} not found (make, or --build DIR)")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as out:
-        json.dump({"cases": cases}, out)
+        json.dump({"cases": cases, "configs": configs}, out)
     env = dict(os.environ, TOKENIZER_EXPECTED=out.name)
     rc = subprocess.call([exe, "-tc=tokenizer: published*"], env=env, cwd=os.path.join(HERE, ".."))
     os.unlink(out.name)

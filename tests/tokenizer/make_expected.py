@@ -35,7 +35,6 @@ import os
 import random
 
 import tokenizers
-import unicodedata2  # pip install unicodedata2==16.0.0: the Unicode version of the C++ tables
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 OUT = "tests/tokenizer/data"
@@ -262,6 +261,7 @@ def main():
         for _ in range(40):
             ids = [rnd.randrange(n) for _ in range(rnd.randint(1, 12))]
             decode_cases.append({"tokenizer": name, "ids": ids, "text": tok.decode(ids, skip_special_tokens=False)})
+    import unicodedata2  # pip install unicodedata2==16.0.0: the Unicode version of the C++ tables
     assert unicodedata2.unidata_version == "16.0.0", "make_expected.py: needs unicodedata2==16.0.0"
     nfc = []
     for cp in range(0x110000):

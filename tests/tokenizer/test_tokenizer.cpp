@@ -298,4 +298,12 @@ TEST_CASE("tokenizer: published tokenizer.json files agree with tokenizers (scri
     INFO(path);
     CHECK(bad[path] == 0);
   }
+  // BOS / EOS / add_bos as transformers' AutoTokenizer has them (model folders, when installed).
+  for (const json& c : j.value("configs", json::array())) {
+    const Tokenizer t = Tokenizer::load(c["path"].get<std::string>());
+    INFO(c.dump(), " vs ", t.describe());
+    CHECK(t.bos_id() == (c["bos"].is_null() ? std::nullopt : std::optional<int32_t>(c["bos"].get<int32_t>())));
+    CHECK(t.eos_id() == (c["eos"].is_null() ? std::nullopt : std::optional<int32_t>(c["eos"].get<int32_t>())));
+    CHECK(t.add_bos() == c["add_bos"].get<bool>());
+  }
 }
