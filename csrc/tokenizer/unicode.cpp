@@ -80,6 +80,7 @@ char32_t compose(char32_t a, char32_t b) {
 }  // namespace
 
 const char* version() { return ENGINE_UNICODE_VERSION; }
+const char* nfc_version() { return ENGINE_NFC_UNICODE_VERSION; }
 
 Category category(char32_t c) {
   if (c < 0x80) {
