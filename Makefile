@@ -187,12 +187,12 @@ ifeq ($(FUZZ_ACTIVE),1)
 .PRECIOUS: $(FUZZ_BUILD)/obj/%.o
 # A source clang cannot compile (clang 14 lacks some C++20, e.g. lambdas capturing structured
 # bindings: the CPU reference ops) is built with $(CXX) without instrumentation, and said so; the
-# readers themselves (csrc/config, csrc/data, csrc/checkpoint) must build with clang.
+# readers themselves (csrc/config, csrc/data, csrc/checkpoint, csrc/tokenizer) must build with clang.
 $(FUZZ_BUILD)/obj/%.o: %.cpp | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	@echo "$(FUZZ_CXX) -c $< (ASan, UBSan, fuzzer coverage)"
 	@$(FUZZ_CXX) $(FUZZ_CPPFLAGS) $(FUZZ_CXXFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@ 2>$@.log || \
-	  { case $< in csrc/config/*|csrc/data/*|csrc/checkpoint/*|csrc/core/*|tests/fuzz/*) cat $@.log; exit 1;; esac; \
+	  { case $< in csrc/config/*|csrc/data/*|csrc/checkpoint/*|csrc/core/*|csrc/tokenizer/*|tests/fuzz/*) cat $@.log; exit 1;; esac; \
 	    echo "  $< does not build with $(FUZZ_CXX): $(CXX) without sanitizers ($@.log)"; \
 	    $(CXX) $(FUZZ_CPPFLAGS) -std=c++20 -O1 -g -fopenmp -MMD -MP -c $< -o $@; }
 

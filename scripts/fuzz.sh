@@ -3,7 +3,7 @@
 # each for SECONDS (default 600), FUZZ_JOBS of them at a time (default 2, under nice -n 10).
 #   scripts/fuzz.sh [seconds] [target ...]     targets: config memmap_dataset fast_llm_dataset
 #                                              safetensors hf_index hf_config metadata metrics
-#                                              token_cache (default all)
+#                                              token_cache tokenizer (default all)
 # Each target starts from its checked-in seeds (tests/fuzz/corpus/<target>/, read-only) and a
 # working corpus build-fuzz/corpus/<target>/; it runs in libFuzzer's fork mode with crashes,
 # timeouts and OOMs ignored, so one finding does not end the run: every finding is written to
@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-600}
 shift || true
-ALL=(config memmap_dataset fast_llm_dataset safetensors hf_index hf_config metadata metrics token_cache)
+ALL=(config memmap_dataset fast_llm_dataset safetensors hf_index hf_config metadata metrics token_cache tokenizer)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL[@]}")
 JOBS=${FUZZ_JOBS:-2}
@@ -22,7 +22,7 @@ B=${FUZZ_BUILD:-build-fuzz}
 
 max_len() {
   case $1 in
-    config) echo 4096 ;; metadata) echo 8192 ;; safetensors | hf_index) echo 4096 ;; *) echo 2048 ;;
+    config) echo 4096 ;; metadata | tokenizer) echo 8192 ;; safetensors | hf_index) echo 4096 ;; *) echo 2048 ;;
   esac
 }
 
