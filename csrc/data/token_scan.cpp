@@ -161,7 +161,9 @@ TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& 
   return out;
 }
 
-void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& o) {
+namespace {
+
+void check_part(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& o) {
   const TokenScan scan = scan_token_ids_cached(ds, o);
   const TokenIdRange r = scan.range;
   if (r.min > r.max || (r.min >= 0 && r.max < vocab_size)) return;
@@ -172,6 +174,13 @@ void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScan
   RAISE(ds.tokens_path(), ": document ", at.doc, ", token offset ", at.offset, " (byte ", at.byte, "): token id ",
         at.value, at.value < 0 ? " is negative" : str_cat(" >= model.vocab_size (", vocab_size, ")"),
         " (found by the scan of every token before training)");
+}
+
+}  // namespace
+
+void check_token_ids(const TokenDataset& whole, int64_t vocab_size, const TokenScanOptions& o) {
+  // Part by part (a manifest's shards): each has its own cache entry and names its own file.
+  for (const TokenDataset* part : whole.parts()) check_part(*part, vocab_size, o);
 }
 
 }  // namespace engine
