@@ -1,7 +1,7 @@
 // A sharded token dataset: a manifest `NAME.manifest.json` (written by scripts/prepare_data.py)
 // listing shards, each a Megatron `.bin` + `.idx` pair, read as ONE dataset whose documents are
 // the shards' documents in manifest order (document d of shard k is document
-// sum(documents of shards < k) + d). Layout (FORMATS.md, "Sharded token dataset"):
+// sum(documents of shards < k) + d). Layout (README, "Preparing data"):
 //   {"format": "engine-token-manifest", "version": 1, "complete": true,
 //    "dtype": "uint16" | "int32", "vocab_size": V, "loss_masking_spans": bool,
 //    "documents": N, "tokens": T, "tokenizer": {...}, "options": {...}, "inputs": [...],

@@ -6,6 +6,7 @@ kill -9 and resume, bad inputs. Run by tests/data/test_prepare_data.cpp (make te
 Cases that need pyarrow, zstandard, tokenizers or datasets skip with a message when it is absent
 (scripts/install_deps.sh installs the first three). Reads the .idx/.bin itself (FORMATS.md); the
 C++ reader's side is in test_prepare_data.cpp and test_manifest.cpp."""
+import concurrent.futures
 import gzip
 import importlib.util
 import json
@@ -337,32 +338,57 @@ class Parallel(Base):
 
 
 class BadInput(Base):
-    def fails(self, name, content, message, *extra):
-        p = self.write(name, content)
-        r = self.prepare(p, "-o", self.path("out"), *extra, ok=False)
-        self.assertIn(message.replace("PATH", p), r.stderr)
-        self.assertFalse(os.path.exists(self.path("out.bin")))
-        self.assertFalse([n for n in os.listdir(self.dir) if ".tmp." in n or n.startswith("out")])
-
     def test_messages_name_the_file_and_line(self):
-        self.fails("u.txt", b"good\n\nbad \xff byte\n", "PATH:3: not UTF-8 (byte 0xff at column 5)")
-        self.fails("u.jsonl", b'{"text": "ok"}\n{"text": "\xc3("}\n', "PATH:2: not UTF-8")
-        self.fails("m.jsonl", '{"text": "ok"}\n\n{"body": "x"}\n', "PATH:3: no field 'text' (fields: body)")
-        self.fails("t.jsonl", '{"text": 5}\n', "PATH:1: field 'text' is a int, expected a string")
-        self.fails("j.jsonl", '{"text": "a"}\n{"text": \n', "PATH:2: invalid JSON")
-        self.fails("o.jsonl", '["text"]\n', "PATH:1: expected a JSON object, got list")
-        self.fails("e.jsonl", "", "PATH: empty file")
-        self.fails("b.txt", "\n  \n\n", "PATH: no documents")
-        self.fails("c.jsonl", '{"m": [{"role": "user"}]}\n', "PATH:1: message 0 is not an object", "--chat-field", "m")
         good = gzip.compress(b'{"text": "a"}\n' * 1000)
-        self.fails("g.jsonl.gz", good[: len(good) // 2], "PATH: corrupt compressed data")
-        self.fails("x.jsonl.gz", b"not gzip at all", "PATH: corrupt compressed data")
-        self.fails("p.parquet", b"PAR1 not parquet", "PATH: not a readable Parquet file" if have("pyarrow")
-                   else "PATH: reading Parquet files needs the pyarrow package")
+        cases = [  # file, content, expected message (PATH: the file), extra arguments
+            ("u.txt", b"good\n\nbad \xff byte\n", "PATH:3: not UTF-8 (byte 0xff at column 5)"),
+            ("u.jsonl", b'{"text": "ok"}\n{"text": "\xc3("}\n', "PATH:2: not UTF-8"),
+            ("m.jsonl", '{"text": "ok"}\n\n{"body": "x"}\n', "PATH:3: no field 'text' (fields: body)"),
+            ("t.jsonl", '{"text": 5}\n', "PATH:1: field 'text' is a int, expected a string"),
+            ("j.jsonl", '{"text": "a"}\n{"text": \n', "PATH:2: invalid JSON"),
+            ("o.jsonl", '["text"]\n', "PATH:1: expected a JSON object, got list"),
+            ("e.jsonl", "", "PATH: empty file"),
+            ("b.txt", "\n  \n\n", "PATH: no documents"),
+            ("c.jsonl", '{"m": [{"role": "user"}]}\n', "PATH:1: message 0 is not an object", "--chat-field", "m"),
+            ("c2.jsonl", '{"m": "hi"}\n', "PATH:1: the chat field is a str, expected a list", "--chat-field", "m"),
+            ("g.jsonl.gz", good[: len(good) // 2], "PATH: corrupt compressed data"),
+            ("x.jsonl.gz", b"not gzip at all", "PATH: corrupt compressed data"),
+            ("p.parquet", b"PAR1 not parquet", "PATH: not a readable Parquet file" if have("pyarrow")
+             else "PATH: reading Parquet files needs the pyarrow package"),
+        ]
         if have("zstandard"):
             import zstandard
             z = zstandard.ZstdCompressor().compress(b'{"text": "a"}\n' * 1000)
-            self.fails("z.jsonl.zst", z[:-8] + b"\x00" * 8, "PATH: corrupt zstd data")
+            cases.append(("z.jsonl.zst", z[:-8] + b"\x00" * 8, "PATH: corrupt zstd data"))
+        if have("pyarrow"):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            pq.write_table(pa.table({"text": ["a", None, "b"]}), self.path("n.parquet"))
+            cases.append(("n.parquet", None, "PATH: row 1: field 'text' is a NoneType, expected a string"))
+            data = load(self.path("n.parquet"))
+            cases.append(("cut.parquet", data[:12] + data[-12:], "PATH: not a readable Parquet file"))
+
+        def run(case):  # each in its own folder, all at once
+            name, content, message, *extra = case
+            folder = self.path(name + ".d")
+            os.makedirs(folder)
+            p = os.path.join(folder, name)
+            if content is None:
+                shutil.copy(self.path(name), p)
+            else:
+                with open(p, "wb") as f:
+                    f.write(content if isinstance(content, bytes) else content.encode())
+            r = subprocess.run([sys.executable, SCRIPT, p, "-o", os.path.join(folder, "out"), *extra, "--quiet"],
+                               capture_output=True, text=True)
+            return case, p, folder, r
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for (name, _, message, *_), p, folder, r in pool.map(run, cases):
+                with self.subTest(name):
+                    self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+                    self.assertNotIn("Traceback", r.stderr)
+                    self.assertIn(message.replace("PATH", p), r.stderr)
+                    self.assertEqual(os.listdir(folder), [name])  # no output, no temporary, no lock
 
 
 if __name__ == "__main__":
