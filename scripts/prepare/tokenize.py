@@ -38,9 +38,6 @@ class ByteTokenizer:
     def describe(self):
         return {"kind": "byte-level", "vocab_size": BYTE_VOCAB, "bos": None, "eos": BYTE_EOS}
 
-    def encode_many(self, texts):
-        return [t.encode("utf-8") for t in texts]
-
 
 def _token_text(v):
     """A special token as the configs write it: a string or {"content": ...}."""
@@ -156,21 +153,29 @@ class Encoder:
         """(tokens bytes (little-endian), sizes array('i'), spans per document or None, text bytes)."""
         from .sources import extract
         records = extract(chunk, self.field)
-        texts, shape = [], []  # shape: per document, its pieces' (trains) flags
+        texts, shape, wheres = [], [], []  # shape: per document, its pieces' (trains) flags
         for where, value in records:
             if self.chat:
                 pieces = render_chat(where, value, self.template, self.train_roles)
                 texts += [p for p, _ in pieces]
+                wheres += [where] * len(pieces)
                 shape.append([t for _, t in pieces])
             else:
                 if not isinstance(value, str):
                     raise InputError(f"{where}: field {self.field!r} is a {type(value).__name__}, expected a string")
                 texts.append(value)
+                wheres.append(where)
         try:
-            encoded = self.tok.encode_many(texts)
-        except UnicodeEncodeError as e:  # lone surrogates from JSON "\ud800" escapes
-            raise InputError(f"{chunk.path} (from line {chunk.line}): text that is not valid Unicode: {e}")
-        text_bytes = sum(len(t) for t in texts)
+            raw = [t.encode("utf-8") for t in texts]
+        except UnicodeEncodeError:  # lone surrogates, from JSON "\ud800" escapes
+            for t, where in zip(texts, wheres):
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise InputError(f"{where}: text that is not valid Unicode (a lone surrogate "
+                                     f"{t[e.start]!r} at character {e.start})")
+        text_bytes = sum(map(len, raw))
+        encoded = raw if isinstance(self.tok, ByteTokenizer) else self.tok.encode_many(texts)
         if isinstance(self.tok, ByteTokenizer) and not self.chat:
             return self._bytes(encoded) + (None, text_bytes)
         return self._ids(encoded, shape) + (text_bytes,)

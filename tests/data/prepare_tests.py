@@ -347,6 +347,7 @@ class BadInput(Base):
             ("t.jsonl", '{"text": 5}\n', "PATH:1: field 'text' is a int, expected a string"),
             ("j.jsonl", '{"text": "a"}\n{"text": \n', "PATH:2: invalid JSON"),
             ("o.jsonl", '["text"]\n', "PATH:1: expected a JSON object, got list"),
+            ("s.jsonl", '{"text": "ok"}\n{"text": "a \\ud800"}\n', "PATH:2: text that is not valid Unicode"),
             ("e.jsonl", "", "PATH: empty file"),
             ("b.txt", "\n  \n\n", "PATH: no documents"),
             ("c.jsonl", '{"m": [{"role": "user"}]}\n', "PATH:1: message 0 is not an object", "--chat-field", "m"),
