@@ -98,9 +98,9 @@ def _open_text(path, comp):
     if comp == ".zst":
         try:
             import zstandard
-        except ImportError:
+        except ImportError as e:
             raw.close()
-            raise InputError(f"{path}: reading .zst needs the zstandard package: pip install zstandard "
+            raise InputError(f"{path}: reading .zst needs the zstandard package ({e}): pip install zstandard "
                              "(or scripts/install_deps.sh)")
         return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), raw
     return raw, raw
@@ -162,8 +162,8 @@ def text_chunks(file_index, path, fmt, comp, chunk_bytes, start=0, line=1):
 def _pyarrow(path, what):
     try:
         import pyarrow  # noqa: F401
-    except ImportError:
-        raise InputError(f"{path}: reading {what} needs the pyarrow package: pip install pyarrow "
+    except ImportError as e:
+        raise InputError(f"{path}: reading {what} needs the pyarrow package ({e}): pip install pyarrow "
                          "(or scripts/install_deps.sh)")
     import pyarrow.ipc
     import pyarrow.parquet

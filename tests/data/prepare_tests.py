@@ -4,11 +4,12 @@ text), tokenizers and their BOS/EOS, chat spans, parallel and sharded output equ
 kill -9 and resume, bad inputs. Run by tests/data/test_prepare_data.cpp (make test), or alone:
     python3 tests/data/prepare_tests.py [-v] [Test.name]
 Cases that need pyarrow, zstandard, tokenizers or datasets skip with a message when it is absent
-(scripts/install_deps.sh installs the first three). Reads the .idx/.bin itself (FORMATS.md); the
+(scripts/install_deps.sh installs the first three; `datasets`, heavy, is left to the user: the
+arrow-folder case writes the save_to_disk layout with pyarrow alone). Reads the .idx/.bin itself (FORMATS.md); the
 C++ reader's side is in test_prepare_data.cpp and test_manifest.cpp."""
 import concurrent.futures
 import gzip
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -38,12 +39,26 @@ def dump_json(path, value):
         json.dump(value, f)
 
 
+_IMPORT_ERRORS = {}
+
+
 def have(module):
-    return importlib.util.find_spec(module) is not None
+    """Whether `module` imports (a package present but broken, e.g. pyarrow beside an old NumPy,
+    counts as absent, with its error kept for the skip message)."""
+    if module not in _IMPORT_ERRORS:
+        try:
+            importlib.import_module(module)
+            _IMPORT_ERRORS[module] = None
+        except Exception as e:
+            _IMPORT_ERRORS[module] = f"{type(e).__name__}: {e}"
+    return _IMPORT_ERRORS[module] is None
 
 
 def need(module):
-    return unittest.skipUnless(have(module), f"needs the {module} package (scripts/install_deps.sh installs it)")
+    ok = have(module)
+    why = "absent" if ok or "No module named" in (_IMPORT_ERRORS[module] or "") else _IMPORT_ERRORS[module]
+    how = "pip install datasets: heavy, left out of CI" if module == "datasets" else "scripts/install_deps.sh installs it"
+    return unittest.skipUnless(ok, f"needs the {module} package ({why}; {how})")
 
 
 def read_dataset(prefix):
