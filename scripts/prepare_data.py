@@ -166,7 +166,7 @@ def main():
     p.add_argument("--no-bos", action="store_true", help="no BOS, whatever the tokenizer's config says")
     p.add_argument("--no-eos", action="store_true", help="no EOS after the documents")
     p.add_argument("--shard-size", help="tokens (500M) or bytes (2GB, 512MiB) per shard; default: one file")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="processes (default: every core)")
     p.add_argument("--chunk-mb", type=float, default=4.0, help="MB of input text per work item (default: 4)")
     p.add_argument("--restart", action="store_true", help="ignore a resumable earlier run of the same output")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line")
