@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (`make fuzz`: clang, ASan + UBSan, no CUDA, build-fuzz/) and runs
 # each for SECONDS (default 600), FUZZ_JOBS of them at a time (default 2, under nice -n 10).
-#   scripts/fuzz.sh [seconds] [target ...]     targets: config memmap_dataset fast_llm_dataset
+#   scripts/fuzz.sh [seconds] [target ...]     targets: config memmap_dataset fast_llm_dataset manifest
 #                                              safetensors hf_index hf_config metadata metrics
 #                                              token_cache tokenizer (default all)
 # Each target starts from its checked-in seeds (tests/fuzz/corpus/<target>/, read-only) and a
@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-600}
 shift || true
-ALL=(config memmap_dataset fast_llm_dataset safetensors hf_index hf_config metadata metrics token_cache tokenizer)
+ALL=(config memmap_dataset fast_llm_dataset manifest safetensors hf_index hf_config metadata metrics token_cache tokenizer)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL[@]}")
 JOBS=${FUZZ_JOBS:-2}
@@ -22,7 +22,9 @@ B=${FUZZ_BUILD:-build-fuzz}
 
 max_len() {
   case $1 in
-    config) echo 4096 ;; metadata | tokenizer) echo 8192 ;; safetensors | hf_index) echo 4096 ;; *) echo 2048 ;;
+#   scripts/fuzz.sh [seconds] [target ...]     targets: config memmap_dataset fast_llm_dataset manifest
+#                                              safetensors hf_index hf_config metadata metrics
+#                                              token_cache tokenizer (default all)
   esac
 }
 

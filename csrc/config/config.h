@@ -91,7 +91,7 @@ struct ModelConfig {
 };
 
 struct DatasetRef {
-  std::string path;     // prefix of .bin/.idx, or a .fast_llm_dataset file
+  std::string path;     // prefix of .bin/.idx, a .fast_llm_dataset file, or a NAME.manifest.json of shards
   double weight = 1.0;  // blending weight (normalised over the list)
   int line = 0;         // source line, for error messages (0: from the command line)
   // The source line is not part of the value.

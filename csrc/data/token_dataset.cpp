@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "data/fast_llm_dataset.h"
+#include "data/manifest_dataset.h"
 #include "data/memmap_dataset.h"
 
 namespace engine {
@@ -217,6 +218,7 @@ static bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::unique_ptr<TokenDataset> open_token_dataset(const std::string& path) {
   if (ends_with(path, ".fast_llm_dataset")) return std::make_unique<FastLLMDataset>(path);
+  if (is_manifest_path(path)) return std::make_unique<ManifestDataset>(path);
   std::string prefix = path;
   if (ends_with(prefix, ".bin") || ends_with(prefix, ".idx")) prefix.resize(prefix.size() - 4);
   return std::make_unique<MemmapDataset>(prefix);

@@ -1,6 +1,7 @@
 // A tokenized dataset on disk, memory-mapped read-only: N documents of int tokens, optionally
 // with loss-masking spans. Two formats (FORMATS.md): Megatron / Fast-LLM `prefix.bin` +
-// `prefix.idx` (versions 1-3) and Fast-LLM's single-file `.fast_llm_dataset`. Opening validates
+// `prefix.idx` (versions 1-3) and Fast-LLM's single-file `.fast_llm_dataset`, plus a manifest of
+// .bin/.idx shards read as one dataset (data/manifest_dataset.h). Opening validates
 // every header field and every size and offset against the file sizes, so that afterwards no
 // read can leave the mapping; any problem is an engine::Error "<file>: at offset <n>: <what>".
 // Tokens are returned as int32; a stored value outside [0, 2^31) is an error naming the file,
@@ -66,12 +67,16 @@ class TokenDataset {
   // The mapped files whose contents define the tokens (the .idx and .bin, or the one file); the
   // last one holds the tokens.
   virtual std::vector<const MappedFile*> files() const = 0;
+  // The datasets whose files hold the tokens: this one, or a manifest's shards in order.
+  virtual std::vector<const TokenDataset*> parts() const { return {this}; }
   // Every stored token's range, scanned in parallel (OpenMP) over pieces of about 1M tokens.
   TokenIdRange scan_token_ids() const;
-  // The first stored token outside [0, limit) in document order (doc = -1 when there is none).
-  TokenLocation first_token_outside(int64_t limit) const;
+  // The first stored token outside [0, limit) in document order (doc = -1 when there is none);
+  // `byte` is its offset in the file that holds it (for a manifest: the shard's .bin).
+  virtual TokenLocation first_token_outside(int64_t limit) const;
 
  protected:
+  friend class ManifestDataset;  // serves its documents from its shards' mappings
   // First byte of the tokens of `doc` inside the mapping (validated at open).
   virtual const unsigned char* document_data(int64_t doc) const = 0;
   // The file that holds the tokens (for error messages).
@@ -84,7 +89,8 @@ class TokenDataset {
   bool has_spans_ = false;
 };
 
-// Opens `path`: a file ending in ".fast_llm_dataset", else the prefix of `path.bin` + `path.idx`
+// Opens `path`: a file ending in ".fast_llm_dataset", a manifest (ending in "manifest.json"),
+// else the prefix of `path.bin` + `path.idx`
 // (a trailing ".bin" or ".idx" is accepted and stripped).
 std::unique_ptr<TokenDataset> open_token_dataset(const std::string& path);
 

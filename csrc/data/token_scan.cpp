@@ -167,10 +167,6 @@ TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& 
 
 int64_t token_scans_run() { return g_scans.load(); }
 
-void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& o) {
-  check_token_range(ds, scan_token_ids_cached(ds, o), vocab_size);
-}
-
 void check_token_range(const TokenDataset& ds, const TokenScan& scan, int64_t vocab_size) {
   const TokenIdRange r = scan.range;
   if (r.min > r.max || (r.min >= 0 && r.max < vocab_size)) return;
@@ -181,6 +177,11 @@ void check_token_range(const TokenDataset& ds, const TokenScan& scan, int64_t vo
   RAISE(ds.tokens_path(), ": document ", at.doc, ", token offset ", at.offset, " (byte ", at.byte, "): token id ",
         at.value, at.value < 0 ? " is negative" : str_cat(" >= model.vocab_size (", vocab_size, ")"),
         " (found by the scan of every token before training)");
+}
+
+void check_token_ids(const TokenDataset& whole, int64_t vocab_size, const TokenScanOptions& o) {
+  // Part by part (a manifest's shards): each has its own cache entry and names its own file.
+  for (const TokenDataset* part : whole.parts()) check_token_range(*part, scan_token_ids_cached(*part, o), vocab_size);
 }
 
 }  // namespace engine

@@ -36,7 +36,8 @@ struct TokenScan {
 };
 TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& options = {});
 
-// Throws unless every stored token of `ds` lies in [0, vocab_size), naming the token file, the
+// Throws unless every stored token of `ds` lies in [0, vocab_size), naming the token file (a
+// manifest: the shard's, each shard scanned and cached on its own), the
 // first offending token's document, token offset and byte offset, and its id.
 void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& options = {});
 // The same check with a scan made elsewhere (another rank's of the same files: the ranks of a run

@@ -1,15 +1,21 @@
 // scripts/prepare_data.py (and make_demo_corpus.py) produce datasets the C++ reader accepts:
 // byte-level tokens, one end-of-document token 256 per document, uint16 on disk. Runs the
-// python from $PYTHON (default python3); skipped when it is not available.
+// python from $PYTHON (default python3); skipped when it is not available. The script's own tests
+// (tests/data/prepare_tests.py: every input kind, tokenizers, kill and resume, bad input) run here
+// too; the sharded chat output is read through its manifest and trained on by ./train.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
+#include "data/manifest_dataset.h"
 #include "data/memmap_dataset.h"
+#include "data/sampler.h"
+#include "tests/common/process.h"
 #include "tests/common/testing.h"
 #include "tests/data/data_test_util.h"
 
@@ -162,6 +168,78 @@ TEST_CASE("make_demo_corpus.py -> prepare_data.py: 3000 documents" * doctest::te
     CHECK(t.back() == 256);
     for (size_t i = 0; i + 1 < t.size(); ++i) CHECK((t[i] >= 32 && t[i] < 127));  // ASCII text
   }
+}
+
+TEST_CASE("prepare_data.py: its Python tests (tests/data/prepare_tests.py)" * doctest::test_suite("full")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  const testing::ProcessResult r =
+      testing::run_command(py + " " + repo_root() + "/tests/data/prepare_tests.py -v 2>&1");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  // unittest lists each skip as "... skipped 'needs the X package ...'": recorded, not hidden.
+  std::istringstream lines(r.output);
+  std::string skips;
+  for (std::string line; std::getline(lines, line);)
+    if (auto at = line.find(" ... skipped "); at != std::string::npos) skips += "\n  " + line;
+  if (!skips.empty()) MESSAGE("prepare_tests.py skipped:" << skips);
+  CHECK(r.output.find("\nOK") != std::string::npos);
+}
+
+TEST_CASE("prepare_data.py: chat, sharded -> the manifest as data.train: spans masked, ./train trains" *
+          doctest::test_suite("full")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  std::string dir = data_testing::data_test_dir("prepare_chat");
+  {
+    std::ofstream f(dir + "/chat.jsonl");
+    for (int i = 0; i < 200; ++i)
+      f << "{\"messages\": [{\"role\": \"user\", \"content\": \"What is " << i << " plus " << i
+        << "?\"}, {\"role\": \"assistant\", \"content\": \"" << 2 * i << ".\"}]}\n";
+  }
+  std::string cmd = py + " " + repo_root() + "/scripts/prepare_data.py " + dir + "/chat.jsonl --chat-field messages " +
+                    "--shard-size 2000 --workers 2 -o " + dir + "/chat > " + dir + "/log.txt 2>&1";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, cmd);
+  const std::string manifest = dir + "/chat.manifest.json";
+  auto ds = open_token_dataset(manifest);
+  CHECK(dynamic_cast<const ManifestDataset&>(*ds).num_shards() > 3);
+  REQUIRE(ds->num_documents() == 200);
+  // Document 7: "<|user|>\nWhat is 7 plus 7?\n<|assistant|>\n" masked; "14.\n" and the EOS train.
+  const std::string prompt = "<|user|>\nWhat is 7 plus 7?\n<|assistant|>\n";
+  CHECK(ds->read(7) == bytes_then_eos(prompt + "14.\n"));
+  CHECK(ds->loss_masking_spans(7) == std::vector<TokenSpan>{{0, static_cast<int64_t>(prompt.size())}});
+  // Through the sampler: a label inside a span has mask 0, every other label of a document 1.
+  Config c = data_testing::data_config({manifest}, 64, 257, /*truncate_documents=*/false);
+  auto source = make_sample_source(c, Split::Train, 16);
+  int64_t masked = 0, trained = 0;
+  for (int64_t i = 0; i < source->num_samples(); ++i) {
+    Sample x = source->get(i);
+    for (size_t p = 0; p + x.padding < x.loss_mask.size(); ++p) {
+      (x.loss_mask[p] ? trained : masked) += 1;
+      // Labels that train are the answer digits, '.', '\n' and EOS; prompts hold letters.
+      if (x.loss_mask[p]) CHECK(((x.tokens[p + 1] >= '0' && x.tokens[p + 1] <= '9') || x.tokens[p + 1] == '.' ||
+                                 x.tokens[p + 1] == '\n' || x.tokens[p + 1] == 256));
+    }
+  }
+  CHECK(masked > 3 * trained);
+  CHECK(trained > 0);
+  if (!std::filesystem::exists(testing::train_binary())) {
+    testing::skip_test("no ./train binary (run from the repository root): the training part");
+    return;
+  }
+  {
+    std::ofstream f(dir + "/run.toml");
+    f << "[run]\nname = \"chat\"\noutput_dir = \"" << dir << "/runs\"\nseed = 1\nlog_every = 1\ndevice = \"cpu\"\n"
+      << "[model]\nfamily = \"gpt2\"\nvocab_size = 257\nhidden_size = 16\nnum_layers = 1\nnum_heads = 2\n"
+      << "ffn_hidden_size = 32\n[data]\ntrain = [{ path = \"chat.manifest.json\" }]\nsequence_length = 64\n"
+      << "truncate_documents = false\n[batch]\nmicro_batch_size = 2\nglobal_batch_size = 4\n[optimizer]\nlr = 1e-2\n"
+      << "warmup_steps = 1\n[training]\nsteps = 3\n";
+  }
+  const testing::ProcessResult r = testing::run_command(testing::train_binary() + " " + dir + "/run.toml 2>&1");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("train data: " + manifest + ": 200 documents") != std::string::npos);
+  CHECK(r.output.find("step 3/3 | loss") != std::string::npos);
 }
 
 }  // namespace

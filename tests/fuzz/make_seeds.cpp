@@ -249,6 +249,27 @@ int main(int argc, char** argv) {
     put(d, "stale_key", "{\"version\":1,\"files\":[{\"path\":\"/x\",\"size\":1}],\"min\":1,\"max\":300}\n");
     put(d, "wrong_types", "{\"version\":\"1\",\"files\":@FILES@,\"min\":1.5,\"max\":null}\n");
   }
+  // Manifest: u16 length + s.bin, u16 length + s.idx, then m.manifest.json naming the shard "s"
+  // (fuzz_manifest's layout).
+  {
+    const fs::path d = out / "manifest";
+    engine::write_token_dataset((tmp / "s").string(), docs, 100, spans);
+    const Bytes bin = slurp((tmp / "s.bin").string()), idx = slurp((tmp / "s.idx").string());
+    const auto manifest = [&](const std::string& shard_extra, const std::string& top_extra) {
+      return "{\"format\": \"engine-token-manifest\", \"version\": 1, \"complete\": true, \"dtype\": "
+             "\"uint16\", \"vocab_size\": 100, \"loss_masking_spans\": true, \"documents\": 3, \"tokens\": 9," +
+             top_extra + " \"shards\": [{\"prefix\": \"s\", \"documents\": 3, \"tokens\": 9, \"bin_bytes\": " +
+             std::to_string(bin.size()) + ", \"idx_bytes\": " + std::to_string(idx.size()) + shard_extra + "}]}";
+    };
+    const Bytes files = u16le(bin.size()) + bin + u16le(idx.size()) + idx;
+    put(d, "valid", files + manifest("", ""));
+    put(d, "valid_hashes", files + manifest(", \"bin_sha256\": \"" + std::string(64, 'a') + "\", \"next\": [1, 0, 0, 0]",
+                                            " \"tokenizer\": {\"kind\": \"byte-level\"}, \"inputs\": [],"));
+    put(d, "bad_incomplete", files + manifest("", " \"complete\": false,"));
+    put(d, "bad_size", files + manifest(", \"bin_bytes\": 1", ""));
+    put(d, "bad_bin_short", u16le(bin.size() - 2) + bin.substr(0, bin.size() - 2) + u16le(idx.size()) + idx +
+                                manifest("", ""));
+  }
   fs::remove_all(tmp);
   return 0;
 }

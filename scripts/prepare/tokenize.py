@@ -1,0 +1,225 @@
+"""Tokenizers, chat rendering and the worker's job: a chunk in, its documents' tokens out.
+
+Tokenizers:
+  byte level   token = UTF-8 byte (0..255), EOS 256 after every document, vocabulary 257
+  tokenizer    a Hugging Face tokenizer.json, or a model folder holding one; BOS and EOS as the
+               folder's tokenizer_config.json (add_bos_token, add_eos_token, bos_token,
+               eos_token), then special_tokens_map.json, then generation_config.json
+               (bos_token_id, eos_token_id) say. Without a setting, BOS is added when the
+               tokenizer's own post-processor adds it, and EOS is appended to every document when
+               one is known (a bare tokenizer.json names none: give --eos), whatever
+               add_eos_token says (that is about prompts). --bos/--eos (a token or an id) and
+               --no-bos/--no-eos override.
+Texts are encoded without the tokenizer's own special tokens; BOS and EOS are then added here, so
+the same rule holds for every tokenizer.
+
+Chat documents (--chat-field): a list of {"role", "content"} messages, each rendered with the
+template (default "<|{role}|>\\n{content}\\n"). Everything but the content and template suffix of
+the training roles (default: assistant) is a loss-masking span. Each piece is tokenized on its own
+so that span boundaries fall between tokens (as Fast-LLM does).
+"""
+import json
+import os
+import sys
+from array import array
+
+from . import InputError
+
+BYTE_EOS = 256
+BYTE_VOCAB = 257
+DEFAULT_TEMPLATE = "<|{role}|>\n{content}\n"
+
+
+class ByteTokenizer:
+    name = "byte-level"
+    vocab_size = BYTE_VOCAB
+    bos, eos = None, BYTE_EOS
+
+    def describe(self):
+        return {"kind": "byte-level", "vocab_size": BYTE_VOCAB, "bos": None, "eos": BYTE_EOS}
+
+
+def _token_text(v):
+    """A special token as the configs write it: a string or {"content": ...}."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+def _load_json(path):
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            v = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not readable JSON: {e}")
+    return v if isinstance(v, dict) else {}
+
+
+class HFTokenizer:
+    def __init__(self, path, bos=None, eos=None, no_bos=False, no_eos=False):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise InputError("--tokenizer needs the `tokenizers` package: pip install tokenizers "
+                             "(or scripts/install_deps.sh)")
+        folder = path if os.path.isdir(path) else None
+        file = os.path.join(path, "tokenizer.json") if folder else path
+        if not os.path.isfile(file):
+            raise InputError(f"{path}: no tokenizer.json" + (" in the folder" if folder else ""))
+        with open(file, encoding="utf-8") as f:
+            self.json_text = f.read()
+        try:
+            self._tok = Tokenizer.from_str(self.json_text)
+        except Exception as e:
+            raise InputError(f"{file}: not a tokenizer.json the tokenizers package reads: {e}")
+        self.name = file
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+        cfg, smap, gen = {}, {}, {}
+        if folder:
+            cfg = _load_json(os.path.join(folder, "tokenizer_config.json"))
+            smap = _load_json(os.path.join(folder, "special_tokens_map.json"))
+            gen = _load_json(os.path.join(folder, "generation_config.json"))
+        self.bos = self._special("bos", bos, cfg, smap, gen, file)
+        self.eos = self._special("eos", eos, cfg, smap, gen, file)
+        if no_bos or self.bos is None:
+            add_bos = False
+        elif bos is not None:
+            add_bos = True
+        elif isinstance(cfg.get("add_bos_token"), bool):
+            add_bos = cfg["add_bos_token"]
+        else:  # what the tokenizer's post-processor does on its own
+            ids = self._tok.encode("a", add_special_tokens=True).ids
+            add_bos = bool(ids) and ids[0] == self.bos
+        # EOS separates documents: appended whenever one is known (a config's add_eos_token says
+        # what encode() adds to a prompt, not where a training document ends).
+        add_eos = not no_eos and self.eos is not None
+        self.bos = self.bos if add_bos else None
+        self.eos = self.eos if add_eos else None
+
+    def _special(self, which, override, cfg, smap, gen, file):
+        if override is not None:
+            tid = int(override) if override.isdigit() else self._tok.token_to_id(override)
+            if tid is None or not 0 <= tid < self.vocab_size:
+                raise InputError(f"--{which} {override!r} is not a token of {file}")
+            return tid
+        for source in (cfg, smap):
+            text = _token_text(source.get(f"{which}_token"))
+            if text is not None:
+                tid = self._tok.token_to_id(text)
+                if tid is None:
+                    raise InputError(f"{file}: the configured {which}_token {text!r} is not in the vocabulary")
+                return tid
+        v = gen.get(f"{which}_token_id")
+        if isinstance(v, list):
+            v = v[0] if v else None
+        return v if isinstance(v, int) and 0 <= v < self.vocab_size else None
+
+    def describe(self):
+        import hashlib
+        return {"kind": "tokenizer.json", "path": os.path.abspath(self.name), "vocab_size": self.vocab_size,
+                "bos": self.bos, "eos": self.eos, "sha256": hashlib.sha256(self.json_text.encode()).hexdigest()}
+
+    def encode_many(self, texts):
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def render_chat(where, messages, template, train_roles):
+    """The pieces of a chat document: [(text, trains)], in order."""
+    if not isinstance(messages, list):
+        raise InputError(f"{where}: the chat field is a {type(messages).__name__}, expected a list of messages")
+    before, after = template.split("{content}")
+    pieces = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InputError(f"{where}: message {i} is not an object with string \"role\" and \"content\": "
+                             f"{json.dumps(m)[:80]}")
+        trains = m["role"] in train_roles
+        pieces.append((before.replace("{role}", m["role"]), False))
+        pieces.append((m["content"] + after.replace("{role}", m["role"]), trains))
+    return pieces
+
+
+class Encoder:
+    """The worker's state: the tokenizer and the field settings (built once per process)."""
+
+    def __init__(self, tokenizer, field, chat, template, train_roles, typecode):
+        self.tok, self.field, self.chat = tokenizer, field, chat
+        self.template, self.train_roles, self.typecode = template, set(train_roles), typecode
+
+    def run(self, chunk):
+        """(tokens bytes (little-endian), sizes array('i'), spans per document or None, text bytes)."""
+        from .sources import extract
+        records = extract(chunk, self.field)
+        texts, shape, wheres = [], [], []  # shape: per document, its pieces' (trains) flags
+        for where, value in records:
+            if self.chat:
+                pieces = render_chat(where, value, self.template, self.train_roles)
+                texts += [p for p, _ in pieces]
+                wheres += [where] * len(pieces)
+                shape.append([t for _, t in pieces])
+            else:
+                if not isinstance(value, str):
+                    raise InputError(f"{where}: field {self.field!r} is a {type(value).__name__}, expected a string")
+                texts.append(value)
+                wheres.append(where)
+        try:
+            raw = [t.encode("utf-8") for t in texts]
+        except UnicodeEncodeError:  # lone surrogates, from JSON "\ud800" escapes
+            for t, where in zip(texts, wheres):
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise InputError(f"{where}: text that is not valid Unicode (a lone surrogate "
+                                     f"{t[e.start]!r} at character {e.start})")
+        text_bytes = sum(map(len, raw))
+        encoded = raw if isinstance(self.tok, ByteTokenizer) else self.tok.encode_many(texts)
+        if isinstance(self.tok, ByteTokenizer) and not self.chat:
+            return self._bytes(encoded) + (None, text_bytes)
+        return self._ids(encoded, shape) + (text_bytes,)
+
+    def _bytes(self, docs):
+        # Byte level, no spans: uint16 little-endian = each byte then 0x00, EOS (256) = 00 01.
+        joined = b"\x00".join(docs) + b"\x00"
+        out = bytearray(2 * len(joined))
+        out[0::2] = joined
+        sizes = array("i", (len(d) + 1 for d in docs))
+        end = 0
+        for s in sizes:
+            end += s
+            out[2 * end - 1] = 1
+        return bytes(out), sizes
+
+    def _ids(self, encoded, shape):
+        # Token ids (and, for chat, spans: [begin, end) of the pieces that do not train, BOS
+        # included when the first piece does not train; adjacent ones merged).
+        tokens, sizes, spans = array(self.typecode), array("i"), []
+        bos, eos = self.tok.bos, self.tok.eos
+        k = 0
+        for d in range(len(shape) if self.chat else len(encoded)):
+            start = len(tokens)
+            doc_spans = []
+            if bos is not None:
+                tokens.append(bos)
+            for trains in shape[d] if self.chat else (True,):
+                b = len(tokens) - start
+                tokens.extend(encoded[k])
+                k += 1
+                e = len(tokens) - start
+                if trains or e == b:
+                    continue
+                if b == 1 and bos is not None:
+                    b = 0
+                if doc_spans and doc_spans[-1][1] == b:
+                    doc_spans[-1] = (doc_spans[-1][0], e)
+                else:
+                    doc_spans.append((b, e))
+            if eos is not None:
+                tokens.append(eos)
+            sizes.append(len(tokens) - start)
+            spans.append(doc_spans)
+        if sys.byteorder != "little":
+            tokens.byteswap()
+        return tokens.tobytes(), sizes, spans if self.chat else None
