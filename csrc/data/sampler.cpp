@@ -125,7 +125,7 @@ class BlendedSampleSource final : public SampleSource {
     std::vector<TokenScan> out;
     for (size_t d = 0; d < samplers_.size(); ++d) {
       try {
-        out.push_back(scan_token_ids_cached(samplers_[d]->dataset()));
+        for (const TokenDataset* part : samplers_[d]->dataset().parts()) out.push_back(scan_token_ids_cached(*part));
       } catch (const Error& e) {
         throw Error(wheres_[d] + e.what());
       }
@@ -134,15 +134,18 @@ class BlendedSampleSource final : public SampleSource {
   }
 
   void check_token_ids(const std::vector<TokenScan>& scans) const override {
-    ENSURE(scans.size() == samplers_.size(), "check_token_ids: ", scans.size(), " scans for ", samplers_.size(),
-           " datasets");
+    size_t i = 0;
     for (size_t d = 0; d < samplers_.size(); ++d) {
       try {
-        check_token_range(samplers_[d]->dataset(), scans[d], vocab_size_);
+        for (const TokenDataset* part : samplers_[d]->dataset().parts()) {
+          ENSURE(i < scans.size(), "check_token_ids: ", scans.size(), " scans for more parts");
+          check_token_range(*part, scans[i++], vocab_size_);
+        }
       } catch (const Error& e) {
         throw Error(wheres_[d] + e.what());
       }
     }
+    ENSURE(i == scans.size(), "check_token_ids: ", scans.size(), " scans for ", i, " parts");
   }
 
  private:

@@ -48,8 +48,9 @@ class SampleSource {
   // config entry, the token file, the document, offsets and the id (data/token_scan.h: one
   // parallel scan a file, cached). Reading a sample checks its own tokens in any case.
   void check_token_ids() const { check_token_ids(scan_token_ids()); }
-  // The same in two halves, so that the ranks of a run scan once: the scans of every dataset (in
-  // order), and the check given scans of the same files (made on another rank).
+  // The same in two halves, so that the ranks of a run scan once: the scans of every part of every
+  // dataset in order (TokenDataset::parts: a manifest's shards), and the check given scans of the
+  // same files (made on another rank).
   virtual std::vector<TokenScan> scan_token_ids() const = 0;
   virtual void check_token_ids(const std::vector<TokenScan>& scans) const = 0;
 };

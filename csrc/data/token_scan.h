@@ -40,8 +40,9 @@ TokenScan scan_token_ids_cached(const TokenDataset& ds, const TokenScanOptions& 
 // manifest: the shard's, each shard scanned and cached on its own), the
 // first offending token's document, token offset and byte offset, and its id.
 void check_token_ids(const TokenDataset& ds, int64_t vocab_size, const TokenScanOptions& options = {});
-// The same check with a scan made elsewhere (another rank's of the same files: the ranks of a run
-// scan once, train/trainer.cpp).
+// The same check of one part (TokenDataset::parts(): a dataset, or one shard of a manifest) with
+// a scan made elsewhere (another rank's of the same files: the ranks of a run scan once,
+// train/trainer.cpp).
 void check_token_range(const TokenDataset& ds, const TokenScan& scan, int64_t vocab_size);
 
 // How many full scans (TokenDataset::scan_token_ids) this process has run through

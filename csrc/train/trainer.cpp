@@ -203,25 +203,29 @@ void Trainer::check_data() const {
   // rank checks its files against that range. The ranks' data files agree (train/agreement.h),
   // and a rank that finds an id out of range locates it in its own files.
   std::vector<TokenScan> train_scans, valid_scans;
-  nlohmann::json ranges = nlohmann::json::array();  // [[min, max, cache file], ...]: train, then valid
+  // {"train": [[min, max, cache file], ...], "valid": [...]}, one entry a part of a dataset.
+  nlohmann::json ranges = {{"train", nlohmann::json::array()}, {"valid", nlohmann::json::array()}};
   checkpoint::agree(mesh_->all(), [&] {
     if (mesh_->all().rank() != 0) return;
     train_scans = train_data_->scan_token_ids();
     if (valid_data_) valid_scans = valid_data_->scan_token_ids();
-    for (const auto* scans : {&train_scans, &valid_scans})
-      for (const TokenScan& s : *scans) ranges.push_back({s.range.min, s.range.max, s.cache_file});
+    for (const TokenScan& s : train_scans) ranges["train"].push_back({s.range.min, s.range.max, s.cache_file});
+    for (const TokenScan& s : valid_scans) ranges["valid"].push_back({s.range.min, s.range.max, s.cache_file});
   });
   if (mesh_->all().size() > 1) {
     ranges = nlohmann::json::parse(all_gather_strings(mesh_->all(), ranges.dump())[0]);
-    const size_t n_train = train_data_->usage().size();
-    train_scans.assign(n_train, {});
-    valid_scans.assign(ranges.size() - n_train, {});
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      TokenScan& s = i < n_train ? train_scans[i] : valid_scans[i - n_train];
-      s.range = {ranges[i][0].get<int64_t>(), ranges[i][1].get<int64_t>()};
-      s.cache_file = ranges[i][2].get<std::string>();
-      s.from_cache = !s.cache_file.empty();
-    }
+    auto read = [&](const nlohmann::json& list, std::vector<TokenScan>& scans) {
+      scans.clear();
+      for (const auto& e : list) {
+        TokenScan s;
+        s.range = {e[0].get<int64_t>(), e[1].get<int64_t>()};
+        s.cache_file = e[2].get<std::string>();
+        s.from_cache = !s.cache_file.empty();
+        scans.push_back(s);
+      }
+    };
+    read(ranges["train"], train_scans);
+    read(ranges["valid"], valid_scans);
   }
   checkpoint::agree(mesh_->all(), [&] {
     train_data_->check_token_ids(train_scans);
