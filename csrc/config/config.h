@@ -148,7 +148,7 @@ struct TrainingConfig {
   int keep_checkpoints = 3;  // newest checkpoints kept; 0 = all
   std::string resume = "none";  // "none", "auto" (newest usable checkpoint of this run) or a path
   bool recompute_activations = false;  // keep only block outputs; recompute each block in backward
-  // Every sample_every steps (0: never) rank 0 prints the greedy continuation of sample_prompt
+  // Every sample_every steps and at the last (0: never) rank 0 prints the greedy continuation of sample_prompt
   // (sample_tokens new tokens at most) with the current weights (train/generate.h).
   int sample_every = 0;
   std::string sample_prompt;

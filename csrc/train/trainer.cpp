@@ -527,7 +527,7 @@ int Trainer::run() {
                format_duration(train_seconds_), " | eta ", format_duration(eta),
                r.step == 1 ? " | peak memory " + format_bytes(static_cast<double>(peak)) : "");
     }
-    if (sample_codec_ && r.step % config_.training.sample_every == 0) print_sample(r.step);
+    if (sample_codec_ && (r.step % config_.training.sample_every == 0 || r.step == total)) print_sample(r.step);
     if (config_.training.eval_every > 0 && (r.step % config_.training.eval_every == 0 || r.step == total)) {
       double vl;
       {
