@@ -1,3 +1,5 @@
+// Text generation (train/generate.h): the sampling rules, the token loop over cached decode steps,
+// the text codecs of data.tokenizer, the training samples and the --generate tool.
 #include "train/generate.h"
 
 #include <algorithm>
