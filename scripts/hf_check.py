@@ -9,9 +9,19 @@ For each family (gpt2, llama, mistral, qwen2, mixtral, mamba):
   import  builds a model with transformers from the export's config.json with random weights
           (norm weights and biases too), saves it with save_pretrained, starts ./train from it
           (model.init_from) and compares the logits the same way;
+  generate  greedy generation from the imported model: `./train CONFIG --generate IDS
+          --temperature 0` (data.tokenizer = "ids") against transformers' model.generate(
+          do_sample=False) for two prompts, one long enough that the sequence passes the sliding
+          windows;
 and prints one line per family:
 
-    gpt2     export cpu-f32 max_abs 6.0e-07 rel_rms 1.4e-07, cuda-bf16 ... | import cpu-f32 ... | OK
+    gpt2     export cpu-f32 max_abs 6.0e-07 rel_rms 1.4e-07, cuda-bf16 ... | import cpu-f32 ... |
+             generate cpu-f32 48/48, cuda-bf16 48/48 | OK
+
+Greedy output must equal transformers' token for token. Where two ids' logits are within the
+backend's rounding of each other (a near tie) either pick is right: the first difference then
+passes when transformers' logit gap there is below TIE_GAP x rms(logits) (cpu 1e-4, cuda 3e-2),
+and the rest of the sequence is not compared ("cuda-bf16 31/48, then a near tie (gap 4e-3)").
 
 The reference is transformers in float32 (eager attention, no TF32). Our logits are compared on
 the CPU backend (f32: tolerance rel_rms 1e-4) and, when a GPU is visible and ./train was built
@@ -109,6 +119,8 @@ norm_eps = 1e-6
 }
 
 TOLERANCE = {"cpu": 1e-4, "cuda": 3e-2}
+TIE_GAP = {"cpu": 1e-4, "cuda": 3e-2}
+GENERATE_TOKENS = 24
 
 
 def run(cmd, log):
@@ -228,6 +240,76 @@ def ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, tag, log):
     return ", ".join(parts), ok
 
 
+def hf_greedy(model, prompt, device, new_tokens):
+    """transformers' greedy continuation of `prompt` (the new ids; shorter when it met its EOS)."""
+    import torch
+
+    model = model.to(device).eval()
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    pad = model.generation_config.pad_token_id
+    if pad is None:
+        pad = model.generation_config.eos_token_id
+    if isinstance(pad, list):
+        pad = pad[0]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
+                             max_new_tokens=new_tokens, pad_token_id=0 if pad is None else pad)
+    return out[0, len(prompt):].tolist()
+
+
+def ours_greedy(train, cfg, dev, prompt, new_tokens, log):
+    """Our greedy continuation: the last stdout line of ./train --generate is every id, prompt first."""
+    cmd = [train, cfg, f"run.device={dev}", 'data.tokenizer="ids"', "--generate", ",".join(map(str, prompt)),
+           "--temperature", "0", "--max-new-tokens", str(new_tokens)]
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    with open(log, "a") as f:
+        f.write(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+    ids = [int(t) for t in r.stdout.strip().splitlines()[-1].split()]
+    if ids[:len(prompt)] != prompt:
+        raise RuntimeError(f"./train --generate printed {ids[:len(prompt)]}..., not the prompt {prompt}")
+    return ids[len(prompt):]
+
+
+def generate_vs(model, model_dir, train, cfg, devices, ref_device, log):
+    """'cpu-f32 48/48, cuda-bf16 48/48' (equal new ids of all) and whether every backend passes."""
+    import numpy as np
+
+    rng = random.Random(99)
+    prompts = [[rng.randrange(257) for _ in range(n)] for n in (5, 23)]
+    refs = [hf_greedy(model, p, ref_device, GENERATE_TOKENS) for p in prompts]
+    parts, ok = [], True
+    for dev in devices:
+        name = "cpu-f32" if dev == "cpu" else "cuda-bf16"
+        equal, total, note, good = 0, 0, "", True
+        for prompt, ref in zip(prompts, refs):
+            ours = ours_greedy(train, cfg, dev, prompt, GENERATE_TOKENS, log)
+            # transformers stops at its EOS; we (token ids, no EOS) go on: compare its length.
+            total += len(ref)
+            i = 0
+            while i < len(ref) and i < len(ours) and ours[i] == ref[i]:
+                i += 1
+            equal += i
+            if i == len(ref):
+                continue
+            if i == len(ours):
+                good, note = False, f" (ours stopped after {len(ours)})"
+                break
+            logits = hf_logits(model_dir, [prompt + ref[:i]], ref_device, model=model)[0][-1].astype(np.float64)
+            gap = (logits[ref[i]] - logits[ours[i]]) / np.sqrt(np.mean(logits ** 2))
+            if gap <= TIE_GAP[dev]:
+                note += f", then a near tie (gap {gap:.1e})"
+            else:
+                good, note = False, f" (differs at new token {i}: {ours[i]} vs {ref[i]}, gap {gap:.1e})"
+                break
+        ok &= good
+        parts.append(f"{name} {equal}/{total}{note}")
+    return ", ".join(parts), ok
+
+
 def compare(ours, ref):
     import numpy as np
 
@@ -321,6 +403,10 @@ def main():
             shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
             line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log)
             parts.append("import " + line)
+            ok &= good
+            # Greedy generation from the same model, both sides with their caches.
+            line, good = generate_vs(model, hf_dir, args.train, cfg_in, devices, ref_device, log)
+            parts.append("generate " + line)
             ok &= good
         except Exception as e:  # one line per family, whatever went wrong
             ok = False

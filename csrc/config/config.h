@@ -108,6 +108,11 @@ struct DataConfig {
   // Passes over a training dataset the run may make: more is refused before the first step
   // (a dataset shorter than a sequence, the wrong file); 0 = no limit. Over 1 is a warning.
   int max_epochs = 1000;
+  // Text in and out of generation (--generate, training.sample_every; train/generate.h): "bytes"
+  // (the byte-level ids of scripts/prepare_data.py), "ids" (prompts and output as token ids), a
+  // tokenizer.json or a folder holding one; "" picks: model.init_from's tokenizer.json when there
+  // is one, else bytes when vocab_size is 257, else ids.
+  std::string tokenizer;
   bool operator==(const DataConfig&) const = default;
 };
 
@@ -143,6 +148,11 @@ struct TrainingConfig {
   int keep_checkpoints = 3;  // newest checkpoints kept; 0 = all
   std::string resume = "none";  // "none", "auto" (newest usable checkpoint of this run) or a path
   bool recompute_activations = false;  // keep only block outputs; recompute each block in backward
+  // Every sample_every steps and at the last (0: never) rank 0 prints the greedy continuation of sample_prompt
+  // (sample_tokens new tokens at most) with the current weights (train/generate.h).
+  int sample_every = 0;
+  std::string sample_prompt;
+  int sample_tokens = 32;
   bool operator==(const TrainingConfig&) const = default;
 };
 

@@ -132,6 +132,7 @@ void visit_fields(C& c, V& v) {
   v.field("truncate_documents", c.data.truncate_documents);
   v.field("cross_document_attention", c.data.cross_document_attention);
   v.field("max_epochs", c.data.max_epochs);
+  v.field("tokenizer", c.data.tokenizer);
 
   v.section("batch");
   v.field("micro_batch_size", c.batch.micro_batch_size);
@@ -161,6 +162,9 @@ void visit_fields(C& c, V& v) {
   v.field("keep_checkpoints", c.training.keep_checkpoints);
   v.field("resume", c.training.resume);
   v.field("recompute_activations", c.training.recompute_activations);
+  v.field("sample_every", c.training.sample_every);
+  v.field("sample_prompt", c.training.sample_prompt);
+  v.field("sample_tokens", c.training.sample_tokens);
 
   v.section("distributed");
   v.field("zero_stage", c.distributed.zero_stage);

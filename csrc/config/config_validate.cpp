@@ -404,6 +404,15 @@ struct Checker {
     required_positive("data.sequence_length", d.sequence_length);
     unit_interval("data.valid_fraction", d.valid_fraction);
     at_least("data.max_epochs", d.max_epochs, 0);
+    if (d.tokenizer == "bytes" && c.model.vocab_size < 257)
+      RAISE(c.where("data.tokenizer"), "\"bytes\" needs model.vocab_size >= 257 (256 bytes and the end of "
+            "document), got ", c.model.vocab_size);
+    if (!d.tokenizer.empty() && d.tokenizer != "bytes" && d.tokenizer != "ids") {
+      resolve_path("data.tokenizer", d.tokenizer);
+      if (std::error_code ec; !std::filesystem::exists(d.tokenizer, ec))
+        RAISE(c.where("data.tokenizer"), "\"bytes\", \"ids\" or a tokenizer.json or folder; ", d.tokenizer,
+              " does not exist");
+    }
   }
 
   void batch() const {
@@ -500,6 +509,14 @@ struct Checker {
     at_least("training.keep_checkpoints", t.keep_checkpoints, 0);
     non_empty("training.resume", t.resume);
     if (t.resume != "none" && t.resume != "auto") resolve_path("training.resume", t.resume);
+    at_least("training.sample_every", t.sample_every, 0);
+    at_least("training.sample_tokens", t.sample_tokens, 1);
+    const DistributedConfig& dist = c.distributed;
+    if (t.sample_every > 0 && t.sample_prompt.empty())
+      RAISE(c.where("training.sample_prompt"), "must be set with training.sample_every (the samples' prompt)");
+    if (t.sample_every > 0 && (dist.tensor_parallel > 1 || dist.pipeline_parallel > 1 || dist.zero_stage == 3))
+      RAISE(c.where("training.sample_every"), "needs every weight on rank 0: not with tensor_parallel, "
+            "pipeline_parallel > 1 or zero_stage 3 (use --generate on a checkpoint)");
     if (t.eval_every > 0 && c.data.valid.empty() && c.data.valid_fraction == 0)
       RAISE(c.where("training.eval_every"),
             "validation needs data: set data.valid or data.valid_fraction > 0");

@@ -49,6 +49,12 @@ struct SegmentInfo {  // one micro-batch's varlen layout, on the compute device
   bool kv_release = false;
 };
 
+// Text generation: the keys and values of every position decoded so far (one sequence).
+struct AttentionCache {
+  Owned kv;         // (capacity, 2 Hkv, D) activations: k heads, then v heads, RoPE applied to k
+  int64_t len = 0;  // positions filled
+};
+
 struct AttentionSaved {
   Owned qkv;  // (T, H + 2 Hkv, D)
   Owned out;  // (T, H, D)
@@ -73,6 +79,15 @@ class Attention {
                                 const Tensor& dxn) const;
   // The output bias's gradient (undefined without one): sum_t dy over this rank's rows.
   Tensor out_bias_grad() const { return bo_ ? bo_.g() : Tensor{}; }
+
+  // One-token decode (layers/decode.cpp): xn (1, C) is the next token of the sequence whose
+  // keys and values `cache` holds, at position `position` ((1) i32 on the device, = cache.len);
+  // its q, k, v are projected, rotated, its k and v appended to the cache, and its query attends
+  // to every cached key within the window (ops/decode.h). y (1, C) as forward writes it. One
+  // rank: no tensor parallelism.
+  void decode(const Env& env, const Tensor& xn, const Tensor& position, AttentionCache& cache,
+              const Tensor& y) const;
+  AttentionCache new_cache(const Env& env, int64_t capacity) const;
 
  private:
   ops::AttentionParams op_params(const SegmentInfo& seg, const AttentionSaved& s) const;

@@ -32,6 +32,12 @@ struct BlockSaved {
   MambaSaved mamba;
 };
 
+// Text generation: a block's state for one sequence (the attention's or the Mamba mixer's).
+struct BlockCache {
+  AttentionCache attn;
+  MambaCache mamba;
+};
+
 class Block {
  public:
   Block() = default;
@@ -63,6 +69,13 @@ class Block {
   Tensor out_bias_grad() const;
   // The auxiliary losses of a forward (E blocks; 0 otherwise), on the host (synchronises).
   double aux_loss(const BlockSaved& s) const;
+
+  // One-token decode (layers/decode.cpp): y (1, C) = the block of x (1, C), the next token of the
+  // sequence whose state `cache` holds, at position `position` ((1) i32 on the device); the
+  // cache moves on by this token. MLPs and experts run their forward on the one row (no jitter).
+  void decode(const Env& env, const Tensor& x, const Tensor& position, BlockCache& cache,
+              const Tensor& y) const;
+  BlockCache new_cache(const Env& env, int64_t capacity) const;
 
  private:
   BlockKind kind_ = BlockKind::Attention;

@@ -54,6 +54,12 @@ struct MambaConfig {
   int64_t rank() const { return dt_rank > 0 ? dt_rank : (hidden + 15) / 16; }
 };
 
+// Text generation: the state one sequence's earlier tokens left (ops/decode.h).
+struct MambaCache {
+  Owned conv;  // (K - 1, Di) activations: the conv inputs of the previous K - 1 tokens, oldest first
+  Owned ssm;   // (Di, N) statistics dtype: the scan state h after the previous token
+};
+
 struct MambaSaved {
   Owned xz;      // (T, 2 Di): [xi | z]
   Owned xproj;   // flat: dt_low (T, R), then (from a 64-element boundary) B|C (T, 2N)
@@ -80,6 +86,12 @@ class Mamba {
                                 const Tensor& dxn) const;
   // The output bias's gradient (undefined without one): sum_t dy over this rank's rows.
   Tensor out_bias_grad() const { return b_out_ ? b_out_.g() : Tensor{}; }
+
+  // One-token decode (layers/decode.cpp): xn (1, C) is the next token of the sequence whose state
+  // `cache` holds (zeros: the first token); the cache moves on by this token, y (1, C) as forward
+  // writes it. One rank: no tensor parallelism.
+  void decode(const Env& env, const Tensor& xn, MambaCache& cache, const Tensor& y) const;
+  MambaCache new_cache(const Env& env) const;
 
  private:
   int64_t bc_offset(int64_t tokens) const;

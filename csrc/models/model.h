@@ -66,6 +66,20 @@ class Model {
   // Debugging: while set, forward and backward add their residual-stream tensors to `stats`
   // (models/tensor_stats.h), each element once over the tensor-parallel group.
   virtual void set_stats(StatsRecorder* stats) = 0;
+  // Text generation (train/generate.h): one sequence decoded a token at a time. A DecodeCache
+  // holds every layer's state for up to `capacity` positions (attention keys and values, Mamba
+  // conv inputs and scan state); decode_step runs the next token (position = the tokens decoded
+  // so far) through every layer, moves the cache on by it and writes its next-token logits
+  // (1, V) f32 on the model's device into `logits`: the row the full forward's logits() gives for
+  // that position. The weights are read only. One rank holding every stage and the whole tensors.
+  struct DecodeCache {
+    virtual ~DecodeCache() = default;
+    int64_t position = 0;  // tokens decoded so far
+    int64_t capacity = 0;
+  };
+  virtual std::unique_ptr<DecodeCache> new_decode_cache(int64_t capacity) const = 0;
+  virtual void decode_step(DecodeCache& cache, int32_t token, const Tensor& logits) = 0;
+
   // Parameters of which the model holds a copy on more than one pipeline stage (the embedding
   // table tied to the LM head): the holders' gradients are summed so the copies stay equal.
   virtual std::vector<std::string> tied_parameters() const = 0;

@@ -276,11 +276,15 @@ void Transformer::set_teacher(Teacher teacher, const DistillationConfig& distill
   if (head_) head_->set_distillation(teacher_ ? &distillation : nullptr);
 }
 
+void Transformer::expect_whole_model(const char* what) const {
+  ENSURE(env_.tp_size() == 1 && layout_.pipeline_size == 1, what, " of a parallel model: run it on one rank");
+}
+
 void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   const int64_t T = mb.num_tokens, V = config_.vocab_size;
   expect_shape(out, {T, V}, "logits");
   ENSURE(out.dtype == DType::F32 && out.device == env_.device, "logits: an f32 tensor on the model's device");
-  ENSURE(env_.tp_size() == 1 && layout_.pipeline_size == 1, "logits of a parallel model: run it on one rank");
+  expect_whole_model("logits");
   const layers::SegmentInfo seg = mb.segments(true);
   Owned x = env_.act_tensor({T, config_.hidden_size});
   embedding_.forward(env_, mb.tokens, mb.positions, x);
@@ -289,7 +293,11 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
     b.forward(env_, x, seg, s);
     x = std::move(s.y);
   }
-  // The head's norm and projection as LmHead::forward applies them, without the loss.
+  head_logits(x, out);
+}
+
+void Transformer::head_logits(const Tensor& x, const Tensor& out) const {
+  const int64_t T = x.size(0), V = config_.vocab_size;
   const layers::Norm norm(store_, "final_norm", config_.norm, static_cast<float>(config_.norm_eps), config_.bias);
   Owned xn = env_.act_tensor({T, config_.hidden_size});
   layers::NormSaved ns;

@@ -57,6 +57,8 @@ class Transformer final : public Model {
   void vocab_logits(const MicroBatch& mb, const Tensor& out) override;
   void set_teacher(Teacher teacher, const DistillationConfig& distillation) override;
   void set_stats(StatsRecorder* stats) override { stats_ = stats; }
+  std::unique_ptr<DecodeCache> new_decode_cache(int64_t capacity) const override;  // models/decode.cpp
+  void decode_step(DecodeCache& cache, int32_t token, const Tensor& logits) override;
 
  private:
   struct TSaved;
@@ -74,6 +76,10 @@ class Transformer final : public Model {
   Teacher teacher_;
   StatsRecorder* stats_ = nullptr;
   void record(const std::string& name, const Tensor& x) const;
+  // The final norm and the LM head's projection of the last block's output x (T, C) into
+  // logits (T, V) f32, as LmHead::forward applies them without the loss.
+  void head_logits(const Tensor& x, const Tensor& out) const;
+  void expect_whole_model(const char* what) const;
 };
 
 }  // namespace engine

@@ -210,6 +210,8 @@ std::vector<AgreementEntry> agreement_entries(const Config& c) {
   if (!bare.distillation.teacher.empty()) bare.distillation.teacher = "(a folder)";
   std::string& resume = bare.training.resume;
   if (resume != "none" && resume != "auto" && !resume.empty()) resume = "(a path)";
+  std::string& tokenizer = bare.data.tokenizer;  // only rank 0 reads it (samples, --generate)
+  if (!tokenizer.empty() && tokenizer != "bytes" && tokenizer != "ids") tokenizer = "(a path)";
 
   const auto shown = config_entries(config_to_toml(c));
   const auto compared = config_entries(config_to_toml(bare));

@@ -1,10 +1,13 @@
-// ./train run.toml [section.key=value ...] [--export-hf DIR | --dump-logits TOKENS OUT]
+// ./train run.toml [section.key=value ...] [--export-hf DIR | --dump-logits TOKENS OUT | --generate PROMPT ...]
 // Trains the model the config describes; see README.md for the config reference.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <new>
 #include <string>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "parallel/schedule.h"
+#include "train/generate.h"
 #include "train/test_faults.h"
 #include "train/trainer.h"
 
@@ -33,7 +37,14 @@ static void usage() {
       "  --export-shard-mb N       above N MiB the export is split into model-0000i-of-0000n files\n"
       "                            with an index (default 5120)\n"
       "  --dump-logits TOKENS OUT  logits of the token sequences in TOKENS (one per line, ids\n"
-      "                            separated by spaces) to OUT (safetensors), with the same weights\n");
+      "                            separated by spaces) to OUT (safetensors), with the same weights\n"
+      "  --generate PROMPT         print PROMPT and the model's continuation, with the same weights, and\n"
+      "                            exit (text in and out as data.tokenizer says; token ids: \"1,2,3\")\n"
+      "  --max-new-tokens N        at most N new tokens (default 64; also stops at the end of document)\n"
+      "  --temperature T           0: greedy; else sample from softmax(logits / T) (default 1)\n"
+      "  --top-k K                 sample among the K most likely ids only (default 0: all)\n"
+      "  --top-p P                 ... and among the fewest most likely ids reaching probability P (default 1)\n"
+      "  --seed S                  the sampling seed (default run.seed): a seed gives the same text\n");
 }
 
 // Ends a run that trains nothing (help, a usage error, --print-config): under mpirun every rank
@@ -52,6 +63,10 @@ int main(int argc, char** argv) {
   std::string path, export_dir, tokens_path, logits_path;
   engine::hf::ExportOptions export_options;
   bool print_config = false, print_schedule = false;
+  std::optional<std::string> prompt;
+  engine::SamplingOptions sampling;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> sampling_flags;  // given without --generate: an error
   auto value = [&](int& i) -> std::string {
     if (i + 1 >= argc) {
       if (rank0()) std::fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]);
@@ -89,6 +104,32 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--dump-logits")) {
       tokens_path = value(i);
       logits_path = value(i);
+    } else if (!std::strcmp(argv[i], "--generate")) {
+      prompt = value(i);
+    } else if (!std::strcmp(argv[i], "--max-new-tokens") || !std::strcmp(argv[i], "--top-k") ||
+               !std::strcmp(argv[i], "--seed")) {
+      const std::string flag = argv[i], v = value(i);
+      char* end = nullptr;
+      errno = 0;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno != 0 || n < 0 || (flag != "--seed" && n > INT32_MAX)) {
+        if (rank0()) std::fprintf(stderr, "error: %s must be a non-negative integer, got %s\n", flag.c_str(), v.c_str());
+        return finish(2);
+      }
+      if (flag == "--max-new-tokens") sampling.max_new_tokens = static_cast<int>(n);
+      if (flag == "--top-k") sampling.top_k = static_cast<int>(n);
+      if (flag == "--seed") seed = static_cast<uint64_t>(n);
+      sampling_flags.push_back(flag);
+    } else if (!std::strcmp(argv[i], "--temperature") || !std::strcmp(argv[i], "--top-p")) {
+      const std::string flag = argv[i], v = value(i);
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0') {
+        if (rank0()) std::fprintf(stderr, "error: %s must be a number, got %s\n", flag.c_str(), v.c_str());
+        return finish(2);
+      }
+      (flag == "--temperature" ? sampling.temperature : sampling.top_p) = x;
+      sampling_flags.push_back(flag);
     } else if (path.empty() && std::strchr(argv[i], '=') == nullptr && argv[i][0] != '-') {
       path = argv[i];
     } else if (argv[i][0] == '-') {
@@ -101,6 +142,18 @@ int main(int argc, char** argv) {
   if (path.empty()) {
     if (rank0()) usage();
     return finish(2);
+  }
+  if (!prompt && !sampling_flags.empty()) {
+    if (rank0()) std::fprintf(stderr, "error: %s needs --generate (see --help)\n", sampling_flags[0].c_str());
+    return finish(2);
+  }
+  if (prompt) {
+    try {
+      engine::check_sampling(sampling);
+    } catch (const std::exception& e) {
+      if (rank0()) std::fprintf(stderr, "error: %s\n", e.what());
+      return finish(2);
+    }
   }
   engine::Trainer::install_signal_handlers();
   // A file grown past the size limit (ulimit -f) makes the write fail with EFBIG, reported with
@@ -134,9 +187,13 @@ int main(int argc, char** argv) {
       engine::launch_finalize();
       return 0;
     }
-    if (!export_dir.empty() || !tokens_path.empty()) {
+    if (!export_dir.empty() || !tokens_path.empty() || prompt) {
       // Tools run on one process (rank 0 under mpirun; the others wait).
       if (engine::world().rank() == 0) {
+        if (prompt) {
+          sampling.seed = seed.value_or(config.run.seed);
+          engine::generate_from_config(config, engine::resolve_device(config.run.device), *prompt, sampling);
+        }
         if (!export_dir.empty()) engine::checkpoint::export_hf_from_config(config, export_dir, export_options);
         if (!tokens_path.empty())
           engine::checkpoint::dump_logits(config, engine::resolve_device(config.run.device), tokens_path, logits_path);

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include "train/generate.h"
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "core/log.h"
 #include "models/model.h"
 #include "train/agreement.h"
+#include "train/generate.h"
 #include "train/metrics_file.h"
 
 namespace engine {
@@ -136,6 +138,8 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   BatchConfig& b = config_.batch;
   b.accumulation_steps = micro_batches_per_rank(config_, dp_size);
   const DistributedConfig& dist = config_.distributed;
+  if (config_.training.sample_every > 0 && mesh_->all().rank() == 0)  // the tokenizer, before any work
+    sample_codec_ = std::make_unique<TextCodec>(make_text_codec(config_));
   model_ = make_model(config_.model, device_, plan_.compute, 0, plan_.layout);
   model_->params().init(config_.run.seed);
   pipeline_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), dist.pipeline_schedule);
@@ -477,6 +481,15 @@ void Trainer::write_stats(int step) {
   out.sync_and_close();
 }
 
+void Trainer::print_sample(int step) {
+  // Greedy (no random numbers) on the current weights, which decoding only reads: the run's
+  // training is the same with and without samples.
+  const std::string text = sample_text(*model_, config_, *sample_codec_);
+  std::string line;
+  for (char ch : text) line += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+  log_info("step ", step, " | sample: ", line);
+}
+
 void Trainer::write_metrics(const std::string& line) {
   if (metrics_) metrics_->write(line + "\n");  // one write: whole lines for a reader
 }
@@ -539,6 +552,7 @@ int Trainer::run() {
                format_duration(train_seconds_), " | eta ", format_duration(eta),
                r.step == 1 ? " | peak memory " + format_bytes(static_cast<double>(peak)) : "");
     }
+    if (sample_codec_ && (r.step % config_.training.sample_every == 0 || r.step == total)) print_sample(r.step);
     if (config_.training.eval_every > 0 && (r.step % config_.training.eval_every == 0 || r.step == total)) {
       double vl;
       {

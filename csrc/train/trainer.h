@@ -30,6 +30,7 @@ namespace engine {
 namespace checkpoint {
 class OutFile;
 }
+struct TextCodec;
 
 struct StepResult {
   int step = 0;
@@ -95,7 +96,8 @@ class Trainer {
   // fsyncs metrics.jsonl and checks that the log reached stdout/stderr; raises naming the file.
   void sync_outputs();
   bool stop_requested();  // any rank got SIGINT/SIGTERM (collective when several ranks)
-  void write_stats(int step);   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
+  void write_stats(int step);
+  void print_sample(int step);  // training.sample_every: rank 0 prints a greedy sample (train/generate.h)   // merges the step's tensor statistics; rank 0 appends them to debug_stats.jsonl
 
   Config config_;
   RunPlan plan_;  // device, dtypes, communicators, model layout (train/plan.h)
@@ -113,6 +115,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<checkpoint::OutFile> metrics_;  // metrics.jsonl (rank 0 with write_outputs)
+  std::unique_ptr<TextCodec> sample_codec_;       // training.sample_every: rank 0's text codec
   int step_ = 0;
   int64_t consumed_ = 0;     // training samples used so far (the data position)
   int64_t tokens_seen_ = 0;

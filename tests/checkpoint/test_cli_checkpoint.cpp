@@ -201,7 +201,8 @@ TEST_CASE("./train --export-hf, model.init_from and --dump-logits: the export st
                  {"model.", "qwen2"});
 }
 
-TEST_CASE("scripts/hf_check.py: our logits equal transformers' (CPU, when torch and transformers are installed)" *
+TEST_CASE("scripts/hf_check.py: our logits and greedy output equal transformers' (CPU, when torch and transformers "
+          "are installed)" *
           doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const char* py = std::getenv("HF_CHECK_PYTHON");
@@ -219,4 +220,5 @@ TEST_CASE("scripts/hf_check.py: our logits equal transformers' (CPU, when torch 
   INFO(r.output);
   CHECK(r.code == 0);
   for (const char* f : {"gpt2 ", "llama ", "mistral ", "qwen2 "}) CHECK(r.output.find(f) != std::string::npos);
+  CHECK(r.output.find("generate cpu-f32 ") != std::string::npos);
 }
