@@ -10,6 +10,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/xxhash.h"
 #include "core/check.h"
+#include "data/manifest_dataset.h"
 
 namespace engine {
 
@@ -94,6 +95,10 @@ void add_dataset(std::vector<AgreementEntry>& out, const std::string& key, const
   if (ends_with(path, ".fast_llm_dataset")) {
     const std::string v = ends_summary(path, &why);
     return add(out, key + " (index)", path, v, why);
+  }
+  if (is_manifest_path(path)) {  // a sharded dataset: the manifest lists every shard's size and sha256
+    const std::string v = file_summary(path, true, &why);
+    return add(out, key + " (manifest)", path, v, why);
   }
   std::string prefix = path;
   if (ends_with(prefix, ".bin") || ends_with(prefix, ".idx")) prefix.resize(prefix.size() - 4);

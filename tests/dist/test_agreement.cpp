@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/tools.h"
 #include "comm/mpi_comm.h"
@@ -179,4 +181,34 @@ TEST_CASE("token ids: the ranks of a run scan once (rank 0), and every rank chec
   INFO(error);
   CHECK(error.find("document 5, token offset 2") != std::string::npos);
   CHECK(error.find("token id 36 >= model.vocab_size (32)") != std::string::npos);
+}
+
+TEST_CASE("ranks that disagree: a sharded dataset whose manifest differs on rank 1 ends every rank, naming it") {
+  if (!two_ranks_or_more()) return;
+  QuietLogs quiet;
+  SharedDir d("agree", "manifest");
+  const std::string dir = d.rank_dir();
+  std::vector<std::vector<int32_t>> docs;
+  for (int i = 0; i < 40; ++i) docs.push_back({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, i % 30});
+  write_token_dataset(dir + "/s-0", docs, 37);
+  auto manifest = [&](const std::string& input) {
+    int64_t tokens = 0;
+    for (const auto& x : docs) tokens += static_cast<int64_t>(x.size());
+    const nlohmann::json m = {
+        {"format", "engine-token-manifest"}, {"version", 1}, {"complete", true}, {"dtype", "uint16"},
+        {"vocab_size", 37}, {"loss_masking_spans", false}, {"tokenizer", {{"kind", "byte-level"}}},
+        {"options", nlohmann::json::object()}, {"inputs", {input}}, {"documents", docs.size()}, {"tokens", tokens},
+        {"shards", {{{"prefix", "s-0"}, {"documents", docs.size()}, {"tokens", tokens},
+                     {"bin_bytes", fs::file_size(dir + "/s-0.bin")}, {"idx_bytes", fs::file_size(dir + "/s-0.idx")}}}}};
+    std::ofstream(dir + "/s.manifest.json") << m.dump(1);
+  };
+  Config c = small();
+  c.data.train[0].path = dir + "/s.manifest.json";
+  manifest("corpus.jsonl");
+  CHECK(start_error(c).empty());  // each rank's own copy, the same manifest: agree
+  manifest(world().rank() == 1 ? "other.jsonl" : "corpus.jsonl");
+  const std::string error = start_error(c);
+  INFO(error);
+  CHECK(error.find("the ranks disagree at data.train[0] (manifest): " + d.path + "/rank1/s.manifest.json (") !=
+        std::string::npos);
 }
