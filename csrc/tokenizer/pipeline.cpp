@@ -80,8 +80,9 @@ struct Obj {
   std::pair<std::string, bool> pattern() const {
     const json* p = get("pattern");
     if (!p || !p->is_object() || p->size() != 1) bad("pattern", "expected {\"String\": ...} or {\"Regex\": ...}");
-    const std::string k = p->begin().key();
-    const json& v = p->begin().value();
+    const auto first = p->begin();  // (a named iterator: the value is not a temporary's)
+    const std::string k = first.key();
+    const json& v = first.value();
     if (!v.is_string() || (k != "String" && k != "Regex")) bad("pattern", "expected {\"String\": ...} or {\"Regex\": ...}, got " + p->dump());
     return {v.get<std::string>(), k == "Regex"};
   }
