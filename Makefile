@@ -11,8 +11,11 @@
 #   make CUDNN=0    leave cuDNN out (model.attention_backend = "cudnn" then fails at config check)
 #   make fuzz       libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/; opt-in, see scripts/fuzz.sh
 SHELL := /bin/bash
-# Every core unless the command line says otherwise (an explicit -jN wins).
-MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+# Every core unless the command line says otherwise (an explicit -jN wins); sub-makes share the
+# top make's job slots.
+ifeq ($(MAKELEVEL),0)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 BUILD ?= build
 CXX ?= g++
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
