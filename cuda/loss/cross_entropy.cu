@@ -143,8 +143,11 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   const int64_t max_vecs = vocab * esize / 16;  // >= the vector count of any row
   auto slice = [&](int c) { return ceil_div(max_vecs, c) * 16; };
+  // Cluster needs thread-block clusters on the device and in the code it runs (arch.h);
+  // without them Auto takes WarpRows or BlockRows and a forced Cluster has no plan.
   auto fits = [&](int c) {
-    return slice(c) <= max_slice_bytes(push) && cluster_schedulable(dtype, push, c, slice(c));
+    return arch::current().clusters && slice(c) <= max_slice_bytes(push) &&
+           cluster_schedulable(dtype, push, c, slice(c));
   };
   auto cluster_plan = [&](int c) {
     CrossEntropyPlan plan{CrossEntropyPath::Cluster, c, slice(c)};
