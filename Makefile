@@ -89,7 +89,7 @@ DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
 PROGRAMS := train bench
 
-.PHONY: all test test-fast test-slow deps clean demo fuzz demo-data
+.PHONY: all test test-fast test-slow deps clean demo fuzz demo-data cuda-objects
 all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests demo-data
 
 # The tiny configs' dataset (configs/tiny-*.toml train on data/demo/demo): a synthetic corpus,
@@ -120,6 +120,10 @@ $(BUILD)/obj/tests/%.o: CPPFLAGS += -include tests/common/doctest_strings.h
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP) | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
+
+# The CUDA objects alone, nothing linked: a compile check for an architecture, e.g.
+# make BUILD=build-sm80 SM=80 cuda-objects (CI compiles .ci/arch_sources's files so).
+cuda-objects: $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 
 $(LIB): $(OBJ)
 	@rm -f $@
