@@ -53,12 +53,14 @@ Capability query(int dev) {
   ENSURE(err == cudaSuccess, "this binary has no code for the device (compute capability ",
          c.device_major, ".", c.device_minor, "): ", cudaGetErrorString(err),
          "; build for it with make SM=", c.device_major, c.device_minor);
-  c.code_arch = attr.ptxVersion;
+  // ptxVersion is the loaded code's virtual architecture; a runtime that leaves it 0 gets the
+  // cubin's (no PTX compilation by the driver can be told apart then).
+  c.code_arch = attr.ptxVersion > 0 ? attr.ptxVersion : attr.binaryVersion;
   ENSURE(attr.maxThreadsPerBlock == 32 || attr.maxThreadsPerBlock == 64,
          "the capability probe kernel reports ", attr.maxThreadsPerBlock,
          " threads per block, expected 32 or 64 (cuda/common/arch.cu)");
   c.sm90a_code = attr.maxThreadsPerBlock == 64;
-  c.from_ptx = attr.binaryVersion != attr.ptxVersion;
+  c.from_ptx = attr.binaryVersion != c.code_arch;
   const bool sm90 = c.device_major >= 9 && c.code_arch >= 90;
   c.clusters = sm90;
   c.tma = sm90;

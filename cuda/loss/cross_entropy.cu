@@ -20,7 +20,9 @@
 //              once), write B. 8 rows per 256-thread block; for rows up to 4 KB.
 //   BlockRows  read B, re-read B, write B: 3 B from DRAM once the rows in flight outgrow L2 (a
 //              fused in-place kernel that keeps nothing on chip cannot do better than two
-//              reads and one write). Fallback for rows too large for the cluster path.
+//              reads and one write). Fallback for rows too large for the cluster path, and
+//              Auto's choice for large rows where clusters are absent (cuda/common/arch.h:
+//              compute capability 9 and code for sm_90 or later).
 //   Cluster    a cluster of C in {1, 2, 4, 8} blocks per row; block r copies its slice of the
 //              row (V / C elements) into shared memory with bulk copies (cp.async.bulk, 16 KB
 //              per mbarrier, all issued at once), reduces it while the chunks land, the blocks
