@@ -7,7 +7,8 @@
 #   make deps       install missing Debian packages and fill .deps/include (header-only deps)
 #   make demo       deps + ./train + demo data + a short tiny-llama training run + loss plot (the CPU
 #                   backend only, in build-cpu/, when no GPU is visible and CUDA=1 is not given)
-#   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch
+#   make CUDA=0     CPU-only build even where nvcc exists;  make SM=80  another GPU arch (SM="80 90":
+#                   both in one binary; see GENCODE below)
 #   make CUDNN=0    leave cuDNN out (model.attention_backend = "cudnn" then fails at config check)
 #   make fuzz       libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/; opt-in, see scripts/fuzz.sh
 SHELL := /bin/bash
@@ -56,7 +57,17 @@ ifeq ($(CUDA),1)
   NCCL_HOME ?= $(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(CUDA_HOME),$(NV_PY)/nccl)
   CUDNN_HOME ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME),$(NV_PY)/cudnn)
   CU_SRC := $(shell find cuda -name '*.cu')
-  GENCODE ?= $(if $(filter 90,$(SM)),-gencode=arch=compute_90a$(comma)code=sm_90a,-gencode=arch=compute_$(SM)$(comma)code=sm_$(SM))
+  # SM: the architectures to build for, one or several ("80 90": one binary holding both). Each
+  # gets its -gencode: 90 is sm_90a (the Hopper kernels' wgmma and setmaxnreg), any other XX is
+  # compute_XX/sm_XX; the lowest listed one (unless 90) also embeds its PTX, which the driver
+  # compiles at load for a newer GPU than any cubin fits (an SM=80 build runs on an H200 so). The
+  # kernels then choose by what the running code has (cuda/common/arch.h).
+  SM_BAD := $(shell printf '%s\n' $(SM) | grep -Evx '[1-9][0-9]{1,2}')
+  $(if $(strip $(SM)),,$(error SM is empty: give one or more architectures, e.g. SM=90 or SM="80 90"))
+  $(if $(SM_BAD),$(error SM="$(SM)": "$(SM_BAD)" is not an architecture number such as 80, 86, 89 or 90))
+  SM_LOWEST := $(firstword $(shell printf '%s\n' $(SM) | sort -n))
+  gencode_of = $(if $(filter 90,$(1)),-gencode=arch=compute_90a$(comma)code=sm_90a,-gencode=arch=compute_$(1)$(comma)code=sm_$(1)$(if $(filter $(SM_LOWEST),$(1)), -gencode=arch=compute_$(1)$(comma)code=compute_$(1)))
+  GENCODE ?= $(foreach a,$(sort $(SM)),$(call gencode_of,$(a)))
   NVCCFLAGS ?= -O3
   NVCCFLAGS += -std=c++20 $(GENCODE) -t=0 -MMD -MP --expt-relaxed-constexpr -Xcompiler -fopenmp
   NCCL_LIB ?= $(firstword $(dir $(wildcard $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2)))
@@ -81,7 +92,7 @@ DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
 PROGRAMS := train bench
 
-.PHONY: all test test-fast test-slow deps clean demo fuzz demo-data
+.PHONY: all test test-fast test-slow deps clean demo fuzz demo-data cuda-objects
 all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests demo-data
 
 # The tiny configs' dataset (configs/tiny-*.toml train on data/demo/demo): a synthetic corpus,
@@ -112,6 +123,10 @@ $(BUILD)/obj/tests/%.o: CPPFLAGS += -include tests/common/doctest_strings.h
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP) | $(HEADER_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -c $< -o $@
+
+# The CUDA objects alone, nothing linked: a compile check for an architecture, e.g.
+# make BUILD=build-sm80 SM=80 cuda-objects (CI compiles .ci/arch_sources's files so).
+cuda-objects: $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 
 $(LIB): $(OBJ)
 	@rm -f $@

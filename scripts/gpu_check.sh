@@ -2,8 +2,14 @@
 # What runs on the GPU machine: build, the full test suite (GPU cases run there), kernel and
 # end-to-end training benchmarks, and the PyTorch reference for the same shapes. Every step
 # writes its log under $OUT (the device tool's output folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [tp] [pp] [torch] [families]   (default: build test bench train)
-#   dp, tp and pp need two GPUs (nvidia-h200-x2)
+# usage: scripts/gpu_check.sh [build] [test] [bench] [train] [dp] [tp] [pp] [torch] [families]
+#                            [portable | portable-build portable-test portable-train]
+#   (default: build test bench train); dp, tp and pp need two GPUs (nvidia-h200-x2)
+#   portable: the portable kernels on this GPU: an SM=80 build into build-sm80/ (sm_80 code and
+#   its PTX, which the driver compiles for the GPU at load: no sm_90a code, so every op takes its
+#   portable kernel), its GPU test tier and the two end-to-end benchmarks. It leaves ./train and
+#   ./bench linked from build-sm80/ (the next plain make links build/'s again). Each of its
+#   three parts fits one 10-minute device command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -74,6 +80,31 @@ for step in "${steps[@]}"; do
       for c in configs/bench-hybrid-1b.toml configs/bench-mixtral-small.toml; do
         timeout 300 ./bench train "$c" training.steps=6 2>&1 | grep -v "^\[" | tee -a "$out/train_families.log"
       done
+      ;;
+    portable | portable-build | portable-test | portable-train)
+      b=build-sm80
+      # The driver's cache of the PTX it compiled: big enough for every kernel, so the test
+      # suite's ./train runs and the benchmarks reuse what the first process compiled.
+      export CUDA_CACHE_MAXSIZE=4294967296
+      if [[ $step == portable || $step == portable-build ]]; then
+        make -j16 BUILD=$b SM=80 train bench $b/engine_tests >"$out/portable_build.log" 2>&1 ||
+          { tail -40 "$out/portable_build.log"; exit 1; }
+        grep -E "warning" "$out/portable_build.log" | head -20
+      fi
+      if [[ $step == portable || $step == portable-test ]]; then
+        # What the capability layer sees (sm_90 device, sm_80 code compiled by the driver) first.
+        $b/engine_tests -tc='capability layer*' -s 2>&1 | grep -E "kernels:|device, sm_|^tests:" | tee "$out/portable_tests.log"
+        BUILD=$b timeout 560 scripts/run_tests.sh gpu >>"$out/portable_tests.log" 2>&1
+        grep -E "FAILED|ERROR|skipped:|^tests:|slowest|^ +[0-9.]+ s " "$out/portable_tests.log" | head -80
+      fi
+      if [[ $step == portable || $step == portable-train ]]; then
+        for c in configs/bench-gpt2-162m.toml configs/bench-llama-0.9b.toml; do
+          timeout 280 ./bench train "$c" >>"$out/portable_train.log" 2>&1
+        done
+        # The run log's kernel line (which kernels the runs used), then the results.
+        grep -E "kernels:" "$out/portable_train.log" | head -1
+        grep -E -v "^\[" "$out/portable_train.log"
+      fi
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

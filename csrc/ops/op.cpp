@@ -1,9 +1,22 @@
-// The out-of-line parts of ops/op.h: parameter names for messages and the shared checks.
+// The out-of-line parts of ops/op.h: the run log's kernel line, parameter names for messages
+// and the shared checks.
 #include "ops/op.h"
 
 #include <string>
 
+#ifdef ENGINE_CUDA
+#include "cuda/common/arch.h"
+#endif
+
 namespace engine::ops {
+
+std::string kernel_choices(Device device) {
+#ifdef ENGINE_CUDA
+  if (device == Device::CUDA) return cuda::arch::kernels_line();
+#endif
+  return device == Device::CPU ? "kernels: the CPU reference (csrc/ref)"
+                               : "kernels: none (this build has no CUDA support)";
+}
 
 std::string parameter_name(std::string_view names, int i) {
   if (!names.empty() && names.front() == '(') names.remove_prefix(1);

@@ -26,6 +26,7 @@
 //   2. check_name(arguments);
 //   3. ref::name on the CPU; cuda::name on a GPU; a build without CUDA refuses GPU tensors.
 #pragma once
+#include <string>
 #include <string_view>
 
 #include "core/check.h"
@@ -42,6 +43,12 @@ void visit_tensors(const Tensor& t, const char* name, F&& f) {
 }
 template <typename T, typename F>
 void visit_tensors(const T&, const char*, F&&) {}
+
+// For the run log, once the device is selected: the kernels the ops' Auto choices take on
+// `device`, one line ("kernels: ..."). CUDA: from the device's compute capability and the code
+// this binary has for it (cuda/common/arch.h: the Hopper kernels need sm_90a code on a compute
+// capability 9.0 GPU; elsewhere the portable ones run); CPU: the reference.
+std::string kernel_choices(Device device);
 
 // The name at position i of a stringified parameter list "(a, b, c)".
 std::string parameter_name(std::string_view names, int i);

@@ -10,6 +10,7 @@
 #include "core/host_memory.h"
 #include "core/log.h"
 #include "models/memory_estimate.h"
+#include "ops/op.h"
 
 namespace engine {
 
@@ -77,6 +78,9 @@ RunPlan make_run_plan(const Config& config, Comm* group) {
   plan.mesh = std::make_unique<Mesh>(group ? *group : plan.device_comm ? *plan.device_comm : world(), config);
   if (plan.device == Device::CUDA)
     log_info("GPU ", gpu, ": ", device::description(gpu), ", data-parallel backend ", plan.mesh->dp().backend());
+  // The kernels every op's Auto choice takes on this device, from its capability and the code
+  // this binary has for it (ops/op.h): fixed for the run from here on.
+  if (plan.device == Device::CUDA) log_info(ops::kernel_choices(plan.device));
   const DistributedConfig& dist = config.distributed;
   const Mesh& m = *plan.mesh;
   plan.layout = ModelLayout{m.tp(),       dist.sequence_parallel, dist.cross_entropy_splits, m.pp_rank(),

@@ -71,6 +71,7 @@ struct Sm90Config {
   static constexpr int kStages = 2;
   static constexpr int kBoxRows = 64;        // rows per TMA box
   static constexpr int kColBlocks = kD / 64;  // 64-column boxes per row of a tile
+  static_assert(kColBlocks * 64 == kD, "a row of a tile is whole 64-column boxes");
   static constexpr uint32_t kQBytes = kBlockM * kD * 2, kKBytes = kBlockN * kD * 2;
   static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kKBytes;
   static constexpr size_t kSmemBytes = kBarOffset + 8 * (3 + 4 * kStages) + 1024;  // + align slack

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "cuda/common/arch.h"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.cuh"
 
@@ -94,7 +95,9 @@ inline int64_t balanced_blocks(int64_t rows, int64_t blocks) {
   return ceil_div(rows, ceil_div(rows, blocks));
 }
 
-// Programmatic dependent launch (compute capability 9 and later; elsewhere an ordinary launch):
+// Programmatic dependent launch (compute capability 9 and later with code for sm_90 or later:
+// arch::current().pdl; elsewhere an ordinary launch, also where the driver runs an older
+// architecture's PTX on a Hopper GPU, whose kernels have no griddepcontrol.wait compiled in):
 // a kernel launched by launch_dependent may have its blocks resident before the kernel ahead of
 // it on the stream has finished, so its launch latency is hidden. It must call
 // wait_for_previous_kernel() before it reads anything an earlier kernel wrote or writes anything
@@ -122,12 +125,7 @@ static __device__ __forceinline__ void wait_for_previous_kernel() {
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       Args&&... args) {
-  static const bool dependent_launch = [] {
-    int dev = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 9;
-  }();
+  static const bool dependent_launch = arch::current().pdl;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;

@@ -6,9 +6,10 @@
 // Users: cuda/moe/grouped_gemm_sm90.cu, cuda/attention/flash_sm90.cu.
 //
 // The device functions exist only where the sm_90a features are compiled in (ENGINE_SM90A, set
-// below in the device pass for compute_90a); kernels guard their bodies with it, so the same
-// source still builds for other architectures (the kernels are then empty and the launchers'
-// availability checks refuse them).
+// by the capability layer, cuda/common/arch.cuh, in the device pass for compute_90a); kernels
+// guard their bodies with it, so the same source still builds for other architectures (the
+// kernels are then empty and the launchers' availability checks, arch::current().wgmma, refuse
+// them).
 //
 // The 128-byte swizzle (TMA CU_TENSOR_MAP_SWIZZLE_128B, wgmma swizzle mode 1): a tile of rows of
 // 64 bf16 (128 bytes), row r at 128 r bytes, its 16-byte chunk c stored at chunk c ^ (r % 8);
@@ -25,9 +26,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define ENGINE_SM90A 1
-#endif
+#include "cuda/common/arch.cuh"
 
 namespace engine::cuda::sm90 {
 
@@ -198,22 +197,17 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A compute capability 9.0 device whose `kernel` has sm_90 code in this binary (the wgmma
-// kernels are built for sm_90a only; elsewhere they are empty and must not run).
+// A compute capability 9.0 device that runs this binary's sm_90a code (arch.h: a build without
+// it, or its PTX compiled by the driver for an H200, leaves the wgmma kernels empty), and whose
+// `kernel` the runtime can load.
 inline bool sm90_kernel_runs(const void* kernel) {
+  if (!arch::current().wgmma) return false;
   cudaFuncAttributes attr{};
   if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attr.binaryVersion == 90 && major == 9 && minor == 0;
+  return true;
 }
 
 }  // namespace engine::cuda::sm90

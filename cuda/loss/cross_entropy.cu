@@ -20,7 +20,9 @@
 //              once), write B. 8 rows per 256-thread block; for rows up to 4 KB.
 //   BlockRows  read B, re-read B, write B: 3 B from DRAM once the rows in flight outgrow L2 (a
 //              fused in-place kernel that keeps nothing on chip cannot do better than two
-//              reads and one write). Fallback for rows too large for the cluster path.
+//              reads and one write). Fallback for rows too large for the cluster path, and
+//              Auto's choice for large rows where clusters are absent (cuda/common/arch.h:
+//              compute capability 9 and code for sm_90 or later).
 //   Cluster    a cluster of C in {1, 2, 4, 8} blocks per row; block r copies its slice of the
 //              row (V / C elements) into shared memory with bulk copies (cp.async.bulk, 16 KB
 //              per mbarrier, all issued at once), reduces it while the chunks land, the blocks
@@ -143,8 +145,11 @@ std::optional<CrossEntropyPlan> cross_entropy_plan(int64_t vocab, DType dtype,
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   const int64_t max_vecs = vocab * esize / 16;  // >= the vector count of any row
   auto slice = [&](int c) { return ceil_div(max_vecs, c) * 16; };
+  // Cluster needs thread-block clusters on the device and in the code it runs (arch.h);
+  // without them Auto takes WarpRows or BlockRows and a forced Cluster has no plan.
   auto fits = [&](int c) {
-    return slice(c) <= max_slice_bytes(push) && cluster_schedulable(dtype, push, c, slice(c));
+    return arch::current().clusters && slice(c) <= max_slice_bytes(push) &&
+           cluster_schedulable(dtype, push, c, slice(c));
   };
   auto cluster_plan = [&](int c) {
     CrossEntropyPlan plan{CrossEntropyPath::Cluster, c, slice(c)};

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/arch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/loss/bulk_copy.cuh"
 #include "cuda/loss/ce_device.cuh"
@@ -73,6 +74,10 @@ __device__ __forceinline__ GradCoef row_coef(const CeParams& p, Stat st) {
   return grad_coef(p.grad_scale, p.z_loss, st.m + log2f(st.s) * kLn2, p.eps, p.inv_vocab);
 }
 
+// The Cluster kernel and its exchange helpers need thread-block clusters and bulk copies
+// (ENGINE_ARCH_SM90, cuda/common/arch.cuh); elsewhere the kernel is a trap that the plan never
+// picks (cross_entropy.cu: no Cluster plan without arch::current().clusters).
+#ifdef ENGINE_ARCH_SM90
 // Cluster paths (C > 1): the row's (m, s) and (label smoothing) sum of x - x0 from the block
 // totals `st` and `xsum` (the same in every thread) of the C blocks, merged in rank order through
 // distributed shared memory, the same in every thread of the cluster. Returns with this block
@@ -143,6 +148,8 @@ __device__ __forceinline__ void cluster_push_merge(int C, int rank, bool smooth,
   }
 }
 
+#endif  // ENGINE_ARCH_SM90
+
 // ---------------------------------------------------------------------------------------------
 // WarpRows (kGroup = 32) and BlockRows (kGroup = kThreads): kGroup threads stream one row.
 
@@ -205,6 +212,7 @@ __global__ void __launch_bounds__(kThreads) ce_rows_kernel(const CeParams p) {
 
 template <typename T, bool kPush>
 __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CeParams p) {
+#ifdef ENGINE_ARCH_SM90
   constexpr int kN = kVec<T>;
   constexpr int kPerThread = kChunkVecs / kClusterThreads;  // vectors per thread per chunk
   extern __shared__ __align__(128) uint4 slice[];
@@ -304,6 +312,9 @@ __global__ void __launch_bounds__(kClusterThreads) ce_cluster_kernel(const CePar
     if (ecol >= 0) x[ecol] = from_float<T>(grad_scalar(xe, ecol == label, st.m, l2s, coef));
   }
   if (C > 1) cg::this_cluster().barrier_wait();  // (kPush too: the same barrier.cluster.wait)
+#else
+  ENGINE_ARCH_UNAVAILABLE();
+#endif  // ENGINE_ARCH_SM90
 }
 
 }  // namespace

@@ -53,6 +53,7 @@
 #include <cstdint>
 
 #include "core/buffer.h"
+#include "cuda/common/arch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/loss/bulk_copy.cuh"
 #include "cuda/loss/cluster_launch.cuh"
@@ -171,6 +172,7 @@ __global__ void __launch_bounds__(kThreads) distill_rows_kernel(const DlParams p
 
 template <typename T>
 __global__ void __launch_bounds__(kClusterThreads) distill_cluster_kernel(const DlParams p) {
+#ifdef ENGINE_ARCH_SM90  // clusters and bulk copies (cuda/common/arch.cuh)
   constexpr int kN = kVec<T>;
   constexpr int kPerThread = kChunkVecs / kClusterThreads;  // vector pairs per thread per chunk
   extern __shared__ __align__(128) uint4 smem[];
@@ -266,6 +268,9 @@ __global__ void __launch_bounds__(kClusterThreads) distill_cluster_kernel(const 
     if (ecol >= 0) x[ecol] = from_float<T>(dl::grad_elem(xe, ye, ecol == label, g));
   }
   if (C > 1) cg::this_cluster().barrier_wait();
+#else
+  ENGINE_ARCH_UNAVAILABLE();  // never planned: distillation_plan needs arch::current().clusters
+#endif  // ENGINE_ARCH_SM90
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -324,8 +329,11 @@ std::optional<DistillPlan> distillation_plan(int64_t vocab, DType dtype, bool al
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   const int64_t max_vecs = vocab * esize / 16;  // >= the vector count of any row
   auto slice = [&](int c) { return 2 * ceil_div(max_vecs, c) * 16; };  // both tensors
+  // Cluster needs thread-block clusters on the device and in the code it runs (arch.h);
+  // without them Auto takes WarpRows or BlockRows and a forced Cluster has no plan.
   auto fits = [&](int c) {
-    return aligned && slice(c) <= max_slice_bytes() && cluster_schedulable(dtype, c, slice(c));
+    return arch::current().clusters && aligned && slice(c) <= max_slice_bytes() &&
+           cluster_schedulable(dtype, c, slice(c));
   };
   auto choose_cluster = [&]() -> std::optional<DistillPlan> {
     for (int c : {1, 2, 4, 8})

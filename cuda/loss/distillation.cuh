@@ -17,7 +17,8 @@
 //   Cluster    a cluster of 1-8 blocks per row, each holding its slice of both rows in shared
 //              memory: both rows are read once and the gradient written once (the bytes floor);
 //              needs the two rows at the same 16-byte alignment (always so for tensors from the
-//              allocator)
+//              allocator) and thread-block clusters (compute capability 9 and code for sm_90 or
+//              later: cuda/common/arch.h); elsewhere Auto takes WarpRows or BlockRows
 // Auto picks by the row size (Cluster up to 4 blocks per row, else BlockRows, which is faster
 // than 8-block clusters; figures: docs/PERF.md); tests and benchmarks may force a path and a
 // cluster size.

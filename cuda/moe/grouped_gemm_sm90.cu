@@ -294,7 +294,7 @@ __device__ __forceinline__ void epilogue_f32_tma(const float (&acc)[128], uint32
 #endif  // MOE_WGMMA
 
 template <int kMode>
-static __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kTmaThreads, 1)
+static __global__ void ENGINE_CLUSTER_DIMS(2, 1, 1) __launch_bounds__(kTmaThreads, 1)
     grouped_tma_kernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b,
                        const __grid_constant__ CUtensorMap map_c, const TmaParams p) {

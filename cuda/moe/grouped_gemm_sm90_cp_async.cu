@@ -107,19 +107,11 @@ static __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(const
 
 namespace wgmma_detail {
 
-// Built for this device (sm_90a code in the binary, a compute capability 9.0 GPU)?
+// Built for this device (sm_90a code in the binary running on a compute capability 9.0 GPU:
+// the capability layer, cuda/common/arch.h)?
 bool cp_async_available() {
   static const bool ok = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, forward_wgmma_kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    int dev = 0, major = 0, minor = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (attr.binaryVersion != 90 || major != 9 || minor != 0) return false;
+    if (!sm90::sm90_kernel_runs(reinterpret_cast<const void*>(forward_wgmma_kernel))) return false;
     CUDA_CHECK(cudaFuncSetAttribute(forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kSmemBytes)));
     return true;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "cuda/common/arch.h"
 #include "cuda/loss/cross_entropy.cuh"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
@@ -222,6 +223,14 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
   if (!engine::testing::gpu_available_or_skip()) return;
 #ifdef ENGINE_CUDA
   auto plan = [](int64_t v, DType dt) { return *cuda::cross_entropy_plan(v, dt); };
+  if (!cuda::arch::current().clusters) {  // the portable choices (cuda/common/arch.h)
+    MESSAGE("cross_entropy: no thread-block clusters here (", cuda::arch::describe(cuda::arch::current()),
+            "): Auto takes WarpRows / BlockRows");
+    CHECK(plan(1000, DType::BF16).path == CrossEntropyPath::WarpRows);
+    for (int64_t v : {32000, 50304, 128256}) CHECK(plan(v, DType::BF16).path == CrossEntropyPath::BlockRows);
+    CHECK_FALSE(cuda::cross_entropy_plan(32000, DType::BF16, CrossEntropyPath::Cluster).has_value());
+    return;
+  }
   CHECK(plan(1000, DType::BF16).path == CrossEntropyPath::WarpRows);
   CHECK(plan(32000, DType::BF16).path == CrossEntropyPath::Cluster);
   // One block per row while two fit on a multiprocessor (no cluster exchange), e.g. GPT-2's.
@@ -263,6 +272,13 @@ TEST_CASE("cross_entropy cuda picks the cluster path for large rows and WarpRows
 
 TEST_CASE("cross_entropy cuda: the push exchange gives bitwise the barrier exchange's results" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
+#ifdef ENGINE_CUDA
+  if (!cuda::arch::current().clusters) {
+    engine::testing::skip_test("cross_entropy: the Cluster exchanges need thread-block clusters, which " +
+                               cuda::arch::describe(cuda::arch::current()) + " lacks");
+    return;
+  }
+#endif
   using P = CrossEntropyPath;
   constexpr ClusterExchange kBar = ClusterExchange::Barrier, kPush = ClusterExchange::Push;
   const Case c{13, 50257, 0, 1, 0.5f, 1};

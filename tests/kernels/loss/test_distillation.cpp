@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "cuda/common/arch.h"
 #include "cuda/loss/distillation.cuh"
 #include "ops/loss.h"
 #include "tests/common/gpu_testing.h"
@@ -125,6 +126,14 @@ TEST_CASE("distillation cuda picks Cluster up to 4 blocks per row, else BlockRow
   auto plan = [](int64_t v, DType dt, bool aligned) {
     return *cuda::distillation_plan(v, dt, aligned);
   };
+  if (!cuda::arch::current().clusters) {  // the portable choices (cuda/common/arch.h)
+    MESSAGE("distillation: no thread-block clusters here (", cuda::arch::describe(cuda::arch::current()),
+            "): Auto takes WarpRows / BlockRows");
+    CHECK(plan(1000, DType::BF16, true).path == DistillPath::WarpRows);
+    for (int64_t v : {32000, 50257, 128256}) CHECK(plan(v, DType::BF16, true).path == DistillPath::BlockRows);
+    CHECK_FALSE(cuda::distillation_plan(32000, DType::BF16, true, DistillPath::Cluster).has_value());
+    return;
+  }
   CHECK(plan(1000, DType::BF16, true).path == DistillPath::WarpRows);
   CHECK(plan(1000, DType::BF16, false).path == DistillPath::WarpRows);
   CHECK(plan(32000, DType::BF16, true).path == DistillPath::Cluster);
