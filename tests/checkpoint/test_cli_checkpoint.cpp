@@ -32,12 +32,6 @@ std::string train_bin() { return train_binary(); }
 
 Result run(const std::string& args) { return run_command(train_bin() + " " + args); }
 
-bool has_train_binary() {
-  if (fs::exists(train_bin())) return true;
-  skip_test("no ./train binary in the working directory (run from the repository root)");
-  return false;
-}
-
 // A config file for the learnable dataset; `name` is the run name; runs go to a scratch folder.
 std::string write_config(const std::string& name, const std::string& family, std::vector<std::string> overrides) {
   const std::string dir = (fs::path(learnable_dataset()).parent_path() / "cli-ckpt").string();

@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "core/check.h"
+#include "tests/common/testing.h"
 
 namespace engine::testing {
 
@@ -23,6 +25,12 @@ ProcessResult run_command(const std::string& command) {
 std::string train_binary() {
   const char* bin = std::getenv("TRAIN_BIN");
   return bin ? bin : "./train";
+}
+
+bool has_train_binary() {
+  if (std::filesystem::exists(train_binary())) return true;
+  skip_test("no ./train binary in the working directory (run from the repository root)");
+  return false;
 }
 
 }  // namespace engine::testing

@@ -13,5 +13,8 @@ struct ProcessResult {
 ProcessResult run_command(const std::string& command);
 // The train program the tests run: $TRAIN_BIN, else ./train.
 std::string train_binary();
+// True when that program exists; otherwise records the test as skipped (run from the repository
+// root) and returns false.
+bool has_train_binary();
 
 }  // namespace engine::testing

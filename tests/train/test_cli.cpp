@@ -66,13 +66,6 @@ bool has_mpirun() {
   return false;
 }
 
-bool has_train_binary() {
-  const char* bin = std::getenv("TRAIN_BIN");
-  if (fs::exists(bin ? bin : "./train")) return true;
-  skip_test("no ./train binary in the working directory (run from the repository root)");
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("./train: a short run succeeds and writes its run directory") {

@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has_train_binary() {
-  if (fs::exists(train_binary())) return true;
-  skip_test("no ./train binary in the working directory (run from the repository root)");
-  return false;
-}
-
 // A valid config file for the learnable dataset.
 std::string config_file(const std::string& name) {
   const fs::path dir = fs::path(learnable_dataset()).parent_path() / "cli-sizes";

@@ -29,13 +29,6 @@ std::string config_file(const std::string& name, const std::vector<std::string>&
   return path;
 }
 
-bool has_train_binary() {
-  const char* bin = std::getenv("TRAIN_BIN");
-  if (fs::exists(bin ? bin : "./train")) return true;
-  skip_test("no ./train binary in the working directory (run from the repository root)");
-  return false;
-}
-
 ProcessResult train(const std::string& args) { return run_command(train_binary() + " " + args); }
 
 std::string last_line(const std::string& s) {

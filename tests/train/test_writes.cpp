@@ -32,12 +32,6 @@ namespace ck = engine::checkpoint;
 
 namespace {
 
-bool has_train_binary() {
-  if (fs::exists(train_binary())) return true;
-  skip_test("no ./train binary in the working directory (run from the repository root)");
-  return false;
-}
-
 // A config file over the learnable dataset whose run `name` starts afresh in a scratch folder.
 std::string write_config(const std::string& name, std::vector<std::string> overrides) {
   const fs::path dir = fs::path(learnable_dataset()).parent_path() / "writes";
