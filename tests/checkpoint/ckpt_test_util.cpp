@@ -41,15 +41,6 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 void check_mentions(const std::string& message, const std::vector<std::string>& pieces) {
   INFO("message: " << message);
   CHECK(!message.empty());

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/testing.h"  // error_of
+
 namespace engine::testing {
 
 // A fresh, empty folder under the test temp folder (removed at exit with it).
@@ -16,8 +18,6 @@ void truncate_file(const std::string& path, uint64_t size);
 void flip_byte(const std::string& path, uint64_t offset);
 std::string read_text(const std::string& path);
 void write_text(const std::string& path, const std::string& text);
-// The message f throws ("" when it does not throw).
-std::string error_of(const std::function<void()>& f);
 // CHECKs that `message` contains every piece (reported with the message when one is missing).
 void check_mentions(const std::string& message, const std::vector<std::string>& pieces);
 

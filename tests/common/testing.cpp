@@ -216,6 +216,15 @@ bool gpus_for_ranks_or_skip(int ranks, int required) {
   return true;
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 QuietLogs::QuietLogs() {
   if (!std::getenv("TEST_VERBOSE")) log_set_level(LogLevel::Error);
 }

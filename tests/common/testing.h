@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,9 @@ bool gpu_available_or_skip();
 bool gpus_for_ranks_or_skip(int ranks, int required = 0);
 // Records that the current test case was skipped, with a reason (counted in the summary).
 void skip_test(const std::string& reason);
+
+// The message f throws ("" when it does not throw).
+std::string error_of(const std::function<void()>& f);
 
 // Silences the expected warnings (fallbacks, config changes) while alive, unless TEST_VERBOSE;
 // then back to the runner's level (Warn, or Info with TEST_VERBOSE).
