@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 
+#include <doctest/doctest.h>
+
 #include "tests/common/testing.h"
 
 namespace engine::testing {
@@ -49,3 +51,11 @@ double output_tol(DType out, const Tensor& ref, double f32_tol);
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 
 }  // namespace engine::testing
+
+// A sweep of a GPU test over shape cases in two tiers: `fn(small)` in the "gpu" suite (the tier
+// run on every change: each kernel path and instantiation once, on few rows) and `fn(large)` in
+// the opt-in "gpu-slow" suite (the shapes whose row counts add what the small ones cannot: many
+// rows per warp or block, long runs, wide grids). The two lists together are the whole sweep.
+#define GPU_TEST_SWEEP(name, fn, small, large)                                  \
+  TEST_CASE(name " (small shapes)" * doctest::test_suite("gpu")) { fn(small); } \
+  TEST_CASE(name " (large shapes)" * doctest::test_suite("gpu-slow")) { fn(large); }

@@ -49,16 +49,22 @@ bool cudnn_or_skip() {
   return false;
 }
 
+// Each case builds its own cuDNN graphs (a plan per bucketed shape), which costs more than the
+// attention itself: the small tier covers both head dims, causal and not, windows, GQA and
+// zero-length sequences once; the large tier adds a long document, a non-causal window at 128,
+// another causal layout at 64 and a peaked softmax.
 const std::vector<Case> kCases = {
     {{1, 17, 64, 129, 300}, 4, 4, 128, true, 0},
     {{300, 1, 129, 17, 64}, 8, 2, 128, false, 0},
     {{129, 300, 17}, 6, 3, 128, true, 100},
-    {{300, 129}, 4, 4, 128, false, 70},
-    {{1000}, 8, 2, 128, true, 0},
-    {{17, 129, 1, 300}, 4, 4, 64, true, 0},
     {{64, 300, 129}, 6, 3, 64, false, 50},
     {{0, 129, 0, 64, 1, 0}, 8, 2, 64, true, 0},  // zero-length sequences around short ones
-    {{300, 17}, 8, 2, 64, true, 0, 0.5f},        // peaked softmax
+};
+const std::vector<Case> kLargeCases = {
+    {{1000}, 8, 2, 128, true, 0},
+    {{300, 129}, 4, 4, 128, false, 70},
+    {{17, 129, 1, 300}, 4, 4, 64, true, 0},
+    {{300, 17}, 8, 2, 64, true, 0, 0.5f},  // peaked softmax
 };
 
 struct Problem {
@@ -132,12 +138,16 @@ void check_case(const Case& c, ops::AttentionBackend fwd, ops::AttentionBackend 
 
 }  // namespace
 
-TEST_CASE("cudnn attention forward and backward match the f64 reference (bf16 inputs)" * doctest::test_suite("gpu")) {
+namespace {
+void reference_sweep(const std::vector<Case>& cases) {
   if (!cudnn_or_skip()) return;
-  for (const Case& c : kCases) {
+  for (const Case& c : cases) {
     SUBCASE(c.name().c_str()) { check_case(c, ops::AttentionBackend::Cudnn, ops::AttentionBackend::Cudnn, "cudnn"); }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cudnn attention forward and backward match the f64 reference (bf16 inputs)", reference_sweep,
+               kCases, kLargeCases)
 
 TEST_CASE("cudnn and flash attention: the lse of either feeds the backward of the other" * doctest::test_suite("gpu")) {
   if (!cudnn_or_skip()) return;
@@ -257,17 +267,17 @@ struct KvCase {
 };
 const std::vector<KvCase> kKvCases = {
     {{{1, 200, 0, 130}, 8, 2, 128, true, 0}, {300, 200, 64, 517}},  // no queries: dK = dV = 0
-    {{{65, 3}, 4, 4, 128, false, 0}, {65, 400}},
     {{{129, 1, 70}, 6, 3, 128, true, 60}, {700, 129, 300}},  // keys older than every window
-    {{{129, 1}, 6, 3, 64, true, 100}, {700, 129}},
     {{{17, 0, 40}, 6, 2, 64, false, 20}, {80, 33, 40}},
 };
+const std::vector<KvCase> kLargeKvCases = {  // the gpu-slow tier
+    {{{65, 3}, 4, 4, 128, false, 0}, {65, 400}},
+    {{{129, 1}, 6, 3, 64, true, 100}, {700, 129}},
+};
 
-}  // namespace
-
-TEST_CASE("cudnn attention with separate keys matches the f64 reference" * doctest::test_suite("gpu")) {
+void separate_keys_sweep(const std::vector<KvCase>& cases) {
   if (!cudnn_or_skip()) return;
-  for (const KvCase& kc : kKvCases) {
+  for (const KvCase& kc : cases) {
     SUBCASE(kc.c.name().c_str()) {
       const Case& c = kc.c;
       const Problem pr(c);
@@ -309,3 +319,8 @@ TEST_CASE("cudnn attention with separate keys matches the f64 reference" * docte
     }
   }
 }
+
+}  // namespace
+
+GPU_TEST_SWEEP("cudnn attention with separate keys matches the f64 reference", separate_keys_sweep, kKvCases,
+               kLargeKvCases)

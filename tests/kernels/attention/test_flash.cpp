@@ -39,6 +39,7 @@
 #ifdef ENGINE_CUDA
 #include "cuda/attention/flash.cuh"
 #endif
+#include "tests/common/gpu_testing.h"
 #include "tests/common/testing.h"
 
 using namespace engine;
@@ -82,7 +83,6 @@ const std::vector<FlashCase> kCases = {
     {{300, 1, 129, 17, 64}, 8, 2, 128, false, 0},
     {{129, 300, 17}, 6, 3, 128, true, 100},
     {{300, 129}, 4, 4, 128, false, 70},
-    {{1000}, 8, 2, 128, true, 0},
     {{257, 0, 130}, 6, 3, 128, true, 1},  // window 1: each query sees only itself
     // GQA 8 over 10 (kv head, sequence) pairs: the backward's launch order (flash_layout.h
     // bwd_block) then runs in sections of 4 pairs (4, 4 and a short one of 2), not just one.
@@ -90,17 +90,22 @@ const std::vector<FlashCase> kCases = {
     // mma.sync, D = 64 (forward tiles 128 x 128)
     {{17, 129, 1, 300}, 4, 4, 64, true, 0},
     {{64, 300, 129}, 6, 3, 64, false, 50},
-    {{1000}, 4, 4, 64, true, 200},
     {{0, 129, 0, 64, 1, 0}, 8, 2, 64, true, 0},  // zero-length sequences around short ones
     {{300, 17}, 8, 2, 64, true, 0, 0.5f},        // peaked softmax: the running max matters
     {{400, 399, 1, 400, 257}, 16, 2, 64, false, 0},  // launch sections of 8 pairs (8, then 2)
     // f32 fallback
     {{17, 129, 300}, 8, 2, 16, true, 0},
     {{1, 64, 129}, 6, 3, 16, false, 30},
-    {{1000}, 4, 4, 16, true, 0},
     {{300, 17}, 4, 4, 6, true, 40},
     {{129, 0, 64, 1}, 6, 3, 6, false, 0},
     {{65, 33}, 6, 2, 32, true, 0},
+};
+// The gpu-slow tier: one long document for each kernel family (8 forward q tiles, 16 backward
+// key tiles; with a window of 200 at D = 64).
+const std::vector<FlashCase> kLargeCases = {
+    {{1000}, 8, 2, 128, true, 0},
+    {{1000}, 4, 4, 64, true, 200},
+    {{1000}, 4, 4, 16, true, 0},
 };
 
 // The CPU tensors of one problem (f64 holding bf16-rounded values) and their GPU copies.
@@ -183,21 +188,20 @@ void check_case(const FlashCase& c, const std::string& kernel) {
               c.name().c_str(), e_out, e_lse, e_dq, e_dk, e_dv);
 }
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  Owned ha = to_host(a, a.dtype), hb = to_host(b, b.dtype);
-  return ha->nbytes() == hb->nbytes() && std::memcmp(ha->data, hb->data, ha->nbytes()) == 0;
-}
-
 }  // namespace
 
-TEST_CASE("flash attention forward and backward match the f64 reference (bf16 inputs)" * doctest::test_suite("gpu")) {
+namespace {
+void reference_sweep(const std::vector<FlashCase>& cases) {
   if (!engine::testing::gpu_available_or_skip()) return;
   for (const std::string& k : forward_kernels())
-    for (const FlashCase& c : kCases) {
+    for (const FlashCase& c : cases) {
       if (k == "sm90" && c.dim != 64 && c.dim != 128) continue;  // the same fallback run again
       SUBCASE((k + ": " + c.name()).c_str()) { check_case(c, k); }
     }
 }
+}  // namespace
+GPU_TEST_SWEEP("flash attention forward and backward match the f64 reference (bf16 inputs)",
+               reference_sweep, kCases, kLargeCases)
 
 TEST_CASE("flash attention: attention_kernel_name says which kernels a call runs" * doctest::test_suite("gpu")) {
   if (!engine::testing::gpu_available_or_skip()) return;
@@ -218,36 +222,45 @@ TEST_CASE("flash attention: attention_kernel_name says which kernels a call runs
 
 // ---- The Hopper forward (flash_sm90.cu) -----------------------------------------------------------
 
-TEST_CASE("flash attention sm90 kernels match the f64 reference: many tiles, odd documents, windows" * doctest::test_suite("gpu")) {
+// Forward tiles 128 x 128, backward 128 keys x 64 queries. The small tier: tile-exact lengths
+// (128, 256, 384), a non-causal window crossing tile boundaries (tiles whose first keys are
+// invisible to some rows), GQA 1, 2 and 4 (the backward's q-head loop), a few tiles per
+// document. The large tier: documents of 1 .. 1500 tokens, up to 12 key tiles per q tile and 24
+// q tiles per key tile (the 2-stage rings wrap), peaked softmax over long rows, and the
+// backward's launch order at hd128 (flash_bwd_sm90.cu launch): sections of the (kv head,
+// sequence) pairs whose q, dO and dQ rows fit 24 MB, the last four merged. GQA 4 at 400 tokens:
+// 1.6 MB a pair, sections of 8 pairs; 4 kv heads x 12 sequences = 48 pairs, so two regular
+// sections, then the merged tail of 32 pairs (the other cases have three sections or fewer: the
+// tail alone).
+namespace {
+const std::vector<FlashCase> kSm90Cases = {
+    {{256, 128, 384, 1}, 4, 4, 128, true, 0},
+    {{1, 7, 129, 300}, 8, 2, 128, true, 0},
+    {{700, 1, 64}, 4, 1, 128, false, 200},
+    {{513, 2, 255}, 4, 4, 64, false, 129},
+    {{300, 1, 129}, 6, 3, 64, true, 100},
+};
+const std::vector<FlashCase> kSm90LargeCases = {
+    {{1, 7, 129, 300, 1000}, 8, 2, 128, true, 0},
+    {{1000, 7, 1, 300, 129}, 4, 2, 128, false, 0},
+    {{1500, 7}, 4, 4, 128, true, 300},
+    {{1, 7, 129, 300, 1000}, 6, 3, 64, true, 0},
+    {{1200}, 16, 2, 64, true, 0, 0.5f},  // peaked softmax
+    {{1200, 65}, 8, 2, 128, true, 0, 0.5f},
+    {{400, 1, 399, 129, 256, 7, 400, 300, 65, 128, 250, 390}, 16, 4, 128, true, 0},
+};
+void sm90_sweep(const std::vector<FlashCase>& cases) {
   if (!engine::testing::gpu_available_or_skip() || !sm90_runs()) return;
-  // Forward tiles 128 x 128, backward 128 keys x 64 queries: documents of 1 .. 1500 tokens give
-  // up to 12 key tiles per q tile and 24 q tiles per key tile (the 2-stage rings wrap),
-  // tile-exact lengths (128, 256, 384), windows crossing tile boundaries, a non-causal window
-  // (tiles whose first keys are invisible to some rows), GQA 2 and 4 (the backward's q-head
-  // loop).
-  const std::vector<FlashCase> cases = {
-      {{1, 7, 129, 300, 1000}, 8, 2, 128, true, 0},
-      {{1000, 7, 1, 300, 129}, 4, 2, 128, false, 0},
-      {{256, 128, 384, 1}, 4, 4, 128, true, 0},
-      {{1500, 7}, 4, 4, 128, true, 300},
-      {{700, 1, 64}, 4, 1, 128, false, 200},
-      {{1, 7, 129, 300, 1000}, 6, 3, 64, true, 0},
-      {{513, 2, 255}, 4, 4, 64, false, 129},
-      {{1200}, 16, 2, 64, true, 0, 0.5f},  // peaked softmax
-      {{1200, 65}, 8, 2, 128, true, 0, 0.5f},
-      // The backward's launch order at hd128 (flash_bwd_sm90.cu launch): sections of the
-      // (kv head, sequence) pairs whose q, dO and dQ rows fit 24 MB, the last four merged. GQA 4
-      // at 400 tokens: 1.6 MB a pair, sections of 8 pairs; 4 kv heads x 12 sequences = 48 pairs,
-      // so two regular sections, then the merged tail of 32 pairs (the other cases have three
-      // sections or fewer: the tail alone).
-      {{400, 1, 399, 129, 256, 7, 400, 300, 65, 128, 250, 390}, 16, 4, 128, true, 0},
-  };
   for (const FlashCase& c : cases) {
     SUBCASE(c.name().c_str()) { check_case(c, "sm90"); }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("flash attention sm90 kernels match the f64 reference: tiles, odd documents, windows",
+               sm90_sweep, kSm90Cases, kSm90LargeCases)
 
-TEST_CASE("flash attention sm90 kernels agree with the mma.sync kernels on larger batches" * doctest::test_suite("gpu")) {
+// The gpu-slow tier: large batches (thousands of tokens a document) are what it checks.
+TEST_CASE("flash attention sm90 kernels agree with the mma.sync kernels on larger batches" * doctest::test_suite("gpu-slow")) {
   // Both against each other (no CPU reference): thousands of tokens, 16 key tiles per q tile.
   // out differs by the two kernels' bf16 roundings of P and out (each ~3e-3 from the exact
   // values), lse only by f32 summation order, dqkv by the roundings of P, dS and dqkv.

@@ -105,18 +105,24 @@ std::vector<ConvCase> conv_cases() {
       {"wide: docs 700,1,300 Di8 K4 linear no bias", {700, 1, 300}, 8, 4, false, false, true},
       {"wide: K1 Di16", {9, 2, 33}, 16, 1, true, true, true},
       // Model widths: 1024 threads of 4 channels a token forward (8 blocks of channels; 32 in
-      // the backward, a channel a thread), and over 8192 tokens the runs grow past 32 tokens
-      // (conv_params' thread target: 64 forward, 256 backward).
+      // the backward, a channel a thread).
+      {"wide: docs 90,1,7 Di4096 K4", {90, 1, 7}, 4096, 4, true, true, true},
+      {"docs 20,3 Di4100 K3", {20, 3}, 4100, 3, true, true},
+  };
+}
+
+// The gpu-slow tier: model widths over 8192 tokens, where the runs grow past 32 tokens
+// (conv_params' thread target: 64 forward, 256 backward).
+std::vector<ConvCase> conv_cases_large() {
+  return {
       {"wide: docs 9000,1,700 Di4096 K4", {9000, 1, 700}, 4096, 4, true, true, true},
       {"docs 2000,3 Di4100 K3", {2000, 3}, 4100, 3, true, true},
   };
 }
 
-}  // namespace
-
-TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference" * doctest::test_suite("gpu")) {
+void conv_sweep(const std::vector<ConvCase>& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const ConvCase& c : conv_cases()) {
+  for (const ConvCase& c : cases) {
     SUBCASE(c.name.c_str()) {
       const int64_t t = total(c.docs), di = c.di, k = c.k;
       // x: the first half of an in_proj-like (T, 2 Di + 1) output, from column 1 (wide: (T, 2 Di)
@@ -166,6 +172,11 @@ TEST_CASE("cuda mamba conv1d forward and backward match the f64 reference" * doc
     }
   }
 }
+
+}  // namespace
+
+GPU_TEST_SWEEP("cuda mamba conv1d forward and backward match the f64 reference", conv_sweep,
+               conv_cases(), conv_cases_large())
 
 // ---- the polynomial log1p of the scan's softplus ----
 

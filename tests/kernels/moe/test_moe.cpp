@@ -135,7 +135,9 @@ const std::vector<GemmCase> kGemmCases = {
     {"N 320: a partial B tile (TMA), K 136", {1000, 3, 0, 20}, 1, 320, 136},
     {"leading and trailing empty experts", {0, 300, 129, 0}, 1, 256, 128},
     {"counts multiples of 64, not of 128", {64, 192, 64}, 1, 256, 192},
-    // More work units than the TMA kernel's clusters, on two stacks (N/S % 64 == 0).
+};
+// The gpu-slow tier: more work units than the TMA kernel's clusters, on two stacks (N/S % 64 == 0).
+const std::vector<GemmCase> kLargeGemmCases = {
     {"two stacks, persistent", {2000, 0, 1300, 700, 1}, 2, 1536, 1152},
 };
 
@@ -323,9 +325,10 @@ TEST_CASE("cuda moe permute, unpermute and its backward match the reference" * d
 }
 
 #ifdef ENGINE_CUDA  // the kernel choice is a CUDA-only switch
-TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad (+=)" * doctest::test_suite("gpu")) {
+namespace {
+void grouped_linear_sweep(const std::vector<GemmCase>& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const GemmCase& c : kGemmCases) {
+  for (const GemmCase& c : cases) {
     SUBCASE(c.name) {
       const int64_t E = static_cast<int64_t>(c.counts.size());
       Layout l = layout_of(c.counts);
@@ -372,6 +375,9 @@ TEST_CASE("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad 
     }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda grouped linear matches the f64 reference: forward, dgrad, wgrad (+=)",
+               grouped_linear_sweep, kGemmCases, kLargeGemmCases)
 
 // Every kernel against a loop of cuBLASLt GEMMs over the experts (one stack).
 static void check_against_cublas(const std::vector<int32_t>& counts, int64_t N, int64_t K) {
@@ -465,11 +471,15 @@ TEST_CASE("cuda grouped linear: NaN in the rows past each expert's count never r
 
 TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
-  SUBCASE("5 experts, 768 x 512") { check_against_cublas({512, 384, 0, 1000, 37}, 768, 512); }
-  // More work units (pairs of row tiles x column tiles) than the persistent TMA kernel has
-  // clusters: stages and phases carried across units; odd tile counts put two experts in one
-  // pair of row tiles (no multicast there).
-  SUBCASE("persistent: 5 experts, 2304 x 2304") { check_against_cublas({2000, 0, 1300, 700, 1}, 2304, 2304); }
+  check_against_cublas({512, 384, 0, 1000, 37}, 768, 512);  // 5 experts, 768 x 512
+}
+
+// More work units (pairs of row tiles x column tiles) than the persistent TMA kernel has
+// clusters: stages and phases carried across units; odd tile counts put two experts in one pair
+// of row tiles (no multicast there). The gpu-slow tier.
+TEST_CASE("cuda grouped linear matches a loop of cuBLASLt GEMMs per expert: persistent, 5 experts, 2304 x 2304" * doctest::test_suite("gpu-slow")) {
+  if (!gpu_available_or_skip()) return;
+  check_against_cublas({2000, 0, 1300, 700, 1}, 2304, 2304);
 }
 
 #endif  // ENGINE_CUDA

@@ -39,18 +39,20 @@ struct NormCase {
 // the warp-per-row layernorm forward (bf16 1, 2, 4, 8, 16; f32 1, 4, 8, 16) and the backward's
 // shared-memory and register column sums. The warp-per-row backward (C <= 128 packs) takes rows
 // of 8, 64, 264, 320, 768 and 1000 columns: bf16 1, 1, 2, 2, 3 and 4 packs per lane (8 and 264
-// with idle lanes), f32 1, 1, 3, 3 (768 and 1000: the block kernel); the cases of a few thousand
-// rows give each warp several rows (the next row's prefetch, the per-lane column sums over rows).
-// The plain layernorm backward's four-row blocks (128-thread rows: bf16 C 1025..2048, f32 C
-// 513..1024) run at 2048 (bf16, a row a group), 768 and 1000 (f32, several rows a group and a
-// remainder) and 1032 (bf16: 129 packs in 96 threads of 2, so idle packs, and 2051 rows).
-const std::vector<NormCase> kCases = {{1, 11, 0},     {7, 64, 0},    {1000, 2047, 0},
-                                      {300, 4096, 0}, {3, 8192, 0},  {5, 8190, 0},
-                                      {33, 64, 1},    {6, 2047, 1},  {2, 768, 1},
-                                      {5, 320, 0},    {9, 768, 0},   {64, 2048, 0},
-                                      {2, 8, 0},      {4099, 768, 0}, {3301, 264, 0},
-                                      {3, 1000, 0},   {3333, 1000, 0}, {2999, 64, 0},
-                                      {2051, 1032, 0}};
+// with idle lanes), f32 1, 1, 3, 3 (768 and 1000: the block kernel). The plain layernorm
+// backward's four-row blocks (128-thread rows: bf16 C 1025..2048, f32 C 513..1024) run at 2048
+// (bf16, a row a group), 768 and 1000 (f32, several rows a group and a remainder) and 1032 (bf16:
+// 129 packs in 96 threads of 2, so idle packs, and a remainder of 3 rows).
+// The persistent grids hold thousands of rows at once, so a warp or block takes several rows
+// (the next row's prefetch, the per-lane column sums over rows) only on thousands of rows: the
+// small tier does so once, on cheap 64-column rows (2999 rows); the large tier on every layout.
+const std::vector<NormCase> kSmallCases = {
+    {1, 11, 0},   {7, 64, 0},   {3, 8192, 0}, {5, 8190, 0}, {33, 64, 1},  {6, 2047, 1},
+    {2, 768, 1},  {5, 320, 0},  {9, 768, 0},  {64, 2048, 0}, {2, 8, 0},   {3, 1000, 0},
+    {5, 264, 0},  {7, 1032, 0}, {2999, 64, 0}};
+const std::vector<NormCase> kLargeCases = {{1000, 2047, 0}, {300, 4096, 0},  {4099, 768, 0},
+                                           {3301, 264, 0},  {3333, 1000, 0}, {2051, 1032, 0}};
+using Cases = std::vector<NormCase>;
 
 Owned random_x(const NormCase& k) {
   Owned x = randn({k.t, k.c}, DType::F32, "norm.x");
@@ -66,11 +68,9 @@ Owned random_weight(int64_t c, const std::string& name) {
 
 const char* dname(DType d) { return dtype_name(d); }
 
-}  // namespace
-
-TEST_CASE("cuda layernorm forward matches the f64 reference (bf16 and f32, with and without bias)" * doctest::test_suite("gpu")) {
+void layernorm_forward_sweep(const Cases& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const NormCase& k : kCases) {
+  for (const NormCase& k : cases) {
     SUBCASE(k.name().c_str()) {
       for (DType dt : {DType::BF16, DType::F32}) {
         for (bool with_bias : {true, false}) {
@@ -96,10 +96,13 @@ TEST_CASE("cuda layernorm forward matches the f64 reference (bf16 and f32, with 
     }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda layernorm forward matches the f64 reference (bf16 and f32, with and without bias)", layernorm_forward_sweep, kSmallCases, kLargeCases)
 
-TEST_CASE("cuda rmsnorm forward matches the f64 reference (bf16 and f32)" * doctest::test_suite("gpu")) {
+namespace {
+void rmsnorm_forward_sweep(const Cases& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const NormCase& k : kCases) {
+  for (const NormCase& k : cases) {
     SUBCASE(k.name().c_str()) {
       for (DType dt : {DType::BF16, DType::F32}) {
         INFO(dname(dt));
@@ -118,12 +121,15 @@ TEST_CASE("cuda rmsnorm forward matches the f64 reference (bf16 and f32)" * doct
     }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda rmsnorm forward matches the f64 reference (bf16 and f32)", rmsnorm_forward_sweep, kSmallCases, kLargeCases)
 
 // Backward inputs: the statistics are the reference's, rounded to f32 (what the kernel takes),
 // and the reference runs on exactly those values.
-TEST_CASE("cuda layernorm backward matches the f64 reference and accumulates dweight, dbias" * doctest::test_suite("gpu")) {
+namespace {
+void layernorm_backward_sweep(const Cases& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const NormCase& k : kCases) {
+  for (const NormCase& k : cases) {
     SUBCASE(k.name().c_str()) {
       for (DType dt : {DType::BF16, DType::F32}) {
         for (bool with_bias : {true, false}) {
@@ -160,10 +166,13 @@ TEST_CASE("cuda layernorm backward matches the f64 reference and accumulates dwe
     }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda layernorm backward matches the f64 reference and accumulates dweight, dbias", layernorm_backward_sweep, kSmallCases, kLargeCases)
 
-TEST_CASE("cuda rmsnorm backward matches the f64 reference and accumulates dweight" * doctest::test_suite("gpu")) {
+namespace {
+void rmsnorm_backward_sweep(const Cases& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const NormCase& k : kCases) {
+  for (const NormCase& k : cases) {
     SUBCASE(k.name().c_str()) {
       for (DType dt : {DType::BF16, DType::F32}) {
         INFO(dname(dt));
@@ -188,10 +197,13 @@ TEST_CASE("cuda rmsnorm backward matches the f64 reference and accumulates dweig
     }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda rmsnorm backward matches the f64 reference and accumulates dweight", rmsnorm_backward_sweep, kSmallCases, kLargeCases)
 
-TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in place" * doctest::test_suite("gpu")) {
+namespace {
+void reproducible_sweep(const Cases& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const NormCase& k : kCases) {
+  for (const NormCase& k : cases) {
     SUBCASE(k.name().c_str()) {
       for (DType dt : {DType::BF16, DType::F32}) {
         INFO(dname(dt));
@@ -248,6 +260,8 @@ TEST_CASE("cuda norms are bitwise reproducible and allow y = x and dx = dy in pl
     }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda norms are bitwise reproducible and allow y = x and dx = dy in place", reproducible_sweep, kSmallCases, kLargeCases)
 
 // ---- residual forms ---------------------------------------------------------------------------
 // *_residual_forward / *_residual_backward against the separate path (ops::add / add_inplace
@@ -418,14 +432,14 @@ void check_residual(const NormCase& k, int64_t res_offset) {
   }
 }
 
-}  // namespace
-
-TEST_CASE("cuda residual norms match the separate add and norm and the f64 reference" * doctest::test_suite("gpu")) {
+void residual_sweep(const Cases& cases) {
   if (!gpu_available_or_skip()) return;
-  for (const NormCase& k : kCases) {
+  for (const NormCase& k : cases) {
     SUBCASE(k.name().c_str()) { check_residual(k, k.offset); }
   }
 }
+}  // namespace
+GPU_TEST_SWEEP("cuda residual norms match the separate add and norm and the f64 reference", residual_sweep, kSmallCases, kLargeCases)
 
 TEST_CASE("cuda residual norms with only residual / dresidual misaligned take the scalar kernels" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
