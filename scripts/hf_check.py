@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, mixtral, mamba):
+For each family (gpt2, llama, mistral, qwen2, mixtral, mamba) and the llama cases with RoPE scaling
+(llama-linear, llama-llama3, llama-yarn: model.rope_scaling, config.json's rope_scaling /
+rope_parameters; a pretraining context of 32 and a 120-token sequence, so the llama3 and yarn
+ramps fall inside the head dims and the positions pass the original context):
   export  trains a small model for a few steps with ./train (so the weights are no longer the
           init), exports it with `./train CONFIG --export-hf`, loads the export with
           transformers' AutoModelForCausalLM and runs the same token sequences through both
@@ -108,6 +111,60 @@ experts_per_token = 2
 moe_aux_loss_coef = 0.02
 rope_theta = 100000.0
 """,
+    # RoPE scaling: original_max_position_embeddings 32 against sequences of up to 120 tokens;
+    # llama3's smooth band and yarn's ramp cover a few of the 32 pairs of head_dim 64. yarn:
+    # max_position_embeddings = factor x original (transformers versions that derive the factor
+    # from their ratio agree then), attention_factor and truncate other than the defaults.
+    "llama-linear": """
+family = "llama"
+vocab_size = 257
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 448
+rope_theta = 50000.0
+max_position_embeddings = 128
+[model.rope_scaling]
+type = "linear"
+factor = 2.5
+""",
+    "llama-llama3": """
+family = "llama"
+vocab_size = 257
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 448
+rope_theta = 50000.0
+max_position_embeddings = 128
+[model.rope_scaling]
+type = "llama3"
+factor = 8.0
+low_freq_factor = 1.0
+high_freq_factor = 4.0
+original_max_position_embeddings = 32
+""",
+    "llama-yarn": """
+family = "llama"
+vocab_size = 257
+hidden_size = 256
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 448
+rope_theta = 10000.0
+max_position_embeddings = 128
+[model.rope_scaling]
+type = "yarn"
+factor = 4.0
+original_max_position_embeddings = 32
+beta_fast = 16.0
+beta_slow = 2.0
+attention_factor = 1.2
+truncate = false
+""",
     "mamba": """
 family = "mamba"
 vocab_size = 257
@@ -121,6 +178,13 @@ norm_eps = 1e-6
 }
 
 TOLERANCE = {"cpu": 1e-4, "cuda": 3e-2}
+# Cases with a longer context: data.sequence_length, and one more sequence of LONG_TOKENS.
+LONG_CONTEXT = {"llama-linear": 128, "llama-llama3": 128, "llama-yarn": 128}
+LONG_TOKENS = 120
+
+
+def sequence_length(family):
+    return LONG_CONTEXT.get(family, 64)
 GENERATE_TOKENS = 24
 
 
@@ -166,7 +230,7 @@ log_every = 1
 
 [data]
 train = [{{ path = "{data_prefix}" }}]
-sequence_length = 64
+sequence_length = {sequence_length(family)}
 
 [batch]
 micro_batch_size = 4
@@ -377,15 +441,17 @@ def main():
         run([sys.executable, "scripts/prepare_data.py", corpus, "--output", data], log)
 
     rng = random.Random(1234)
-    sequences = [[rng.randrange(257) for _ in range(n)] for n in (57, 33)]
-    tokens = os.path.join(workdir, "tokens.txt")
-    with open(tokens, "w") as f:
-        for s in sequences:
-            f.write(" ".join(map(str, s)) + "\n")
+    base_sequences = [[rng.randrange(257) for _ in range(n)] for n in (57, 33)]
+    long_sequence = [rng.randrange(257) for _ in range(LONG_TOKENS)]
 
     failed = 0
     for family in families:
         parts, ok = [], True
+        sequences = base_sequences + ([long_sequence] if family in LONG_CONTEXT else [])
+        tokens = os.path.join(workdir, f"tokens-{family}.txt")
+        with open(tokens, "w") as f:
+            for s in sequences:
+                f.write(" ".join(map(str, s)) + "\n")
         try:
             cfg = os.path.join(workdir, f"{family}.toml")
             with open(cfg, "w") as f:
@@ -406,7 +472,7 @@ def main():
             with open(cfg_in, "w") as f:
                 f.write(f'[run]\nname = "{family}-import"\noutput_dir = "{workdir}/runs"\n'
                         f'[model]\ninit_from = "{hf_dir}"\n[data]\ntrain = [{{ path = "{data}" }}]\n'
-                        f'sequence_length = 64\n[training]\nsteps = 1\n')
+                        f'sequence_length = {sequence_length(family)}\n[training]\nsteps = 1\n')
             shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
             errors = {}
             line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log,

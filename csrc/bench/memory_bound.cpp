@@ -124,7 +124,7 @@ BENCH_CASES("memory_bound") {
       Owned gpos = empty({kT}, DType::I32, Device::CUDA);
       copy_tensor(gpos, pos);
       const int heads = static_cast<int>(c / kHeadDim);
-      const double ms = stream_ms([&] { ops::rope_forward(x, gpos, heads, 10000.f); });
+      const double ms = stream_ms([&] { ops::rope_forward(x, gpos, heads, ops::RopeParams{}); });
       results.push_back({label("rope fwd", kT, c) + " D=128", ms, 0, 2 * act + kT * 4.0, ""});
     }
     {  // swiglu, F = C

@@ -1,7 +1,7 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
 // configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-// MixtralConfig, MambaConfig); RoPE's base is written both as rope_theta (transformers 4.x) and
-// rope_parameters (5.x).
+// MixtralConfig, MambaConfig); RoPE's base and scaling are written both as rope_theta and
+// rope_scaling (transformers 4.x) and rope_parameters (5.x), and read from either (hf_rope.h).
 #include <cmath>
 #include <filesystem>
 
@@ -9,6 +9,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/hf_rope.h"
 #include "core/check.h"
 
 namespace engine::hf {
@@ -59,24 +60,6 @@ struct Reader {
 int to_int(int64_t v, const std::string& path, const char* key) {
   if (v < 0 || v > INT32_MAX) RAISE(path, ": ", key, ": out of range: ", v);
   return static_cast<int>(v);
-}
-
-// RoPE base from rope_parameters / rope_scaling (5.x) or rope_theta (4.x), else `theta`; only
-// default RoPE.
-double rope_theta(const json& j, const std::string& path, double theta) {
-  if (j.contains("rope_theta") && j["rope_theta"].is_number()) theta = j["rope_theta"].get<double>();
-  for (const char* k : {"rope_parameters", "rope_scaling"}) {
-    if (!j.contains(k) || j[k].is_null()) continue;
-    const json& r = j[k];
-    if (!r.is_object()) RAISE(path, ": ", k, ": expected an object, got ", r.dump());
-    const std::string type = r.value("rope_type", r.value("type", std::string("default")));
-    if (type != "default")
-      RAISE(path, ": ", k, ": rope_type \"", type, "\" is not supported (only default RoPE)");
-    if (r.contains("rope_theta") && r["rope_theta"].is_number()) theta = r["rope_theta"].get<double>();
-    if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
-      RAISE(path, ": ", k, ": partial_rotary_factor ", r["partial_rotary_factor"].dump(), " is not supported");
-  }
-  return theta;
 }
 
 }  // namespace
@@ -190,8 +173,7 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
     j["hidden_act"] = "silu";
     j["max_position_embeddings"] = c.max_position_embeddings;
     j["rms_norm_eps"] = c.norm_eps;
-    j["rope_theta"] = c.rope_theta;
-    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+    rope_to_hf(j, c);
     j["attention_dropout"] = 0.0;
     if (c.family == ModelFamily::Llama) {
       j["attention_bias"] = c.bias;
@@ -317,8 +299,11 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.norm_eps = r.number("rms_norm_eps", 1e-6);
     c.activation = ActivationKind::SwiGLU;
     c.positions = PositionKind::Rope;
-    c.rope_theta = rope_theta(j, path, c.family == ModelFamily::Mixtral ? 1e6 : 10000.0);  // the classes' defaults
     c.max_position_embeddings = to_int(r.integer("max_position_embeddings", 2048), path, "max_position_embeddings");
+    const HfRope rope = rope_from_hf(j, path, c.family == ModelFamily::Mixtral ? 1e6 : 10000.0,  // the classes' defaults
+                                     c.max_position_embeddings);
+    c.rope_theta = rope.theta;
+    c.rope_scaling = rope.scaling;
     c.tie_embeddings = r.boolean("tie_word_embeddings", false);
     if (c.family == ModelFamily::Llama) {
       const bool ab = r.boolean("attention_bias", false), mb = r.boolean("mlp_bias", false);
@@ -375,6 +360,15 @@ std::string show(ModelFamily v) { return family_name(v); }
 std::string show(NormKind v) { return norm_name(v); }
 std::string show(ActivationKind v) { return act_name(v); }
 std::string show(PositionKind v) { return pos_name(v); }
+std::string show(RopeScalingKind v) {
+  switch (v) {
+    case RopeScalingKind::None: return "none";
+    case RopeScalingKind::Linear: return "linear";
+    case RopeScalingKind::Llama3: return "llama3";
+    case RopeScalingKind::Yarn: return "yarn";
+  }
+  return "?";
+}
 
 }  // namespace
 
@@ -417,7 +411,21 @@ void apply_hf_config(Config& c) {
     // The table size matters for learned positions only.
     take("max_position_embeddings", m.max_position_embeddings, h.max_position_embeddings,
          h.positions == PositionKind::Learned);
-    if (h.positions == PositionKind::Rope) take("rope_theta", m.rope_theta, h.rope_theta);
+    if (h.positions == PositionKind::Rope) {
+      take("rope_theta", m.rope_theta, h.rope_theta);
+      RopeScalingConfig& r = m.rope_scaling;
+      const RopeScalingConfig& hr = h.rope_scaling;
+      take("rope_scaling.type", r.type, hr.type);
+      take("rope_scaling.factor", r.factor, hr.factor);
+      take("rope_scaling.low_freq_factor", r.low_freq_factor, hr.low_freq_factor);
+      take("rope_scaling.high_freq_factor", r.high_freq_factor, hr.high_freq_factor);
+      take("rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings,
+           hr.original_max_position_embeddings);
+      take("rope_scaling.beta_fast", r.beta_fast, hr.beta_fast);
+      take("rope_scaling.beta_slow", r.beta_slow, hr.beta_slow);
+      take("rope_scaling.attention_factor", r.attention_factor, hr.attention_factor);
+      take("rope_scaling.truncate", r.truncate, hr.truncate);
+    }
     take("sliding_window", m.sliding_window, h.sliding_window);
     take("qkv_bias", m.qkv_bias, h.qkv_bias);
   }

@@ -102,17 +102,37 @@ class Parser {
       if (!node.is_table())
         RAISE(loc, ": ", name, ": expected a table [", name, "], got ", describe(node));
       c_.origin[name] = loc;
-      for (auto&& [k2, value] : *node.as_table()) {
-        const std::string key(k2.str());
-        const std::string path = name + "." + key;
-        const std::string loc2 = location(k2.source(), value.source());
-        const FieldInfo* f = find_field(name, key);
-        if (!f) RAISE(loc2, ": ", path, ": unknown key", suggest_key(name, key));
-        if (f->kind == FieldKind::Derived)
-          RAISE(loc2, ": ", path, ": derived (", f->note, "), do not set");
-        c_.origin[path] = loc2;
-      }
+      check_keys(name, "", *node.as_table());
     }
+  }
+
+  // The keys of `table`, under `prefix` ("" or "rope_scaling." for a table [model.rope_scaling]
+  // or the dotted keys rope_scaling.KEY of [model]: the schema names them "rope_scaling.KEY").
+  void check_keys(const std::string& section, const std::string& prefix, const toml::table& table) {
+    for (auto&& [k2, value] : table) {
+      const std::string key = prefix + std::string(k2.str());
+      const std::string path = section + "." + key;
+      const std::string loc2 = location(k2.source(), value.source());
+      const FieldInfo* f = find_field(section, key);
+      if (!f && value.is_table() && is_subtable(section, key)) {
+        c_.origin[path] = loc2;
+        check_keys(section, key + ".", *value.as_table());
+        continue;
+      }
+      if (!f) RAISE(loc2, ": ", path, ": unknown key", suggest_key(section, key));
+      if (f->kind == FieldKind::Derived)
+        RAISE(loc2, ": ", path, ": derived (", f->note, "), do not set");
+      c_.origin[path] = loc2;
+    }
+  }
+
+  // Whether the schema has keys "key.*" in the section.
+  static bool is_subtable(const std::string& section, const std::string& key) {
+    for (const auto& f : schema())
+      if (f.section == section && f.key.size() > key.size() && f.key.compare(0, key.size(), key) == 0 &&
+          f.key[key.size()] == '.')
+        return true;
+    return false;
   }
 
   // "section.key=value": value as a TOML value, else as a bare string.
@@ -273,7 +293,17 @@ class Parser {
     path = sec_ + "." + key;
     if (auto it = overrides_.find(path); it != overrides_.end()) return it->second.get("v");
     const toml::node* s = root_.get(sec_);
-    return s ? s->as_table()->get(key) : nullptr;
+    if (!s) return nullptr;
+    // A dotted key ("rope_scaling.factor") is a key of a table in the section (check_keys).
+    const toml::node* n = s;
+    for (std::string_view rest = key; n;) {
+      const size_t dot = rest.find('.');
+      const toml::table* t = n->as_table();
+      n = t ? t->get(rest.substr(0, dot)) : nullptr;
+      if (dot == std::string_view::npos) break;
+      rest.remove_prefix(dot + 1);
+    }
+    return n;
   }
 
   int64_t integer(const toml::node& n, const std::string& path, int64_t lo, int64_t hi,

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/rope_params.h"
+
 namespace engine {
 
 enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Mixtral, Mamba, Hybrid };
@@ -37,6 +39,22 @@ struct RunConfig {
   bool operator==(const RunConfig&) const = default;
 };
 
+// model.rope_scaling (a [model.rope_scaling] table, or rope_scaling.KEY = ... under [model]): the
+// RoPE frequency scalings of transformers' rope_scaling / rope_parameters (ops/rope_params.h has
+// the formulas). Keys a type does not use must keep their defaults.
+struct RopeScalingConfig {
+  RopeScalingKind type = RopeScalingKind::None;  // "none", "linear", "llama3", "yarn"
+  double factor = 1.0;                    // context extension (linear, llama3, yarn)
+  double low_freq_factor = 1.0;           // llama3
+  double high_freq_factor = 4.0;          // llama3
+  int original_max_position_embeddings = 0;  // the pretraining context (llama3, yarn; required)
+  double beta_fast = 32.0;                // yarn
+  double beta_slow = 1.0;                 // yarn
+  double attention_factor = 1.0;          // yarn: default 0.1 ln(factor) + 1 (1 when factor <= 1)
+  bool truncate = true;                   // yarn: integer correction range (transformers' default)
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
 // Family presets fill the unset keys: gpt2 = layernorm, gelu, learned positions, biases, tied
 // embeddings; llama = rmsnorm, swiglu, rope, no biases, untied; mistral = llama + sliding window;
 // qwen2 = llama + biases on q, k and v only, norm_eps 1e-6; mixtral = llama whose MLPs are
@@ -59,6 +77,7 @@ struct ModelConfig {
   PositionKind positions = PositionKind::Rope;
   int max_position_embeddings = 0;  // learned positions: table size (default sequence_length)
   double rope_theta = 10000.0;
+  RopeScalingConfig rope_scaling;
   int sliding_window = 0;     // 0 = full causal attention
   // CUDA attention kernels: the engine's flash kernels (cuda/attention/flash*) or cuDNN's fused
   // attention (cuda/attention/cudnn_sdpa, builds with cuDNN only). CPU tensors always run the
@@ -227,6 +246,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 std::string config_to_toml(const Config& c);
 
 const char* family_name(ModelFamily f);
+// The rope ops' parameters of a model (rope_theta and rope_scaling, validated).
+ops::RopeParams rope_params(const ModelConfig& m);
 // One letter per layer (A, E or M, see ModelConfig::hybrid_layout) for any family.
 std::string block_layout(const ModelConfig& m);
 // The letter of one layer, and whether any layer is one of `letters` (e.g. "AE": any attention),

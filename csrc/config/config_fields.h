@@ -35,6 +35,9 @@ inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", Activat
                                                                 {"swiglu", ActivationKind::SwiGLU}};
 inline constexpr EnumName<PositionKind> kPositionNames[] = {{"learned", PositionKind::Learned},
                                                             {"rope", PositionKind::Rope}};
+inline constexpr EnumName<RopeScalingKind> kRopeScalingNames[] = {
+    {"none", RopeScalingKind::None}, {"linear", RopeScalingKind::Linear},
+    {"llama3", RopeScalingKind::Llama3}, {"yarn", RopeScalingKind::Yarn}};
 inline constexpr EnumName<AttentionBackendKind> kAttentionBackendNames[] = {
     {"flash", AttentionBackendKind::Flash}, {"cudnn", AttentionBackendKind::Cudnn}};
 inline constexpr EnumName<DeviceChoice> kDeviceNames[] = {
@@ -102,6 +105,16 @@ void visit_fields(C& c, V& v) {
   v.choice("positions", c.model.positions, names_of(kPositionNames));
   v.field("max_position_embeddings", c.model.max_position_embeddings);
   v.field("rope_theta", c.model.rope_theta);
+  // A table [model.rope_scaling]: dotted keys of [model] (config.cpp reads both spellings).
+  v.choice("rope_scaling.type", c.model.rope_scaling.type, names_of(kRopeScalingNames));
+  v.field("rope_scaling.factor", c.model.rope_scaling.factor);
+  v.field("rope_scaling.low_freq_factor", c.model.rope_scaling.low_freq_factor);
+  v.field("rope_scaling.high_freq_factor", c.model.rope_scaling.high_freq_factor);
+  v.field("rope_scaling.original_max_position_embeddings", c.model.rope_scaling.original_max_position_embeddings);
+  v.field("rope_scaling.beta_fast", c.model.rope_scaling.beta_fast);
+  v.field("rope_scaling.beta_slow", c.model.rope_scaling.beta_slow);
+  v.field("rope_scaling.attention_factor", c.model.rope_scaling.attention_factor);
+  v.field("rope_scaling.truncate", c.model.rope_scaling.truncate);
   v.field("sliding_window", c.model.sliding_window);
   v.choice("attention_backend", c.model.attention_backend, names_of(kAttentionBackendNames));
   v.field("bias", c.model.bias);
@@ -202,6 +215,10 @@ bool is_section(const std::string& name);
 // " (did you mean model.hidden_size?)" for the closest known key within edit distance 2, or "".
 // section empty: `key` is a top-level name (an unknown section or a key outside any section).
 std::string suggest_key(const std::string& section, const std::string& key);
+
+// model.rope_scaling (config_rope.cpp): the yarn attention_factor default, then the ranges and
+// the keys each type uses; after the model's and data's checks.
+void check_rope_scaling(Config& c);
 
 // Fills presets, defaults and derived values into a Config read from TOML (origin tells which
 // keys were set), then checks ranges and consistency. Throws engine::Error via Config::where.

@@ -22,8 +22,11 @@ namespace engine {
 
 std::string Config::where(const std::string& key) const {
   auto it = origin.find(key);
-  // A key that was not set is reported at its section's header, when the file has one.
-  if (it == origin.end()) it = origin.find(key.substr(0, key.find('.')));
+  // A key that was not set is reported at its table's header ([model.rope_scaling], else
+  // [model]), when the file has one.
+  for (size_t dot = key.rfind('.'); it == origin.end() && dot != std::string::npos && dot > 0;
+       dot = key.rfind('.', dot - 1))
+    it = origin.find(key.substr(0, dot));
   std::string loc = it != origin.end() ? it->second : (source.empty() ? "<config>" : source);
   return loc + ": " + key + ": ";
 }
@@ -552,6 +555,7 @@ void finish_config(Config& c) {
   k.model();
   k.data();
   k.positions();
+  check_rope_scaling(c);
   k.batch();
   k.training();
   k.distributed();

@@ -17,7 +17,7 @@ Attention::Attention(const ParamStore& store, const std::string& prefix, const M
       window_(c.sliding_window), rope_(c.positions == PositionKind::Rope),
       backend_(c.attention_backend == AttentionBackendKind::Cudnn ? ops::AttentionBackend::Cudnn
                                                                    : ops::AttentionBackend::Flash),
-      theta_(static_cast<float>(c.rope_theta)) {
+      rope_params_(rope_params(c)) {
   wqkv_ = adjacent_rows(store, {prefix + ".wq", prefix + ".wk", prefix + ".wv"});
   wo_ = Param(store, prefix + ".wo");
   if (c.bias || c.qkv_bias) bqkv_ = adjacent_rows(store, {prefix + ".bq", prefix + ".bk", prefix + ".bv"});
@@ -75,7 +75,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     linear_forward(x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
   });
-  if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, theta_);
+  if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, rope_params_);
   if (seg.kv) {  // this chunk's keys and values join the micro-batch's
     KvChunks::Layer& l = seg.kv->layers[this];
     const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
@@ -133,7 +133,7 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
     if (seg.row_begin == 0) seg.kv->layers.erase(this);  // the first chunk: the micro-batch is done
   }
   dout = Owned{};
-  if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, theta_);
+  if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, rope_params_);
   column_linear_backward(env, dqkv->view({T, int64_t{NH} * head_dim_}), in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g());
 }
 

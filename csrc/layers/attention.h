@@ -94,7 +94,7 @@ class Attention {
   int heads_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
   bool rope_ = false;
   ops::AttentionBackend backend_ = ops::AttentionBackend::Flash;  // model.attention_backend
-  float theta_ = 10000.f;
+  ops::RopeParams rope_params_;  // model.rope_theta and model.rope_scaling
   Param wqkv_, bqkv_, wo_, bo_;
 };
 

@@ -45,7 +45,7 @@ void Attention::decode(const Env& env, const Tensor& xn, const Tensor& position,
   const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
   Owned qkv = env.act_tensor({1, NH, head_dim_});
   linear_forward(xn, wqkv_.w(), bqkv_.w(), qkv->view({1, int64_t{NH} * head_dim_}));
-  if (rope_) ops::rope_forward(qkv, position, heads_ + kv_heads_, theta_);
+  if (rope_) ops::rope_forward(qkv, position, heads_ + kv_heads_, rope_params_);
   const int64_t L = cache.len + 1;
   ops::copy_columns(qkv->view({1, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_,
                     cache.kv->slice(cache.len, L).view({1, width}), 0, width, false);

@@ -1,7 +1,8 @@
 // Rotary embedding, "rotate half" pairing: in each of the first `rotated_heads` heads of row t,
-// dimension i (< D/2) pairs with i + D/2 and the pair turns by angle a = pos(t) * theta^(-2i/D):
-//   forward  (a, b) -> (a cos - b sin, b cos + a sin)
-//   backward (a, b) -> (a cos + b sin, b cos - a sin)   (the inverse = transpose of the rotation)
+// dimension i (< D/2) pairs with i + D/2 and the pair turns by angle a = pos(t) * inv_freq(i),
+// scaled by m (inv_freq and m: ops/rope_params.h, shared with the CUDA kernel):
+//   forward  (a, b) -> m (a cos - b sin, b cos + a sin)
+//   backward (a, b) -> m (a cos + b sin, b cos - a sin)   (the transpose of the forward map)
 // In place; rows in parallel. Heads past rotated_heads (v of a packed qkv) are not touched.
 // The shared checks ran before (ops/rope.cpp); the reference takes f32 or f64.
 #include "ops/rope.h"
@@ -14,15 +15,14 @@
 namespace engine::ref {
 namespace {
 
-void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, float theta,
+void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, const ops::RopeParams& rope,
                 double direction, const char* op, const char* xname) {
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
   const int64_t half = d / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    const double exponent = -2.0 * static_cast<double>(i) / static_cast<double>(d);
-    inv_freq[static_cast<size_t>(i)] = std::pow(static_cast<double>(theta), exponent);
-  }
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<size_t>(i)] = ops::rope_inv_freq(rope, static_cast<int>(i), static_cast<int>(d));
+  const double m = ops::rope_output_scale(rope);
   const int32_t* pos = positions.ptr<int32_t>();
   float_switch(x.dtype, op, xname, [&](auto tag) {
     using T = decltype(tag);
@@ -31,7 +31,7 @@ void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, flo
     for (int64_t t = 0; t < rows; ++t) {
       for (int64_t i = 0; i < half; ++i) {
         const double angle = pos[t] * inv_freq[static_cast<size_t>(i)];
-        const double c = std::cos(angle), s = direction * std::sin(angle);
+        const double c = std::cos(angle) * m, s = direction * (std::sin(angle) * m);
         for (int64_t h = 0; h < rotated_heads; ++h) {
           T* head = px + (t * heads + h) * d;
           const double a = head[i], b = head[i + half];
@@ -45,12 +45,13 @@ void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, flo
 
 }  // namespace
 
-void rope_forward(const Tensor& x, const Tensor& positions, int rotated_heads, float theta) {
-  rope_apply(x, positions, rotated_heads, theta, +1.0, "rope_forward", "x");
+void rope_forward(const Tensor& x, const Tensor& positions, int rotated_heads, const ops::RopeParams& rope) {
+  rope_apply(x, positions, rotated_heads, rope, +1.0, "rope_forward", "x");
 }
 
-void rope_backward(const Tensor& dx, const Tensor& positions, int rotated_heads, float theta) {
-  rope_apply(dx, positions, rotated_heads, theta, -1.0, "rope_backward", "dx");
+void rope_backward(const Tensor& dx, const Tensor& positions, int rotated_heads,
+                   const ops::RopeParams& rope) {
+  rope_apply(dx, positions, rotated_heads, rope, -1.0, "rope_backward", "dx");
 }
 
 }  // namespace engine::ref

@@ -1,16 +1,16 @@
 // Rotary position embedding in place on x (T, NH, D), "rotate half" pairing as csrc/ref/rope.cpp:
 // in each of the first rotated_heads heads of row t, dimension i < D/2 pairs with i + D/2 and
-// turns by the angle a = pos(t) theta^(-2i/D):
-//   forward  (a, b) -> (a cos - b sin, b cos + a sin)
-//   backward (a, b) -> (a cos + b sin, b cos - a sin)   (the inverse rotation)
-// Angles as the reference: inv_freq = pow(double(theta), -2i/D) (once per block, in shared
-// memory), angle = pos * inv_freq in double. cos and sin of the angle in a few double fused
-// multiply-adds instead of the library's sincos: a = k pi/2 + r with k = rint(a 2/pi) and r by
-// two fmas with pi/2 split in two doubles (|r| <= pi/4, error ~1e-16 for any |a| < 2^31), then
-// Taylor polynomials in double (truncation < 1e-13) and the quadrant of k. Rounded to f32 once,
-// they equalled the reference's f32-rounded std::cos / std::sin in all of 3.9M angles sampled on
-// the host with the same arithmetic (D 10..2048, theta up to 1e6, |pos| < 2^31). The rotation
-// runs in f32.
+// turns by the angle a = pos(t) inv_freq(i), scaled by m:
+//   forward  (a, b) -> m (a cos - b sin, b cos + a sin)
+//   backward (a, b) -> m (a cos + b sin, b cos - a sin)   (the transposed map)
+// Angles as the reference: inv_freq(i) and m by the functions of ops/rope_params.h the reference
+// calls, in double (inv_freq once per block, in shared memory), angle = pos * inv_freq in double.
+// cos and sin of the angle in a few double fused multiply-adds instead of the library's sincos:
+// a = k pi/2 + r with k = rint(a 2/pi) and r by two fmas with pi/2 split in two doubles
+// (|r| <= pi/4, error ~1e-16 for any |a| < 2^31), then Taylor polynomials in double (truncation
+// < 1e-13), times m in double, and the quadrant of k. Rounded to f32 once, they equalled the
+// reference's f32-rounded std::cos / std::sin in all of 3.9M angles sampled on the host with the
+// same arithmetic (D 10..2048, theta up to 1e6, |pos| < 2^31; m = 1). The rotation runs in f32.
 // Work item: (row, group of kHeadGroup heads, pack p of N dims): a thread asks for the packs
 // x[i..] and x[i + D/2..] of the group's heads (2 kHeadGroup vectors in flight), computes the N
 // (cos, sin) pairs of its dims i in [pN, pN + N) while they are on the way, rotates and stores. A
@@ -42,7 +42,7 @@ constexpr int kMinBlocks = 3;
 constexpr int kMaxHeadDim = 2048;
 
 template <typename T>
-struct RopeParams {
+struct RopeLaunch {
   T* x;                      // (rows, heads, head_dim), rotated in place
   const int32_t* positions;  // (rows)
   int64_t items;             // rows * groups * packs
@@ -52,12 +52,13 @@ struct RopeParams {
   int rotated;               // heads [0, rotated) are rotated
   int packs;                 // packs per half-head: half / N
   int groups;                // ceil(rotated / kHeadGroup)
-  float theta;
+  ops::RopeParams rope;      // the frequencies (ops/rope_params.h)
+  double scale;              // m, cos and sin are multiplied by it
   float sign;  // +1 forward, -1 backward (the sign of sin)
 };
 
-// cos(a) and sin(a) rounded to f32, a in double with |a| < 2^31 (see the header comment).
-static __device__ __forceinline__ void angle_cos_sin(double a, float& c_out, float& s_out) {
+// m cos(a) and m sin(a) rounded to f32, a in double with |a| < 2^31 (see the header comment).
+static __device__ __forceinline__ void angle_cos_sin(double a, double m, float& c_out, float& s_out) {
   const double k = rint(a * 0.63661977236758134308);          // 2 / pi
   double r = fma(-k, 1.5707963267948965580e+00, a);           // pi/2, high part (the double)
   r = fma(-k, 6.1232339957367660359e-17, r);                  // pi/2 - high part
@@ -67,14 +68,14 @@ static __device__ __forceinline__ void angle_cos_sin(double a, float& c_out, flo
   ps = fma(r2, ps, -1.0 / 5040.0);
   ps = fma(r2, ps, 1.0 / 120.0);
   ps = fma(r2, ps, -1.0 / 6.0);
-  const double s = fma(r * r2, ps, r);
+  const double s = fma(r * r2, ps, r) * m;
   double pc = fma(r2, -1.0 / 87178291200.0, 1.0 / 479001600.0);  // cos: -r^14/14!, r^12/12!
   pc = fma(r2, pc, -1.0 / 3628800.0);
   pc = fma(r2, pc, 1.0 / 40320.0);
   pc = fma(r2, pc, -1.0 / 720.0);
   pc = fma(r2, pc, 1.0 / 24.0);
   pc = fma(r2, pc, -0.5);
-  const double c = fma(r2, pc, 1.0);
+  const double c = fma(r2, pc, 1.0) * m;
   // a = k pi/2 + r: quadrant q = k mod 4 (two's complement, so negative k works too).
   const int q = static_cast<int>(static_cast<long long>(k) & 3);
   const float sf = static_cast<float>(s), cf = static_cast<float>(c);
@@ -88,11 +89,10 @@ static __device__ __forceinline__ void angle_cos_sin(double a, float& c_out, flo
 // then rotates and stores. Dynamic shared memory: inv_freq (half doubles). Index: uint32_t when
 // the items fit in 31 bits (cheap divisions), else int64_t.
 template <typename T, int N, typename Index>
-static __global__ void __launch_bounds__(kThreads, kMinBlocks) rope_kernel(const RopeParams<T> p) {
+static __global__ void __launch_bounds__(kThreads, kMinBlocks) rope_kernel(const RopeLaunch<T> p) {
   extern __shared__ double inv_freq[];
   for (int i = threadIdx.x; i < p.half; i += blockDim.x)
-    inv_freq[i] = pow(static_cast<double>(p.theta),
-                      -2.0 * static_cast<double>(i) / static_cast<double>(p.head_dim));
+    inv_freq[i] = ops::rope_inv_freq(p.rope, i, p.head_dim);
   wait_for_previous_kernel();  // the angles' table is computed while the kernel ahead finishes
   __syncthreads();
   const Index item = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -116,7 +116,7 @@ static __global__ void __launch_bounds__(kThreads, kMinBlocks) rope_kernel(const
   float c[N], s[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    angle_cos_sin(static_cast<double>(pos) * inv_freq[i0 + j], c[j], s[j]);
+    angle_cos_sin(static_cast<double>(pos) * inv_freq[i0 + j], p.scale, c[j], s[j]);
     s[j] *= p.sign;
   }
 #pragma unroll
@@ -140,7 +140,7 @@ static __global__ void __launch_bounds__(kThreads, kMinBlocks) rope_kernel(const
 // Host side.
 
 template <typename T, int N>
-static void launch(const RopeParams<T>& p, const char* op) {
+static void launch(const RopeLaunch<T>& p, const char* op) {
   const size_t smem = static_cast<size_t>(p.half) * sizeof(double);
   const auto grid = static_cast<unsigned>(ceil_div(p.items, kThreads));
   if (p.items <= (int64_t{1} << 31))
@@ -150,8 +150,8 @@ static void launch(const RopeParams<T>& p, const char* op) {
   check_launch(op);
 }
 
-static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads, float theta,
-                       float sign, const char* op, const char* xname) {
+static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_heads,
+                       const ops::RopeParams& rope, float sign, const char* op, const char* xname) {
   ENSURE(x.dtype == DType::BF16 || x.dtype == DType::F32, op, ": ", xname, " is ",
          dtype_name(x.dtype), ", expected bf16 or f32");
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
@@ -167,7 +167,7 @@ static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_hea
   const int n = use_vec ? vec : 1;
   float_switch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    RopeParams<T> p{};
+    RopeLaunch<T> p{};
     p.x = static_cast<T*>(x.data);
     p.positions = static_cast<const int32_t*>(positions.data);
     p.row_elems = heads * d;
@@ -177,7 +177,8 @@ static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_hea
     p.packs = half / n;
     p.groups = static_cast<int>(ceil_div(rotated_heads, kHeadGroup));
     p.items = rows * p.groups * p.packs;
-    p.theta = theta;
+    p.rope = rope;
+    p.scale = ops::rope_output_scale(rope);
     p.sign = sign;
     if (use_vec)
       launch<T, 16 / sizeof(T)>(p, op);
@@ -186,12 +187,13 @@ static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_hea
   });
 }
 
-void rope_forward(const Tensor& x, const Tensor& positions, int rotated_heads, float theta) {
-  rope_apply(x, positions, rotated_heads, theta, 1.f, "rope_forward", "x");
+void rope_forward(const Tensor& x, const Tensor& positions, int rotated_heads, const ops::RopeParams& rope) {
+  rope_apply(x, positions, rotated_heads, rope, 1.f, "rope_forward", "x");
 }
 
-void rope_backward(const Tensor& dx, const Tensor& positions, int rotated_heads, float theta) {
-  rope_apply(dx, positions, rotated_heads, theta, -1.f, "rope_backward", "dx");
+void rope_backward(const Tensor& dx, const Tensor& positions, int rotated_heads,
+                   const ops::RopeParams& rope) {
+  rope_apply(dx, positions, rotated_heads, rope, -1.f, "rope_backward", "dx");
 }
 
 }  // namespace engine::cuda

@@ -442,10 +442,10 @@ TEST_CASE("hf: import errors name the folder, the file and the tensor") {
   }
   SUBCASE("unsupported config.json settings") {
     auto j = nlohmann::json::parse(read_text(dir + "/config.json"));
-    j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}};
+    j["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 1e4}};
     write_text(dir + "/config.json", j.dump());
     check_mentions(error_of([&] { hf::model_from_hf_config(dir + "/config.json"); }),
-                   {dir + "/config.json", "rope_type", "linear"});
+                   {dir + "/config.json", "rope_type", "dynamic"});
     j["rope_parameters"] = nullptr;
     j["hidden_act"] = "gelu";
     write_text(dir + "/config.json", j.dump());

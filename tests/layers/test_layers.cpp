@@ -139,12 +139,19 @@ TEST_CASE("layer gradients: attention (GQA, RoPE, window, biases, packed documen
     ModelFamily family;
     int heads, kv_heads, head_dim, window;
     bool cross_document;
+    RopeScalingConfig rope_scaling = {};
   };
+  RopeScalingConfig yarn;  // its ramp inside head_dim 8 at rope_theta 100: pairs 0..3
+  yarn.type = RopeScalingKind::Yarn;
+  yarn.factor = 4;
+  yarn.original_max_position_embeddings = 64;
+  yarn.attention_factor = 1.3;
   const std::vector<Case> cases = {
       {"gpt2 mha bias", ModelFamily::GPT2, 3, 3, 5, 0, false},
       {"llama gqa 3:1 rope", ModelFamily::Llama, 6, 2, 4, 0, false},
       {"llama gqa 2:1 cross-doc", ModelFamily::Llama, 4, 2, 6, 0, true},
       {"mistral window 2", ModelFamily::Mistral, 6, 3, 4, 2, true},
+      {"llama yarn rope scaling", ModelFamily::Llama, 4, 2, 8, 0, false, yarn},
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);
@@ -153,6 +160,7 @@ TEST_CASE("layer gradients: attention (GQA, RoPE, window, biases, packed documen
     c.num_kv_heads = k.kv_heads;
     c.head_dim = k.head_dim;
     c.sliding_window = k.window;
+    c.rope_scaling = k.rope_scaling;
     ParamStore store = make_store([&](ParamTable& t) { layers::Attention::declare(t, "a", c); }, k.name);
     layers::Attention attn(store, "a", c);
     MicroBatch mb = packed_batch(c, k.cross_document);

@@ -25,6 +25,19 @@ const DecodeCase kCases[] = {
     {"gpt2", ModelFamily::GPT2},
     {"llama", ModelFamily::Llama},
     {"llama, one kv head", ModelFamily::Llama, [](ModelConfig& c) { c.num_kv_heads = 1; }},
+    {"llama, llama3 rope scaling", ModelFamily::Llama,
+     [](ModelConfig& c) {
+       c.rope_scaling.type = RopeScalingKind::Llama3;
+       c.rope_scaling.factor = 4;
+       c.rope_scaling.original_max_position_embeddings = 8;
+     }},
+    {"llama, yarn rope scaling", ModelFamily::Llama,
+     [](ModelConfig& c) {
+       c.rope_scaling.type = RopeScalingKind::Yarn;
+       c.rope_scaling.factor = 4;
+       c.rope_scaling.original_max_position_embeddings = 8;
+       c.rope_scaling.attention_factor = 1.3;
+     }},
     {"mistral (window 3)", ModelFamily::Mistral},
     {"qwen2 (qkv biases)", ModelFamily::Qwen2, [](ModelConfig& c) { c.qkv_bias = true; }},
     {"mixtral", ModelFamily::Mixtral},

@@ -51,8 +51,8 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
       {"gelu_backward", [&](const Tensor& x) { ops::gelu_backward(x, c, c); }},
       {"swiglu_forward", [&](const Tensor& x) { ops::swiglu_forward(x, c); }},
       {"swiglu_backward", [&](const Tensor& x) { ops::swiglu_backward(x, c, c); }},
-      {"rope_forward", [&](const Tensor& x) { ops::rope_forward(x, ids, 1, 1e4f); }},
-      {"rope_backward", [&](const Tensor& x) { ops::rope_backward(x, ids, 1, 1e4f); }},
+      {"rope_forward", [&](const Tensor& x) { ops::rope_forward(x, ids, 1, ops::RopeParams{}); }},
+      {"rope_backward", [&](const Tensor& x) { ops::rope_backward(x, ids, 1, ops::RopeParams{}); }},
       {"attention_forward",
        [&](const Tensor& x) {
          ops::AttentionParams p = ap;
