@@ -28,6 +28,9 @@ struct Item {
 struct CharSet {
   bool negated = false;
   std::vector<Item> items;
+  // Bit c: whether code point c < 128 is in the set, filled from the items once the pattern is
+  // parsed (set_matches reads it instead of the items for ASCII, most of any corpus).
+  uint64_t ascii[2] = {0, 0};
 };
 
 bool is_connector_punctuation(char32_t c) {
@@ -52,7 +55,7 @@ bool item_matches(const Item& it, char32_t c) {
   return r != it.negated;
 }
 
-bool set_matches(const CharSet& s, char32_t c) {
+bool set_matches_items(const CharSet& s, char32_t c) {
   bool any = false;
   for (const Item& it : s.items) {
     if (item_matches(it, c)) {
@@ -61,6 +64,11 @@ bool set_matches(const CharSet& s, char32_t c) {
     }
   }
   return any != s.negated;
+}
+
+bool set_matches(const CharSet& s, char32_t c) {
+  if (c < 128) return (s.ascii[c >> 6] >> (c & 63)) & 1u;
+  return set_matches_items(s, c);
 }
 
 struct Node {
@@ -420,6 +428,9 @@ PretokRegex::PretokRegex(const std::string& pattern) : impl_(std::make_unique<Im
   impl_->pattern = pattern;
   Parser p(pattern, impl_->sets);
   impl_->alts = p.parse();
+  for (CharSet& set : impl_->sets)
+    for (char32_t c = 0; c < 128; ++c)
+      if (set_matches_items(set, c)) set.ascii[c >> 6] |= uint64_t{1} << (c & 63);
 }
 PretokRegex::~PretokRegex() = default;
 PretokRegex::PretokRegex(PretokRegex&&) noexcept = default;
