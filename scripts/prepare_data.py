@@ -230,6 +230,7 @@ def run(args):
             raise InputError(f"{out}: another prepare_data.py is writing this output ({lock_path} is locked)")
         return prepare(args, files, stats, tok, typecode, shard_tokens, chunk_bytes, field, manifest)
     finally:
+        tok.close()
         os.remove(lock_path)
         lock.close()
 

@@ -42,6 +42,9 @@ class ByteTokenizer:
     def describe(self):
         return {"kind": "byte-level", "vocab_size": BYTE_VOCAB, "bos": None, "eos": BYTE_EOS}
 
+    def close(self):
+        pass
+
 
 def _token_text(v):
     """A special token as the configs write it: a string or {"content": ...}."""
@@ -202,6 +205,10 @@ class HFTokenizer:
     def encode_many(self, texts, raw):
         """Lists of ids, one per text (raw: the texts' UTF-8), without BOS/EOS."""
         return self._tok.encode_many(texts, raw)
+
+    def close(self):
+        """Ends this process's engine server, if any (the next encode starts another)."""
+        self._tok.close()
 
 
 def render_chat(where, messages, template, train_roles):
