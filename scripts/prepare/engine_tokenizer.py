@@ -31,6 +31,12 @@ class EngineError(Exception):
         self.index = index
 
 
+def _shown(path):
+    """A path as a command line would name it: relative to here, ./ for the current folder."""
+    rel = os.path.relpath(path)
+    return rel if os.sep in rel else "./" + rel
+
+
 def _u32(n):
     return struct.pack("<I", n)
 
@@ -38,8 +44,7 @@ def _u32(n):
 class EngineTokenizer:
     def __init__(self, file, program=PROGRAM):
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
-            raise EngineUnavailable(f"{os.path.relpath(program)} (the engine's tokenizer program) is missing: "
-                                    "run make first")
+            raise EngineUnavailable(f"{_shown(program)} (the engine's tokenizer program) is missing: run make first")
         self.file, self.program = os.path.abspath(file), program
         self._proc = None
         self._pid = None
@@ -69,7 +74,7 @@ class EngineTokenizer:
         err = p.stderr.read().decode("utf-8", "replace").strip()
         code = p.wait()
         # The server prints "tokenize: <file>: <what>"; keep what it says, one line.
-        msg = err.splitlines()[-1] if err else f"{os.path.relpath(self.program)} exited with code {code}"
+        msg = err.splitlines()[-1] if err else f"{_shown(self.program)} exited with code {code}"
         msg = re.sub(r" at csrc/\S+:\d+$", "", msg)  # the C++ check's source position
         return EngineError(-1, msg[len("tokenize: "):] if msg.startswith("tokenize: ") else msg)
 

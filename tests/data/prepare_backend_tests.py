@@ -130,9 +130,8 @@ class EngineAlone(Base):
                 "--tokenizer", os.path.join(FIXTURES, "gpt2.json"), "--eos", "<|endoftext|>"]
         r = subprocess.run(args + ["--tokenizer-backend", "engine"], capture_output=True, text=True)
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn("error: --tokenizer-backend engine: tokenize (the engine's tokenizer program) is missing: "
-                      "run make first", r.stderr.replace(os.path.relpath(os.path.join(self.path("tree"), "tokenize")),
-                                                         "tokenize"))
+        self.assertIn("error: --tokenizer-backend engine: ", r.stderr)
+        self.assertIn("tokenize (the engine's tokenizer program) is missing: run make first\n", r.stderr)
         r = subprocess.run(args, capture_output=True, text=True)  # auto: a note, then tokenizers
         self.assertIn("prepare: tokenizer backend hf (the tokenizers package), not the engine's: ", r.stderr)
         self.assertIn("run make first", r.stderr)
