@@ -13,7 +13,7 @@ Tokenizers:
                Encoded by --tokenizer-backend: engine (the engine's C++ tokenizer, ./tokenize from
                `make`, several times faster), hf (the `tokenizers` package) or auto (engine when
                it implements everything the tokenizer.json uses, else hf, said in one line).
-               Both give the same ids (tests/data/prepare_tests.py compares them).
+               Both give the same ids (tests/data/prepare_backend_tests.py compares them).
 Texts are encoded without the tokenizer's own special tokens; BOS and EOS are then added here, so
 the same rule holds for every tokenizer.
 
