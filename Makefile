@@ -1,5 +1,5 @@
 # Plain Makefile: one object per source, dependency files for incremental rebuilds.
-#   make            build ./train, ./bench, the test binaries and the tiny configs' demo data (CUDA
+#   make            build ./train, ./bench, ./tokenize, the test binaries and the tiny configs' demo data (CUDA
 #                   kernels too when nvcc exists); every core unless -jN is given
 #   make test       full CPU test suite (+ GPU cases when a GPU is present), one summary line
 #   make test-fast  the fast tier only (seconds)
@@ -90,7 +90,7 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_OBJ := $(BENCH_SRC:%.cpp=$(BUILD)/obj/%.o)
 DIST_OBJ := $(DIST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main_dist.o
 LIB := $(BUILD)/libengine.a
-PROGRAMS := train bench
+PROGRAMS := train bench tokenize
 
 .PHONY: all test test-fast test-slow deps clean demo fuzz demo-data cuda-objects
 all: $(PROGRAMS) $(BUILD)/engine_tests $(BUILD)/dist_tests demo-data
@@ -140,6 +140,10 @@ train: $(BUILD)/obj/csrc/train/main_train.o $(LIB) $(FLAGS_STAMP) .programs-buil
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
 bench: $(BUILD)/obj/csrc/train/main_bench.o $(BENCH_OBJ) $(LIB) $(FLAGS_STAMP) .programs-build
+	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
+
+# ./tokenize: the engine's tokenizer as a pipe server for scripts/prepare_data.py (its engine backend).
+tokenize: $(BUILD)/obj/csrc/train/main_tokenize.o $(LIB) $(FLAGS_STAMP) .programs-build
 	$(CXX) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS)
 
 $(BUILD)/engine_tests: $(TEST_OBJ) $(BUILD)/obj/csrc/bench/kernel_profile.o $(LIB) $(FLAGS_STAMP)
@@ -231,4 +235,4 @@ endif
 clean:
 	rm -rf $(BUILD) $(PROGRAMS)
 
--include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(DIST_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d $(BUILD)/obj/csrc/train/main_bench.d
+-include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) $(DIST_OBJ:.o=.d) $(BUILD)/obj/csrc/train/main_train.d $(BUILD)/obj/csrc/train/main_bench.d $(BUILD)/obj/csrc/train/main_tokenize.d

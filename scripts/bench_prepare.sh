@@ -2,14 +2,26 @@
 # Throughput of scripts/prepare_data.py, self-contained: builds a JSONL corpus from the Python
 # sources under site-packages (one document per .py file, up to MB megabytes), trains a 50k BPE
 # tokenizer.json on part of it with the `tokenizers` package (installed when missing), then times
-# prepare_data.py with the byte-level tokenizer and with that tokenizer.json, WORKERS processes.
-#   scripts/bench_prepare.sh [MB (default 120)] [WORKERS (default: every core)]
+# prepare_data.py with the byte-level tokenizer and with that tokenizer.json, WORKERS processes,
+# through the tokenizer backend(s) BACKEND (engine: ./tokenize, run make first; hf: tokenizers;
+# both: each in turn, the default, and their outputs compared byte for byte).
+#   scripts/bench_prepare.sh [MB (default 120)] [WORKERS (default: every core)] [BACKEND (engine|hf|auto|both)]
 # Env: BENCH_DIR (default /tmp/bench_prepare; reused: corpus and tokenizer are built once),
 #      PYTHON (default python3). Prints one line per tokenizer: MB of text, seconds, MB/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MB=${1:-120}
 WORKERS=${2:-$(nproc)}
+BACKEND=${3:-both}
+case $BACKEND in
+  engine|hf|auto) BACKENDS=$BACKEND ;;
+  both) BACKENDS="engine hf" ;;
+  *) echo "bench_prepare.sh: BACKEND $BACKEND: expected engine, hf, auto or both" >&2; exit 2 ;;
+esac
+if [[ $BACKENDS == *engine* && ! -x ./tokenize ]]; then
+  echo "bench_prepare.sh: the engine backend needs ./tokenize: run make first" >&2
+  exit 2
+fi
 PY=${PYTHON:-python3}
 DIR=${BENCH_DIR:-/tmp/bench_prepare}
 mkdir -p "$DIR"
@@ -86,4 +98,12 @@ run() {  # name, extra args...
     "$name" "$TEXT_MB" "$t0" "$t1" "$DIR/$name.log"
 }
 run byte-level
-run tokenizer.json --tokenizer "$TOK" --eos "<|endoftext|>"
+for b in $BACKENDS; do
+  run "bpe50k-$b" --tokenizer "$TOK" --eos "<|endoftext|>" --tokenizer-backend "$b"
+done
+if [[ $BACKEND == both ]]; then
+  for ext in bin idx; do
+    cmp -s "$DIR/out-bpe50k-engine.$ext" "$DIR/out-bpe50k-hf.$ext" || { echo "  the engine and hf outputs differ (.$ext)"; exit 1; }
+  done
+  echo "  engine and hf outputs: equal"
+fi

@@ -14,7 +14,10 @@ shards are then .idx version 2), which training masks out of the loss.
 
 Tokenizers (scripts/prepare/tokenize.py): byte level by default (bytes 0..255, EOS 256 after
 every document, vocabulary 257: set model.vocab_size >= 257); --tokenizer a tokenizer.json or a
-Hugging Face model folder (BOS/EOS from its configs; --bos/--eos/--no-bos/--no-eos override).
+Hugging Face model folder (BOS/EOS from its configs; --bos/--eos/--no-bos/--no-eos override),
+encoded by --tokenizer-backend: engine (the engine's C++ tokenizer, ./tokenize, built by `make`),
+hf (the `tokenizers` package) or auto (default: engine when it implements the tokenizer.json and
+./tokenize exists, else hf with a one-line note why). Both give the same tokens.
 Tokens are uint16 when the vocabulary has fewer than 65536 entries, else int32.
 
 Output: without --shard-size, OUTPUT.bin + OUTPUT.idx; with it, OUTPUT-00000.bin/.idx, ... each
@@ -161,6 +164,9 @@ def main():
                    help="one message as text, with {role} and {content} (default: %(default)r)")
     p.add_argument("--train-roles", default="assistant", help="comma-separated roles whose turns train")
     p.add_argument("--tokenizer", help="a tokenizer.json or a Hugging Face model folder (default: byte level)")
+    p.add_argument("--tokenizer-backend", choices=tokenize.BACKENDS, default="auto",
+                   help="engine (./tokenize, from make), hf (the tokenizers package) or auto "
+                        "(engine when it takes the tokenizer.json, else hf; default)")
     p.add_argument("--bos", help="BOS token (string or id) to put before every document")
     p.add_argument("--eos", help="EOS token (string or id) to append to every document")
     p.add_argument("--no-bos", action="store_true", help="no BOS, whatever the tokenizer's config says")
@@ -173,6 +179,8 @@ def main():
     args = p.parse_args()
     if args.tokenizer is None and (args.bos or args.eos or args.no_bos or args.no_eos):
         p.error("--bos/--eos/--no-bos/--no-eos need --tokenizer (the byte-level tokenizer always appends 256)")
+    if args.tokenizer is None and args.tokenizer_backend != "auto":
+        p.error("--tokenizer-backend needs --tokenizer (the byte-level tokenizer has no backends)")
     if args.chat_field and args.chat_template.count("{content}") != 1:
         p.error("--chat-template must hold {content} exactly once")
     if args.workers < 1:
@@ -189,8 +197,8 @@ def main():
 def run(args):
     global _ENCODER
     files = sources.expand_inputs(args.inputs)
-    tok = tokenize.HFTokenizer(args.tokenizer, args.bos, args.eos, args.no_bos, args.no_eos) \
-        if args.tokenizer else tokenize.ByteTokenizer()
+    tok = tokenize.HFTokenizer(args.tokenizer, args.bos, args.eos, args.no_bos, args.no_eos,
+                               args.tokenizer_backend) if args.tokenizer else tokenize.ByteTokenizer()
     typecode = "H" if tok.vocab_size < 65536 else "i"
     itemsize = 2 if typecode == "H" else 4
     try:
@@ -222,6 +230,7 @@ def run(args):
             raise InputError(f"{out}: another prepare_data.py is writing this output ({lock_path} is locked)")
         return prepare(args, files, stats, tok, typecode, shard_tokens, chunk_bytes, field, manifest)
     finally:
+        tok.close()
         os.remove(lock_path)
         lock.close()
 
@@ -304,7 +313,8 @@ def summary(manifest, tok, typecode):
     tokens = sum(s["tokens"] for s in manifest.shards)
     print(f"documents: {docs}")
     print(f"tokens: {tokens}")
-    print(f"vocab: {tok.vocab_size} ({tok.name}, {DTYPE_NAMES[typecode]} tokens)")
+    backend = f", {tok.backend} tokenizer backend" if isinstance(tok, tokenize.HFTokenizer) else ""
+    print(f"vocab: {tok.vocab_size} ({tok.name}, {DTYPE_NAMES[typecode]} tokens{backend})")
     names = [s["prefix"] for s in manifest.shards]
     print(f"wrote: {len(names)} shard(s) {names[0]}{' .. ' + names[-1] if len(names) > 1 else ''}, {manifest.path}")
     return 0

@@ -4,8 +4,9 @@
 // that is itself in the vocab is one token. Duplicate merges keep the later rank.
 #include "tokenizer/bpe.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -154,23 +155,49 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
       return;
     }
   }
-  const bool cacheable = word.size() < kCacheMaxWord;
+  const bool cacheable = word.size() < WordCache::kMaxWord;
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (cache_.get(word, out)) return;
   }
   std::vector<int32_t> ids;
   merge_word(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() >= kCacheEntries) cache_.clear();
-    cache_.emplace(std::string(word), std::move(ids));
+    cache_.put(word, ids);
   }
+}
+
+bool BpeModel::WordCache::get(std::string_view word, std::vector<int32_t>& out) const {
+  const uint64_t h = std::hash<std::string_view>{}(word);
+  for (size_t i = h & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+    const Slot& s = slots_[i];
+    if (s.key_len == 0) return false;
+    if (s.hash == h && s.key_len == word.size() && std::memcmp(keys_.data() + s.key, word.data(), word.size()) == 0) {
+      out.insert(out.end(), ids_.begin() + s.ids, ids_.begin() + s.ids + s.id_count);
+      return true;
+    }
+  }
+}
+
+void BpeModel::WordCache::put(std::string_view word, const std::vector<int32_t>& ids) {
+  // Only words shorter than kMaxWord bytes: their ids (at most one per byte) fit the uint16 count.
+  if (word.empty() || word.size() >= kMaxWord || ids.size() >= kMaxWord) return;
+  if (count_ >= kEntries) {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    keys_.clear();
+    ids_.clear();
+    count_ = 0;
+  }
+  const uint64_t h = std::hash<std::string_view>{}(word);
+  size_t i = h & (kSlots - 1);
+  while (slots_[i].key_len != 0) i = (i + 1) & (kSlots - 1);
+  slots_[i] = Slot{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()),
+                   static_cast<uint16_t>(word.size()), static_cast<uint16_t>(ids.size())};
+  keys_.append(word);
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  ++count_;
 }
 
 void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {

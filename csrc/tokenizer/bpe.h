@@ -64,10 +64,30 @@ class BpeModel {
   bool ignore_merges_ = false;
   int32_t byte_ids_[256];  // <0xNN> ids when byte_fallback (-1: absent)
 
-  // Words shorter than kCacheMaxWord bytes; cleared when it holds kCacheEntries.
-  static constexpr size_t kCacheMaxWord = 256, kCacheEntries = 10000;
+  // A word -> ids memo in flat arrays (no allocation per entry): an open-addressing table
+  // (linear probing) of slots that point into one arena of word bytes and one of ids. Words
+  // shorter than kMaxWord bytes; emptied whole when it holds kEntries words.
+  class WordCache {
+   public:
+    static constexpr size_t kMaxWord = 256, kEntries = 10000;
+    // Appends the ids of `word` to out; false (out untouched) when it is not cached.
+    bool get(std::string_view word, std::vector<int32_t>& out) const;
+    void put(std::string_view word, const std::vector<int32_t>& ids);
+
+   private:
+    static constexpr size_t kSlots = 16384;  // a power of two; at most kEntries / kSlots full
+    struct Slot {
+      uint64_t hash = 0;
+      uint32_t key = 0, ids = 0;          // offsets into keys_ and ids_
+      uint16_t key_len = 0, id_count = 0;  // key_len 0: an empty slot (words are never empty)
+    };
+    std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
+    std::string keys_;
+    std::vector<int32_t> ids_;
+    size_t count_ = 0;
+  };
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  mutable WordCache cache_;
 };
 
 }  // namespace engine

@@ -338,10 +338,11 @@ std::vector<Piece> pre_tokenize(const std::vector<PreTokenizerStep>& steps, std:
         } else {
           parts.push_back(std::move(p));
         }
+        const ByteTable& table = bytes();
         for (Piece& q : parts) {
           std::string mapped;
           mapped.reserve(q.text.size() * 2);
-          for (char c : q.text) mapped += byte_to_char(static_cast<uint8_t>(c));
+          for (char c : q.text) mapped += table.to_char[static_cast<uint8_t>(c)];
           next.push_back(Piece{std::move(mapped), q.at_origin});
         }
       } else if (st.kind == PreTokenizerStep::Split) {

@@ -3,7 +3,9 @@
 // a group of alternatives, or a lookahead. Matching runs leftmost-first like Oniguruma: a repeat
 // takes as many characters as it can and gives them back one at a time; the rest of the pattern
 // after a node is passed down as an explicit continuation chain, so recursion depth follows the
-// pattern's nesting, never the input's length.
+// pattern's nesting, never the input's length. Each character class keeps a bitmap of the ASCII
+// characters it holds, and each top-level alternative the ASCII characters it can start with, so
+// the search skips, at a position, the alternatives that cannot match there without running them.
 #include "tokenizer/regex.h"
 
 #include <algorithm>
@@ -28,6 +30,9 @@ struct Item {
 struct CharSet {
   bool negated = false;
   std::vector<Item> items;
+  // Bit c: whether code point c < 128 is in the set, filled from the items once the pattern is
+  // parsed (set_matches reads it instead of the items for ASCII, most of any corpus).
+  uint64_t ascii[2] = {0, 0};
 };
 
 bool is_connector_punctuation(char32_t c) {
@@ -52,7 +57,7 @@ bool item_matches(const Item& it, char32_t c) {
   return r != it.negated;
 }
 
-bool set_matches(const CharSet& s, char32_t c) {
+bool set_matches_items(const CharSet& s, char32_t c) {
   bool any = false;
   for (const Item& it : s.items) {
     if (item_matches(it, c)) {
@@ -61,6 +66,11 @@ bool set_matches(const CharSet& s, char32_t c) {
     }
   }
   return any != s.negated;
+}
+
+bool set_matches(const CharSet& s, char32_t c) {
+  if (c < 128) return (s.ascii[c >> 6] >> (c & 63)) & 1u;
+  return set_matches_items(s, c);
 }
 
 struct Node {
@@ -355,6 +365,46 @@ class Parser {
   size_t pos_ = 0;
 };
 
+// The ASCII code points a match of seq[i..] can start with; nullable: it can match empty;
+// unknown: it starts with a lookahead, which this does not follow. A sequence that is neither
+// cannot match at an ASCII character outside `ascii`, nor at the end of the input.
+struct FirstChars {
+  uint64_t ascii[2] = {0, 0};
+  bool nullable = false, unknown = false;
+};
+
+FirstChars first_chars(const std::vector<Node>& seq, size_t i, const std::vector<CharSet>& sets) {
+  FirstChars f;
+  if (i == seq.size()) {
+    f.nullable = true;
+    return f;
+  }
+  const Node& node = seq[i];
+  auto then_rest = [&]() {  // node may match empty: what follows it can start the match
+    const FirstChars r = first_chars(seq, i + 1, sets);
+    f.ascii[0] |= r.ascii[0], f.ascii[1] |= r.ascii[1];
+    f.unknown = f.unknown || r.unknown;
+    f.nullable = f.nullable || r.nullable;
+  };
+  if (node.kind == Node::Lookahead) {
+    f.unknown = true;
+  } else if (node.kind == Node::Group) {
+    bool empty_alt = false;
+    for (const auto& alt : node.alts) {
+      const FirstChars g = first_chars(alt, 0, sets);
+      f.ascii[0] |= g.ascii[0], f.ascii[1] |= g.ascii[1];
+      f.unknown = f.unknown || g.unknown;
+      empty_alt = empty_alt || g.nullable;
+    }
+    if (empty_alt) then_rest();
+  } else {
+    const CharSet& set = sets[static_cast<size_t>(node.set)];
+    f.ascii[0] = set.ascii[0], f.ascii[1] = set.ascii[1];
+    if (node.min == 0) then_rest();
+  }
+  return f;
+}
+
 // The rest of the pattern after a node: a chain of (sequence, index) frames.
 struct Cont {
   const std::vector<Node>* seq;
@@ -368,6 +418,8 @@ struct PretokRegex::Impl {
   std::string pattern;
   std::vector<CharSet> sets;
   std::vector<std::vector<Node>> alts;
+  std::vector<FirstChars> alt_first;  // per top-level alternative
+
 
   struct Search {
     const char32_t* cps;
@@ -414,12 +466,28 @@ struct PretokRegex::Impl {
     }
     return false;
   }
+
+  // match_alts over the top-level alternatives, skipping those that cannot start at pos (an
+  // ASCII character outside their first characters, or the end of the input).
+  bool match_top(size_t pos, Search& s) const {
+    const char32_t c = pos < s.n ? s.cps[pos] : 0;
+    for (size_t k = 0; k < alts.size(); ++k) {
+      const FirstChars& f = alt_first[k];
+      if (!f.nullable && !f.unknown && (pos == s.n || (c < 128 && !((f.ascii[c >> 6] >> (c & 63)) & 1u)))) continue;
+      if (match_seq(alts[k], 0, pos, nullptr, s)) return true;
+    }
+    return false;
+  }
 };
 
 PretokRegex::PretokRegex(const std::string& pattern) : impl_(std::make_unique<Impl>()) {
   impl_->pattern = pattern;
   Parser p(pattern, impl_->sets);
   impl_->alts = p.parse();
+  for (CharSet& set : impl_->sets)
+    for (char32_t c = 0; c < 128; ++c)
+      if (set_matches_items(set, c)) set.ascii[c >> 6] |= uint64_t{1} << (c & 63);
+  for (const auto& alt : impl_->alts) impl_->alt_first.push_back(first_chars(alt, 0, impl_->sets));
 }
 PretokRegex::~PretokRegex() = default;
 PretokRegex::PretokRegex(PretokRegex&&) noexcept = default;
@@ -434,7 +502,7 @@ std::vector<std::pair<size_t, size_t>> PretokRegex::find_all(const char32_t* cps
     size_t start = pos;
     bool found = false;
     for (; start <= n; ++start) {
-      if (impl_->match_alts(impl_->alts, start, nullptr, s)) {
+      if (impl_->match_top(start, s)) {
         found = true;
         break;
       }

@@ -176,6 +176,7 @@ int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
 bool Tokenizer::add_bos() const { return impl_->add_bos; }
+std::optional<int32_t> Tokenizer::template_bos_id() const { return impl_->template_bos; }
 std::vector<int32_t> Tokenizer::eos_ids() const { return impl_->eos_ids; }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

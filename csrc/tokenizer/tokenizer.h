@@ -37,6 +37,8 @@ class Tokenizer {
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;  // generation stops here
   bool add_bos() const;                   // the tokenizer's config prepends BOS to a prompt
+  // The id tokenizer.json's post_processor alone prepends to a sequence (whatever the configs say).
+  std::optional<int32_t> template_bos_id() const;
   std::string describe() const;           // one line for the run log: kind, vocab, bos/eos
 
   // Every id generation stops at: eos_id() first, then the other ids of generation_config.json's

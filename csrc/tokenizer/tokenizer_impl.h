@@ -49,6 +49,7 @@ struct Tokenizer::Impl {
   std::optional<int32_t> bos, eos;
   std::vector<int32_t> eos_ids;
   bool add_bos = false;
+  std::optional<int32_t> template_bos;  // what the post_processor prepends
   std::string config_source;  // where bos/eos/add_bos came from, for describe()
   int64_t vocab_size = 0;
 

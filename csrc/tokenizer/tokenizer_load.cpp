@@ -186,6 +186,7 @@ void read_configs(const fs::path& dir, const json& top, Tokenizer::Impl& t) {
     }
   }
   const std::optional<int32_t> tmpl = template_bos(key(top, "post_processor"), t.path + ": post_processor");
+  t.template_bos = tmpl;
   if (!t.bos && tmpl) {
     t.bos = tmpl;
     used.push_back("post_processor");

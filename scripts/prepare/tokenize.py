@@ -10,6 +10,10 @@ Tokenizers:
                one is known (a bare tokenizer.json names none: give --eos), whatever
                add_eos_token says (that is about prompts). --bos/--eos (a token or an id) and
                --no-bos/--no-eos override.
+               Encoded by --tokenizer-backend: engine (the engine's C++ tokenizer, ./tokenize from
+               `make`, several times faster), hf (the `tokenizers` package) or auto (engine when
+               it implements everything the tokenizer.json uses, else hf, said in one line).
+               Both give the same ids (tests/data/prepare_backend_tests.py compares them).
 Texts are encoded without the tokenizer's own special tokens; BOS and EOS are then added here, so
 the same rule holds for every tokenizer.
 
@@ -38,6 +42,9 @@ class ByteTokenizer:
     def describe(self):
         return {"kind": "byte-level", "vocab_size": BYTE_VOCAB, "bos": None, "eos": BYTE_EOS}
 
+    def close(self):
+        pass
+
 
 def _token_text(v):
     """A special token as the configs write it: a string or {"content": ...}."""
@@ -57,26 +64,98 @@ def _load_json(path):
     return v if isinstance(v, dict) else {}
 
 
-class HFTokenizer:
-    def __init__(self, path, bos=None, eos=None, no_bos=False, no_eos=False):
+BACKENDS = ("auto", "engine", "hf")
+
+
+class _HFBackend:
+    """The Hugging Face `tokenizers` package."""
+    name = "hf"
+
+    def __init__(self, json_text, file):
         try:
             from tokenizers import Tokenizer
         except ImportError:
             raise InputError("--tokenizer needs the `tokenizers` package: pip install tokenizers "
-                             "(or scripts/install_deps.sh)")
+                             "(or scripts/install_deps.sh; or --tokenizer-backend engine, after make)")
+        try:
+            self._tok = Tokenizer.from_str(json_text)
+        except Exception as e:
+            raise InputError(f"{file}: not a tokenizer.json the tokenizers package reads: {e}")
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+
+    def token_to_id(self, text):
+        return self._tok.token_to_id(text)
+
+    def prepended(self):
+        """The id the tokenizer's post-processor puts first, or None."""
+        ids = self._tok.encode("a", add_special_tokens=True).ids
+        return ids[0] if ids else None
+
+    def encode_many(self, texts, raw):
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def close(self):
+        pass
+
+
+class _EngineBackend:
+    """The engine's tokenizer (csrc/tokenizer) in ./tokenize, scripts/prepare/engine_tokenizer.py."""
+    name = "engine"
+
+    def __init__(self, file):
+        from .engine_tokenizer import EngineTokenizer
+        self._tok = EngineTokenizer(file)  # raises EngineUnavailable
+        self.vocab_size = self._tok.vocab_size
+
+    def token_to_id(self, text):
+        return self._tok.token_to_id(text)
+
+    def prepended(self):
+        return self._tok.template_bos
+
+    def encode_many(self, texts, raw):
+        return self._tok.encode_many(texts, raw)
+
+    def close(self):
+        self._tok.close()
+
+
+def _backend(which, json_text, file, note):
+    """--tokenizer-backend: engine, hf, or auto (the engine when it takes the file, else hf, said
+    in one line through note)."""
+    if which not in BACKENDS:
+        raise InputError(f"--tokenizer-backend {which!r}: expected one of {', '.join(BACKENDS)}")
+    if which == "hf":
+        return _HFBackend(json_text, file)
+    from .engine_tokenizer import EngineUnavailable
+    try:
+        return _EngineBackend(file)
+    except EngineUnavailable as e:
+        if which == "engine":
+            raise InputError(f"--tokenizer-backend engine: {e}")
+        note(f"tokenizer backend hf (the tokenizers package), not the engine's: {e}")
+        return _HFBackend(json_text, file)
+
+
+def _stderr_note(msg):
+    print(f"prepare: {msg}", file=sys.stderr)
+
+
+class HFTokenizer:
+    """A tokenizer.json (or a model folder holding one), encoded by the backend `backend` picks."""
+
+    def __init__(self, path, bos=None, eos=None, no_bos=False, no_eos=False, backend="auto", note=_stderr_note):
         folder = path if os.path.isdir(path) else None
         file = os.path.join(path, "tokenizer.json") if folder else path
         if not os.path.isfile(file):
             raise InputError(f"{path}: no tokenizer.json" + (" in the folder" if folder else ""))
         with open(file, encoding="utf-8") as f:
             self.json_text = f.read()
-        try:
-            self._tok = Tokenizer.from_str(self.json_text)
-        except Exception as e:
-            raise InputError(f"{file}: not a tokenizer.json the tokenizers package reads: {e}")
+        self._tok = _backend(backend, self.json_text, file, note)
+        self.backend = self._tok.name
         self.name = file
-        vocab = self._tok.get_vocab(with_added_tokens=True)
-        self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+        self.vocab_size = self._tok.vocab_size
         cfg, smap, gen = {}, {}, {}
         if folder:
             cfg = _load_json(os.path.join(folder, "tokenizer_config.json"))
@@ -91,13 +170,14 @@ class HFTokenizer:
         elif isinstance(cfg.get("add_bos_token"), bool):
             add_bos = cfg["add_bos_token"]
         else:  # what the tokenizer's post-processor does on its own
-            ids = self._tok.encode("a", add_special_tokens=True).ids
-            add_bos = bool(ids) and ids[0] == self.bos
+            add_bos = self._tok.prepended() == self.bos
         # EOS separates documents: appended whenever one is known (a config's add_eos_token says
         # what encode() adds to a prompt, not where a training document ends).
         add_eos = not no_eos and self.eos is not None
         self.bos = self.bos if add_bos else None
         self.eos = self.eos if add_eos else None
+        # The engine's server ends here: forked workers start their own on first use.
+        self._tok.close()
 
     def _special(self, which, override, cfg, smap, gen, file):
         if override is not None:
@@ -122,8 +202,13 @@ class HFTokenizer:
         return {"kind": "tokenizer.json", "path": os.path.abspath(self.name), "vocab_size": self.vocab_size,
                 "bos": self.bos, "eos": self.eos, "sha256": hashlib.sha256(self.json_text.encode()).hexdigest()}
 
-    def encode_many(self, texts):
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+    def encode_many(self, texts, raw):
+        """Lists of ids, one per text (raw: the texts' UTF-8), without BOS/EOS."""
+        return self._tok.encode_many(texts, raw)
+
+    def close(self):
+        """Ends this process's engine server, if any (the next encode starts another)."""
+        self._tok.close()
 
 
 def render_chat(where, messages, template, train_roles):
@@ -175,10 +260,18 @@ class Encoder:
                     raise InputError(f"{where}: text that is not valid Unicode (a lone surrogate "
                                      f"{t[e.start]!r} at character {e.start})")
         text_bytes = sum(map(len, raw))
-        encoded = raw if isinstance(self.tok, ByteTokenizer) else self.tok.encode_many(texts)
+        encoded = raw if isinstance(self.tok, ByteTokenizer) else self._encode(texts, raw, wheres)
         if isinstance(self.tok, ByteTokenizer) and not self.chat:
             return self._bytes(encoded) + (None, text_bytes)
         return self._ids(encoded, shape) + (text_bytes,)
+
+    def _encode(self, texts, raw, wheres):
+        from .engine_tokenizer import EngineError
+        try:
+            return self.tok.encode_many(texts, raw)
+        except EngineError as e:
+            where = wheres[e.index] if 0 <= e.index < len(wheres) else "the engine tokenizer"
+            raise InputError(f"{where}: {e} (--tokenizer-backend hf encodes with the tokenizers package)")
 
     def _bytes(self, docs):
         # Byte level, no spans: uint16 little-endian = each byte then 0x00, EOS (256) = 00 01.

@@ -170,20 +170,31 @@ TEST_CASE("make_demo_corpus.py -> prepare_data.py: 3000 documents" * doctest::te
   }
 }
 
-TEST_CASE("prepare_data.py: its Python tests (tests/data/prepare_tests.py)" * doctest::test_suite("full")) {
-  std::string py = python_or_skip();
-  if (py.empty()) return;
-  const testing::ProcessResult r =
-      testing::run_command(py + " " + repo_root() + "/tests/data/prepare_tests.py -v 2>&1");
+// Runs a unittest file of tests/data/; unittest lists each skip as "... skipped 'needs ...'":
+// recorded, not hidden.
+void run_python_tests(const std::string& py, const std::string& file) {
+  const testing::ProcessResult r = testing::run_command(py + " " + repo_root() + "/tests/data/" + file + " -v 2>&1");
   INFO(r.output);
   REQUIRE(r.code == 0);
-  // unittest lists each skip as "... skipped 'needs the X package ...'": recorded, not hidden.
   std::istringstream lines(r.output);
   std::string skips;
   for (std::string line; std::getline(lines, line);)
     if (auto at = line.find(" ... skipped "); at != std::string::npos) skips += "\n  " + line;
-  if (!skips.empty()) MESSAGE("prepare_tests.py skipped:" << skips);
+  if (!skips.empty()) MESSAGE(file << " skipped:" << skips);
   CHECK(r.output.find("\nOK") != std::string::npos);
+}
+
+TEST_CASE("prepare_data.py: its Python tests (tests/data/prepare_tests.py)" * doctest::test_suite("full")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  run_python_tests(py, "prepare_tests.py");
+}
+
+// The engine and hf tokenizer backends give equal output (needs ./tokenize from make all).
+TEST_CASE("prepare_data.py: the tokenizer backends (tests/data/prepare_backend_tests.py)" * doctest::test_suite("full")) {
+  std::string py = python_or_skip();
+  if (py.empty()) return;
+  run_python_tests(py, "prepare_backend_tests.py");
 }
 
 TEST_CASE("prepare_data.py: chat, sharded -> the manifest as data.train: spans masked, ./train trains" *
