@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, mixtral, mamba):
+For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba):
   export  trains a small model for a few steps with ./train (so the weights are no longer the
           init), exports it with `./train CONFIG --export-hf`, loads the export with
           transformers' AutoModelForCausalLM and runs the same token sequences through both
@@ -93,6 +93,20 @@ num_kv_heads = 2
 ffn_hidden_size = 320
 sliding_window = 20
 rope_theta = 1000000.0
+tie_embeddings = true
+""",
+    # q/k norms, and head_dim x num_heads (256) != hidden_size (192) as in Qwen3-0.6B.
+    "qwen3": """
+family = "qwen3"
+vocab_size = 257
+hidden_size = 192
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+head_dim = 64
+ffn_hidden_size = 320
+rope_theta = 200000.0
+norm_eps = 1e-5
 tie_embeddings = true
 """,
     "mixtral": """
