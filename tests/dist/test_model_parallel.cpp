@@ -183,8 +183,7 @@ std::vector<Case> cases_for(int n) {
               {"llama", 2, sp},
               {"qwen2", 2, sp},
               // q/k norms: replicated weights whose gradients each rank has for its heads only
-              {"qwen3", 2, {}},
-              {"qwen3", 2, sp},
+              {"qwen3", 2, {}},  // (under sequence parallelism they are summed as every replicated one)
               {"llama", 2, {"distributed.cross_entropy_splits=3"}},
               {"llama", 2, {"model.z_loss=0.01", "model.label_smoothing=0.1"}},  // vocab-parallel vs fused
               {"gpt2", 2, {"model.z_loss=0.001", "distributed.sequence_parallel=true"}},
