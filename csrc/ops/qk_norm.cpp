@@ -23,6 +23,7 @@ void check_qk_norm(const char* op, const char* xname, const Tensor& x, const Ten
   expect(rstd, stat_dtype(x), {rows, normed}, op, "rstd");
   expect(input, x.dtype, {rows, normed, d}, op, "input");
   expect(weight, x.dtype, {2, d}, op, "weight");
+  ENSURE(input.data != x.data || input.numel() == 0, op, ": input must not alias ", xname);
 }
 
 void check_qk_norm_forward(const Tensor& x, const Tensor& weight, int q_heads, float eps, const Tensor& input,

@@ -133,4 +133,6 @@ TEST_CASE("qk_norm rejects bad arguments, naming them") {
   Owned dw = empty({6}, DType::F32, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::qk_norm_backward(x, in, w, 2, rstd, dw), doctest::Contains("dweight"), Error);
   CHECK_THROWS_WITH_AS(ops::qk_norm_forward(x, w, 2, -1.f, in, rstd), doctest::Contains("eps"), Error);
+  Owned x3 = randn({3, 3, 6}, DType::F32, "bad.x3");
+  CHECK_THROWS_WITH_AS(ops::qk_norm_forward(x3, w, 2, kEps, x3, rstd), doctest::Contains("alias"), Error);
 }

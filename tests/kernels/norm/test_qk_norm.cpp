@@ -57,7 +57,7 @@ TEST_CASE("cuda qk_norm forward and backward match the f64 reference (bf16 and f
         CHECK_CLOSE(gx.t, rx.t, output_tol(dt, rx, kF32Tol));
         CHECK_CLOSE(grs.t, rrs.t, kF32Tol);
         CHECK(bitwise_equal(gin.t, to_gpu(rin, dt).t));  // the input as it was
-        Owned hx = to_host(gx.t, dt), ho = to_host(orig.t, dt);
+        Owned hx = to_host(gx.t, DType::F32), ho = to_host(orig.t, DType::F32);
         bool untouched = true;  // the v heads
         for (int64_t t = 0; t < c.t; ++t)
           for (int64_t i = N * c.d; i < NH * c.d; ++i)
