@@ -1,7 +1,7 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
 // configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-// Qwen3Config, MixtralConfig, MambaConfig); RoPE's base is written both as rope_theta (transformers 4.x) and
-// rope_parameters (5.x).
+// Qwen3Config, MixtralConfig, MambaConfig); RoPE's base is written both as rope_theta
+// (transformers 4.x) and rope_parameters (5.x).
 #include <cmath>
 #include <filesystem>
 
