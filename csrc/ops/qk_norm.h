@@ -10,7 +10,8 @@
 //   dx = rstd * (g - xhat * mean_d(g * xhat))             (written, =)
 //   dweight[0 or 1] += sum over rows of its heads of dy * xhat   (accumulated, +=)
 // weight (2, D) has the dtype of x; rstd and dweight (2, D) are f64 for an f64 x, else f32.
-// CPU: f32 or f64, every sum in double. GPU: bf16 or f32, sums in f32, D <= 1024 and even.
+// CPU: f32 or f64, every sum in double. GPU: bf16 or f32, sums in f32, D <= 1024; the weight
+// gradients deterministic (no atomics).
 #pragma once
 #include "core/tensor.h"
 #include "ops/op.h"
