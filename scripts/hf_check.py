@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, mixtral, mamba) and the llama cases with RoPE scaling
+For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba) and the llama cases with RoPE scaling
 (llama-linear, llama-llama3, llama-yarn: model.rope_scaling, config.json's rope_scaling /
 rope_parameters; a pretraining context of 32 and a 120-token sequence, so the llama3 and yarn
 ramps fall inside the head dims and the positions pass the original context):
@@ -96,6 +96,20 @@ num_kv_heads = 2
 ffn_hidden_size = 320
 sliding_window = 20
 rope_theta = 1000000.0
+tie_embeddings = true
+""",
+    # q/k norms, and head_dim x num_heads (256) != hidden_size (192) as in Qwen3-0.6B.
+    "qwen3": """
+family = "qwen3"
+vocab_size = 257
+hidden_size = 192
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+head_dim = 64
+ffn_hidden_size = 320
+rope_theta = 200000.0
+norm_eps = 1e-5
 tie_embeddings = true
 """,
     "mixtral": """

@@ -1,11 +1,12 @@
 // Memory-bound kernels at training sizes: T = 16384 tokens, C = 2048 and 4096, bf16 activations
-// (rmsnorm, layernorm, rope, swiglu, gelu, embedding; forward and backward), and sum_rows (bias
+// (rmsnorm, layernorm, rope, qk_norm, swiglu, gelu, embedding; forward and backward), and sum_rows (bias
 // gradients) at the GPT-2 and Llama widths; the norms with the residual add fused, against the
 // same work as separate kernels, at the Llama and GPT-2 shapes. Each result carries the bytes
 // the op must read + write at least (statistics and parameter vectors included, scratch and
 // cache traffic not), so GB/s compares with the H200 copy bandwidth (bench.h); a device copy of
 // one (T, C) tensor, first at each width, shows what a copy of that size reaches.
-// swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); embedding
+// swiglu uses F = C (gate_up (T, 2C)); rope rotates every head of (T, C / 128, 128); qk_norm
+// normalises the H = C / 128 q and H / 4 k heads of a packed (T, H + 2 H / 4, 128) qkv; embedding
 // draws ids uniformly from V = 32000 and counts the distinct rows it must touch. Every case is
 // timed back to back (Timing::Stream, bench.h), as the kernels run in a training step.
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/norm.h"
+#include "ops/qk_norm.h"
 #include "ops/rope.h"
 #endif
 
@@ -126,6 +128,17 @@ BENCH_CASES("memory_bound") {
       const int heads = static_cast<int>(c / kHeadDim);
       const double ms = stream_ms([&] { ops::rope_forward(x, gpos, heads, ops::RopeParams{}); });
       results.push_back({label("rope fwd", kT, c) + " D=128", ms, 0, 2 * act + kT * 4.0, ""});
+    }
+    {  // qk_norm: q and k heads of a packed qkv (in place, the input saved)
+      const int q = static_cast<int>(c / kHeadDim), kv = std::max(1, q / 4), n = q + kv;
+      Owned x = device_random({kT, q + 2 * kv, kHeadDim}, bf, 12), w = device_random({2, kHeadDim}, bf, 13);
+      Owned in = empty({kT, n, kHeadDim}, bf, Device::CUDA), rstd = empty({kT, n}, f32, Device::CUDA);
+      Owned dw = zeros({2, kHeadDim}, f32, Device::CUDA);
+      const double rows = static_cast<double>(kT) * n * kHeadDim * kB16, stat = static_cast<double>(kT) * n * kF32;
+      double ms = stream_ms([&] { ops::qk_norm_forward(x, w, q, 1e-6f, in, rstd); });
+      results.push_back({label("qk_norm fwd", kT, c) + " D=128", ms, 0, 3 * rows + stat, ""});
+      ms = stream_ms([&] { ops::qk_norm_backward(x, in, w, q, rstd, dw); });
+      results.push_back({label("qk_norm bwd", kT, c) + " D=128", ms, 0, 3 * rows + stat, ""});
     }
     {  // swiglu, F = C
       Owned gu = device_random({kT, 2 * c}, bf, 6), dy = device_random({kT, c}, bf, 7);

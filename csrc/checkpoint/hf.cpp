@@ -117,6 +117,10 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
         const bool biased = std::string(x) == "o" ? c.bias : (c.bias || c.qkv_bias);
         if (biased) add(h + "self_attn." + x + "_proj.bias", {l + "attn.b" + x});
       }
+      if (c.qk_norm) {
+        add(h + "self_attn.q_norm.weight", {l + "attn.q_norm"});
+        add(h + "self_attn.k_norm.weight", {l + "attn.k_norm"});
+      }
       add(h + "post_attention_layernorm.weight", {l + "norm2.weight"});
       if (moe) {
         const std::string b = h + "block_sparse_moe.";

@@ -9,6 +9,9 @@
 //   mistral  MistralForCausalLM: llama's names, sliding_window
 //   qwen2    Qwen2ForCausalLM: llama's names + q/k/v biases (never o), sliding window on all
 //            layers or none
+//   qwen3    Qwen3ForCausalLM: llama's names + self_attn.{q,k}_norm (D) = attn.q_norm, k_norm
+//            (model.qk_norm), head_dim (default 128), no biases (attention_bias = true refused),
+//            sliding window as qwen2
 //   mixtral  MixtralForCausalLM: llama's names for embeddings, attention, norms and lm_head; per
 //            layer block_sparse_moe.gate (E, C) = moe.router and, per expert j,
 //            block_sparse_moe.experts.{j}.w1 (F, C) = moe.w_gate[j], w3 (F, C) = moe.w_up[j],

@@ -1,6 +1,6 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
 // configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-// MixtralConfig, MambaConfig); RoPE's base and scaling are written both as rope_theta and
+// Qwen3Config, MixtralConfig, MambaConfig); RoPE's base and scaling are written both as rope_theta and
 // rope_scaling (transformers 4.x) and rope_parameters (5.x), and read from either (hf_rope.h).
 #include <cmath>
 #include <filesystem>
@@ -66,6 +66,9 @@ int to_int(int64_t v, const std::string& path, const char* key) {
 
 std::string architecture(const ModelConfig& c) {
   const bool qkv_only = c.qkv_bias && !c.bias;
+  if (c.family != ModelFamily::Qwen3)
+    need(!c.qk_norm, family_name(c.family), "qk_norm", "true",
+         "of the Hugging Face architectures only Qwen3ForCausalLM normalises q and k heads (use family = \"qwen3\")");
   switch (c.family) {
     case ModelFamily::GPT2: {
       const char* f = "gpt2";
@@ -83,6 +86,7 @@ std::string architecture(const ModelConfig& c) {
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
     case ModelFamily::Qwen2:
+    case ModelFamily::Qwen3:
     case ModelFamily::Mixtral: {
       const char* f = family_name(c.family);
       need(c.norm == NormKind::RMSNorm, f, "norm", norm_name(c.norm), "this family uses rmsnorm");
@@ -98,6 +102,12 @@ std::string architecture(const ModelConfig& c) {
         need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true",
              c.family == ModelFamily::Mistral ? "Mistral has no biases" : "Mixtral has no biases");
         return c.family == ModelFamily::Mistral ? "MistralForCausalLM" : "MixtralForCausalLM";
+      }
+      if (c.family == ModelFamily::Qwen3) {
+        need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true",
+             "Qwen3's attention_bias biases q, k, v and o but not the MLP, which the engine does not represent");
+        need(c.qk_norm, f, "qk_norm", "false", "Qwen3 always normalises q and k heads");
+        return "Qwen3ForCausalLM";
       }
       need(!c.bias, f, "bias", "true", "Qwen2 has biases on q, k and v only (qkv_bias)");
       need(c.qkv_bias, f, "qkv_bias", "false", "Qwen2 always has biases on q, k and v");
@@ -192,7 +202,8 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
       j["router_aux_loss_coef"] = c.moe_aux_loss_coef / c.experts_per_token;
       j["output_router_logits"] = c.moe_aux_loss_coef > 0;
       j["router_jitter_noise"] = c.moe_jitter;
-    } else {
+    } else {  // qwen2, qwen3
+      if (c.family == ModelFamily::Qwen3) j["attention_bias"] = false;
       const bool window = c.sliding_window > 0;
       j["use_sliding_window"] = window;
       j["sliding_window"] = window ? json(c.sliding_window) : json(nullptr);
@@ -280,18 +291,22 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.ffn_hidden_size = static_cast<int>(256 * ((8 * int64_t{c.hidden_size} / 3 + 255) / 256));
     c.activation = ActivationKind::SwiGLU;
     c.positions = PositionKind::Rope;
-  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "mixtral") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral") {
     c.family = type == "llama"     ? ModelFamily::Llama
                : type == "mistral" ? ModelFamily::Mistral
                : type == "qwen2"   ? ModelFamily::Qwen2
+               : type == "qwen3"   ? ModelFamily::Qwen3
                                    : ModelFamily::Mixtral;
+    const bool qwen3 = c.family == ModelFamily::Qwen3;
     c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
     c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
     c.num_layers = to_int(r.integer("num_hidden_layers", 0, true), path, "num_hidden_layers");
     c.num_heads = to_int(r.integer("num_attention_heads", 0, true), path, "num_attention_heads");
     c.num_kv_heads = to_int(r.integer("num_key_value_heads", c.num_heads), path, "num_key_value_heads");
     if (c.num_heads <= 0) RAISE(path, ": num_attention_heads must be > 0");
-    c.head_dim = to_int(r.integer("head_dim", c.hidden_size / c.num_heads), path, "head_dim");
+    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / num_attention_heads.
+    c.head_dim = to_int(r.integer("head_dim", qwen3 ? 128 : c.hidden_size / c.num_heads), path, "head_dim");
+    if (c.head_dim <= 0) RAISE(path, ": head_dim: must be > 0, got ", c.head_dim);
     c.ffn_hidden_size = to_int(r.integer("intermediate_size", 0, true), path, "intermediate_size");
     const std::string act = r.string("hidden_act", "silu");
     if (act != "silu") RAISE(path, ": hidden_act \"", act, "\" is not supported (silu: SwiGLU)");
@@ -311,8 +326,14 @@ ModelConfig model_from_hf_config(const std::string& path) {
       c.bias = ab;
     } else if (c.family == ModelFamily::Mistral || c.family == ModelFamily::Mixtral) {
       c.sliding_window = to_int(r.integer("sliding_window", 0), path, "sliding_window");
-    } else {
-      c.qkv_bias = true;
+    } else {  // qwen2, qwen3
+      if (qwen3) {
+        if (r.boolean("attention_bias", false))
+          RAISE(path, ": attention_bias = true is not supported (biases on q, k, v and o without MLP biases)");
+        c.qk_norm = true;
+      } else {
+        c.qkv_bias = true;
+      }
       const int64_t window = r.boolean("use_sliding_window", false) ? r.integer("sliding_window", 0) : 0;
       int sliding = 0, full = 0;
       if (j.contains("layer_types") && j["layer_types"].is_array()) {
@@ -330,7 +351,7 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
     }
   } else {
-    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, mixtral, mamba)");
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba)");
   }
   if (c.family == ModelFamily::Mixtral) {
     c.num_experts = to_int(r.integer("num_local_experts", 8), path, "num_local_experts");
@@ -428,6 +449,7 @@ void apply_hf_config(Config& c) {
     }
     take("sliding_window", m.sliding_window, h.sliding_window);
     take("qkv_bias", m.qkv_bias, h.qkv_bias);
+    take("qk_norm", m.qk_norm, h.qk_norm);
   }
   if (layout.find('E') != std::string::npos) {
     take("num_experts", m.num_experts, h.num_experts);

@@ -14,7 +14,7 @@
 
 namespace engine {
 
-enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Mixtral, Mamba, Hybrid };
+enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
@@ -57,7 +57,8 @@ struct RopeScalingConfig {
 
 // Family presets fill the unset keys: gpt2 = layernorm, gelu, learned positions, biases, tied
 // embeddings; llama = rmsnorm, swiglu, rope, no biases, untied; mistral = llama + sliding window;
-// qwen2 = llama + biases on q, k and v only, norm_eps 1e-6; mixtral = llama whose MLPs are
+// qwen2 = llama + biases on q, k and v only, norm_eps 1e-6; qwen3 = llama + qk_norm, norm_eps 1e-6,
+// rope_theta 1e6 (the released Qwen3 models' base); mixtral = llama whose MLPs are
 // mixtures of experts (8 experts, top 2, rope_theta 1e6); mamba = Mamba blocks only (tied
 // embeddings); hybrid = the per-layer mix that hybrid_layout spells (A, E, M as below).
 // init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
@@ -85,6 +86,7 @@ struct ModelConfig {
   AttentionBackendKind attention_backend = AttentionBackendKind::Flash;
   bool bias = false;          // biases in linear layers (and LayerNorm)
   bool qkv_bias = false;      // biases on the q, k, v projections only (Qwen2); implied by bias
+  bool qk_norm = false;       // RMSNorm of each q and k head before RoPE (Qwen3, OLMo-2; ops/qk_norm.h)
   bool tie_embeddings = false;
   double init_std = 0.02;     // output projections get init_std / sqrt(2 * num_layers)
   double z_loss = 0.0;          // coefficient of lse^2 added to each token's loss (0: off)

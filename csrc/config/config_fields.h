@@ -27,7 +27,7 @@ struct EnumName {
 
 inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
     {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
-    {"qwen2", ModelFamily::Qwen2}, {"mixtral", ModelFamily::Mixtral}, {"mamba", ModelFamily::Mamba},
+    {"qwen2", ModelFamily::Qwen2}, {"qwen3", ModelFamily::Qwen3}, {"mixtral", ModelFamily::Mixtral}, {"mamba", ModelFamily::Mamba},
     {"hybrid", ModelFamily::Hybrid}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
@@ -119,6 +119,7 @@ void visit_fields(C& c, V& v) {
   v.choice("attention_backend", c.model.attention_backend, names_of(kAttentionBackendNames));
   v.field("bias", c.model.bias);
   v.field("qkv_bias", c.model.qkv_bias);
+  v.field("qk_norm", c.model.qk_norm);
   v.field("tie_embeddings", c.model.tie_embeddings);
   v.field("init_std", c.model.init_std);
   v.field("z_loss", c.model.z_loss);

@@ -239,7 +239,10 @@ struct Checker {
     if (!set("model.bias")) m.bias = gpt2;
     if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
     if (!set("model.qkv_bias")) m.qkv_bias = m.family == ModelFamily::Qwen2;
-    if (!set("model.norm_eps")) m.norm_eps = m.family == ModelFamily::Qwen2 ? 1e-6 : 1e-5;
+    const bool qwen3 = m.family == ModelFamily::Qwen3;
+    if (!set("model.qk_norm")) m.qk_norm = qwen3;
+    if (!set("model.norm_eps")) m.norm_eps = m.family == ModelFamily::Qwen2 || qwen3 ? 1e-6 : 1e-5;
+    if (!set("model.rope_theta") && qwen3) m.rope_theta = 1e6;
     if (!set("model.sliding_window") && m.family == ModelFamily::Mistral) m.sliding_window = 4096;
     if (!set("model.rope_theta") && m.family == ModelFamily::Mixtral) m.rope_theta = 1e6;
     if (!set("model.tie_embeddings") && m.family == ModelFamily::Mamba) m.tie_embeddings = true;
@@ -336,6 +339,7 @@ struct Checker {
       if (!set("model.head_dim")) m.head_dim = m.hidden_size;
     }
     if (attention) required_positive("model.num_heads", m.num_heads);
+    if (m.qk_norm && !attention) RAISE(c.where("model.qk_norm"), "set, but the model has no attention blocks");
     positive("model.num_heads", m.num_heads);
 
     if (set("model.num_kv_heads")) {

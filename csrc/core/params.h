@@ -42,6 +42,10 @@ struct ParamSpec {
   double init_std = 0.02;   // for InitKind::Normal and Uniform
   bool weight_decay = true; // false for norms and biases
   bool adjacent = false;    // placed right after the previous entry (no alignment gap)
+  // Replicated (split_dim -1) but each tensor-parallel rank's gradient covers only its share
+  // (per-head norms over this rank's heads): summed over the tp group with or without sequence
+  // parallelism (parallel/data_parallel.h).
+  bool tp_partial_grad = false;
   int64_t offset = 0;       // element offset in the flat buffers (set by ParamTable::add)
   double init_low = 0, init_high = 0, init_floor = 0;  // for InitKind::InvSoftplusLogUniform
 };

@@ -7,6 +7,7 @@
 #include "ops/gemm.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
+#include "ops/qk_norm.h"
 #include "ops/rope.h"
 
 namespace engine::layers {
@@ -17,11 +18,15 @@ Attention::Attention(const ParamStore& store, const std::string& prefix, const M
       window_(c.sliding_window), rope_(c.positions == PositionKind::Rope),
       backend_(c.attention_backend == AttentionBackendKind::Cudnn ? ops::AttentionBackend::Cudnn
                                                                    : ops::AttentionBackend::Flash),
-      rope_params_(rope_params(c)) {
+      rope_params_(rope_params(c)), norm_eps_(static_cast<float>(c.norm_eps)) {
   wqkv_ = adjacent_rows(store, {prefix + ".wq", prefix + ".wk", prefix + ".wv"});
   wo_ = Param(store, prefix + ".wo");
   if (c.bias || c.qkv_bias) bqkv_ = adjacent_rows(store, {prefix + ".bq", prefix + ".bk", prefix + ".bv"});
   if (c.bias) bo_ = Param(store, prefix + ".bo");
+  if (c.qk_norm) {
+    qk_norm_ = adjacent_rows(store, {prefix + ".q_norm", prefix + ".k_norm"});
+    qk_norm_.shape = {2, c.head_dim};
+  }
 }
 
 void Attention::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c) {
@@ -38,6 +43,12 @@ void Attention::declare(ParamTable& t, const std::string& prefix, const ModelCon
     t.add({.name = prefix + ".bv", .shape = {Hkv * D}, .split_dim = 0, .init = InitKind::Zeros, .weight_decay = false, .adjacent = true});
   }
   if (c.bias) t.add({.name = prefix + ".bo", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
+  if (c.qk_norm) {  // replicated over tp: every rank's heads use them
+    t.add({.name = prefix + ".q_norm", .shape = {D}, .init = InitKind::Ones, .weight_decay = false,
+           .tp_partial_grad = true});
+    t.add({.name = prefix + ".k_norm", .shape = {D}, .init = InitKind::Ones, .weight_decay = false, .adjacent = true,
+           .tp_partial_grad = true});
+  }
 }
 
 ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const AttentionSaved& s) const {
@@ -75,6 +86,11 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     linear_forward(x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
   });
+  if (qk_norm_) {
+    s.qk_in = env.act_tensor({T, heads_ + kv_heads_, head_dim_});
+    s.qk_rstd = env.stat_tensor({T, heads_ + kv_heads_});
+    ops::qk_norm_forward(s.qkv, qk_norm_.w(), heads_, norm_eps_, s.qk_in, s.qk_rstd);
+  }
   if (rope_) ops::rope_forward(s.qkv, seg.positions, heads_ + kv_heads_, rope_params_);
   if (seg.kv) {  // this chunk's keys and values join the micro-batch's
     KvChunks::Layer& l = seg.kv->layers[this];
@@ -134,6 +150,7 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
   }
   dout = Owned{};
   if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, rope_params_);
+  if (qk_norm_) ops::qk_norm_backward(dqkv, s.qk_in, qk_norm_.w(), heads_, s.qk_rstd, qk_norm_.g());
   column_linear_backward(env, dqkv->view({T, int64_t{NH} * head_dim_}), in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g());
 }
 

@@ -1,14 +1,18 @@
 // Multi-head self-attention with grouped-query heads, optional RoPE and sliding window, over
 // packed varlen batches (segments from data/varlen.h).
 //   qkv = xn [Wq; Wk; Wv]^T (+ b)    one GEMM over the adjacent q, k, v weights (b: bias or qkv_bias)
+//   qk_norm (model.qk_norm): RMSNorm of each q head and each k head (weights q_norm, k_norm of
+//     head_dim, shared by all heads; ops/qk_norm.h), in place before RoPE
 //   rope on the q and k heads (in place, positions restart per document)
 //   o = attention(q, k, v)           ops/attention.h
 //   y = o Wo^T (+ bo)                bo only with bias
-// Saved: qkv after RoPE, o, the log-sum-exp. xn (the normalised input) is kept by the caller.
+// Saved: qkv after RoPE, o, the log-sum-exp; with qk_norm also the q and k heads before the norm
+// and their rstd. xn (the normalised input) is kept by the caller.
 // Tensor parallelism (parallel/tensor_parallel.h): each rank holds num_heads / tp query heads and
 // num_kv_heads / tp key/value heads (column-parallel qkv), and its columns of Wo (row-parallel);
 // with sequence parallelism xn, y, dy and dxn are this rank's token shard and the qkv input is
-// gathered (again in backward, instead of being kept).
+// gathered (again in backward, instead of being kept). q_norm and k_norm are replicated; each rank's
+// gradient covers its heads and DataParallel sums them over tp (ParamSpec::tp_partial_grad).
 // Gradients: dxn written (=); parameter gradients accumulated (+=).
 #pragma once
 #include <unordered_map>
@@ -59,6 +63,8 @@ struct AttentionSaved {
   Owned qkv;  // (T, H + 2 Hkv, D)
   Owned out;  // (T, H, D)
   Owned lse;  // (T, H)
+  Owned qk_in;    // qk_norm: (T, H + Hkv, D) the q and k heads before the norm
+  Owned qk_rstd;  // qk_norm: (T, H + Hkv) statistics dtype
 };
 
 class Attention {
@@ -95,7 +101,9 @@ class Attention {
   bool rope_ = false;
   ops::AttentionBackend backend_ = ops::AttentionBackend::Flash;  // model.attention_backend
   ops::RopeParams rope_params_;  // model.rope_theta and model.rope_scaling
+  float norm_eps_ = 1e-6f;
   Param wqkv_, bqkv_, wo_, bo_;
+  Param qk_norm_;  // (2, D): q_norm, k_norm (adjacent); undefined without qk_norm
 };
 
 }  // namespace engine::layers

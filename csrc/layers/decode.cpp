@@ -17,6 +17,7 @@
 #include "ops/decode.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
+#include "ops/qk_norm.h"
 #include "ops/rope.h"
 #include "parallel/tensor_parallel.h"
 
@@ -45,6 +46,10 @@ void Attention::decode(const Env& env, const Tensor& xn, const Tensor& position,
   const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
   Owned qkv = env.act_tensor({1, NH, head_dim_});
   linear_forward(xn, wqkv_.w(), bqkv_.w(), qkv->view({1, int64_t{NH} * head_dim_}));
+  if (qk_norm_) {
+    Owned in = env.act_tensor({1, heads_ + kv_heads_, head_dim_}), rstd = env.stat_tensor({1, heads_ + kv_heads_});
+    ops::qk_norm_forward(qkv, qk_norm_.w(), heads_, norm_eps_, in, rstd);
+  }
   if (rope_) ops::rope_forward(qkv, position, heads_ + kv_heads_, rope_params_);
   const int64_t L = cache.len + 1;
   ops::copy_columns(qkv->view({1, int64_t{NH} * head_dim_}), int64_t{heads_} * head_dim_,

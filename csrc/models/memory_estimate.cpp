@@ -173,7 +173,8 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   const double Tsp = d.sequence_parallel && tp > 1 ? T / tp : T;
   const double C = m.hidden_size, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim, F = m.ffn_hidden_size;
   const double glu = m.activation == ActivationKind::SwiGLU ? 2 : 1, Di = static_cast<double>(m.mamba_expand) * C;
-  const double attention = T * (2 * H + 2 * Hkv) * D / tp;  // q, k, v and the output
+  // q, k, v and the output (with model.qk_norm also the q and k heads before the norm)
+  const double attention = T * (2 * H + 2 * Hkv + (m.qk_norm ? H + Hkv : 0)) * D / tp;
   double per_block[3];
   if (c.training.recompute_activations) {
     per_block[0] = per_block[1] = per_block[2] = Tsp * C;  // the block's output only

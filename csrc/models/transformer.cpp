@@ -319,6 +319,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType com
     case ModelFamily::Llama:
     case ModelFamily::Mistral:
     case ModelFamily::Qwen2:
+    case ModelFamily::Qwen3:
     case ModelFamily::Mixtral:
     case ModelFamily::Mamba:
     case ModelFamily::Hybrid:

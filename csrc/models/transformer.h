@@ -1,4 +1,4 @@
-// Decoder-only stack: gpt2, llama, mistral, qwen2, mixtral, mamba and hybrid are this one stack with
+// Decoder-only stack: gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba and hybrid are this one stack with
 // different presets and block kinds (config.h block_layout, layers/block.h): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
 // LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.

@@ -9,7 +9,7 @@ namespace engine {
 DataParallel::DataParallel(ParamStore& store, Comm& dp, int zero_stage, int64_t bucket_elements,
                            const ModelParallelGroups& g)
     : store_(store), dp_(dp), tp_(g.tp && g.tp->size() > 1 ? g.tp : nullptr),
-      reduce_replicated_(tp_ && g.sequence_parallel), pp_(g.pp && g.pp->size() > 1 ? g.pp : nullptr),
+      pp_(g.pp && g.pp->size() > 1 ? g.pp : nullptr),
       tied_(g.tied && g.tied->size() > 1 ? g.tied : nullptr), count_tied_(g.count_tied), stage_(zero_stage),
       bucket_(std::max<int64_t>(1, bucket_elements)) {
   ENSURE(store.table().tp_size() == (tp_ ? tp_->size() : 1), "a parameter table for ", store.table().tp_size(),
@@ -30,12 +30,16 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, int zero_stage, int64_t 
     const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.shape.numel(), end_);
     if (b >= e) continue;
     if (tied(s)) tied_ranges_.emplace_back(b - begin_, e - begin_);
-    if (tp_ && s.split_dim < 0) {  // runs of replicated parameters (across zero alignment gaps)
-      if (!replicated_.empty() && b - begin_ - replicated_.back().second < 64)
-        replicated_.back().second = e - begin_;
+    // Runs of replicated parameters (across zero alignment gaps): all of them, and those whose
+    // gradients are summed over tp (all under sequence parallelism, else the partial ones).
+    auto add_run = [&](std::vector<std::pair<int64_t, int64_t>>& runs) {
+      if (!runs.empty() && b - begin_ - runs.back().second < 64)
+        runs.back().second = e - begin_;
       else
-        replicated_.emplace_back(b - begin_, e - begin_);
-    }
+        runs.emplace_back(b - begin_, e - begin_);
+    };
+    if (tp_ && s.split_dim < 0) add_run(replicated_);
+    if (tp_ && s.split_dim < 0 && (g.sequence_parallel || s.tp_partial_grad)) add_run(tp_summed_);
   }
 }
 
@@ -95,8 +99,7 @@ Tensor DataParallel::reduce_gradients() {
     grads = store_.grads_flat().slice(begin_, end_);
   }
   // Model-parallel gradient sums (after the dp reduction: sums over different groups commute).
-  if (reduce_replicated_)
-    for (const auto& [b, e] : replicated_) tp_->all_reduce(grads.slice(b, e));
+  for (const auto& [b, e] : tp_summed_) tp_->all_reduce(grads.slice(b, e));
   return grads;
 }
 

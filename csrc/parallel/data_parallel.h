@@ -36,7 +36,8 @@ namespace engine {
 //   tp    tensor-parallel group (the store holds this rank's blocks): the gradient norm sums the
 //         split parameters over tp and counts the replicated ones once; with sequence_parallel
 //         the replicated parameters' gradients (norms, row-parallel biases, positions: computed
-//         from token shards) are summed over tp before the update
+//         from token shards) are summed over tp before the update, and so are those declared
+//         tp_partial_grad (per-head q/k norms: each rank's heads) in every layout
 //   pp    pipeline group (the store holds this rank's stages): the gradient norm sums over it
 //   tied  the pipeline ranks holding a copy of tied parameters (the first and last stage's for
 //         tied embeddings): their gradients are summed over it, so the copies stay equal, and
@@ -99,8 +100,8 @@ class DataParallel {
   ParamStore& store_;
   Comm& dp_;
   Comm* tp_ = nullptr;         // size > 1 only
-  bool reduce_replicated_ = false;
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // shard-relative ranges of replicated parameters
+  std::vector<std::pair<int64_t, int64_t>> tp_summed_;   // ... of those whose gradients are summed over tp
   Comm* pp_ = nullptr;         // size > 1 only
   Comm* tied_ = nullptr;       // size > 1 only
   bool count_tied_ = true;

@@ -45,6 +45,8 @@ const std::vector<Family>& families() {
       {"mistral window", "mistral", {"model.sliding_window=7", "model.num_kv_heads=1"}},
       {"qwen2 window", "qwen2", {"model.sliding_window=5", "model.rope_theta=1e6"}},
       {"qwen2", "qwen2", {"model.sliding_window=0"}},
+      {"qwen3 head_dim 16 x 3 heads != hidden 24, tied", "qwen3", {"model.head_dim=16", "model.tie_embeddings=true"}},
+      {"qwen3 window, gqa", "qwen3", {"model.sliding_window=5", "model.num_kv_heads=1", "model.rope_theta=5e5"}},
       {"mixtral aux, jitter, window, tied", "mixtral",
        {"model.num_experts=3", "model.experts_per_token=2", "model.moe_aux_loss_coef=0.02", "model.moe_jitter=0.1",
         "model.sliding_window=6", "model.tie_embeddings=true", "model.num_kv_heads=1"}},
@@ -128,6 +130,7 @@ TEST_CASE("hf: export then import gives the parameters back bitwise, for every f
         CHECK(m.positions == c.model.positions);
         CHECK(m.sliding_window == c.model.sliding_window);
         CHECK(m.qkv_bias == c.model.qkv_bias);
+        CHECK(m.qk_norm == c.model.qk_norm);
         if (c.model.positions == PositionKind::Rope) CHECK(m.rope_theta == c.model.rope_theta);
       }
       CHECK(m.num_experts == c.model.num_experts);

@@ -34,6 +34,12 @@ ModelConfig tiny_model(ModelFamily family) {
     c.bias = false;
     c.tie_embeddings = false;
     if (family == ModelFamily::Mistral) c.sliding_window = 3;
+    if (family == ModelFamily::Qwen3) {  // head_dim x num_heads (36) != hidden_size, tied as Qwen3-0.6B
+      c.head_dim = 6;
+      c.qk_norm = true;
+      c.norm_eps = 1e-6;
+      c.tie_embeddings = true;
+    }
   }
   if (family == ModelFamily::Mixtral || family == ModelFamily::Hybrid) {
     c.num_experts = 3;

@@ -208,6 +208,22 @@ TEST_CASE("config: family presets and defaults fill the unset keys") {
       CHECK(c.optimizer.decay_steps == 10);
     }
   }
+  SUBCASE("qwen3: llama + qk_norm, norm_eps 1e-6, rope_theta 1e6, no biases; qk_norm off elsewhere") {
+    Config q = parse(doc("family = \"qwen3\"\nhead_dim = 32\n"));
+    CHECK(q.model.qk_norm);
+    CHECK(q.model.norm_eps == 1e-6);
+    CHECK(q.model.rope_theta == 1e6);
+    CHECK_FALSE(q.model.bias);
+    CHECK_FALSE(q.model.qkv_bias);
+    CHECK_FALSE(q.model.tie_embeddings);
+    CHECK(q.model.head_dim == 32);  // head_dim x num_heads (128) != hidden_size (64)
+    CHECK(parse(config_to_toml(q)) == q);
+    CHECK_FALSE(parse(doc("family = \"qwen3\"\nqk_norm = false\n")).model.qk_norm);
+    CHECK(parse(doc("qk_norm = true\n")).model.qk_norm);  // llama with q/k norms (OLMo-2 style)
+    CHECK_FALSE(parse(doc("family = \"qwen2\"\n")).model.qk_norm);
+    CHECK(error_of(doc("family = \"mamba\"\nqk_norm = true\n")).find("t.toml:3: model.qk_norm: set, but the model "
+                                                                    "has no attention blocks") != std::string::npos);
+  }
   SUBCASE("set keys win over presets") {
     Config c = parse(doc("family = \"mistral\"\nsliding_window = 0\nbias = true\n"));
     CHECK(c.model.sliding_window == 0);
@@ -315,7 +331,7 @@ TEST_CASE("config: errors name the file, the line and the key") {
       {"bad enum", doc("norm = \"RMSNorm\"\n"), {}, "t.toml:2: model.norm: ",
        "unknown value \"RMSNorm\", expected \"layernorm\" or \"rmsnorm\""},
       {"bad family", doc("family = \"mixtrall\"\n"), {}, "t.toml:2: model.family: ",
-       "expected \"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"mixtral\", \"mamba\" or \"hybrid\""},
+       "expected \"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"mamba\" or \"hybrid\""},
       {"section not a table", "run = 5\n" + doc(), {}, "t.toml:1: run: ", "expected a table"},
       {"nan", doc("init_std = nan\n"), {}, "t.toml:2: model.init_std: ", "must be finite"},
       // out of range

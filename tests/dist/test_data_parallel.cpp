@@ -67,6 +67,10 @@ TEST_CASE("GPUs with NCCL: data parallel reproduces one GPU (ZeRO 0-3), bf16 tol
   }
 }
 
+TEST_CASE("data parallel under ZeRO 3 reproduces one rank with q/k norms (qwen3)") {
+  compare_runs("qwen3", 3, 2, world());
+}
+
 TEST_CASE("data parallel with gradient accumulation (micro-batches of 1) reproduces one big batch") {
   compare_runs("gpt2", 1, 1, world());
 }

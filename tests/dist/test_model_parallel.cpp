@@ -5,7 +5,7 @@
 // it holds equals the matching block of the reference's full parameter (init is layout
 // independent, so they start equal).
 // Tensor-parallel layouts by world size: 2 ranks tp2 (plain, sequence parallel, cross-entropy
-// splits); 3 ranks tp3 with sequence parallelism; 4 ranks dp2 x tp2 (ZeRO 1, sequence parallel)
+// splits, q/k norms); 3 ranks tp3 with sequence parallelism; 4 ranks dp2 x tp2 (ZeRO 1, sequence parallel)
 // and tp4. Pipeline layouts: 2 ranks pp2 with 1 and 2 stages per rank, breadth- and depth-first,
 // 4 micro-batches, tied embeddings across stages, micro-sequences (against whole sequences); 3 ranks pp3; 4 ranks dp2 x pp2 and tp2 x pp2;
 // 8 ranks dp2 x tp2 x pp2 with 2 stages per rank.
@@ -135,6 +135,7 @@ std::vector<Case> pipeline_cases_for(int n) {
   switch (n) {
     case 2:
       return {{"llama", 1, pp(2, 1, "breadth_first")},
+              {"qwen3", 1, pp(2, 1, "breadth_first", {"model.tie_embeddings=true"})},
               {"gpt2", 1, pp(2, 2, "breadth_first")},  // tied embeddings: stage 0 on rank 0, stage 3 on rank 1
               {"llama", 1, pp(2, 2, "depth_first")},
               {"gpt2", 1, pp(2, 1, "depth_first", {"distributed.zero_stage=0"})},
@@ -181,6 +182,8 @@ std::vector<Case> cases_for(int n) {
               {"gpt2", 2, sp},
               {"llama", 2, sp},
               {"qwen2", 2, sp},
+              // q/k norms: replicated weights whose gradients each rank has for its heads only
+              {"qwen3", 2, {}},  // (under sequence parallelism they are summed as every replicated one)
               {"llama", 2, {"distributed.cross_entropy_splits=3"}},
               {"llama", 2, {"model.z_loss=0.01", "model.label_smoothing=0.1"}},  // vocab-parallel vs fused
               {"gpt2", 2, {"model.z_loss=0.001", "distributed.sequence_parallel=true"}},
@@ -318,6 +321,7 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" *
                                                        "distributed.tp_overlap=false"}},
                                          {"gpt2", 2, {"distributed.sequence_parallel=true",
                                                       "distributed.cross_entropy_splits=3"}},
+                                         {"qwen3", 2, {}},
                                          // the experts' intermediate split (grouped GEMMs over
                                          // two weight stacks per rank) and Mamba beside them
                                          {"mixtral", 2, {"model.num_experts=4", "model.moe_aux_loss_coef=0.01"}},

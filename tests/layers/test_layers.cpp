@@ -133,7 +133,7 @@ TEST_CASE("norm residual forms equal the separate adds and plain norm bitwise") 
   }
 }
 
-TEST_CASE("layer gradients: attention (GQA, RoPE, window, biases, packed documents)") {
+TEST_CASE("layer gradients: attention (GQA, RoPE, window, biases, qk_norm, packed documents)") {
   struct Case {
     const char* name;
     ModelFamily family;
@@ -152,6 +152,7 @@ TEST_CASE("layer gradients: attention (GQA, RoPE, window, biases, packed documen
       {"llama gqa 2:1 cross-doc", ModelFamily::Llama, 4, 2, 6, 0, true},
       {"mistral window 2", ModelFamily::Mistral, 6, 3, 4, 2, true},
       {"llama yarn rope scaling", ModelFamily::Llama, 4, 2, 8, 0, false, yarn},
+      {"qwen3 qk_norm, head_dim 6 x 6 heads != hidden 14", ModelFamily::Qwen3, 6, 2, 6, 0, false},
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);
@@ -188,7 +189,7 @@ TEST_CASE("layer gradients: MLPs (GELU with biases, SwiGLU)") {
 }
 
 TEST_CASE("layer gradients: transformer block") {
-  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral}) {
+  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral, ModelFamily::Qwen3}) {
     ModelConfig c = tiny_model(f);
     CAPTURE(family_name(f));
     ParamStore store = make_store([&](ParamTable& t) { layers::Block::declare(t, 0, c); }, "block");

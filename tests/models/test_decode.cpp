@@ -40,6 +40,7 @@ const DecodeCase kCases[] = {
      }},
     {"mistral (window 3)", ModelFamily::Mistral},
     {"qwen2 (qkv biases)", ModelFamily::Qwen2, [](ModelConfig& c) { c.qkv_bias = true; }},
+    {"qwen3 (q/k norms, head_dim 6 x 6 heads != hidden 14)", ModelFamily::Qwen3},
     {"mixtral", ModelFamily::Mixtral},
     {"mamba", ModelFamily::Mamba},
     {"mamba, biases, conv 4", ModelFamily::Mamba,

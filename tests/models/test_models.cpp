@@ -19,7 +19,7 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
                                    // the next block's norm backward (layers/block.h)
   };
   for (Case k : std::vector<Case>{{ModelFamily::GPT2, false},   {ModelFamily::Llama, false},
-                                  {ModelFamily::Llama, true},    {ModelFamily::Mistral, false},
+                                  {ModelFamily::Llama, true},    {ModelFamily::Mistral, false}, {ModelFamily::Qwen3, false},
                                   {ModelFamily::Mixtral, false}, {ModelFamily::Mamba, false},
                                   {ModelFamily::Hybrid, false},  {ModelFamily::Mamba, false, true},
                                   {ModelFamily::Hybrid, false, true}}) {

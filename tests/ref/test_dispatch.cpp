@@ -15,6 +15,7 @@
 #include "ops/gemm.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
+#include "ops/qk_norm.h"
 #include "ops/rope.h"
 #include "tests/common/testing.h"
 
@@ -53,6 +54,8 @@ TEST_CASE("every op refuses tensors on two devices, and CUDA tensors without CUD
       {"swiglu_backward", [&](const Tensor& x) { ops::swiglu_backward(x, c, c); }},
       {"rope_forward", [&](const Tensor& x) { ops::rope_forward(x, ids, 1, ops::RopeParams{}); }},
       {"rope_backward", [&](const Tensor& x) { ops::rope_backward(x, ids, 1, ops::RopeParams{}); }},
+      {"qk_norm_forward", [&](const Tensor& x) { ops::qk_norm_forward(x, c, 1, 1e-6f, c, c); }},
+      {"qk_norm_backward", [&](const Tensor& x) { ops::qk_norm_backward(x, c, c, 1, c, c); }},
       {"attention_forward",
        [&](const Tensor& x) {
          ops::AttentionParams p = ap;

@@ -12,7 +12,7 @@
 using namespace engine;
 using namespace engine::testing;
 
-TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, llama, mistral)" * doctest::test_suite("gpu")) {
+TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, llama, mistral, qwen3)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   struct Case {
     std::string family;
@@ -23,6 +23,9 @@ TEST_CASE("GPU training matches the CPU loss curve within bf16 tolerance (gpt2, 
       {"gpt2", {"model.hidden_size=128", "model.num_heads=2", "model.ffn_hidden_size=200"}},
       {"llama", {"model.hidden_size=128", "model.num_heads=2", "model.num_kv_heads=1", "model.ffn_hidden_size=200"}},
       {"mistral", {"model.hidden_size=24", "model.num_heads=3", "model.sliding_window=6"}},
+      // q/k norms, head_dim x num_heads (128) != hidden_size (96)
+      {"qwen3", {"model.hidden_size=96", "model.num_heads=2", "model.num_kv_heads=1", "model.head_dim=64",
+                 "model.ffn_hidden_size=200"}},
   };
   for (const Case& k : cases) {
     CAPTURE(k.family);
