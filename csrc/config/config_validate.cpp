@@ -288,8 +288,9 @@ struct Checker {
         if (!set("model.num_experts")) m.num_experts = 60;
         if (!set("model.experts_per_token")) m.experts_per_token = 4;
         if (!set("model.moe_norm_topk_prob")) m.moe_norm_topk_prob = false;
+      } else if (!set("model.num_experts")) {
+        m.num_experts = 8;
       }
-      if (!set("model.num_experts")) m.num_experts = 8;
       positive("model.num_experts", m.num_experts);
       positive("model.experts_per_token", m.experts_per_token);
       if (m.experts_per_token > m.num_experts)
