@@ -28,6 +28,7 @@ const DecodeCase kCases[] = {
     {"mistral (window 3)", ModelFamily::Mistral},
     {"qwen2 (qkv biases)", ModelFamily::Qwen2, [](ModelConfig& c) { c.qkv_bias = true; }},
     {"mixtral", ModelFamily::Mixtral},
+    {"qwen2_moe (AE, shared expert)", ModelFamily::Qwen2Moe},
     {"mamba", ModelFamily::Mamba},
     {"mamba, biases, conv 4", ModelFamily::Mamba,
      [](ModelConfig& c) {
