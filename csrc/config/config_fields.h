@@ -27,8 +27,8 @@ struct EnumName {
 
 inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
     {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
-    {"qwen2", ModelFamily::Qwen2}, {"mixtral", ModelFamily::Mixtral}, {"mamba", ModelFamily::Mamba},
-    {"hybrid", ModelFamily::Hybrid}, {"qwen2_moe", ModelFamily::Qwen2Moe}};
+    {"qwen2", ModelFamily::Qwen2}, {"mixtral", ModelFamily::Mixtral}, {"qwen2_moe", ModelFamily::Qwen2Moe},
+    {"mamba", ModelFamily::Mamba}, {"hybrid", ModelFamily::Hybrid}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},
