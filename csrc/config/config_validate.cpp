@@ -57,34 +57,6 @@ const char* family_name(ModelFamily f) {
   return config_detail::enum_name(f, config_detail::names_of(config_detail::kFamilyNames));
 }
 
-namespace {
-char family_letter(ModelFamily f) {  // of every layer, for the families with one kind of block
-  return f == ModelFamily::Mixtral || f == ModelFamily::Qwen2Moe ? 'E' : f == ModelFamily::Mamba ? 'M' : 'A';
-}
-// The families whose layout hybrid_layout may spell: hybrid (A, E, M), and the mixture-of-experts
-// families with dense layers among the sparse ones (A, E; Hugging Face's decoder_sparse_step and
-// mlp_only_layers); empty there means every layer E.
-bool spelled_layout(const ModelConfig& m) {
-  return m.family == ModelFamily::Hybrid || (m.family == ModelFamily::Qwen2Moe && !m.hybrid_layout.empty());
-}
-}  // namespace
-
-std::string block_layout(const ModelConfig& m) {
-  if (spelled_layout(m)) return m.hybrid_layout;
-  return std::string(static_cast<size_t>(std::max(0, m.num_layers)), family_letter(m.family));
-}
-
-char block_letter(const ModelConfig& m, int layer) {
-  if (!spelled_layout(m)) return layer >= 0 && layer < m.num_layers ? family_letter(m.family) : 0;
-  return layer >= 0 && static_cast<size_t>(layer) < m.hybrid_layout.size() ? m.hybrid_layout[static_cast<size_t>(layer)]
-                                                                           : 0;
-}
-
-bool has_block_kind(const ModelConfig& m, const char* letters) {
-  if (spelled_layout(m)) return m.hybrid_layout.find_first_of(letters) != std::string::npos;
-  return m.num_layers > 0 && std::strchr(letters, family_letter(m.family)) != nullptr;
-}
-
 namespace config_detail {
 namespace {
 
@@ -252,7 +224,8 @@ struct Checker {
   // The per-layer block kinds and the keys of the kinds present (after family_presets).
   void blocks() const {
     ModelConfig& m = c.model;
-    if (m.family == ModelFamily::Hybrid) {
+    const bool hybrid = m.family == ModelFamily::Hybrid;  // qwen2_moe: optional, A and E only
+    if (hybrid || (m.family == ModelFamily::Qwen2Moe && set("model.hybrid_layout"))) {
       if (!set("model.hybrid_layout"))
         RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
                                        "E attention + mixture of experts, M Mamba)");
@@ -260,17 +233,10 @@ struct Checker {
         RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
               m.num_layers, " (one letter per layer)");
       for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
-        if (std::string("AEM").find(m.hybrid_layout[i]) == std::string::npos)
-          RAISE(c.where("model.hybrid_layout"), "letter ", i, " is '", m.hybrid_layout[i],
-                "'; expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)");
-    } else if (m.family == ModelFamily::Qwen2Moe && set("model.hybrid_layout")) {
-      if (m.hybrid_layout.size() != static_cast<size_t>(m.num_layers))
-        RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
-              m.num_layers, " (one letter per layer)");
-      for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
-        if (m.hybrid_layout[i] != 'A' && m.hybrid_layout[i] != 'E')
+        if (std::string(hybrid ? "AEM" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
           RAISE(c.where("model.hybrid_layout"), "letter ", i, " is '", m.hybrid_layout[i], "'; ",
-                family_name(m.family), " takes A (attention + MLP) or E (attention + mixture of experts)");
+                hybrid ? "expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)"
+                       : "qwen2_moe takes A (attention + MLP) or E (attention + mixture of experts)");
     } else if (!m.hybrid_layout.empty()) {
       RAISE(c.where("model.hybrid_layout"), "only with model.family = \"hybrid\" or \"qwen2_moe\" (", family_name(m.family),
             " has a fixed layout)");
