@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba) and the llama cases with RoPE scaling
+For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, mamba) and the llama cases with RoPE scaling
 (llama-linear, llama-llama3, llama-yarn: model.rope_scaling, config.json's rope_scaling /
 rope_parameters; a pretraining context of 32 and a 120-token sequence, so the llama3 and yarn
 ramps fall inside the head dims and the positions pass the original context):
@@ -178,6 +178,24 @@ beta_fast = 16.0
 beta_slow = 2.0
 attention_factor = 1.2
 truncate = false
+    # Sparse and dense layers (exported as mlp_only_layers [1]), routed experts smaller than the
+    # dense MLP, a shared expert of a third size, the top-k weights not renormalised.
+    "qwen2_moe": """
+family = "qwen2_moe"
+vocab_size = 257
+hidden_size = 256
+num_layers = 3
+num_heads = 4
+num_kv_heads = 2
+ffn_hidden_size = 320
+hybrid_layout = "EAE"
+num_experts = 4
+experts_per_token = 2
+moe_ffn_hidden_size = 96
+moe_shared_expert_ffn_size = 160
+moe_norm_topk_prob = false
+moe_aux_loss_coef = 0.02
+rope_theta = 100000.0
 """,
     "mamba": """
 family = "mamba"
@@ -501,7 +519,7 @@ def main():
             ok = False
             parts.append("error: " + str(e).strip().splitlines()[0][:300] + f" (see {log})")
         failed += not ok
-        print(f"{family:8s} " + " | ".join(parts) + (" | OK" if ok else " | FAILED"), flush=True)
+        print(f"{family:9s} " + " | ".join(parts) + (" | OK" if ok else " | FAILED"), flush=True)
     if not args.keep and not args.workdir and failed == 0:
         shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(1 if failed else 0)

@@ -20,6 +20,17 @@
 //            moe_aux_loss_coef / top_k (layers/moe.h); router_jitter_noise is moe_jitter (HF
 //            also jitters the experts' input); the router z-loss has no key (export needs 0,
 //            import gives 0).
+//   qwen2_moe Qwen2MoeForCausalLM: qwen2's attention names; per E layer mlp.gate (E, C) =
+//            moe.router, mlp.experts.{j}.{gate,up,down}_proj = moe.{w_gate,w_up,w_out}[j],
+//            mlp.shared_expert.{gate,up,down}_proj = moe.shared.{w_gate,w_up,w_out},
+//            mlp.shared_expert_gate (1, C) = moe.shared_gate; per A layer llama's mlp names.
+//            The layer kinds: E where (i + 1) % decoder_sparse_step == 0 and i is not in
+//            mlp_only_layers (model.hybrid_layout on import; exported as decoder_sparse_step 1
+//            and the A layers as mlp_only_layers); moe_intermediate_size is
+//            moe_ffn_hidden_size, shared_expert_intermediate_size moe_shared_expert_ffn_size
+//            (> 0: HF always has the shared expert), norm_topk_prob moe_norm_topk_prob; the
+//            aux loss as mixtral's (HF's load_balancing_loss_func is the same function); no
+//            router jitter or z-loss (export needs 0).
 //   mamba    MambaForCausalLM: backbone.embeddings, layers.{i}.norm (= norm1), layers.{i}.mixer.
 //            {in_proj (= [in_proj_x; in_proj_z]), conv1d (weight (Di, 1, K) = our (Di, K)),
 //            x_proj, dt_proj (bias = dt_bias), A_log, D, out_proj} (+ in_proj / out_proj biases

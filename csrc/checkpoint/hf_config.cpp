@@ -1,7 +1,7 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
 // configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-// Qwen3Config, MixtralConfig, MambaConfig); RoPE's base and scaling are written both as rope_theta and
-// rope_scaling (transformers 4.x) and rope_parameters (5.x), and read from either (hf_rope.h).
+// Qwen3Config, MixtralConfig, Qwen2MoeConfig, MambaConfig); RoPE's base and scaling are written both as
+// rope_theta and rope_scaling (transformers 4.x) and rope_parameters (5.x), and read from either (hf_rope.h).
 #include <cmath>
 #include <filesystem>
 
@@ -57,9 +57,68 @@ struct Reader {
   }
 };
 
+std::string show_int(int v) { return std::to_string(v); }
+
 int to_int(int64_t v, const std::string& path, const char* key) {
   if (v < 0 || v > INT32_MAX) RAISE(path, ": ", key, ": out of range: ", v);
   return static_cast<int>(v);
+}
+
+// Qwen2MoeConfig's mixture-of-experts keys; every A/E layout is decoder_sparse_step 1 with the
+// A layers as mlp_only_layers.
+void write_qwen2_moe(const ModelConfig& c, json& j) {
+  j["qkv_bias"] = c.qkv_bias;
+  j["num_experts"] = c.num_experts;
+  j["num_experts_per_tok"] = c.experts_per_token;
+  j["moe_intermediate_size"] = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : c.ffn_hidden_size;
+  j["shared_expert_intermediate_size"] = c.moe_shared_expert_ffn_size;
+  j["norm_topk_prob"] = c.moe_norm_topk_prob;
+  j["decoder_sparse_step"] = 1;
+  std::vector<int> dense;
+  for (int i = 0; i < c.num_layers; ++i)
+    if (block_letter(c, i) == 'A') dense.push_back(i);
+  j["mlp_only_layers"] = dense;
+  // HF's load-balancing loss is top_k times ours at the same coefficient (layers/moe.h).
+  j["router_aux_loss_coef"] = c.moe_aux_loss_coef / c.experts_per_token;
+  j["output_router_logits"] = c.moe_aux_loss_coef > 0;
+}
+
+// Qwen2MoeConfig's mixture-of-experts keys (its defaults where missing) into c.
+void read_qwen2_moe(const json& j, const std::string& path, ModelConfig& c) {
+  Reader r{j, path};
+  c.qkv_bias = r.boolean("qkv_bias", true);
+  c.num_experts = to_int(r.integer("num_experts", 60), path, "num_experts");
+  if (c.num_experts <= 0) RAISE(path, ": num_experts: must be > 0 (without experts the model is qwen2), got ", c.num_experts);
+  c.experts_per_token = to_int(r.integer("num_experts_per_tok", 4), path, "num_experts_per_tok");
+  if (c.experts_per_token <= 0 || c.experts_per_token > c.num_experts)
+    RAISE(path, ": num_experts_per_tok (", c.experts_per_token, ") must be in [1, num_experts (", c.num_experts, ")]");
+  c.moe_ffn_hidden_size = to_int(r.integer("moe_intermediate_size", 1408), path, "moe_intermediate_size");
+  if (c.moe_ffn_hidden_size <= 0) RAISE(path, ": moe_intermediate_size: must be > 0, got ", c.moe_ffn_hidden_size);
+  c.moe_shared_expert_ffn_size =
+      to_int(r.integer("shared_expert_intermediate_size", 5632), path, "shared_expert_intermediate_size");
+  if (c.moe_shared_expert_ffn_size <= 0)
+    RAISE(path, ": shared_expert_intermediate_size: must be > 0 (an empty shared expert is not supported), got ",
+          c.moe_shared_expert_ffn_size);
+  c.moe_norm_topk_prob = r.boolean("norm_topk_prob", false);
+  const int64_t step = r.integer("decoder_sparse_step", 1);
+  if (step < 1) RAISE(path, ": decoder_sparse_step: must be >= 1, got ", step);
+  std::vector<bool> dense(static_cast<size_t>(c.num_layers), false);
+  if (r.has("mlp_only_layers")) {
+    if (!j["mlp_only_layers"].is_array()) RAISE(path, ": mlp_only_layers: expected a list of layer indices, got ", j["mlp_only_layers"].dump());
+    for (const auto& v : j["mlp_only_layers"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers)
+        RAISE(path, ": mlp_only_layers: ", v.dump(), " is not a layer index in [0, ", c.num_layers, ")");
+      dense[v.get<size_t>()] = true;
+    }
+  }
+  std::string layout;
+  for (int i = 0; i < c.num_layers; ++i) layout += !dense[static_cast<size_t>(i)] && (i + 1) % step == 0 ? 'E' : 'A';
+  c.hybrid_layout = layout.find('A') == std::string::npos ? "" : layout;  // empty: every layer E
+  const double aux = r.number("router_aux_loss_coef", 0.001);
+  if (!(aux >= 0)) RAISE(path, ": router_aux_loss_coef: must be >= 0, got ", aux);
+  c.moe_aux_loss_coef = r.boolean("output_router_logits", false) ? aux * c.experts_per_token : 0.0;
+  c.moe_jitter = 0.0;
+  c.moe_z_loss_coef = 0.0;
 }
 
 }  // namespace
@@ -87,7 +146,8 @@ std::string architecture(const ModelConfig& c) {
     case ModelFamily::Mistral:
     case ModelFamily::Qwen2:
     case ModelFamily::Qwen3:
-    case ModelFamily::Mixtral: {
+    case ModelFamily::Mixtral:
+    case ModelFamily::Qwen2Moe: {
       const char* f = family_name(c.family);
       need(c.norm == NormKind::RMSNorm, f, "norm", norm_name(c.norm), "this family uses rmsnorm");
       need(c.activation == ActivationKind::SwiGLU, f, "activation", act_name(c.activation), "this family uses swiglu");
@@ -97,6 +157,24 @@ std::string architecture(const ModelConfig& c) {
              "LlamaForCausalLM has no sliding window (use family = \"mistral\")");
         need(!qkv_only, f, "qkv_bias", "true", "Llama's attention_bias also biases o_proj (use family = \"qwen2\")");
         return "LlamaForCausalLM";
+      }
+      if (c.family == ModelFamily::Mixtral) {
+        need(c.moe_shared_expert_ffn_size == 0, f, "moe_shared_expert_ffn_size", show_int(c.moe_shared_expert_ffn_size),
+             "Mixtral has no shared expert (use family = \"qwen2_moe\")");
+        need(c.moe_norm_topk_prob, f, "moe_norm_topk_prob", "false", "Mixtral always renormalises the top-k weights");
+      }
+      if (c.family == ModelFamily::Qwen2Moe) {
+        need(!c.bias, f, "bias", "true", "Qwen2-MoE has biases on q, k and v only (qkv_bias)");
+        need(c.qkv_bias, f, "qkv_bias", "false", "Qwen2MoeAttention has biases on q, k and v");
+        need(c.moe_shared_expert_ffn_size > 0, f, "moe_shared_expert_ffn_size", "0",
+             "Qwen2MoeSparseMoeBlock always has a shared expert");
+        need(int64_t{c.head_dim} * c.num_heads == c.hidden_size, f, "head_dim", show_int(c.head_dim),
+             "Qwen2MoeAttention needs head_dim x num_heads = hidden_size");
+        need(c.moe_z_loss_coef == 0, f, "moe_z_loss_coef", str_cat(c.moe_z_loss_coef),
+             "Qwen2MoeConfig has no router z-loss (set it to 0 to export)");
+        need(c.moe_jitter == 0, f, "moe_jitter", str_cat(c.moe_jitter),
+             "Qwen2MoeConfig has no router jitter (set it to 0 to export)");
+        return "Qwen2MoeForCausalLM";
       }
       if (c.family == ModelFamily::Mistral || c.family == ModelFamily::Mixtral) {
         need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true",
@@ -174,11 +252,13 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
     j["reorder_and_upcast_attn"] = false;
   } else {
     j["hidden_size"] = c.hidden_size;
-    j["intermediate_size"] = c.ffn_hidden_size;
+    j["intermediate_size"] = c.family == ModelFamily::Mixtral && c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size
+                                                                                         : c.ffn_hidden_size;
     j["num_hidden_layers"] = c.num_layers;
     j["num_attention_heads"] = c.num_heads;
     j["num_key_value_heads"] = c.num_kv_heads;
-    if (c.family != ModelFamily::Qwen2 || int64_t{c.head_dim} * c.num_heads != c.hidden_size)
+    if ((c.family != ModelFamily::Qwen2 && c.family != ModelFamily::Qwen2Moe) ||
+        int64_t{c.head_dim} * c.num_heads != c.hidden_size)
       j["head_dim"] = c.head_dim;
     j["hidden_act"] = "silu";
     j["max_position_embeddings"] = c.max_position_embeddings;
@@ -210,6 +290,7 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
       j["max_window_layers"] = window ? 0 : c.num_layers;
       j["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_layers),
                                                   window ? "sliding_attention" : "full_attention");
+      if (c.family == ModelFamily::Qwen2Moe) write_qwen2_moe(c, j);
     }
   }
   j["initializer_range"] = c.init_std;
@@ -291,12 +372,14 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.ffn_hidden_size = static_cast<int>(256 * ((8 * int64_t{c.hidden_size} / 3 + 255) / 256));
     c.activation = ActivationKind::SwiGLU;
     c.positions = PositionKind::Rope;
-  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral") {
-    c.family = type == "llama"     ? ModelFamily::Llama
-               : type == "mistral" ? ModelFamily::Mistral
-               : type == "qwen2"   ? ModelFamily::Qwen2
-               : type == "qwen3"   ? ModelFamily::Qwen3
-                                   : ModelFamily::Mixtral;
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral" ||
+             type == "qwen2_moe") {
+    c.family = type == "llama"       ? ModelFamily::Llama
+               : type == "mistral"   ? ModelFamily::Mistral
+               : type == "qwen2"     ? ModelFamily::Qwen2
+               : type == "qwen3"     ? ModelFamily::Qwen3
+               : type == "qwen2_moe" ? ModelFamily::Qwen2Moe
+                                     : ModelFamily::Mixtral;
     const bool qwen3 = c.family == ModelFamily::Qwen3;
     c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
     c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
@@ -351,8 +434,9 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
     }
   } else {
-    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba)");
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, mamba)");
   }
+  if (c.family == ModelFamily::Qwen2Moe) read_qwen2_moe(j, path, c);
   if (c.family == ModelFamily::Mixtral) {
     c.num_experts = to_int(r.integer("num_local_experts", 8), path, "num_local_experts");
     c.experts_per_token = to_int(r.integer("num_experts_per_tok", 2), path, "num_experts_per_tok");
@@ -367,6 +451,7 @@ ModelConfig model_from_hf_config(const std::string& path) {
     if (!(c.moe_jitter >= 0 && c.moe_jitter < 1))
       RAISE(path, ": router_jitter_noise: must be in [0, 1), got ", c.moe_jitter);
     c.moe_z_loss_coef = 0.0;
+    c.moe_ffn_hidden_size = c.ffn_hidden_size;  // intermediate_size is one expert's
   }
   c.init_std = r.number("initializer_range", 0.02);
   return c;
@@ -390,6 +475,7 @@ std::string show(RopeScalingKind v) {
   }
   return "?";
 }
+std::string show(const std::string& v) { return "\"" + v + "\""; }
 
 }  // namespace
 
@@ -421,6 +507,7 @@ void apply_hf_config(Config& c) {
   take("bias", m.bias, h.bias);
   take("tie_embeddings", m.tie_embeddings, h.tie_embeddings);
   take("init_std", m.init_std, h.init_std, false);
+  if (h.family == ModelFamily::Qwen2Moe) take("hybrid_layout", m.hybrid_layout, h.hybrid_layout);
   const std::string layout = block_layout(h);
   if (layout.find_first_of("AE") != std::string::npos) {  // attention (Mamba: these keys do not matter)
     take("num_heads", m.num_heads, h.num_heads);
@@ -454,6 +541,9 @@ void apply_hf_config(Config& c) {
   if (layout.find('E') != std::string::npos) {
     take("num_experts", m.num_experts, h.num_experts);
     take("experts_per_token", m.experts_per_token, h.experts_per_token);
+    take("moe_ffn_hidden_size", m.moe_ffn_hidden_size, h.moe_ffn_hidden_size);
+    take("moe_shared_expert_ffn_size", m.moe_shared_expert_ffn_size, h.moe_shared_expert_ffn_size);
+    take("moe_norm_topk_prob", m.moe_norm_topk_prob, h.moe_norm_topk_prob);
     // Training-only coefficients: the folder's fill unset keys, set ones may differ.
     take("moe_aux_loss_coef", m.moe_aux_loss_coef, h.moe_aux_loss_coef, false);
     take("moe_z_loss_coef", m.moe_z_loss_coef, h.moe_z_loss_coef, false);

@@ -14,7 +14,7 @@
 
 namespace engine {
 
-enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid };
+enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid, Qwen2Moe };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
@@ -60,7 +60,10 @@ struct RopeScalingConfig {
 // qwen2 = llama + biases on q, k and v only, norm_eps 1e-6; qwen3 = llama + qk_norm, norm_eps 1e-6,
 // rope_theta 1e6 (the released Qwen3 models' base); mixtral = llama whose MLPs are
 // mixtures of experts (8 experts, top 2, rope_theta 1e6); mamba = Mamba blocks only (tied
-// embeddings); hybrid = the per-layer mix that hybrid_layout spells (A, E, M as below).
+// embeddings); hybrid = the per-layer mix that hybrid_layout spells (A, E, M as below);
+// qwen2_moe = qwen2 whose MLPs are mixtures of experts with a shared expert (60 experts, top 4,
+// weights not renormalised, shared expert of ffn_hidden_size features: Qwen2MoeConfig's
+// defaults), every layer E unless hybrid_layout (A and E letters) says otherwise.
 // init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
 // (and must agree with the set ones) and its weights replace the random init.
 struct ModelConfig {
@@ -92,15 +95,21 @@ struct ModelConfig {
   double z_loss = 0.0;          // coefficient of lse^2 added to each token's loss (0: off)
   double label_smoothing = 0.0; // target (1 - eps) one-hot + eps / vocab_size (0: off)
   std::string init_from;      // Hugging Face folder to start from ("" = random init)
-  // Block kinds, one letter per layer (family hybrid; other families imply it, block_layout()):
+  // Block kinds, one letter per layer (family hybrid; qwen2_moe optionally, A and E only; other
+  // families imply it, block_layout()):
   //   A attention + MLP,  E attention + mixture of experts,  M Mamba mixer (no MLP, as HF Mamba)
   std::string hybrid_layout;
-  // Mixture of experts (E blocks): ffn_hidden_size is one expert's.
+  // Mixture of experts (E blocks); ffn_hidden_size is the A blocks' MLP.
   int num_experts = 0;           // default 8 where the layout has E blocks
   int experts_per_token = 2;     // top-k
   double moe_aux_loss_coef = 0.0;  // load balancing: coef * E * sum_e f_e P_e (layers/moe.h)
   double moe_z_loss_coef = 0.0;    // router z-loss: coef * mean lse^2
   double moe_jitter = 0.0;         // router input jitter in training (0 = off)
+  int moe_ffn_hidden_size = 0;     // one routed expert's features (default ffn_hidden_size)
+  int moe_shared_expert_ffn_size = 0;  // a dense SwiGLU expert on every token, gated by
+                                       // sigmoid(x w), beside the routed ones (0 = none)
+  bool moe_norm_topk_prob = true;  // top-k weights renormalised to sum 1 (Mixtral); false: the
+                                   // softmax probabilities themselves (Qwen2-MoE)
   // Mamba (M blocks).
   int mamba_d_state = 16;
   int mamba_d_conv = 4;

@@ -27,8 +27,8 @@ struct EnumName {
 
 inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
     {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
-    {"qwen2", ModelFamily::Qwen2}, {"qwen3", ModelFamily::Qwen3}, {"mixtral", ModelFamily::Mixtral}, {"mamba", ModelFamily::Mamba},
-    {"hybrid", ModelFamily::Hybrid}};
+    {"qwen2", ModelFamily::Qwen2}, {"qwen3", ModelFamily::Qwen3}, {"mixtral", ModelFamily::Mixtral},
+    {"qwen2_moe", ModelFamily::Qwen2Moe}, {"mamba", ModelFamily::Mamba}, {"hybrid", ModelFamily::Hybrid}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},
@@ -131,6 +131,9 @@ void visit_fields(C& c, V& v) {
   v.field("moe_aux_loss_coef", c.model.moe_aux_loss_coef);
   v.field("moe_z_loss_coef", c.model.moe_z_loss_coef);
   v.field("moe_jitter", c.model.moe_jitter);
+  v.field("moe_ffn_hidden_size", c.model.moe_ffn_hidden_size);
+  v.field("moe_shared_expert_ffn_size", c.model.moe_shared_expert_ffn_size);
+  v.field("moe_norm_topk_prob", c.model.moe_norm_topk_prob);
   v.field("mamba_d_state", c.model.mamba_d_state);
   v.field("mamba_d_conv", c.model.mamba_d_conv);
   v.field("mamba_expand", c.model.mamba_expand);

@@ -60,28 +60,6 @@ const char* family_name(ModelFamily f) {
   return config_detail::enum_name(f, config_detail::names_of(config_detail::kFamilyNames));
 }
 
-namespace {
-char family_letter(ModelFamily f) {  // of every layer, for the families with one kind of block
-  return f == ModelFamily::Mixtral ? 'E' : f == ModelFamily::Mamba ? 'M' : 'A';
-}
-}  // namespace
-
-std::string block_layout(const ModelConfig& m) {
-  if (m.family == ModelFamily::Hybrid) return m.hybrid_layout;
-  return std::string(static_cast<size_t>(std::max(0, m.num_layers)), family_letter(m.family));
-}
-
-char block_letter(const ModelConfig& m, int layer) {
-  if (m.family != ModelFamily::Hybrid) return layer >= 0 && layer < m.num_layers ? family_letter(m.family) : 0;
-  return layer >= 0 && static_cast<size_t>(layer) < m.hybrid_layout.size() ? m.hybrid_layout[static_cast<size_t>(layer)]
-                                                                           : 0;
-}
-
-bool has_block_kind(const ModelConfig& m, const char* letters) {
-  if (m.family == ModelFamily::Hybrid) return m.hybrid_layout.find_first_of(letters) != std::string::npos;
-  return m.num_layers > 0 && std::strchr(letters, family_letter(m.family)) != nullptr;
-}
-
 namespace config_detail {
 namespace {
 
@@ -238,10 +216,11 @@ struct Checker {
     if (!set("model.positions")) m.positions = gpt2 ? PositionKind::Learned : PositionKind::Rope;
     if (!set("model.bias")) m.bias = gpt2;
     if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
-    if (!set("model.qkv_bias")) m.qkv_bias = m.family == ModelFamily::Qwen2;
+    const bool qwen2 = m.family == ModelFamily::Qwen2 || m.family == ModelFamily::Qwen2Moe;
+    if (!set("model.qkv_bias")) m.qkv_bias = qwen2;
     const bool qwen3 = m.family == ModelFamily::Qwen3;
     if (!set("model.qk_norm")) m.qk_norm = qwen3;
-    if (!set("model.norm_eps")) m.norm_eps = m.family == ModelFamily::Qwen2 || qwen3 ? 1e-6 : 1e-5;
+    if (!set("model.norm_eps")) m.norm_eps = qwen2 || qwen3 ? 1e-6 : 1e-5;
     if (!set("model.rope_theta") && qwen3) m.rope_theta = 1e6;
     if (!set("model.sliding_window") && m.family == ModelFamily::Mistral) m.sliding_window = 4096;
     if (!set("model.rope_theta") && m.family == ModelFamily::Mixtral) m.rope_theta = 1e6;
@@ -251,7 +230,8 @@ struct Checker {
   // The per-layer block kinds and the keys of the kinds present (after family_presets).
   void blocks() const {
     ModelConfig& m = c.model;
-    if (m.family == ModelFamily::Hybrid) {
+    const bool hybrid = m.family == ModelFamily::Hybrid;  // qwen2_moe: optional, A and E only
+    if (hybrid || (m.family == ModelFamily::Qwen2Moe && set("model.hybrid_layout"))) {
       if (!set("model.hybrid_layout"))
         RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
                                        "E attention + mixture of experts, M Mamba)");
@@ -259,11 +239,12 @@ struct Checker {
         RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
               m.num_layers, " (one letter per layer)");
       for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
-        if (std::string("AEM").find(m.hybrid_layout[i]) == std::string::npos)
-          RAISE(c.where("model.hybrid_layout"), "letter ", i, " is '", m.hybrid_layout[i],
-                "'; expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)");
+        if (std::string(hybrid ? "AEM" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
+          RAISE(c.where("model.hybrid_layout"), "letter ", i, " is '", m.hybrid_layout[i], "'; ",
+                hybrid ? "expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)"
+                       : "qwen2_moe takes A (attention + MLP) or E (attention + mixture of experts)");
     } else if (!m.hybrid_layout.empty()) {
-      RAISE(c.where("model.hybrid_layout"), "only with model.family = \"hybrid\" (", family_name(m.family),
+      RAISE(c.where("model.hybrid_layout"), "only with model.family = \"hybrid\" or \"qwen2_moe\" (", family_name(m.family),
             " has a fixed layout)");
     }
     const bool moe = has_block_kind(m, "E"), mamba = has_block_kind(m, "M");
@@ -275,7 +256,13 @@ struct Checker {
         if (changed) RAISE(c.where(key), "set, but the model has no ", kind, " blocks");
     };
     if (moe) {
-      if (!set("model.num_experts")) m.num_experts = 8;
+      if (m.family == ModelFamily::Qwen2Moe) {  // Qwen2MoeConfig's defaults
+        if (!set("model.num_experts")) m.num_experts = 60;
+        if (!set("model.experts_per_token")) m.experts_per_token = 4;
+        if (!set("model.moe_norm_topk_prob")) m.moe_norm_topk_prob = false;
+      } else if (!set("model.num_experts")) {
+        m.num_experts = 8;
+      }
       positive("model.num_experts", m.num_experts);
       positive("model.experts_per_token", m.experts_per_token);
       if (m.experts_per_token > m.num_experts)
@@ -290,12 +277,17 @@ struct Checker {
       non_negative("model.moe_z_loss_coef", m.moe_z_loss_coef);
       if (!(m.moe_jitter >= 0 && m.moe_jitter < 1))
         RAISE(c.where("model.moe_jitter"), "must be in [0, 1), got ", m.moe_jitter);
+      if (set("model.moe_ffn_hidden_size")) positive("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size);
+      non_negative("model.moe_shared_expert_ffn_size", m.moe_shared_expert_ffn_size);
     } else {
       unused_keys({{"model.num_experts", m.num_experts != d.num_experts},
                    {"model.experts_per_token", m.experts_per_token != d.experts_per_token},
                    {"model.moe_aux_loss_coef", m.moe_aux_loss_coef != d.moe_aux_loss_coef},
                    {"model.moe_z_loss_coef", m.moe_z_loss_coef != d.moe_z_loss_coef},
-                   {"model.moe_jitter", m.moe_jitter != d.moe_jitter}},
+                   {"model.moe_jitter", m.moe_jitter != d.moe_jitter},
+                   {"model.moe_ffn_hidden_size", m.moe_ffn_hidden_size != d.moe_ffn_hidden_size},
+                   {"model.moe_shared_expert_ffn_size", m.moe_shared_expert_ffn_size != d.moe_shared_expert_ffn_size},
+                   {"model.moe_norm_topk_prob", m.moe_norm_topk_prob != d.moe_norm_topk_prob}},
                   "mixture-of-experts (E)");
     }
     if (mamba) {
@@ -386,6 +378,11 @@ struct Checker {
                                kMultipleOf * ((h + kMultipleOf - 1) / kMultipleOf),
                                "256 * ceil(8 * hidden_size / 3 / 256)");
     }
+    if (has_block_kind(m, "E")) {  // the experts' sizes default to the dense MLP's
+      if (!set("model.moe_ffn_hidden_size")) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+      if (!set("model.moe_shared_expert_ffn_size") && m.family == ModelFamily::Qwen2Moe)
+        m.moe_shared_expert_ffn_size = m.ffn_hidden_size;
+    }
     positive("model.norm_eps", m.norm_eps);
     positive("model.rope_theta", m.rope_theta);
     at_least("model.sliding_window", m.sliding_window, 0);
@@ -445,9 +442,15 @@ struct Checker {
     // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
     // (Mamba blocks: the inner dimension, expand x hidden_size.)
     const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "M");
+    const bool dense = has_block_kind(m, "A"), moe = has_block_kind(m, "E");
     const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
                                                      {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
-                                                     {"model.ffn_hidden_size", attention ? m.ffn_hidden_size : 0},
+                                                     {"model.ffn_hidden_size", dense ? m.ffn_hidden_size : 0},
+                                                     {set("model.moe_ffn_hidden_size") ? "model.moe_ffn_hidden_size"
+                                                                                       : "model.ffn_hidden_size",
+                                                      moe ? m.moe_ffn_hidden_size : 0},
+                                                     {"model.moe_shared_expert_ffn_size",
+                                                      moe ? m.moe_shared_expert_ffn_size : 0},
                                                      {"model.vocab_size", m.vocab_size},
                                                      {"model.mamba_expand x hidden_size",
                                                       mamba ? int64_t{m.mamba_expand} * m.hidden_size : 0}};

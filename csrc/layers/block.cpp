@@ -22,9 +22,11 @@ BlockKind block_kind(const ModelConfig& c, int layer) {
 MoeConfig moe_config(const ModelConfig& c) {
   MoeConfig m;
   m.hidden_size = c.hidden_size;
-  m.ffn_hidden_size = c.ffn_hidden_size;
+  m.ffn_hidden_size = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : c.ffn_hidden_size;
   m.num_experts = c.num_experts;
   m.top_k = c.experts_per_token;
+  m.norm_topk_prob = c.moe_norm_topk_prob;
+  m.shared_ffn_size = c.moe_shared_expert_ffn_size;
   m.aux_loss_coef = static_cast<float>(c.moe_aux_loss_coef);
   m.z_loss_coef = static_cast<float>(c.moe_z_loss_coef);
   m.jitter = static_cast<float>(c.moe_jitter);

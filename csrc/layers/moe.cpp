@@ -20,6 +20,17 @@ uint64_t hash_name(const std::string& s) {
 
 }  // namespace
 
+ModelConfig shared_expert_config(const MoeConfig& c) {
+  ModelConfig m;
+  m.hidden_size = static_cast<int>(c.hidden_size);
+  m.ffn_hidden_size = static_cast<int>(c.shared_ffn_size);
+  m.activation = ActivationKind::SwiGLU;
+  m.bias = false;
+  m.init_std = c.init_std;
+  m.num_layers = c.num_layers;
+  return m;
+}
+
 Moe::Moe(const ParamStore& store, const std::string& prefix, const MoeConfig& c)
     : cfg_(c), ffn_(c.ffn_hidden_size / store.table().tp_size()), prefix_hash_(hash_name(prefix)) {
   ENSURE(c.num_experts >= 1 && c.num_experts <= ops::kMoeMaxExperts, prefix, ": ", c.num_experts,
@@ -35,6 +46,12 @@ Moe::Moe(const ParamStore& store, const std::string& prefix, const MoeConfig& c)
   w_gate_up_.offset = g.offset;
   w_gate_up_.shape = {2, c.num_experts, ffn_, c.hidden_size};
   w_out_ = Param(store, prefix + ".w_out");
+  ENSURE(c.shared_ffn_size >= 0, prefix, ": shared expert of ", c.shared_ffn_size, " features");
+  shared_ = c.shared_ffn_size > 0;
+  if (shared_) {
+    shared_mlp_ = Mlp(store, prefix + ".shared", shared_expert_config(c));
+    shared_gate_ = Param(store, prefix + ".shared_gate");
+  }
 }
 
 void Moe::declare(ParamTable& t, const std::string& prefix, const MoeConfig& c) {
@@ -45,6 +62,10 @@ void Moe::declare(ParamTable& t, const std::string& prefix, const MoeConfig& c) 
   t.add({.name = prefix + ".w_up", .shape = {E, F, C}, .split_dim = 1, .init_std = c.init_std,
          .adjacent = true});
   t.add({.name = prefix + ".w_out", .shape = {E, C, F}, .split_dim = 2, .init_std = out_std});
+  if (c.shared_ffn_size > 0) {
+    Mlp::declare(t, prefix + ".shared", shared_expert_config(c));
+    t.add({.name = prefix + ".shared_gate", .shape = {1, C}, .init_std = c.init_std});
+  }
 }
 
 Tensor Moe::router_input(const Env& env, const Tensor& x, uint64_t seed, Owned& storage) const {
@@ -72,7 +93,7 @@ void Moe::forward(const Env& env, const Tensor& xn, const Tensor& y, MoeSaved& s
   s.lse = env.stat_tensor({T});
   s.expert_idx = empty({T, k}, DType::I32, env.device);
   s.weights = env.stat_tensor({T, k});
-  ops::moe_route_forward(s.probs, s.probs, s.lse, s.expert_idx, s.weights);
+  ops::moe_route_forward(s.probs, s.probs, s.lse, s.expert_idx, s.weights, cfg_.norm_topk_prob);
   s.counts = empty({E}, DType::I32, env.device);
   s.offsets = empty({E + 1}, DType::I32, env.device);
   s.row_of = empty({T, k}, DType::I32, env.device);
@@ -99,6 +120,27 @@ void Moe::forward(const Env& env, const Tensor& xn, const Tensor& y, MoeSaved& s
     ops::moe_unpermute(s.yo, s.row_of, s.weights, y);
     row_output_forward(env, y, y);
   }
+  if (shared_) shared_forward(env, xn, y, s);
+}
+
+void Moe::shared_forward(const Env& env, const Tensor& xn, const Tensor& y, MoeSaved& s) const {
+  s.shared_y = env.act_tensor(xn.shape);
+  shared_mlp_.forward(env, xn, s.shared_y, s.shared);
+  s.gate_logits = env.stat_tensor({xn.size(0), 1});
+  ops::matmul(xn, false, shared_gate_.w(), true, s.gate_logits, {});
+  ops::moe_shared_gate_forward(s.gate_logits, s.shared_y, y);
+}
+
+void Moe::shared_backward(const Env& env, const Tensor& dy, const Tensor& xn, const MoeSaved& s,
+                          const Tensor& dxn) const {
+  Owned dshared = env.act_tensor(xn.shape);
+  Owned dlogits = env.act_tensor({xn.size(0), 1});
+  ops::moe_shared_gate_backward(dy, s.gate_logits, s.shared_y, dshared, dlogits);
+  Owned dx_shared = env.act_tensor(xn.shape);
+  shared_mlp_.backward(env, dshared, xn, s.shared, dx_shared);
+  ops::add_inplace(dxn, dx_shared);
+  ops::matmul(dlogits, false, shared_gate_.w(), false, dxn, {1.f, 1.f, {}});
+  ops::matmul(dlogits, true, xn, false, shared_gate_.g(), {1.f, 1.f, {}});
 }
 
 void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MoeSaved& s,
@@ -141,7 +183,7 @@ void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Moe
   // Router: the routing weights' gradient and the auxiliary losses' through the softmax.
   Owned dlogits = env.act_tensor({T, E});
   ops::moe_route_backward(dweights, s.probs, s.lse, s.expert_idx, s.weights, s.counts, coefs,
-                          aux_grad_scale, dlogits);
+                          aux_grad_scale, cfg_.norm_topk_prob, dlogits);
   if (env.tp_rank() == 0) {  // replicated router: its input gradient joins the reduction once
     if (s.jitter_seed != 0) {
       Owned dxr = env.act_tensor({T, C});
@@ -165,6 +207,7 @@ void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Moe
   }
   gathered = Owned{};
   column_input_backward(env, dx_full, dxn);
+  if (shared_) shared_backward(env, dy, xn, s, dxn);
 }
 
 double Moe::aux_loss(const MoeSaved& s) {

@@ -180,7 +180,9 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
     per_block[0] = per_block[1] = per_block[2] = Tsp * C;  // the block's output only
   } else {
     per_block[0] = 4 * Tsp * C + attention + T * F * (glu + 1) / tp;                        // + MLP h, a
-    per_block[1] = 4 * Tsp * C + attention + T * m.experts_per_token * (3 * F / tp + C);    // + experts h, a, y
+    const double Fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : F, Fs = m.moe_shared_expert_ffn_size;
+    per_block[1] = 4 * Tsp * C + attention + T * m.experts_per_token * (3 * Fe / tp + C)    // + experts h, a, y
+                   + (Fs > 0 ? T * 3 * Fs / tp + Tsp * C : 0);                             // + shared h, a, y
     per_block[2] = 2 * Tsp * C + 4 * T * Di / tp;                                           // + xz, dt, y
   }
   double per_micro = layers.embedding ? Tsp * C : 0;  // the embedding's output

@@ -323,6 +323,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType com
     case ModelFamily::Mixtral:
     case ModelFamily::Mamba:
     case ModelFamily::Hybrid:
+    case ModelFamily::Qwen2Moe:
       return std::make_unique<Transformer>(c, device, compute_dtype, capacity, layout);
   }
   RAISE("unknown model family");

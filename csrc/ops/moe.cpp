@@ -100,7 +100,7 @@ void check_grouped(const char* op, const Tensor& w, const char* w_name, const Te
 // ---- Routing: one dtype for every float tensor but dlogits (CUDA: f32, dlogits bf16 or f32).
 
 void check_moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
-                             const Tensor& expert_idx, const Tensor& weights) {
+                             const Tensor& expert_idx, const Tensor& weights, bool) {
   const char* op = "moe_route_forward";
   expect_defined(logits, op, "logits");
   expect_ndim(logits, 2, op, "logits");
@@ -124,7 +124,7 @@ void check_moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& 
 
 void check_moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
                               const Tensor& expert_idx, const Tensor& weights,
-                              const Tensor& counts, const MoeAuxCoefs&, float,
+                              const Tensor& counts, const MoeAuxCoefs&, float, bool,
                               const Tensor& dlogits) {
   const char* op = "moe_route_backward";
   const int64_t E = check_counts(counts, op);
@@ -206,6 +206,27 @@ void check_grouped_linear_backward_weight(const Tensor& dy, const Tensor& x,
                                           const Tensor& dw, const GroupedLinearOptions&) {
   check_grouped("grouped_linear_backward_weight", dw, "dw", dy, "dy", false, x, "x", offsets,
                 counts, false);
+}
+
+// ---- Shared expert's gate: logits (T, 1); the (T, C) tensors of one dtype (dlogits sized only).
+
+void check_moe_shared_gate_forward(const Tensor& logits, const Tensor& shared, const Tensor& y) {
+  const char* op = "moe_shared_gate_forward";
+  expect_defined(shared, op, "shared");
+  expect_ndim(shared, 2, op, "shared");
+  expect_sized(logits, {shared.size(0), 1}, op, "logits");
+  expect(y, shared.dtype, shared.shape, op, "y");
+}
+
+void check_moe_shared_gate_backward(const Tensor& dy, const Tensor& logits, const Tensor& shared,
+                                    const Tensor& dshared, const Tensor& dlogits) {
+  const char* op = "moe_shared_gate_backward";
+  expect_defined(shared, op, "shared");
+  expect_ndim(shared, 2, op, "shared");
+  expect_sized(logits, {shared.size(0), 1}, op, "logits");
+  expect(dy, shared.dtype, shared.shape, op, "dy");
+  expect(dshared, shared.dtype, shared.shape, op, "dshared");
+  expect_sized(dlogits, {shared.size(0), 1}, op, "dlogits");
 }
 
 // ---- Jitter.

@@ -6,8 +6,9 @@
 // ---- Routing. logits (T, E) = xn W_r^T (the caller's GEMM).
 //   moe_route_forward: p = softmax(logits_t), lse_t = log sum_e exp(logits_te); the k experts of
 //     largest p in descending order of p, equal probabilities broken by the LOWER expert index
-//     (deterministic, the same on every backend for equal inputs); their renormalised weights
-//     w_tj = p_{t, idx_tj} / sum_m p_{t, idx_tm}.
+//     (deterministic, the same on every backend for equal inputs); their weights, renormalised
+//     (renormalize: w_tj = p_{t, idx_tj} / sum_m p_{t, idx_tm}, Mixtral, HF's norm_topk_prob) or
+//     the probabilities themselves (w_tj = p_{t, idx_tj}, Qwen2-MoE's default).
 //       logits, probs (T, E); lse (T); expert_idx (T, k) i32; weights (T, k).
 //     probs may alias logits (the logits are not needed afterwards).
 //   moe_aux_losses: losses (2) = [aux, z] with the coefficients applied:
@@ -16,8 +17,9 @@
 //       z   = z_coef * mean_t lse_t^2           (the router z-loss, ST-MoE)
 //     counts (E) i32 from moe_dispatch. T = 0 gives [0, 0].
 //   moe_route_backward: dlogits (=) of  L = sum_tj dweights_tj w_tj + aux_grad_scale (aux + z)
-//     with the expert choice held fixed, i.e.
-//       g_te  = sum_j [idx_tj == e] (dweights_tj - sum_m dweights_tm w_tm) / S_t
+//     with the expert choice held fixed (renormalize as in the forward), i.e.
+//       g_te  = sum_j [idx_tj == e] (dweights_tj - sum_m dweights_tm w_tm) / S_t   (renormalize)
+//               sum_j [idx_tj == e] dweights_tj                                   (otherwise)
 //               + aux_grad_scale aux_coef E f_e / T                (S_t = sum_j p_{t, idx_tj})
 //       dlogits_te = p_te (g_te - sum_e' p_te' g_te') + aux_grad_scale z_coef 2 lse_t p_te / T
 //     aux_grad_scale is d(total loss) / d(aux + z): 1 when the two losses are added to a loss
@@ -59,6 +61,15 @@
 // K and N multiples of 8; bf16 pointers 16-byte aligned, dw 8-byte aligned.
 // GroupedLinearOptions::kernel picks the CUDA kernels (CPU tensors always run the reference);
 // every kernel follows this contract.
+//
+// ---- Shared expert's gate (Qwen2-MoE): y_t += sigmoid(l_t) shared_t, l_t = xn_t . w_gate (the
+// caller's GEMM, a (C -> 1) linear).
+//   moe_shared_gate_forward:  y (T, C) += sigmoid(logits_t) shared (T, C); logits (T, 1).
+//   moe_shared_gate_backward: dshared_t = sigmoid(l_t) dy_t (=);
+//                             dlogits_t = sigmoid(l_t) (1 - sigmoid(l_t)) dot(dy_t, shared_t) (=).
+//   CPU: one dtype for all, f32 or f64 (sums in double). CUDA: logits f32; dy, shared, dshared
+//   and y bf16 or f32 (one dtype); dlogits bf16 or f32 (the weight-gradient GEMM wants bf16);
+//   sums in f32.
 //
 // ---- Router jitter (Switch Transformer): y = x (1 + eps (2 u_i - 1)), u_i uniform in (0, 1]
 // from Philox keyed by moe_jitter_key(seed) at the element index i of x (the same numbers on
@@ -118,8 +129,8 @@ GroupedWeight grouped_weight(const Tensor& w, const char* op);
 #define ENGINE_MOE_OPS(OP)                                                                      \
   OP(void, moe_route_forward,                                                                   \
      (const Tensor& logits, const Tensor& probs, const Tensor& lse, const Tensor& expert_idx,   \
-      const Tensor& weights),                                                                   \
-     (logits, probs, lse, expert_idx, weights))                                                 \
+      const Tensor& weights, bool renormalize),                                                 \
+     (logits, probs, lse, expert_idx, weights, renormalize))                                    \
   OP(void, moe_aux_losses,                                                                      \
      (const Tensor& probs, const Tensor& lse, const Tensor& counts,                             \
       const ops::MoeAuxCoefs& coefs, const Tensor& losses),                                     \
@@ -127,8 +138,9 @@ GroupedWeight grouped_weight(const Tensor& w, const char* op);
   OP(void, moe_route_backward,                                                                  \
      (const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& expert_idx, \
       const Tensor& weights, const Tensor& counts, const ops::MoeAuxCoefs& coefs,               \
-      float aux_grad_scale, const Tensor& dlogits),                                             \
-     (dweights, probs, lse, expert_idx, weights, counts, coefs, aux_grad_scale, dlogits))       \
+      float aux_grad_scale, bool renormalize, const Tensor& dlogits),                           \
+     (dweights, probs, lse, expert_idx, weights, counts, coefs, aux_grad_scale, renormalize,    \
+      dlogits))                                                                                 \
   OP(void, moe_dispatch,                                                                        \
      (const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,                    \
       const Tensor& row_of),                                                                    \
@@ -154,6 +166,12 @@ GroupedWeight grouped_weight(const Tensor& w, const char* op);
      (const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& counts,           \
       const Tensor& dw, const ops::GroupedLinearOptions& options),                              \
      (dy, x, offsets, counts, dw, options))                                                     \
+  OP(void, moe_shared_gate_forward,                                                             \
+     (const Tensor& logits, const Tensor& shared, const Tensor& y), (logits, shared, y))        \
+  OP(void, moe_shared_gate_backward,                                                            \
+     (const Tensor& dy, const Tensor& logits, const Tensor& shared, const Tensor& dshared,       \
+      const Tensor& dlogits),                                                                   \
+     (dy, logits, shared, dshared, dlogits))                                                    \
   OP(void, moe_jitter, (const Tensor& x, const Tensor& y, uint64_t seed, float eps),            \
      (x, y, seed, eps))
 

@@ -1,11 +1,13 @@
 // Mixture of experts on the CPU (contract: ops/moe.h), written for reading:
 //   routing   per token: softmax in double, top-k by repeated argmax over the logits (strictly
-//             greater wins, so equal logits go to the lower expert index), renormalised weights;
+//             greater wins, so equal logits go to the lower expert index), the chosen
+//             probabilities as weights, renormalised or not;
 //             the aux / z losses and their gradient through the softmax (formulas in ops/moe.h)
 //   dispatch  a histogram, padded prefix sums, then one pass in (token, slot) order handing out
 //             rows from a cursor per expert (stable)
 //   permute / unpermute   row copies and weighted row sums
 //   grouped linear        one plain triple loop per expert over its row range
+//   shared gate           a sigmoid and a dot product per token
 // The shared checks ran (ops/moe.cpp); the reference checks what is its own: f32 or f64 floats
 // (float_switch), one dtype for all of them, and every index it reads (expert ids, rows, offsets,
 // counts) in range before anything is written.
@@ -69,7 +71,7 @@ T* weight_row(T* w, const ops::GroupedWeight& g, int64_t e, int64_t n) {
 // ---- Routing ----------------------------------------------------------------------------------
 
 void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
-                       const Tensor& expert_idx, const Tensor& weights) {
+                       const Tensor& expert_idx, const Tensor& weights, bool renormalize) {
   const char* op = "moe_route_forward";
   const int64_t T = logits.size(0), E = logits.size(1), k = expert_idx.size(1);
   float_switch(logits.dtype, op, "logits", [&](auto tag) {
@@ -94,6 +96,7 @@ void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& 
         idx[t * k + j] = static_cast<int32_t>(best);
         sum += std::exp(row[best] - lse_t);
       }
+      if (!renormalize) sum = 1;
       for (int64_t j = 0; j < k; ++j)
         w[t * k + j] = static_cast<F>(std::exp(row[idx[t * k + j]] - lse_t) / sum);
       for (int64_t e = 0; e < E; ++e) p[t * E + e] = static_cast<F>(std::exp(row[e] - lse_t));
@@ -129,7 +132,8 @@ void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts
 
 void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
                         const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
-                        const ops::MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits) {
+                        const ops::MoeAuxCoefs& coefs, float aux_grad_scale, bool renormalize,
+                        const Tensor& dlogits) {
   const char* op = "moe_route_backward";
   check_counts_nonnegative(counts, op);
   const int64_t T = probs.size(0), E = probs.size(1), k = expert_idx.size(1);
@@ -152,7 +156,8 @@ void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tenso
         s += p[t * E + idx[t * k + j]];
         wdw += static_cast<double>(w[t * k + j]) * dw[t * k + j];
       }
-      for (int64_t j = 0; j < k; ++j) g[idx[t * k + j]] += (dw[t * k + j] - wdw) / s;
+      for (int64_t j = 0; j < k; ++j)
+        g[idx[t * k + j]] += renormalize ? (dw[t * k + j] - wdw) / s : dw[t * k + j];
       double pg = 0;
       for (int64_t e = 0; e < E; ++e) pg += p[t * E + e] * g[e];
       for (int64_t e = 0; e < E; ++e) {
@@ -324,6 +329,49 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
         }
         for (int64_t kk = 0; kk < g.k; ++kk) wr[kk] = static_cast<F>(wr[kk] + acc[kk]);
       }
+    }
+  });
+}
+
+// ---- Shared expert's gate ----------------------------------------------------------------------
+
+namespace {
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+}  // namespace
+
+void moe_shared_gate_forward(const Tensor& logits, const Tensor& shared, const Tensor& y) {
+  const char* op = "moe_shared_gate_forward";
+  expect_dtype(logits, shared.dtype, op, "logits");
+  const int64_t T = shared.size(0), C = shared.size(1);
+  float_switch(shared.dtype, op, "shared", [&](auto tag) {
+    using F = decltype(tag);
+    const F *l = logits.ptr<F>(), *s = shared.ptr<F>();
+    F* py = y.ptr<F>();
+    for (int64_t t = 0; t < T; ++t) {
+      const double g = sigmoid(l[t]);
+      for (int64_t c = 0; c < C; ++c) py[t * C + c] = static_cast<F>(py[t * C + c] + g * s[t * C + c]);
+    }
+  });
+}
+
+void moe_shared_gate_backward(const Tensor& dy, const Tensor& logits, const Tensor& shared,
+                              const Tensor& dshared, const Tensor& dlogits) {
+  const char* op = "moe_shared_gate_backward";
+  expect_dtype(logits, shared.dtype, op, "logits");
+  expect_dtype(dlogits, shared.dtype, op, "dlogits");
+  const int64_t T = shared.size(0), C = shared.size(1);
+  float_switch(shared.dtype, op, "shared", [&](auto tag) {
+    using F = decltype(tag);
+    const F *l = logits.ptr<F>(), *s = shared.ptr<F>(), *pdy = dy.ptr<F>();
+    F *ds = dshared.ptr<F>(), *dl = dlogits.ptr<F>();
+    for (int64_t t = 0; t < T; ++t) {
+      const double g = sigmoid(l[t]);
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        dot += static_cast<double>(pdy[t * C + c]) * s[t * C + c];
+        ds[t * C + c] = static_cast<F>(g * pdy[t * C + c]);
+      }
+      dl[t] = static_cast<F>(g * (1.0 - g) * dot);
     }
   });
 }

@@ -6,8 +6,8 @@
 //   aux_losses_kernel      one block of 1024 threads: thread i sums column i % E of probs over
 //     the rows i / E, i / E + 1024 / E, ... in double, the partial sums are added in a fixed
 //     order, so the result is the same bits every run; the same for lse^2.
-//   route_backward_kernel  one warp per token: the weight gradient through the renormalisation
-//     (g_e), the aux term (a constant per expert, kept in shared memory), the softmax backward
+//   route_backward_kernel  one warp per token: the weight gradient (through the renormalisation
+//     where the forward renormalised) (g_e), the aux term (a constant per expert, kept in shared memory), the softmax backward
 //     with a warp sum of p g, and the z term.
 //   jitter_kernel          elementwise, Philox counter = element index (as ref::moe_jitter).
 // The shared preconditions ran before (ops/moe.cpp); the launchers check what is theirs: the
@@ -30,7 +30,7 @@ constexpr unsigned kFull = 0xffffffffu;
 
 static __global__ void route_forward_kernel(const float* logits, float* probs, float* lse,
                                             int32_t* expert_idx, float* weights, int64_t tokens,
-                                            int experts, int top_k) {
+                                            int experts, int top_k, bool renormalize) {
   extern __shared__ float s_rows[];  // (kWarps, E)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* row = s_rows + warp * experts;
@@ -84,7 +84,7 @@ static __global__ void route_forward_kernel(const float* logits, float* probs, f
           p = p_j[j];
         }
       expert_idx[t * top_k + lane] = idx;
-      weights[t * top_k + lane] = p / p_sum;
+      weights[t * top_k + lane] = renormalize ? p / p_sum : p;
     }
     if (lane == 0) lse[t] = lse_t;
     __syncwarp();  // the row buffer is reused by the next token
@@ -130,7 +130,7 @@ static __global__ void route_backward_kernel(const float* dweights, const float*
                                              const float* lse, const int32_t* expert_idx,
                                              const float* weights, const int32_t* counts,
                                              int64_t tokens, int experts, int top_k, float aux_g,
-                                             float z_g, TOut* dlogits) {
+                                             float z_g, bool renormalize, TOut* dlogits) {
   extern __shared__ float s_aux[];  // (E): aux_g * f_e
   __shared__ float s_total;
   if (threadIdx.x == 0) {
@@ -156,7 +156,8 @@ static __global__ void route_backward_kernel(const float* dweights, const float*
     }
     const float s = warp_sum(my_p);
     const float wdw = warp_sum(my_w * my_dw);
-    const float coef = (my_dw - wdw) / s;  // lane j < k: the gradient reaching p[idx_j]
+    // lane j < k: the gradient reaching p[idx_j]
+    const float coef = renormalize ? (my_dw - wdw) / s : my_dw;
     int ij[ops::kMoeMaxTopK];
     float cj[ops::kMoeMaxTopK];
 #pragma unroll
@@ -206,7 +207,7 @@ unsigned token_blocks(int64_t tokens) {
 }  // namespace
 
 void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& lse,
-                       const Tensor& expert_idx, const Tensor& weights) {
+                       const Tensor& expert_idx, const Tensor& weights, bool renormalize) {
   const char* op = "moe_route_forward";
   ops::expect_dtype(logits, DType::F32, op, "logits");  // probs, lse, weights: logits' dtype
   const int64_t T = probs.size(0), E = probs.size(1), k = expert_idx.size(1);
@@ -214,7 +215,7 @@ void moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& 
   const size_t smem = sizeof(float) * kWarps * E;
   route_forward_kernel<<<token_blocks(T), kThreads, smem, stream()>>>(
       logits.ptr<float>(), probs.ptr<float>(), lse.ptr<float>(), expert_idx.ptr<int32_t>(),
-      weights.ptr<float>(), T, static_cast<int>(E), static_cast<int>(k));
+      weights.ptr<float>(), T, static_cast<int>(E), static_cast<int>(k), renormalize);
   check_launch("route_forward_kernel");
 }
 
@@ -232,7 +233,8 @@ void moe_aux_losses(const Tensor& probs, const Tensor& lse, const Tensor& counts
 
 void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
                         const Tensor& expert_idx, const Tensor& weights, const Tensor& counts,
-                        const ops::MoeAuxCoefs& coefs, float aux_grad_scale, const Tensor& dlogits) {
+                        const ops::MoeAuxCoefs& coefs, float aux_grad_scale, bool renormalize,
+                        const Tensor& dlogits) {
   const char* op = "moe_route_backward";
   ops::expect_dtype(probs, DType::F32, op, "probs");  // lse, weights, dweights: probs' dtype
   const int64_t T = probs.size(0), E = probs.size(1), k = expert_idx.size(1);
@@ -246,7 +248,7 @@ void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tenso
     route_backward_kernel<TOut><<<token_blocks(T), kThreads, sizeof(float) * E, stream()>>>(
         dweights.ptr<float>(), probs.ptr<float>(), lse.ptr<float>(), expert_idx.ptr<int32_t>(),
         weights.ptr<float>(), counts.ptr<int32_t>(), T, static_cast<int>(E), static_cast<int>(k),
-        aux_g, z_g, static_cast<TOut*>(dlogits.data));
+        aux_g, z_g, renormalize, static_cast<TOut*>(dlogits.data));
   });
   check_launch("route_backward_kernel");
 }

@@ -51,6 +51,8 @@ const std::vector<Family>& families() {
        {"model.num_experts=3", "model.experts_per_token=2", "model.moe_aux_loss_coef=0.02", "model.moe_jitter=0.1",
         "model.sliding_window=6", "model.tie_embeddings=true", "model.num_kv_heads=1"}},
       {"mixtral", "mixtral", {"model.num_experts=3", "model.experts_per_token=2", "model.rope_theta=5e4"}},
+      {"qwen2_moe", "qwen2_moe", {"model.num_experts=3", "model.experts_per_token=2", "model.moe_ffn_hidden_size=12",
+                                  "model.moe_shared_expert_ffn_size=16", "model.hybrid_layout=\"AE\""}},
       {"mamba (tied)", "mamba", {"model.mamba_d_state=4", "model.mamba_d_conv=3", "model.norm_eps=1e-4"}},
       {"mamba untied, biases", "mamba",
        {"model.tie_embeddings=false", "model.mamba_proj_bias=true", "model.mamba_conv_bias=false",

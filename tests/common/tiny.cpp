@@ -53,6 +53,16 @@ ModelConfig tiny_model(ModelFamily family) {
     c.mamba_expand = 2;
     c.mamba_dt_rank = 2;
   }
+  if (family == ModelFamily::Qwen2Moe) {  // a dense and a sparse layer, a shared expert, raw weights
+    c.qkv_bias = true;
+    c.hybrid_layout = "AE";
+    c.num_experts = 3;
+    c.experts_per_token = 2;
+    c.moe_aux_loss_coef = 0.05;
+    c.moe_ffn_hidden_size = 11;
+    c.moe_shared_expert_ffn_size = 9;
+    c.moe_norm_topk_prob = false;
+  }
   if (family == ModelFamily::Mamba) c.tie_embeddings = true;
   if (family == ModelFamily::Hybrid) {
     c.num_layers = 3;

@@ -27,9 +27,12 @@ std::vector<std::string> layout(int zero_stage, int micro) {
 // tol: relative tolerance of losses (fp32 rounding on CPU; bf16 on GPU, where a different
 // reduction order changes the rounding of bf16 activations).
 void compare_runs(const std::string& family, int zero_stage, int micro, Comm& comm,
-                  const std::string& device = "cpu", double tol = 1e-5) {
+                  const std::string& device = "cpu", double tol = 1e-5,
+                  const std::vector<std::string>& model_keys = {}) {
   SelfComm self;
   std::vector<std::string> one = layout(0, 24), many = layout(zero_stage, micro);
+  one.insert(one.end(), model_keys.begin(), model_keys.end());
+  many.insert(many.end(), model_keys.begin(), model_keys.end());
   one.push_back("run.device=\"" + device + "\"");
   many.push_back("run.device=\"" + device + "\"");
   Trainer single(tiny_run_config(family, one), false, &self);
@@ -69,6 +72,14 @@ TEST_CASE("GPUs with NCCL: data parallel reproduces one GPU (ZeRO 0-3), bf16 tol
 
 TEST_CASE("data parallel under ZeRO 3 reproduces one rank with q/k norms (qwen3)") {
   compare_runs("qwen3", 3, 2, world());
+}
+
+// No aux loss: its f_e and P_e are statistics of each micro-batch, which the layouts cut
+// differently (the one-rank run takes the batch whole).
+TEST_CASE("data parallel ZeRO 3 reproduces one rank: Qwen2-MoE's shared expert and gate, dense and sparse layers") {
+  compare_runs("qwen2_moe", 3, 2, world(), "cpu", 1e-5,
+               {"model.num_experts=4", "model.experts_per_token=2", "model.moe_ffn_hidden_size=16",
+                "model.moe_shared_expert_ffn_size=20", "model.hybrid_layout=\"AE\""});
 }
 
 TEST_CASE("data parallel with gradient accumulation (micro-batches of 1) reproduces one big batch") {

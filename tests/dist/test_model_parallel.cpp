@@ -121,6 +121,16 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   CHECK(parallel.evaluate() == doctest::Approx(single.evaluate()).epsilon(tol));
 }
 
+// Qwen2-MoE's experts: a shared expert beside the routed ones (their sizes differ from the dense
+// MLP's), top-k weights not renormalised; with hybrid_layout, dense and sparse layers mixed.
+std::vector<std::string> qwen2_moe(const char* layout, std::vector<std::string> more = {}) {
+  std::vector<std::string> o = {"model.num_experts=4", "model.experts_per_token=2", "model.moe_ffn_hidden_size=16",
+                                "model.moe_shared_expert_ffn_size=20", "model.moe_aux_loss_coef=0.01",
+                                std::string("model.hybrid_layout=\"") + layout + "\""};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+
 // Pipeline layouts: 4 blocks, global batch 8 in micro-batches of 2 (4 per dp rank at dp 1).
 const std::vector<std::string> kFourLayers = {"model.num_layers=4"};
 std::vector<std::string> pp(int p, int per_rank, const char* schedule, std::vector<std::string> more = {}) {
@@ -144,6 +154,7 @@ std::vector<Case> pipeline_cases_for(int n) {
               {"mistral", 1, pp(2, 2, "depth_first", {"model.sliding_window=7", "batch.micro_sequence_length=6"})},
               {"hybrid", 1, pp(2, 1, "breadth_first", {"model.hybrid_layout=\"MEAM\"", "model.num_experts=3",
                                                        "model.moe_aux_loss_coef=0.01"})},
+              {"qwen2_moe", 1, pp(2, 1, "breadth_first", qwen2_moe("EAEE"))},
               // activation recomputation with interleaved stages and micro-sequences
               {"llama", 1, pp(2, 2, "breadth_first", {"training.recompute_activations=true",
                                                       "batch.micro_sequence_length=12"})},
@@ -195,7 +206,10 @@ std::vector<Case> cases_for(int n) {
               // mixture of experts (experts' F split) and Mamba (d_inner split) blocks
               {"mixtral", 2, {"model.num_experts=4", "model.moe_aux_loss_coef=0.01", "model.moe_z_loss_coef=0.001"}},
               {"hybrid", 2, {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
-                             "model.mamba_d_state=4", "distributed.sequence_parallel=true"}}};
+                             "model.mamba_d_state=4", "distributed.sequence_parallel=true"}},
+              // the shared expert split as the dense MLP, its gate replicated (without sequence
+              // parallelism: tests/dist/test_moe_parallel.cpp)
+              {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};
     case 4:
@@ -327,7 +341,8 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" *
                                          {"mixtral", 2, {"model.num_experts=4", "model.moe_aux_loss_coef=0.01"}},
                                          {"hybrid", 2, {"model.hybrid_layout=\"MEA\"", "model.num_layers=3",
                                                         "model.num_experts=3", "model.mamba_d_state=4",
-                                                        "distributed.sequence_parallel=true"}}})
+                                                        "distributed.sequence_parallel=true"}},
+                                         {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 

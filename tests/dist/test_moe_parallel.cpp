@@ -3,7 +3,9 @@
 // on one rank: outputs, aux losses, input gradients, every rank's block of the expert weight
 // gradients (full_index: dim 1 of w_gate / w_up, dim 2 of w_out) and the replicated router's
 // gradient (summed over tp under sequence parallelism, where each rank takes its token shard).
-// Jitter on, so the noise must agree across ranks too. f64 on the CPU: equal to rounding.
+// Jitter on, so the noise must agree across ranks too. A second layer has Qwen2-MoE's parts: a
+// shared expert (split as the dense MLP) with its replicated sigmoid gate, top-k weights not
+// renormalised. f64 on the CPU: equal to rounding.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -36,7 +38,10 @@ TEST_CASE("mixture of experts: tensor parallel (and sequence parallel) reproduce
   Comm& tp = world();
   const int r = tp.rank(), n = tp.size();
   const int64_t T = 24, C = 10;
+  for (const int64_t shared : {0, 12}) {
+  CAPTURE(shared);
   layers::MoeConfig c{.hidden_size = C, .ffn_hidden_size = 24, .num_experts = 5, .top_k = 2,
+                      .norm_topk_prob = shared == 0, .shared_ffn_size = shared,
                       .aux_loss_coef = 0.1f, .z_loss_coef = 0.05f, .jitter = 0.1f,
                       .init_std = 0.3, .num_layers = 2};
   ParamTable st;
@@ -87,4 +92,5 @@ TEST_CASE("mixture of experts: tensor parallel (and sequence parallel) reproduce
       CHECK(rel_err(got, want) < kTol);
     }
   }
+}
 }

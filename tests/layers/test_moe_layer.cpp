@@ -1,6 +1,7 @@
 // The mixture-of-experts layer (layers/moe.h): fp64 finite differences of the whole layer on the
 // CPU (input and every parameter, the auxiliary losses included through aux_grad_scale; k = 1,
-// 2 and k = E, empty experts, jitter on), and the GPU layer (bf16, the CUDA kernels) against the
+// 2 and k = E, empty experts, jitter on, the top-k weights renormalised or not, a shared expert
+// with its sigmoid gate), and the GPU layer (bf16, the CUDA kernels) against the
 // CPU layer in f64 on the same bf16-rounded weights and inputs (skipped without a GPU).
 #include <doctest/doctest.h>
 
@@ -32,6 +33,8 @@ TEST_CASE("layer gradients: mixture of experts (router, aux and z losses, expert
     const char* name;
     int64_t T, C, F, E, k;
     float aux, z, jitter;
+    bool norm = true;   // norm_topk_prob
+    int64_t S = 0;      // shared expert's features
   };
   const std::vector<Case> cases = {
       {"E5 k2 aux z", 13, 10, 7, 5, 2, 0.1f, 0.05f, 0.f},
@@ -39,12 +42,16 @@ TEST_CASE("layer gradients: mixture of experts (router, aux and z losses, expert
       {"E8 k1 T5: empty experts", 5, 7, 4, 8, 1, 0.3f, 0.1f, 0.f},
       {"E4 k4: every expert", 9, 5, 6, 4, 4, 0.f, 0.02f, 0.f},
       {"E5 k2 jitter", 13, 10, 7, 5, 2, 0.1f, 0.05f, 0.2f},
+      {"E5 k2 shared expert, raw top-k weights (Qwen2-MoE)", 13, 10, 7, 5, 2, 0.1f, 0.05f, 0.f, false, 6},
+      {"E4 k2 shared expert, renormalised (Qwen3-MoE-like)", 9, 6, 5, 4, 2, 0.f, 0.f, 0.f, true, 4},
+      {"E3 k1 raw weights", 11, 6, 9, 3, 1, 0.2f, 0.f, 0.f, false, 0},
   };
   const layers::Env env{Device::CPU, DType::F64};
   for (const Case& k : cases) {
     SUBCASE(k.name) {
       layers::MoeConfig c{.hidden_size = k.C, .ffn_hidden_size = k.F, .num_experts = k.E,
-                          .top_k = k.k, .aux_loss_coef = k.aux, .z_loss_coef = k.z,
+                          .top_k = k.k, .norm_topk_prob = k.norm, .shared_ffn_size = k.S,
+                          .aux_loss_coef = k.aux, .z_loss_coef = k.z,
                           .jitter = k.jitter, .init_std = 0.3, .num_layers = 2};
       ParamStore store = moe_store(c, Device::CPU, DType::F64);
       randomize_weights(store, std::string("moe ") + k.name, 0.5);
@@ -82,14 +89,18 @@ TEST_CASE("GPU mixture-of-experts layer matches the f64 CPU layer on the same bf
   struct Case {
     const char* name;
     int64_t T, C, F, E, k;
+    bool norm = true;
+    int64_t S = 0;
   };
   for (const Case& k : std::vector<Case>{{"E6 k2", 77, 64, 96, 6, 2}, {"E4 k1", 200, 40, 24, 4, 1},
+                                         {"E6 k2 shared 64, raw weights", 77, 64, 96, 6, 2, false, 64},
+                                         {"E5 k2 shared 40, one token", 1, 32, 16, 5, 2, true, 40},
                                          {"E8 k2, C 64, F 128 (TMA shapes)", 150, 64, 128, 8, 2},
                                          {"E16 k2, T 9: empty experts", 9, 32, 16, 16, 2}}) {
     SUBCASE(k.name) {
       layers::MoeConfig c{.hidden_size = k.C, .ffn_hidden_size = k.F, .num_experts = k.E,
-                          .top_k = k.k, .aux_loss_coef = 0.05f, .z_loss_coef = 0.01f,
-                          .init_std = 0.2, .num_layers = 2};
+                          .top_k = k.k, .norm_topk_prob = k.norm, .shared_ffn_size = k.S,
+                          .aux_loss_coef = 0.05f, .z_loss_coef = 0.01f, .init_std = 0.2, .num_layers = 2};
       ParamStore cpu = moe_store(c, Device::CPU, DType::F64);
       ParamStore gpu = moe_store(c, Device::CUDA, DType::BF16);
       randomize_weights(cpu, std::string("moe gpu ") + k.name, 0.2);
@@ -122,6 +133,11 @@ TEST_CASE("GPU mixture-of-experts layer matches the f64 CPU layer on the same bf
         INFO(p);
         CHECK_CLOSE(gpu.grad(p), cpu.grad(p), 2e-2);
       }
+      if (k.S > 0)
+        for (const char* p : {"moe.shared.w_gate", "moe.shared.w_up", "moe.shared.w_out", "moe.shared_gate"}) {
+          INFO(p);
+          CHECK_CLOSE(gpu.grad(p), cpu.grad(p), 2e-2);
+        }
     }
   }
 }

@@ -42,6 +42,7 @@ const DecodeCase kCases[] = {
     {"qwen2 (qkv biases)", ModelFamily::Qwen2, [](ModelConfig& c) { c.qkv_bias = true; }},
     {"qwen3 (q/k norms, head_dim 6 x 6 heads != hidden 14)", ModelFamily::Qwen3},
     {"mixtral", ModelFamily::Mixtral},
+    {"qwen2_moe (AE, shared expert)", ModelFamily::Qwen2Moe},
     {"mamba", ModelFamily::Mamba},
     {"mamba, biases, conv 4", ModelFamily::Mamba,
      [](ModelConfig& c) {

@@ -1,16 +1,19 @@
 // Mixture-of-experts reference ops (ops/moe.h) on the CPU: routing against a direct softmax and
-// a sort (ties to the lower expert index), the route backward (renormalised weights, aux and
-// z losses) by fp64 central differences, dispatch invariants (padded offsets, stable rows) on
-// skewed and empty experts, permute / unpermute and the unpermute backward by finite
+// a sort (ties to the lower expert index), the route backward (weights, aux and z losses) by
+// fp64 central differences, dispatch invariants (padded offsets, stable rows) on skewed and
+// empty experts, permute / unpermute and the unpermute backward by finite
 // differences, the grouped linear products against per-expert loops and by finite differences
 // (one and two weight stacks, experts with no rows, rows outside every expert untouched), and
-// the jitter (range, determinism, self-adjointness). k = 1 and 2, odd sizes.
+// the jitter (range, determinism, self-adjointness), the shared expert's gate by finite
+// differences. k = 1 and 2, odd sizes; routing with and without the renormalisation.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops/moe.h"
@@ -28,7 +31,7 @@ namespace {
 struct Routed {
   Owned probs, lse, idx, w, counts, offsets, row_of;
 };
-Routed route(const Tensor& logits, int64_t k) {
+Routed route(const Tensor& logits, int64_t k, bool renormalize = true) {
   const int64_t T = logits.size(0), E = logits.size(1);
   Routed r;
   r.probs = empty({T, E}, DType::F64, Device::CPU);
@@ -38,7 +41,7 @@ Routed route(const Tensor& logits, int64_t k) {
   r.counts = empty({E}, DType::I32, Device::CPU);
   r.offsets = empty({E + 1}, DType::I32, Device::CPU);
   r.row_of = empty({T, k}, DType::I32, Device::CPU);
-  ops::moe_route_forward(logits, r.probs, r.lse, r.idx, r.w);
+  ops::moe_route_forward(logits, r.probs, r.lse, r.idx, r.w, renormalize);
   ops::moe_dispatch(r.idx, r.counts, r.offsets, r.row_of);
   return r;
 }
@@ -124,9 +127,11 @@ TEST_CASE("moe routing: softmax, top-k by logit with ties to the lower index, re
       Owned probs = empty({T, E}, dt, Device::CPU), lse = empty({T}, dt, Device::CPU);
       Owned idx = empty({T, k}, DType::I32, Device::CPU), w = empty({T, k}, dt, Device::CPU);
       Owned keep = clone(logits);
-      ops::moe_route_forward(logits, logits, lse, idx, w);  // probs aliasing logits
-      ops::moe_route_forward(keep, probs, lse, idx, w);
+      ops::moe_route_forward(logits, logits, lse, idx, w, true);  // probs aliasing logits
+      ops::moe_route_forward(keep, probs, lse, idx, w, true);
       CHECK(bitwise_equal(probs, logits));
+      Owned w_raw = empty({T, k}, dt, Device::CPU);  // Qwen2-MoE: the probabilities themselves
+      ops::moe_route_forward(keep, probs, lse, idx, w_raw, false);
       const double tol = dt == DType::F64 ? 1e-14 : 1e-6;
       for (int64_t t = 0; t < T; ++t) {
         std::vector<double> l(E);
@@ -143,6 +148,7 @@ TEST_CASE("moe routing: softmax, top-k by logit with ties to the lower index, re
         for (int64_t j = 0; j < k; ++j) {
           CHECK(idx.ptr<int32_t>()[t * k + j] == order[j]);
           CHECK(std::abs(get(w, t * k + j) - std::exp(l[order[j]] - lse_t) / sum) < tol);
+          CHECK(std::abs(get(w_raw, t * k + j) - std::exp(l[order[j]] - lse_t)) < tol);
         }
         for (int64_t e = 0; e < E; ++e)
           CHECK(std::abs(get(probs, t * E + e) - std::exp(l[e] - lse_t)) < tol);
@@ -159,26 +165,27 @@ TEST_CASE("moe route backward: fp64 finite differences of weights, aux loss and 
   const std::vector<Case> cases = {{13, 7, 2, 0.01f, 0.001f, 1.f},  {13, 7, 1, 0.3f, 0.2f, 0.37f},
                                    {9, 3, 2, 0.f, 0.f, 1.f},        {11, 5, 2, 0.5f, 0.f, 2.f},
                                    {5, 1, 1, 0.2f, 0.1f, 1.f},      {1, 4, 2, 0.1f, 0.1f, 1.f}};
-  for (const Case& c : cases) {
+  for (const Case& c : cases) for (const bool renorm : {true, false}) {
     CAPTURE(c.T);
     CAPTURE(c.E);
     CAPTURE(c.k);
     CAPTURE(c.aux);
     CAPTURE(c.z);
+    CAPTURE(renorm);
     Owned logits = randn({c.T, c.E}, DType::F64, "rb.logits", 1.5);
     Owned rw = randn({c.T, c.k}, DType::F64, "rb.rw");
     const ops::MoeAuxCoefs coefs{c.aux, c.z};
     Owned losses = empty({2}, DType::F64, Device::CPU);
-    Routed base = route(logits, c.k);
+    Routed base = route(logits, c.k, renorm);
     auto loss = [&] {
-      Routed r = route(logits, c.k);
+      Routed r = route(logits, c.k, renorm);
       ops::moe_aux_losses(r.probs, r.lse, r.counts, coefs, losses);
       return dot(r.w, rw) + c.scale * (get(losses, 0) + get(losses, 1));
     };
     Owned dlogits = empty({c.T, c.E}, DType::F64, Device::CPU);
     poison(dlogits);
     ops::moe_route_backward(rw, base.probs, base.lse, base.idx, base.w, base.counts, coefs, c.scale,
-                            dlogits);
+                            renorm, dlogits);
     auto cmp = finite_difference_check(loss, logits, dlogits, "dlogits");
     INFO(cmp.report);
     if (cmp.scale > 0) CHECK(cmp.rel_rms < kGradTol);
@@ -370,4 +377,34 @@ TEST_CASE("moe jitter: factors in [1 - eps, 1 + eps], one function of (seed, ind
   Owned a = randn({13, 11}, DType::F64, "jit.a"), ja = empty({13, 11}, DType::F64, Device::CPU);
   ops::moe_jitter(a, ja, 77, 0.1f);
   CHECK(dot(y, a) == doctest::Approx(dot(x, ja)).epsilon(1e-13));
+}
+
+TEST_CASE("moe shared gate: forward values and fp64 finite differences of the backward") {
+  for (const auto& [T, C] : std::vector<std::pair<int64_t, int64_t>>{{7, 5}, {1, 3}}) {
+    CAPTURE(T);
+    Owned logits = randn({T, 1}, DType::F64, "sg.logits", 2.0);
+    Owned shared = randn({T, C}, DType::F64, "sg.shared"), y0 = randn({T, C}, DType::F64, "sg.y");
+    Owned proj = randn({T, C}, DType::F64, "sg.proj");
+    auto forward = [&] {
+      Owned y = clone(y0);
+      ops::moe_shared_gate_forward(logits, shared, y);
+      return y;
+    };
+    Owned y = forward();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const double g = 1.0 / (1.0 + std::exp(-get(logits, t)));
+        CHECK(get(y, t * C + c) == doctest::Approx(get(y0, t * C + c) + g * get(shared, t * C + c)));
+      }
+    Owned dshared = empty({T, C}, DType::F64, Device::CPU), dlogits = empty({T, 1}, DType::F64, Device::CPU);
+    poison(dshared);
+    poison(dlogits);
+    ops::moe_shared_gate_backward(proj, logits, shared, dshared, dlogits);
+    auto loss = [&] { return dot(forward(), proj); };
+    for (auto [theta, grad, name] : {std::tuple{logits.t, dlogits.t, "dlogits"}, std::tuple{shared.t, dshared.t, "dshared"}}) {
+      auto cmp = finite_difference_check(loss, theta, grad, name);
+      INFO(cmp.report);
+      CHECK(cmp.rel_rms < kGradTol);
+    }
+  }
 }

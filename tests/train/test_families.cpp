@@ -1,7 +1,8 @@
 // The block kinds beyond attention + MLP, end to end through the trainer: tiny Mixtral (mixture
-// of experts), Mamba and hybrid (Mamba + MoE + attention) models learn the tiny data; on a GPU
-// the hybrid model follows its CPU loss curve and learns; the [model] keys of these kinds are
-// checked and named in errors.
+// of experts), Mamba and hybrid (Mamba + MoE + attention) models learn the tiny data (Qwen2-MoE's
+// training runs are the layout tests' of tests/dist); on a GPU
+// the hybrid model follows its CPU loss curve and learns; the [model] keys of these kinds (and
+// qwen2_moe's presets) are checked and named in errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -89,6 +90,38 @@ TEST_CASE("mixture-of-experts and Mamba keys: checked, and named in errors") {
   CHECK(m.model.num_experts == 8);
   CHECK(m.model.experts_per_token == 2);
   CHECK(m.model.rope_theta == 1e6);
+  CHECK(m.model.moe_ffn_hidden_size == m.model.ffn_hidden_size);
+  CHECK(m.model.moe_shared_expert_ffn_size == 0);
+  CHECK(m.model.moe_norm_topk_prob);
+  // qwen2_moe: Qwen2MoeConfig's 60 experts, top 4, raw top-k weights, a shared expert of the
+  // dense MLP's size; qwen2's attention biases and norm_eps.
+  Config q = tiny_run_config("qwen2_moe");
+  CHECK(block_layout(q.model) == "EE");
+  CHECK(q.model.num_experts == 60);
+  CHECK(q.model.experts_per_token == 4);
+  CHECK(!q.model.moe_norm_topk_prob);
+  CHECK(q.model.moe_shared_expert_ffn_size == q.model.ffn_hidden_size);
+  CHECK(q.model.moe_ffn_hidden_size == q.model.ffn_hidden_size);
+  CHECK(q.model.qkv_bias);
+  CHECK(q.model.norm_eps == 1e-6);
+  CHECK(error("qwen2_moe", {"model.hybrid_layout=\"AM\""}).find("letter 1 is 'M'; qwen2_moe takes A") !=
+        std::string::npos);
+  CHECK(error("qwen2_moe", {"model.hybrid_layout=\"AEE\""}).find("has 3 letters") != std::string::npos);
+  CHECK(error("mixtral", {"model.hybrid_layout=\"AE\""}).find("model.hybrid_layout: only with") != std::string::npos);
+  CHECK(error("llama", {"model.moe_shared_expert_ffn_size=8"})
+            .find("model.moe_shared_expert_ffn_size: set, but the model has no mixture") != std::string::npos);
+  CHECK(error("llama", {"model.moe_norm_topk_prob=false"}).find("model.moe_norm_topk_prob: set, but") !=
+        std::string::npos);
+  CHECK(error("qwen2_moe", {"model.moe_ffn_hidden_size=0"}).find("model.moe_ffn_hidden_size: must be > 0") !=
+        std::string::npos);
+  CHECK(error("qwen2_moe", {"model.moe_shared_expert_ffn_size=-1"}).find("model.moe_shared_expert_ffn_size") !=
+        std::string::npos);
+  CHECK(error("qwen2_moe", {"model.num_experts=4", "model.moe_shared_expert_ffn_size=15",
+                            "model.num_heads=2", "distributed.tensor_parallel=2"})
+            .find("must divide model.moe_shared_expert_ffn_size (15)") != std::string::npos);
+  CHECK(error("qwen2_moe", {"model.num_experts=4", "model.moe_ffn_hidden_size=15", "model.num_heads=2",
+                            "distributed.tensor_parallel=2"})
+            .find("must divide model.moe_ffn_hidden_size (15)") != std::string::npos);
   Config b = tiny_run_config("mamba");
   CHECK(b.model.mamba_dt_rank == 2);
   CHECK(b.model.tie_embeddings);

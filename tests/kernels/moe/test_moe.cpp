@@ -159,16 +159,22 @@ TEST_CASE("cuda moe routing: top-k, probabilities, weights, in place, ties" * do
     auto [gl, l64] = device_input(logits, DType::F32);
     Owned p64 = empty({c.T, c.E}, DType::F64, Device::CPU), lse64 = empty({c.T}, DType::F64, Device::CPU);
     Owned idx_ref = empty({c.T, c.k}, DType::I32, Device::CPU), w64 = empty({c.T, c.k}, DType::F64, Device::CPU);
-    ref::moe_route_forward(l64, p64, lse64, idx_ref, w64);
+    for (const bool renorm : {true, false}) {  // Mixtral's renormalised weights, Qwen2-MoE's raw
+      CAPTURE(renorm);
+      ref::moe_route_forward(l64, p64, lse64, idx_ref, w64, renorm);
+      DeviceTensor gp = gpu_poisoned({c.T, c.E}, DType::F32), glse = gpu_poisoned({c.T}, DType::F32);
+      DeviceTensor gidx = gpu_poisoned({c.T, c.k}, DType::I32), gw = gpu_poisoned({c.T, c.k}, DType::F32);
+      ops::moe_route_forward(gl.t, gp.t, glse.t, gidx.t, gw.t, renorm);
+      Owned idx = to_host(gidx.t, DType::I32);
+      CHECK(std::memcmp(idx->data, idx_ref->data, idx->nbytes()) == 0);
+      CHECK_CLOSE(gp.t, p64.t, kF32Tol);
+      CHECK_CLOSE(glse.t, lse64.t, kF32Tol);
+      CHECK_CLOSE(gw.t, w64.t, kF32Tol);
+    }
     DeviceTensor gp = gpu_poisoned({c.T, c.E}, DType::F32), glse = gpu_poisoned({c.T}, DType::F32);
     DeviceTensor gidx = gpu_poisoned({c.T, c.k}, DType::I32), gw = gpu_poisoned({c.T, c.k}, DType::F32);
-    ops::moe_route_forward(gl.t, gp.t, glse.t, gidx.t, gw.t);
-    Owned idx = to_host(gidx.t, DType::I32);
-    CHECK(std::memcmp(idx->data, idx_ref->data, idx->nbytes()) == 0);
-    CHECK_CLOSE(gp.t, p64.t, kF32Tol);
-    CHECK_CLOSE(glse.t, lse64.t, kF32Tol);
-    CHECK_CLOSE(gw.t, w64.t, kF32Tol);
-    ops::moe_route_forward(gl.t, gl.t, glse.t, gidx.t, gw.t);  // probs over the logits
+    ops::moe_route_forward(gl.t, gp.t, glse.t, gidx.t, gw.t, true);
+    ops::moe_route_forward(gl.t, gl.t, glse.t, gidx.t, gw.t, true);  // probs over the logits
     CHECK(bitwise_equal(gl.t, gp.t));
   }
 }
@@ -194,7 +200,7 @@ TEST_CASE("cuda moe aux losses and route backward match the f64 reference" * doc
     DeviceTensor gidx = gpu_empty({c.T, c.k}, DType::I32), gw = gpu_empty({c.T, c.k}, DType::F32);
     DeviceTensor gcounts = gpu_poisoned({c.E}, DType::I32), goff = gpu_poisoned({c.E + 1}, DType::I32);
     DeviceTensor grow = gpu_poisoned({c.T, c.k}, DType::I32);
-    ops::moe_route_forward(gl.t, gp.t, glse.t, gidx.t, gw.t);
+    ops::moe_route_forward(gl.t, gp.t, glse.t, gidx.t, gw.t, true);
     ops::moe_dispatch(gidx.t, gcounts.t, goff.t, grow.t);
     Owned p64 = to_host(gp.t, DType::F64), lse64 = to_host(glse.t, DType::F64);
     Owned w64 = to_host(gw.t, DType::F64), idx = to_host(gidx.t, DType::I32);
@@ -208,13 +214,19 @@ TEST_CASE("cuda moe aux losses and route backward match the f64 reference" * doc
     for (int i = 0; i < 2; ++i)
       CHECK(get(losses, i) == doctest::Approx(get(losses64, i)).epsilon(1e-5));
 
-    Owned dl64 = empty({c.T, c.E}, DType::F64, Device::CPU);
-    ref::moe_route_backward(dw64, p64, lse64, idx, w64, counts, coefs, c.scale, dl64);
-    for (DType dt : {DType::F32, DType::BF16}) {
-      INFO(dtype_name(dt));
-      DeviceTensor gdl = gpu_poisoned({c.T, c.E}, dt);
-      ops::moe_route_backward(gdw.t, gp.t, glse.t, gidx.t, gw.t, gcounts.t, coefs, c.scale, gdl.t);
-      CHECK_CLOSE(gdl.t, dl64.t, output_tol(dt, dl64, 1e-4));
+    // renorm false: the weights' gradient without the renormalisation (the same choice and
+    // probabilities; the weights tensor is read only by the renormalised form).
+    for (const bool renorm : {true, false}) {
+      CAPTURE(renorm);
+      Owned dl64 = empty({c.T, c.E}, DType::F64, Device::CPU);
+      ref::moe_route_backward(dw64, p64, lse64, idx, w64, counts, coefs, c.scale, renorm, dl64);
+      for (DType dt : {DType::F32, DType::BF16}) {
+        INFO(dtype_name(dt));
+        DeviceTensor gdl = gpu_poisoned({c.T, c.E}, dt);
+        ops::moe_route_backward(gdw.t, gp.t, glse.t, gidx.t, gw.t, gcounts.t, coefs, c.scale, renorm,
+                                gdl.t);
+        CHECK_CLOSE(gdl.t, dl64.t, output_tol(dt, dl64, 1e-4));
+      }
     }
   }
 }
