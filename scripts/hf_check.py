@@ -178,6 +178,7 @@ beta_fast = 16.0
 beta_slow = 2.0
 attention_factor = 1.2
 truncate = false
+""",
     # Sparse and dense layers (exported as mlp_only_layers [1]), routed experts smaller than the
     # dense MLP, a shared expert of a third size, the top-k weights not renormalised.
     "qwen2_moe": """

@@ -126,6 +126,8 @@ TEST_CASE("GPU decode: cached bf16 steps give the bf16 full forward's logits, ev
     c.hidden_size = 64;
     c.head_dim = 16;
     c.ffn_hidden_size = 96;
+    if (c.moe_ffn_hidden_size > 0) c.moe_ffn_hidden_size = 48;  // the grouped GEMM's 16-byte rows
+    if (c.moe_shared_expert_ffn_size > 0) c.moe_shared_expert_ffn_size = 80;
     c.mamba_d_state = 16;
     c.mamba_dt_rank = 0;
     c.mamba_expand = 2;
