@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, mamba) and the llama cases with RoPE scaling
+For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba) and the llama cases with RoPE scaling
 (llama-linear, llama-llama3, llama-yarn: model.rope_scaling, config.json's rope_scaling /
 rope_parameters; a pretraining context of 32 and a 120-token sequence, so the llama3 and yarn
 ramps fall inside the head dims and the positions pass the original context):
@@ -195,6 +195,24 @@ experts_per_token = 2
 moe_ffn_hidden_size = 96
 moe_shared_expert_ffn_size = 160
 moe_norm_topk_prob = false
+moe_aux_loss_coef = 0.02
+rope_theta = 100000.0
+""",
+    # Qwen3's attention (q/k norms, head_dim 48 x 4 heads != hidden 256) with renormalised experts
+    # of their own size and a dense layer (mlp_only_layers [1]), no shared expert.
+    "qwen3_moe": """
+family = "qwen3_moe"
+vocab_size = 257
+hidden_size = 256
+num_layers = 3
+num_heads = 4
+num_kv_heads = 2
+head_dim = 48
+ffn_hidden_size = 320
+hybrid_layout = "EAE"
+num_experts = 4
+experts_per_token = 2
+moe_ffn_hidden_size = 96
 moe_aux_loss_coef = 0.02
 rope_theta = 100000.0
 """,

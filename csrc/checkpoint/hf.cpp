@@ -122,7 +122,8 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
         add(h + "self_attn.k_norm.weight", {l + "attn.k_norm"});
       }
       add(h + "post_attention_layernorm.weight", {l + "norm2.weight"});
-      if (c.family == ModelFamily::Qwen2Moe && block_letter(c, i) == 'E') {
+      const bool qwen_moe = c.family == ModelFamily::Qwen2Moe || c.family == ModelFamily::Qwen3Moe;
+      if (qwen_moe && block_letter(c, i) == 'E') {
         const std::string b = h + "mlp.";
         add(b + "gate.weight", {l + "moe.router"});
         for (int j = 0; j < c.num_experts; ++j) {
@@ -131,10 +132,12 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
           add_block(e + "up_proj.weight", l + "moe.w_up", j);
           add_block(e + "down_proj.weight", l + "moe.w_out", j);
         }
-        add(b + "shared_expert.gate_proj.weight", {l + "moe.shared.w_gate"});
-        add(b + "shared_expert.up_proj.weight", {l + "moe.shared.w_up"});
-        add(b + "shared_expert.down_proj.weight", {l + "moe.shared.w_out"});
-        add(b + "shared_expert_gate.weight", {l + "moe.shared_gate"});
+        if (c.moe_shared_expert_ffn_size > 0) {  // qwen2_moe (qwen3_moe refuses one, hf_config.cpp)
+          add(b + "shared_expert.gate_proj.weight", {l + "moe.shared.w_gate"});
+          add(b + "shared_expert.up_proj.weight", {l + "moe.shared.w_up"});
+          add(b + "shared_expert.down_proj.weight", {l + "moe.shared.w_out"});
+          add(b + "shared_expert_gate.weight", {l + "moe.shared_gate"});
+        }
         continue;
       }
       if (moe) {

@@ -31,6 +31,9 @@
 //            (> 0: HF always has the shared expert), norm_topk_prob moe_norm_topk_prob; the
 //            aux loss as mixtral's (HF's load_balancing_loss_func is the same function); no
 //            router jitter or z-loss (export needs 0).
+//   qwen3_moe Qwen3MoeForCausalLM: qwen3's attention names (q_norm, k_norm, head_dim) and
+//            qwen2_moe's MoE names and keys without the shared expert (a nonzero
+//            shared_expert_intermediate_size is refused).
 //   mamba    MambaForCausalLM: backbone.embeddings, layers.{i}.norm (= norm1), layers.{i}.mixer.
 //            {in_proj (= [in_proj_x; in_proj_z]), conv1d (weight (Di, 1, K) = our (Di, K)),
 //            x_proj, dt_proj (bias = dt_bias), A_log, D, out_proj} (+ in_proj / out_proj biases

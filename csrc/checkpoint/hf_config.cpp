@@ -1,6 +1,6 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
 // configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-// Qwen3Config, MixtralConfig, Qwen2MoeConfig, MambaConfig); RoPE's base and scaling are written both as
+// Qwen3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, MambaConfig); RoPE's base and scaling are written both as
 // rope_theta and rope_scaling (transformers 4.x) and rope_parameters (5.x), and read from either (hf_rope.h).
 #include <cmath>
 #include <filesystem>
@@ -64,14 +64,15 @@ int to_int(int64_t v, const std::string& path, const char* key) {
   return static_cast<int>(v);
 }
 
-// Qwen2MoeConfig's mixture-of-experts keys; every A/E layout is decoder_sparse_step 1 with the
-// A layers as mlp_only_layers.
-void write_qwen2_moe(const ModelConfig& c, json& j) {
-  j["qkv_bias"] = c.qkv_bias;
+// Qwen2MoeConfig's and Qwen3MoeConfig's mixture-of-experts keys (Qwen3-MoE has no shared
+// expert); every A/E layout is decoder_sparse_step 1 with the A layers as mlp_only_layers.
+void write_qwen_moe(const ModelConfig& c, json& j) {
+  const bool qwen2 = c.family == ModelFamily::Qwen2Moe;
+  if (qwen2) j["qkv_bias"] = c.qkv_bias;
   j["num_experts"] = c.num_experts;
   j["num_experts_per_tok"] = c.experts_per_token;
   j["moe_intermediate_size"] = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : c.ffn_hidden_size;
-  j["shared_expert_intermediate_size"] = c.moe_shared_expert_ffn_size;
+  if (qwen2) j["shared_expert_intermediate_size"] = c.moe_shared_expert_ffn_size;
   j["norm_topk_prob"] = c.moe_norm_topk_prob;
   j["decoder_sparse_step"] = 1;
   std::vector<int> dense;
@@ -83,22 +84,31 @@ void write_qwen2_moe(const ModelConfig& c, json& j) {
   j["output_router_logits"] = c.moe_aux_loss_coef > 0;
 }
 
-// Qwen2MoeConfig's mixture-of-experts keys (its defaults where missing) into c.
-void read_qwen2_moe(const json& j, const std::string& path, ModelConfig& c) {
+// Qwen2MoeConfig's or Qwen3MoeConfig's mixture-of-experts keys (the class's defaults where
+// missing) into c.
+void read_qwen_moe(const json& j, const std::string& path, ModelConfig& c) {
   Reader r{j, path};
-  c.qkv_bias = r.boolean("qkv_bias", true);
-  c.num_experts = to_int(r.integer("num_experts", 60), path, "num_experts");
-  if (c.num_experts <= 0) RAISE(path, ": num_experts: must be > 0 (without experts the model is qwen2), got ", c.num_experts);
-  c.experts_per_token = to_int(r.integer("num_experts_per_tok", 4), path, "num_experts_per_tok");
+  const bool qwen2 = c.family == ModelFamily::Qwen2Moe;
+  if (qwen2) c.qkv_bias = r.boolean("qkv_bias", true);
+  c.num_experts = to_int(r.integer("num_experts", qwen2 ? 60 : 128), path, "num_experts");
+  if (c.num_experts <= 0)
+    RAISE(path, ": num_experts: must be > 0 (without experts the model is ", qwen2 ? "qwen2" : "qwen3", "), got ",
+          c.num_experts);
+  c.experts_per_token = to_int(r.integer("num_experts_per_tok", qwen2 ? 4 : 8), path, "num_experts_per_tok");
   if (c.experts_per_token <= 0 || c.experts_per_token > c.num_experts)
     RAISE(path, ": num_experts_per_tok (", c.experts_per_token, ") must be in [1, num_experts (", c.num_experts, ")]");
-  c.moe_ffn_hidden_size = to_int(r.integer("moe_intermediate_size", 1408), path, "moe_intermediate_size");
+  c.moe_ffn_hidden_size = to_int(r.integer("moe_intermediate_size", qwen2 ? 1408 : 768), path, "moe_intermediate_size");
   if (c.moe_ffn_hidden_size <= 0) RAISE(path, ": moe_intermediate_size: must be > 0, got ", c.moe_ffn_hidden_size);
-  c.moe_shared_expert_ffn_size =
-      to_int(r.integer("shared_expert_intermediate_size", 5632), path, "shared_expert_intermediate_size");
-  if (c.moe_shared_expert_ffn_size <= 0)
-    RAISE(path, ": shared_expert_intermediate_size: must be > 0 (an empty shared expert is not supported), got ",
-          c.moe_shared_expert_ffn_size);
+  if (qwen2) {
+    c.moe_shared_expert_ffn_size =
+        to_int(r.integer("shared_expert_intermediate_size", 5632), path, "shared_expert_intermediate_size");
+    if (c.moe_shared_expert_ffn_size <= 0)
+      RAISE(path, ": shared_expert_intermediate_size: must be > 0 (an empty shared expert is not supported), got ",
+            c.moe_shared_expert_ffn_size);
+  } else if (r.has("shared_expert_intermediate_size") && !j["shared_expert_intermediate_size"].is_null() &&
+             j["shared_expert_intermediate_size"] != 0) {
+    RAISE(path, ": shared_expert_intermediate_size: Qwen3-MoE has no shared expert (use model_type qwen2_moe)");
+  }
   c.moe_norm_topk_prob = r.boolean("norm_topk_prob", false);
   const int64_t step = r.integer("decoder_sparse_step", 1);
   if (step < 1) RAISE(path, ": decoder_sparse_step: must be >= 1, got ", step);
@@ -125,9 +135,9 @@ void read_qwen2_moe(const json& j, const std::string& path, ModelConfig& c) {
 
 std::string architecture(const ModelConfig& c) {
   const bool qkv_only = c.qkv_bias && !c.bias;
-  if (c.family != ModelFamily::Qwen3)
+  if (c.family != ModelFamily::Qwen3 && c.family != ModelFamily::Qwen3Moe)
     need(!c.qk_norm, family_name(c.family), "qk_norm", "true",
-         "of the Hugging Face architectures only Qwen3ForCausalLM normalises q and k heads (use family = \"qwen3\")");
+         "of the Hugging Face architectures only Qwen3 and Qwen3-MoE normalise q and k heads (use family = \"qwen3\")");
   switch (c.family) {
     case ModelFamily::GPT2: {
       const char* f = "gpt2";
@@ -147,7 +157,8 @@ std::string architecture(const ModelConfig& c) {
     case ModelFamily::Qwen2:
     case ModelFamily::Qwen3:
     case ModelFamily::Mixtral:
-    case ModelFamily::Qwen2Moe: {
+    case ModelFamily::Qwen2Moe:
+    case ModelFamily::Qwen3Moe: {
       const char* f = family_name(c.family);
       need(c.norm == NormKind::RMSNorm, f, "norm", norm_name(c.norm), "this family uses rmsnorm");
       need(c.activation == ActivationKind::SwiGLU, f, "activation", act_name(c.activation), "this family uses swiglu");
@@ -181,11 +192,18 @@ std::string architecture(const ModelConfig& c) {
              c.family == ModelFamily::Mistral ? "Mistral has no biases" : "Mixtral has no biases");
         return c.family == ModelFamily::Mistral ? "MistralForCausalLM" : "MixtralForCausalLM";
       }
-      if (c.family == ModelFamily::Qwen3) {
+      if (c.family == ModelFamily::Qwen3 || c.family == ModelFamily::Qwen3Moe) {
         need(!c.bias && !c.qkv_bias, f, c.bias ? "bias" : "qkv_bias", "true",
              "Qwen3's attention_bias biases q, k, v and o but not the MLP, which the engine does not represent");
         need(c.qk_norm, f, "qk_norm", "false", "Qwen3 always normalises q and k heads");
-        return "Qwen3ForCausalLM";
+        if (c.family == ModelFamily::Qwen3) return "Qwen3ForCausalLM";
+        need(c.moe_shared_expert_ffn_size == 0, f, "moe_shared_expert_ffn_size", show_int(c.moe_shared_expert_ffn_size),
+             "Qwen3-MoE has no shared expert (use family = \"qwen2_moe\")");
+        need(c.moe_z_loss_coef == 0, f, "moe_z_loss_coef", str_cat(c.moe_z_loss_coef),
+             "Qwen3MoeConfig has no router z-loss (set it to 0 to export)");
+        need(c.moe_jitter == 0, f, "moe_jitter", str_cat(c.moe_jitter),
+             "Qwen3MoeConfig has no router jitter (set it to 0 to export)");
+        return "Qwen3MoeForCausalLM";
       }
       need(!c.bias, f, "bias", "true", "Qwen2 has biases on q, k and v only (qkv_bias)");
       need(c.qkv_bias, f, "qkv_bias", "false", "Qwen2 always has biases on q, k and v");
@@ -282,15 +300,15 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
       j["router_aux_loss_coef"] = c.moe_aux_loss_coef / c.experts_per_token;
       j["output_router_logits"] = c.moe_aux_loss_coef > 0;
       j["router_jitter_noise"] = c.moe_jitter;
-    } else {  // qwen2, qwen3
-      if (c.family == ModelFamily::Qwen3) j["attention_bias"] = false;
+    } else {  // qwen2, qwen3, qwen2_moe, qwen3_moe
+      if (c.family == ModelFamily::Qwen3 || c.family == ModelFamily::Qwen3Moe) j["attention_bias"] = false;
       const bool window = c.sliding_window > 0;
       j["use_sliding_window"] = window;
       j["sliding_window"] = window ? json(c.sliding_window) : json(nullptr);
       j["max_window_layers"] = window ? 0 : c.num_layers;
       j["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_layers),
                                                   window ? "sliding_attention" : "full_attention");
-      if (c.family == ModelFamily::Qwen2Moe) write_qwen2_moe(c, j);
+      if (c.family == ModelFamily::Qwen2Moe || c.family == ModelFamily::Qwen3Moe) write_qwen_moe(c, j);
     }
   }
   j["initializer_range"] = c.init_std;
@@ -373,14 +391,15 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.activation = ActivationKind::SwiGLU;
     c.positions = PositionKind::Rope;
   } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral" ||
-             type == "qwen2_moe") {
+             type == "qwen2_moe" || type == "qwen3_moe") {
     c.family = type == "llama"       ? ModelFamily::Llama
                : type == "mistral"   ? ModelFamily::Mistral
                : type == "qwen2"     ? ModelFamily::Qwen2
                : type == "qwen3"     ? ModelFamily::Qwen3
                : type == "qwen2_moe" ? ModelFamily::Qwen2Moe
+               : type == "qwen3_moe" ? ModelFamily::Qwen3Moe
                                      : ModelFamily::Mixtral;
-    const bool qwen3 = c.family == ModelFamily::Qwen3;
+    const bool qwen3 = c.family == ModelFamily::Qwen3 || c.family == ModelFamily::Qwen3Moe;
     c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
     c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
     c.num_layers = to_int(r.integer("num_hidden_layers", 0, true), path, "num_hidden_layers");
@@ -409,7 +428,7 @@ ModelConfig model_from_hf_config(const std::string& path) {
       c.bias = ab;
     } else if (c.family == ModelFamily::Mistral || c.family == ModelFamily::Mixtral) {
       c.sliding_window = to_int(r.integer("sliding_window", 0), path, "sliding_window");
-    } else {  // qwen2, qwen3
+    } else {  // qwen2, qwen3, qwen2_moe, qwen3_moe
       if (qwen3) {
         if (r.boolean("attention_bias", false))
           RAISE(path, ": attention_bias = true is not supported (biases on q, k, v and o without MLP biases)");
@@ -434,9 +453,9 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
     }
   } else {
-    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, mamba)");
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba)");
   }
-  if (c.family == ModelFamily::Qwen2Moe) read_qwen2_moe(j, path, c);
+  if (c.family == ModelFamily::Qwen2Moe || c.family == ModelFamily::Qwen3Moe) read_qwen_moe(j, path, c);
   if (c.family == ModelFamily::Mixtral) {
     c.num_experts = to_int(r.integer("num_local_experts", 8), path, "num_local_experts");
     c.experts_per_token = to_int(r.integer("num_experts_per_tok", 2), path, "num_experts_per_tok");
@@ -507,7 +526,7 @@ void apply_hf_config(Config& c) {
   take("bias", m.bias, h.bias);
   take("tie_embeddings", m.tie_embeddings, h.tie_embeddings);
   take("init_std", m.init_std, h.init_std, false);
-  if (h.family == ModelFamily::Qwen2Moe) take("hybrid_layout", m.hybrid_layout, h.hybrid_layout);
+  if (h.family == ModelFamily::Qwen2Moe || h.family == ModelFamily::Qwen3Moe) take("hybrid_layout", m.hybrid_layout, h.hybrid_layout);
   const std::string layout = block_layout(h);
   if (layout.find_first_of("AE") != std::string::npos) {  // attention (Mamba: these keys do not matter)
     take("num_heads", m.num_heads, h.num_heads);

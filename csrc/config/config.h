@@ -14,7 +14,7 @@
 
 namespace engine {
 
-enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid, Qwen2Moe };
+enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid, Qwen2Moe, Qwen3Moe };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
@@ -63,7 +63,9 @@ struct RopeScalingConfig {
 // embeddings); hybrid = the per-layer mix that hybrid_layout spells (A, E, M as below);
 // qwen2_moe = qwen2 whose MLPs are mixtures of experts with a shared expert (60 experts, top 4,
 // weights not renormalised, shared expert of ffn_hidden_size features: Qwen2MoeConfig's
-// defaults), every layer E unless hybrid_layout (A and E letters) says otherwise.
+// defaults), every layer E unless hybrid_layout (A and E letters) says otherwise; qwen3_moe =
+// qwen3 whose MLPs are mixtures of experts without a shared expert (128 experts, top 8, weights
+// renormalised: the released Qwen3-MoE models' routing), layers as qwen2_moe's.
 // init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
 // (and must agree with the set ones) and its weights replace the random init.
 struct ModelConfig {
@@ -95,7 +97,7 @@ struct ModelConfig {
   double z_loss = 0.0;          // coefficient of lse^2 added to each token's loss (0: off)
   double label_smoothing = 0.0; // target (1 - eps) one-hot + eps / vocab_size (0: off)
   std::string init_from;      // Hugging Face folder to start from ("" = random init)
-  // Block kinds, one letter per layer (family hybrid; qwen2_moe optionally, A and E only; other
+  // Block kinds, one letter per layer (family hybrid; qwen2_moe, qwen3_moe optionally, A and E; other
   // families imply it, block_layout()):
   //   A attention + MLP,  E attention + mixture of experts,  M Mamba mixer (no MLP, as HF Mamba)
   std::string hybrid_layout;
@@ -259,11 +261,16 @@ std::string config_to_toml(const Config& c);
 const char* family_name(ModelFamily f);
 // The rope ops' parameters of a model (rope_theta and rope_scaling, validated).
 ops::RopeParams rope_params(const ModelConfig& m);
+// The families whose layout model.hybrid_layout spells: hybrid (A, E, M; required), qwen2_moe and
+// qwen3_moe (A, E: dense layers among the sparse ones; empty = every layer E).
+bool takes_hybrid_layout(ModelFamily f);
 // One letter per layer (A, E or M, see ModelConfig::hybrid_layout) for any family.
 std::string block_layout(const ModelConfig& m);
 // The letter of one layer, and whether any layer is one of `letters` (e.g. "AE": any attention),
 // without building the whole layout (num_layers may be anything a config says).
 char block_letter(const ModelConfig& m, int layer);
 bool has_block_kind(const ModelConfig& m, const char* letters);
+// "" when every hybrid_layout letter is one the family takes, else the message naming the first other.
+std::string layout_letters_error(const ModelConfig& m);
 
 }  // namespace engine

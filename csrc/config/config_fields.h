@@ -28,7 +28,8 @@ struct EnumName {
 inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
     {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
     {"qwen2", ModelFamily::Qwen2}, {"qwen3", ModelFamily::Qwen3}, {"mixtral", ModelFamily::Mixtral},
-    {"qwen2_moe", ModelFamily::Qwen2Moe}, {"mamba", ModelFamily::Mamba}, {"hybrid", ModelFamily::Hybrid}};
+    {"qwen2_moe", ModelFamily::Qwen2Moe}, {"qwen3_moe", ModelFamily::Qwen3Moe}, {"mamba", ModelFamily::Mamba},
+    {"hybrid", ModelFamily::Hybrid}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},

@@ -218,7 +218,7 @@ struct Checker {
     if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
     const bool qwen2 = m.family == ModelFamily::Qwen2 || m.family == ModelFamily::Qwen2Moe;
     if (!set("model.qkv_bias")) m.qkv_bias = qwen2;
-    const bool qwen3 = m.family == ModelFamily::Qwen3;
+    const bool qwen3 = m.family == ModelFamily::Qwen3 || m.family == ModelFamily::Qwen3Moe;
     if (!set("model.qk_norm")) m.qk_norm = qwen3;
     if (!set("model.norm_eps")) m.norm_eps = qwen2 || qwen3 ? 1e-6 : 1e-5;
     if (!set("model.rope_theta") && qwen3) m.rope_theta = 1e6;
@@ -230,22 +230,17 @@ struct Checker {
   // The per-layer block kinds and the keys of the kinds present (after family_presets).
   void blocks() const {
     ModelConfig& m = c.model;
-    const bool hybrid = m.family == ModelFamily::Hybrid;  // qwen2_moe: optional, A and E only
-    if (hybrid || (m.family == ModelFamily::Qwen2Moe && set("model.hybrid_layout"))) {
+    if (m.family == ModelFamily::Hybrid || (takes_hybrid_layout(m.family) && set("model.hybrid_layout"))) {
       if (!set("model.hybrid_layout"))
         RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
                                        "E attention + mixture of experts, M Mamba)");
       if (m.hybrid_layout.size() != static_cast<size_t>(m.num_layers))
         RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
               m.num_layers, " (one letter per layer)");
-      for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
-        if (std::string(hybrid ? "AEM" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
-          RAISE(c.where("model.hybrid_layout"), "letter ", i, " is '", m.hybrid_layout[i], "'; ",
-                hybrid ? "expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)"
-                       : "qwen2_moe takes A (attention + MLP) or E (attention + mixture of experts)");
+      if (const std::string e = layout_letters_error(m); !e.empty()) RAISE(c.where("model.hybrid_layout"), e);
     } else if (!m.hybrid_layout.empty()) {
-      RAISE(c.where("model.hybrid_layout"), "only with model.family = \"hybrid\" or \"qwen2_moe\" (", family_name(m.family),
-            " has a fixed layout)");
+      RAISE(c.where("model.hybrid_layout"), "only with model.family hybrid, qwen2_moe or qwen3_moe (",
+            family_name(m.family), " has a fixed layout)");
     }
     const bool moe = has_block_kind(m, "E"), mamba = has_block_kind(m, "M");
     // Keys of a block kind the model lacks: the effective config writes their defaults, so only
@@ -260,6 +255,9 @@ struct Checker {
         if (!set("model.num_experts")) m.num_experts = 60;
         if (!set("model.experts_per_token")) m.experts_per_token = 4;
         if (!set("model.moe_norm_topk_prob")) m.moe_norm_topk_prob = false;
+      } else if (m.family == ModelFamily::Qwen3Moe) {  // Qwen3MoeConfig's 128 experts, top 8
+        if (!set("model.num_experts")) m.num_experts = 128;
+        if (!set("model.experts_per_token")) m.experts_per_token = 8;
       } else if (!set("model.num_experts")) {
         m.num_experts = 8;
       }

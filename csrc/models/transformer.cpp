@@ -324,6 +324,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType com
     case ModelFamily::Mamba:
     case ModelFamily::Hybrid:
     case ModelFamily::Qwen2Moe:
+    case ModelFamily::Qwen3Moe:
       return std::make_unique<Transformer>(c, device, compute_dtype, capacity, layout);
   }
   RAISE("unknown model family");

@@ -53,6 +53,8 @@ const std::vector<Family>& families() {
       {"mixtral", "mixtral", {"model.num_experts=3", "model.experts_per_token=2", "model.rope_theta=5e4"}},
       {"qwen2_moe", "qwen2_moe", {"model.num_experts=3", "model.experts_per_token=2", "model.moe_ffn_hidden_size=12",
                                   "model.moe_shared_expert_ffn_size=16", "model.hybrid_layout=\"AE\""}},
+      {"qwen3_moe", "qwen3_moe", {"model.num_experts=3", "model.experts_per_token=2", "model.moe_ffn_hidden_size=12",
+                                  "model.head_dim=10", "model.hybrid_layout=\"EA\""}},
       {"mamba (tied)", "mamba", {"model.mamba_d_state=4", "model.mamba_d_conv=3", "model.norm_eps=1e-4"}},
       {"mamba untied, biases", "mamba",
        {"model.tie_embeddings=false", "model.mamba_proj_bias=true", "model.mamba_conv_bias=false",

@@ -40,6 +40,11 @@ ModelConfig tiny_model(ModelFamily family) {
       c.norm_eps = 1e-6;
       c.tie_embeddings = true;
     }
+    if (family == ModelFamily::Qwen3Moe) {  // q/k norms, head_dim 2 x 6 heads != hidden_size
+      c.head_dim = 2;
+      c.qk_norm = true;
+      c.norm_eps = 1e-6;
+    }
   }
   if (family == ModelFamily::Mixtral || family == ModelFamily::Hybrid) {
     c.num_experts = 3;
@@ -62,6 +67,13 @@ ModelConfig tiny_model(ModelFamily family) {
     c.moe_ffn_hidden_size = 11;
     c.moe_shared_expert_ffn_size = 9;
     c.moe_norm_topk_prob = false;
+  }
+  if (family == ModelFamily::Qwen3Moe) {  // a sparse and a dense layer, renormalised top-k weights
+    c.hybrid_layout = "EA";
+    c.num_experts = 4;
+    c.experts_per_token = 2;
+    c.moe_aux_loss_coef = 0.05;
+    c.moe_ffn_hidden_size = 7;
   }
   if (family == ModelFamily::Mamba) c.tie_embeddings = true;
   if (family == ModelFamily::Hybrid) {

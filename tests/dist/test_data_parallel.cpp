@@ -82,6 +82,12 @@ TEST_CASE("data parallel ZeRO 3 reproduces one rank: Qwen2-MoE's shared expert a
                 "model.moe_shared_expert_ffn_size=20", "model.hybrid_layout=\"AE\""});
 }
 
+TEST_CASE("data parallel ZeRO 3 reproduces one rank: Qwen3-MoE's q/k norms and renormalised experts") {
+  compare_runs("qwen3_moe", 3, 2, world(), "cpu", 1e-5,
+               {"model.num_experts=4", "model.experts_per_token=2", "model.moe_ffn_hidden_size=16",
+                "model.hybrid_layout=\"EA\""});
+}
+
 TEST_CASE("data parallel with gradient accumulation (micro-batches of 1) reproduces one big batch") {
   compare_runs("gpt2", 1, 1, world());
 }

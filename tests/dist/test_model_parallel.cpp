@@ -131,6 +131,15 @@ std::vector<std::string> qwen2_moe(const char* layout, std::vector<std::string> 
   return o;
 }
 
+// Qwen3-MoE: q/k norms (replicated under tp, their gradients summed over it) and routed experts
+// with renormalised top-k weights, no shared expert; dense and sparse layers mixed.
+std::vector<std::string> qwen3_moe(const char* layout, std::vector<std::string> more = {}) {
+  std::vector<std::string> o = {"model.num_experts=4", "model.experts_per_token=2", "model.moe_ffn_hidden_size=16",
+                                "model.moe_aux_loss_coef=0.01", std::string("model.hybrid_layout=\"") + layout + "\""};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+
 // Pipeline layouts: 4 blocks, global batch 8 in micro-batches of 2 (4 per dp rank at dp 1).
 const std::vector<std::string> kFourLayers = {"model.num_layers=4"};
 std::vector<std::string> pp(int p, int per_rank, const char* schedule, std::vector<std::string> more = {}) {
@@ -155,6 +164,7 @@ std::vector<Case> pipeline_cases_for(int n) {
               {"hybrid", 1, pp(2, 1, "breadth_first", {"model.hybrid_layout=\"MEAM\"", "model.num_experts=3",
                                                        "model.moe_aux_loss_coef=0.01"})},
               {"qwen2_moe", 1, pp(2, 1, "breadth_first", qwen2_moe("EAEE"))},
+              {"qwen3_moe", 1, pp(2, 2, "breadth_first", qwen3_moe("EEAE"))},
               // activation recomputation with interleaved stages and micro-sequences
               {"llama", 1, pp(2, 2, "breadth_first", {"training.recompute_activations=true",
                                                       "batch.micro_sequence_length=12"})},
@@ -209,7 +219,8 @@ std::vector<Case> cases_for(int n) {
                              "model.mamba_d_state=4", "distributed.sequence_parallel=true"}},
               // the shared expert split as the dense MLP, its gate replicated (without sequence
               // parallelism: tests/dist/test_moe_parallel.cpp)
-              {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})}};
+              {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})},
+              {"qwen3_moe", 2, qwen3_moe("EA", {"distributed.sequence_parallel=true"})}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};
     case 4:
@@ -342,7 +353,8 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" *
                                          {"hybrid", 2, {"model.hybrid_layout=\"MEA\"", "model.num_layers=3",
                                                         "model.num_experts=3", "model.mamba_d_state=4",
                                                         "distributed.sequence_parallel=true"}},
-                                         {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})}})
+                                         {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})},
+                                         {"qwen3_moe", 2, qwen3_moe("EA", {"distributed.sequence_parallel=true"})}})
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 

@@ -43,6 +43,7 @@ const DecodeCase kCases[] = {
     {"qwen3 (q/k norms, head_dim 6 x 6 heads != hidden 14)", ModelFamily::Qwen3},
     {"mixtral", ModelFamily::Mixtral},
     {"qwen2_moe (AE, shared expert)", ModelFamily::Qwen2Moe},
+    {"qwen3_moe (EA, q/k norms, renormalised top-k)", ModelFamily::Qwen3Moe},
     {"mamba", ModelFamily::Mamba},
     {"mamba, biases, conv 4", ModelFamily::Mamba,
      [](ModelConfig& c) {

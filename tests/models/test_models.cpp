@@ -22,7 +22,8 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
                                   {ModelFamily::Llama, true},    {ModelFamily::Mistral, false}, {ModelFamily::Qwen3, false},
                                   {ModelFamily::Mixtral, false}, {ModelFamily::Mamba, false},
                                   {ModelFamily::Hybrid, false},  {ModelFamily::Mamba, false, true},
-                                  {ModelFamily::Hybrid, false, true}, {ModelFamily::Qwen2Moe, false}}) {
+                                  {ModelFamily::Hybrid, false, true}, {ModelFamily::Qwen2Moe, false},
+                                  {ModelFamily::Qwen3Moe, false}}) {
     ModelConfig c = tiny_model(k.family);
     c.mamba_proj_bias = k.mamba_proj_bias;
     CAPTURE(std::string(family_name(k.family)));

@@ -75,7 +75,7 @@ TEST_CASE("mixture-of-experts and Mamba keys: checked, and named in errors") {
   CHECK(error("hybrid", {"model.hybrid_layout=\"AM\"", "model.num_layers=3"}).find("has 2 letters") !=
         std::string::npos);
   CHECK(error("hybrid", {"model.hybrid_layout=\"AX\""}).find("letter 1 is 'X'") != std::string::npos);
-  CHECK(error("llama", {"model.hybrid_layout=\"AA\""}).find("only with model.family = \"hybrid\"") !=
+  CHECK(error("llama", {"model.hybrid_layout=\"AA\""}).find("only with model.family hybrid") !=
         std::string::npos);
   CHECK(error("llama", {"model.num_experts=4"}).find("model.num_experts: set, but the model has no mixture") !=
         std::string::npos);
@@ -104,6 +104,21 @@ TEST_CASE("mixture-of-experts and Mamba keys: checked, and named in errors") {
   CHECK(q.model.moe_ffn_hidden_size == q.model.ffn_hidden_size);
   CHECK(q.model.qkv_bias);
   CHECK(q.model.norm_eps == 1e-6);
+  // qwen3_moe: qwen3's attention (q/k norms, no biases, norm_eps, rope_theta) with the released
+  // models' 128 experts, top 8, renormalised, and no shared expert; A/E layouts as qwen2_moe's.
+  Config q3 = tiny_run_config("qwen3_moe");
+  CHECK(block_layout(q3.model) == "EE");
+  CHECK(q3.model.num_experts == 128);
+  CHECK(q3.model.experts_per_token == 8);
+  CHECK(q3.model.moe_norm_topk_prob);
+  CHECK(q3.model.moe_shared_expert_ffn_size == 0);
+  CHECK(q3.model.qk_norm);
+  CHECK(!q3.model.qkv_bias);
+  CHECK(q3.model.norm_eps == 1e-6);
+  CHECK(q3.model.rope_theta == 1e6);
+  CHECK(block_layout(tiny_run_config("qwen3_moe", {"model.hybrid_layout=\"AE\""}).model) == "AE");
+  CHECK(error("qwen3_moe", {"model.hybrid_layout=\"EM\""}).find("letter 1 is 'M'; qwen3_moe takes A") !=
+        std::string::npos);
   CHECK(error("qwen2_moe", {"model.hybrid_layout=\"AM\""}).find("letter 1 is 'M'; qwen2_moe takes A") !=
         std::string::npos);
   CHECK(error("qwen2_moe", {"model.hybrid_layout=\"AEE\""}).find("has 3 letters") != std::string::npos);
