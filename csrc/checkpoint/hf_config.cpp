@@ -90,7 +90,12 @@ void read_qwen_moe(const json& j, const std::string& path, ModelConfig& c) {
   Reader r{j, path};
   const bool qwen2 = c.family == ModelFamily::Qwen2Moe;
   if (qwen2) c.qkv_bias = r.boolean("qkv_bias", true);
-  c.num_experts = to_int(r.integer("num_experts", qwen2 ? 60 : 128), path, "num_experts");
+  // transformers 5's Qwen3MoeConfig maps num_experts to num_local_experts and saves that name.
+  const char* experts_key = !r.has("num_experts") && r.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  if (r.has("num_experts") && r.has("num_local_experts") && j["num_experts"] != j["num_local_experts"])
+    RAISE(path, ": num_experts (", j["num_experts"].dump(), ") and num_local_experts (", j["num_local_experts"].dump(),
+          ") disagree");
+  c.num_experts = to_int(r.integer(experts_key, qwen2 ? 60 : 128), path, experts_key);
   if (c.num_experts <= 0)
     RAISE(path, ": num_experts: must be > 0 (without experts the model is ", qwen2 ? "qwen2" : "qwen3", "), got ",
           c.num_experts);
@@ -406,8 +411,10 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.num_heads = to_int(r.integer("num_attention_heads", 0, true), path, "num_attention_heads");
     c.num_kv_heads = to_int(r.integer("num_key_value_heads", c.num_heads), path, "num_key_value_heads");
     if (c.num_heads <= 0) RAISE(path, ": num_attention_heads must be > 0");
-    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / num_attention_heads.
-    c.head_dim = to_int(r.integer("head_dim", qwen3 ? 128 : c.hidden_size / c.num_heads), path, "head_dim");
+    // Qwen3Config's head_dim defaults to 128; the others' (Qwen3MoeConfig has no head_dim field:
+    // its attention takes hidden_size / num_attention_heads) to hidden_size / num_attention_heads.
+    const bool head_dim_128 = c.family == ModelFamily::Qwen3;
+    c.head_dim = to_int(r.integer("head_dim", head_dim_128 ? 128 : c.hidden_size / c.num_heads), path, "head_dim");
     if (c.head_dim <= 0) RAISE(path, ": head_dim: must be > 0, got ", c.head_dim);
     c.ffn_hidden_size = to_int(r.integer("intermediate_size", 0, true), path, "intermediate_size");
     const std::string act = r.string("hidden_act", "silu");

@@ -114,8 +114,11 @@ TEST_CASE("hf qwen3_moe: Qwen3MoeConfig's defaults where keys are missing; a sha
   CHECK(m.experts_per_token == 8);
   CHECK(m.moe_ffn_hidden_size == 768);
   CHECK(!m.moe_norm_topk_prob);  // the class's default (the released models set it true)
-  CHECK(m.head_dim == 128);
+  CHECK(m.head_dim == 12);  // no head_dim field in Qwen3MoeConfig: hidden_size / heads
   CHECK(m.qk_norm);
+  CHECK(read(R"(, "num_local_experts": 16)").num_experts == 16);  // transformers 5's saved name
+  check_mentions(error_of([&] { read(R"(, "num_local_experts": 6, "num_experts": 5)"); }),
+                 {"num_experts", "num_local_experts", "disagree"});
   CHECK(read(R"(, "decoder_sparse_step": 2, "mlp_only_layers": [3])").hybrid_layout == "AEAA");
   check_mentions(error_of([&] { read(R"(, "shared_expert_intermediate_size": 16)"); }),
                  {"shared_expert_intermediate_size", "qwen2_moe"});
