@@ -476,6 +476,7 @@ def main():
     p.add_argument("--steps", type=int, default=4, help="training steps before the export")
     p.add_argument("--workdir", help="where runs, exports and logs go (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")
+    p.add_argument("--seed", type=int, default=11, help="seed of the import leg's random transformers weights")
     p.add_argument("--cpu-only", action="store_true", help="skip the GPU backend even when there is a GPU")
     args = p.parse_args()
 
@@ -539,7 +540,7 @@ def main():
             ok &= good
             # The other direction: a checkpoint written by transformers, read by model.init_from.
             hf_dir = os.path.join(workdir, "hf", family)
-            model = save_random_hf_model(export, hf_dir, seed=11)
+            model = save_random_hf_model(export, hf_dir, seed=args.seed)
             ref = hf_logits(hf_dir, sequences, ref_device, model=model)
             cfg_in = os.path.join(workdir, f"{family}-import.toml")
             with open(cfg_in, "w") as f:
