@@ -43,12 +43,12 @@ Sample piece(const Sample& s, int a, int b) {
 
 TEST_CASE("packed documents train exactly like documents alone (per-document losses and gradients)") {
   const int S = 12;
-  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral, ModelFamily::Mamba,
-                        ModelFamily::Hybrid}) {
+  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral, ModelFamily::Qwen3,
+                        ModelFamily::Mamba, ModelFamily::Hybrid, ModelFamily::Qwen2Moe, ModelFamily::Qwen3Moe}) {
     CAPTURE(std::string(family_name(f)));
     ModelConfig c = tiny_model(f);
-    // (the hybrid's MoE without auxiliary losses: load balancing is a statistic of the whole
-    // batch, not of each document; the routing itself is per token)
+    // (the MoE blocks without auxiliary losses: load balancing is a statistic of the whole
+    // batch, not of each document; the routing and the shared expert are per token)
     c.moe_aux_loss_coef = c.moe_z_loss_coef = 0;
     auto model = make_model(c, Device::CPU, DType::F64);
     randomize_weights(model->params(), "packing");
