@@ -89,7 +89,8 @@ int run_train_bench(const std::string& config_path, const std::vector<std::strin
   const double attention_layers = static_cast<double>(std::count(layout.begin(), layout.end(), 'A') +
                                                       std::count(layout.begin(), layout.end(), 'E'));
   const double idle_experts = static_cast<double>(std::count(layout.begin(), layout.end(), 'E')) * 3.0 *
-                              (m.num_experts - m.experts_per_token) * m.ffn_hidden_size * m.hidden_size;
+                              (m.num_experts - m.experts_per_token) *
+                              (m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size) * m.hidden_size;
   const double attn = 6.0 * attention_layers * c.data.sequence_length * m.num_heads * m.head_dim;  // causal
   const double flops_per_token = 6.0 * (params - embed - idle_experts) + attn;
   const double tps = tokens / seconds;

@@ -230,7 +230,7 @@ struct Checker {
   // The per-layer block kinds and the keys of the kinds present (after family_presets).
   void blocks() const {
     ModelConfig& m = c.model;
-    if (m.family == ModelFamily::Hybrid || (takes_hybrid_layout(m.family) && set("model.hybrid_layout"))) {
+    if (m.family == ModelFamily::Hybrid || (takes_hybrid_layout(m.family) && !m.hybrid_layout.empty())) {
       if (!set("model.hybrid_layout"))
         RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
                                        "E attention + mixture of experts, M Mamba)");

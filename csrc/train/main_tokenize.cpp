@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -127,6 +128,10 @@ int serve(const Tokenizer& tok) {
       }
     } catch (const engine::Error& e) {
       reply_bytes(1, e.what());
+    } catch (const std::bad_alloc&) {  // a request too large to encode: an error reply, not an abort
+      reply_bytes(1, "out of memory while encoding this request (a document too large for this machine?)");
+    } catch (const std::exception& e) {
+      reply_bytes(1, std::string("internal error: ") + e.what());
     }
     std::fflush(stdout);
   }

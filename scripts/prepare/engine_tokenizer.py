@@ -130,6 +130,10 @@ class EngineTokenizer:
     def encode_many(self, texts, raw=None):
         """Lists of ids, one per text (raw: the texts' UTF-8, when the caller has it)."""
         raw = raw if raw is not None else [t.encode("utf-8") for t in texts]
+        for i, r in enumerate(raw):  # the protocol's lengths are 32-bit
+            if len(r) >= 1 << 32:
+                raise EngineError(i, f"a document of {len(r)} bytes: the engine's tokenizer takes documents "
+                                     "under 4 GiB (split it, or --tokenizer-backend hf)")
         n = len(raw)
         lens = array("I", map(len, raw))
         if sys.byteorder != "little":

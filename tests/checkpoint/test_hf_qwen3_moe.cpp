@@ -152,4 +152,14 @@ TEST_CASE("hf qwen3_moe: model.init_from fills the family, layout and expert siz
   CHECK(parse_config(config_to_toml(c), "again.toml") == c);
   Trainer t(c, false);
   CHECK(std::isfinite(t.train_step().loss));
+  // Every layer sparse (the released models: mlp_only_layers [], decoder_sparse_step 1): the
+  // folder's empty layout means all E, and the effective config loads back.
+  std::vector<std::string> sparse(kQwen3Moe.begin(), kQwen3Moe.end() - 1);
+  const std::string all_e = export_model(tiny_run_config("qwen3_moe", sparse), "all-sparse");
+  const Config e = parse_config(base.substr(0, base.find("init_from")) + "init_from = \"" + all_e + "\"\n", "init.toml");
+  CHECK(e.model.hybrid_layout == "");
+  CHECK(block_layout(e.model) == std::string(static_cast<size_t>(e.model.num_layers), 'E'));
+  CHECK(parse_config(config_to_toml(e), "again.toml") == e);
+  const Config d = tiny_run_config("qwen3_moe", sparse);
+  CHECK(parse_config(config_to_toml(d), "again.toml") == d);
 }
