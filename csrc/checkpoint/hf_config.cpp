@@ -27,6 +27,14 @@ void need(bool ok, const char* family, const char* key, const std::string& value
   if (!ok) RAISE("Hugging Face ", family, " export: model.", key, " = ", value, " is not supported: ", why);
 }
 
+// The Qwen MoE configs have neither a router z-loss nor router jitter: export needs both 0.
+void need_plain_router(const ModelConfig& c, const char* family, const char* hf_class) {
+  need(c.moe_z_loss_coef == 0, family, "moe_z_loss_coef", str_cat(c.moe_z_loss_coef),
+       str_cat(hf_class, " has no router z-loss (set it to 0 to export)"));
+  need(c.moe_jitter == 0, family, "moe_jitter", str_cat(c.moe_jitter),
+       str_cat(hf_class, " has no router jitter (set it to 0 to export)"));
+}
+
 // Typed reads of config.json with errors naming the file and key.
 struct Reader {
   const json& j;
@@ -186,10 +194,7 @@ std::string architecture(const ModelConfig& c) {
              "Qwen2MoeSparseMoeBlock always has a shared expert");
         need(int64_t{c.head_dim} * c.num_heads == c.hidden_size, f, "head_dim", show_int(c.head_dim),
              "Qwen2MoeAttention needs head_dim x num_heads = hidden_size");
-        need(c.moe_z_loss_coef == 0, f, "moe_z_loss_coef", str_cat(c.moe_z_loss_coef),
-             "Qwen2MoeConfig has no router z-loss (set it to 0 to export)");
-        need(c.moe_jitter == 0, f, "moe_jitter", str_cat(c.moe_jitter),
-             "Qwen2MoeConfig has no router jitter (set it to 0 to export)");
+        need_plain_router(c, f, "Qwen2MoeConfig");
         return "Qwen2MoeForCausalLM";
       }
       if (c.family == ModelFamily::Mistral || c.family == ModelFamily::Mixtral) {
@@ -204,10 +209,7 @@ std::string architecture(const ModelConfig& c) {
         if (c.family == ModelFamily::Qwen3) return "Qwen3ForCausalLM";
         need(c.moe_shared_expert_ffn_size == 0, f, "moe_shared_expert_ffn_size", show_int(c.moe_shared_expert_ffn_size),
              "Qwen3-MoE has no shared expert (use family = \"qwen2_moe\")");
-        need(c.moe_z_loss_coef == 0, f, "moe_z_loss_coef", str_cat(c.moe_z_loss_coef),
-             "Qwen3MoeConfig has no router z-loss (set it to 0 to export)");
-        need(c.moe_jitter == 0, f, "moe_jitter", str_cat(c.moe_jitter),
-             "Qwen3MoeConfig has no router jitter (set it to 0 to export)");
+        need_plain_router(c, f, "Qwen3MoeConfig");
         return "Qwen3MoeForCausalLM";
       }
       need(!c.bias, f, "bias", "true", "Qwen2 has biases on q, k and v only (qkv_bias)");

@@ -1,11 +1,14 @@
 #include "tests/checkpoint/ckpt_test_util.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint/hf.h"
 #include "core/log.h"
+#include "tests/common/tiny.h"
 #include "tests/train/train_fixture.h"
 
 namespace engine::testing {
@@ -48,6 +51,25 @@ void check_mentions(const std::string& message, const std::vector<std::string>& 
     INFO("expected to mention: " << p);
     CHECK(message.find(p) != std::string::npos);
   }
+}
+
+std::unique_ptr<Model> random_model(const ModelConfig& c, const std::string& name) {
+  auto m = make_model(c, Device::CPU, DType::F32);
+  randomize_weights(m->params(), name, 0.2);
+  return m;
+}
+
+checkpoint::Fetch store_fetch(const ParamStore& s) {
+  return [&s](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+    std::memcpy(out, s.weight(p.name).ptr<float>() + lo, static_cast<size_t>(hi - lo) * 4);
+  };
+}
+
+std::string export_random_model(const ModelConfig& c, const std::string& folder, const std::string& name) {
+  auto m = random_model(c, name);
+  const std::string dir = scratch_dir(folder) + "/" + name;
+  hf::export_hf(c, m->params().table(), store_fetch(m->params()), dir);
+  return dir;
 }
 
 }  // namespace engine::testing

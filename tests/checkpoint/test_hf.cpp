@@ -65,19 +65,6 @@ const std::vector<Family>& families() {
 
 Config family_config(const Family& f) { return tiny_run_config(f.family, f.overrides); }
 
-// A model of `c` with generic weights (norm weights and biases not 1 and 0).
-std::unique_ptr<Model> random_model(const ModelConfig& c, const std::string& name) {
-  auto m = make_model(c, Device::CPU, DType::F32);
-  randomize_weights(m->params(), name, 0.2);
-  return m;
-}
-
-ck::Fetch store_fetch(const ParamStore& s) {
-  return [&s](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
-    std::memcpy(out, s.weight(p.name).ptr<float>() + lo, static_cast<size_t>(hi - lo) * 4);
-  };
-}
-
 }  // namespace
 
 TEST_CASE("hf: export then import gives the parameters back bitwise, for every family and sharded or not") {

@@ -31,20 +31,8 @@ const std::vector<std::string> kQwen2Moe = {"model.num_experts=3", "model.expert
                                             "model.moe_ffn_hidden_size=12", "model.moe_shared_expert_ffn_size=16",
                                             "model.moe_aux_loss_coef=0.04", "model.hybrid_layout=\"AE\""};
 
-std::unique_ptr<Model> random_model(const ModelConfig& c, const std::string& name) {
-  auto m = make_model(c, Device::CPU, DType::F32);
-  randomize_weights(m->params(), name, 0.2);
-  return m;
-}
-
 std::string export_model(const Config& c, const std::string& name) {
-  auto m = random_model(c.model, name);
-  const ParamStore& s = m->params();
-  const std::string dir = scratch_dir("hf-qwen2-moe") + "/" + name;
-  hf::export_hf(c.model, s.table(), [&s](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
-    std::memcpy(out, s.weight(p.name).ptr<float>() + lo, static_cast<size_t>(hi - lo) * 4);
-  }, dir);
-  return dir;
+  return export_random_model(c.model, "hf-qwen2-moe", name);
 }
 
 }  // namespace

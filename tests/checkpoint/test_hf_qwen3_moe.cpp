@@ -30,14 +30,7 @@ const std::vector<std::string> kQwen3Moe = {"model.num_experts=3", "model.expert
                                             "model.moe_aux_loss_coef=0.04", "model.hybrid_layout=\"EA\""};
 
 std::string export_model(const Config& c, const std::string& name) {
-  auto m = make_model(c.model, Device::CPU, DType::F32);
-  randomize_weights(m->params(), name, 0.2);
-  const ParamStore& s = m->params();
-  const std::string dir = scratch_dir("hf-qwen3-moe") + "/" + name;
-  hf::export_hf(c.model, s.table(), [&s](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
-    std::memcpy(out, s.weight(p.name).ptr<float>() + lo, static_cast<size_t>(hi - lo) * 4);
-  }, dir);
-  return dir;
+  return export_random_model(c.model, "hf-qwen3-moe", name);
 }
 
 }  // namespace
