@@ -55,6 +55,7 @@ int pp_size_of(const AdamW& opt) { return opt.pp() ? opt.pp()->size() : 1; }
 std::vector<Metadata::Param> table_params(const ParamTable& t, int pp_rank) {
   std::vector<Metadata::Param> out;
   for (const ParamSpec& p : t.entries())
+    if (!p.frozen)  // frozen (LoRA's base) weights are not state: init_from or the seed gives them again
     out.push_back({p.name, std::vector<int64_t>(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim),
                    p.offset, p.split_dim, pp_rank});
   return out;
@@ -498,6 +499,7 @@ void fill_shard(AdamW& opt, int kind, const Fetch& fetch) {
   const int64_t sb = opt.shard_begin(), se = opt.shard_end();
   std::vector<float> host;
   for (const ParamSpec& p : opt.store().table().entries()) {
+    if (p.frozen) continue;  // not in the shard (core/params.h)
     const int64_t b = std::max(sb, p.offset), e = std::min(se, p.offset + p.shape.numel());
     for (int64_t c = b; c < e; c += kChunk) {
       const int64_t ce = std::min(e, c + kChunk);
@@ -513,12 +515,14 @@ void fill_shard(AdamW& opt, int kind, const Fetch& fetch) {
   }
 }
 
-void fill_weights(ParamStore& store, const Fetch& fetch) {
+namespace {
+void fill_store(ParamStore& store, const Fetch& fetch, bool frozen_only) {
   for (const ParamSpec& p : store.table().entries()) {
+    if (frozen_only && !p.frozen) continue;
     const int64_t n = p.shape.numel();
     Owned host = empty({n}, DType::F32, Device::CPU);
     fetch_block(fetch, p, 0, n, host.ptr<float>());
-    const Tensor w = store.weight_at(p.offset, {n});
+    const Tensor w = store.weight(p.name).view({n});
     if (store.compute_dtype() == DType::F32) {
       copy_tensor(w, host);
     } else {
@@ -528,6 +532,11 @@ void fill_weights(ParamStore& store, const Fetch& fetch) {
     }
   }
 }
+
+}  // namespace
+
+void fill_weights(ParamStore& store, const Fetch& fetch) { fill_store(store, fetch, false); }
+void fill_frozen(ParamStore& store, const Fetch& fetch) { fill_store(store, fetch, true); }
 
 void check_compatible(const Metadata& m, const ParamTable& table, const std::string& dir) {
   check_compatible(m, table_params(table, 0), dir);

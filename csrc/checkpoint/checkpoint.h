@@ -107,6 +107,8 @@ void require_finite(const float* values, int64_t n, int64_t lo, const std::strin
 void fill_shard(AdamW& opt, int kind, const Fetch& fetch);
 // Overwrites every weight of a store (any compute dtype, any device) from `fetch`.
 void fill_weights(ParamStore& store, const Fetch& fetch);
+// Overwrites the frozen weights only (LoRA's base, core/params.h) from `fetch`.
+void fill_frozen(ParamStore& store, const Fetch& fetch);
 
 // Runs f on every rank of `comm`, then all ranks learn whether it succeeded everywhere; if not,
 // on_fail runs and every rank throws (the failing rank its own error, the others one naming it).

@@ -323,8 +323,9 @@ struct HfWeights::Impl {
 HfWeights::HfWeights(const std::string& dir, const ModelConfig& c) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.config = c;
-  s.table = model_param_table(c);
-  s.maps = tensor_map(c);
+  s.config.lora = {};  // the folder holds the base model (LoRA's factors are not in it)
+  s.table = model_param_table(s.config);
+  s.maps = tensor_map(s.config);
   for (size_t i = 0; i < s.maps.size(); ++i)
     for (const auto& p : s.maps[i].params) s.maps_of_param[p].push_back(i);
   const fs::path d(dir);

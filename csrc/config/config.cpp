@@ -231,6 +231,19 @@ class Parser {
     RAISE(c_.where(path), "unknown value \"", s->get(), "\", expected ", enum_choices(names));
   }
   void derived(const char*, int&, const char*) {}  // setting one is an error (check_structure)
+  void strings(const char* key, std::vector<std::string>& out) {
+    std::string path;
+    const toml::node* n = find(key, path);
+    if (!n) return;
+    const auto* arr = n->as_array();
+    if (!arr) RAISE(c_.where(path), "expected an array of strings, got ", describe(*n));
+    out.clear();
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const auto* s = (*arr)[i].as_string();
+      if (!s) RAISE(c_.where(path), "element ", i, ": expected a string, got ", describe((*arr)[i]));
+      out.push_back(s->get());
+    }
+  }
 
   // A list of { path = "...", weight = w } (weight optional) or plain path strings; a single
   // entry outside a list is taken as a list of one.
@@ -373,6 +386,7 @@ Config parse_impl(const std::string& text, const std::string& source, const fs::
   for (const auto& o : overrides) p.apply_override(o);
   visit_fields(c, p);
   finish_config(c);
+  check_lora(c);
   return c;
 }
 

@@ -66,6 +66,16 @@ struct RopeScalingConfig {
 // defaults), every layer E unless hybrid_layout (A and E letters) says otherwise; qwen3_moe =
 // qwen3 whose MLPs are mixtures of experts without a shared expert (128 experts, top 8, weights
 // renormalised: the released Qwen3-MoE models' routing), layers as qwen2_moe's.
+// [lora]: low-rank adapters on the named linears (layers/lora.h); rank 0 is off. With rank > 0
+// every other parameter is frozen. Read from the [lora] section, held here because the layers
+// declare the adapters.
+struct LoraConfig {
+  int rank = 0;
+  double alpha = 8.0;  // scale = alpha / rank
+  std::vector<std::string> targets = {"q", "v"};  // of q, k, v, o, gate, up, down (PEFT's Llama default)
+  bool operator==(const LoraConfig&) const = default;
+};
+
 // init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
 // (and must agree with the set ones) and its weights replace the random init.
 struct ModelConfig {
@@ -119,6 +129,7 @@ struct ModelConfig {
   int mamba_dt_rank = 0;       // default ceil(hidden_size / 16)
   bool mamba_conv_bias = true;
   bool mamba_proj_bias = false;
+  LoraConfig lora;  // the [lora] section
   bool operator==(const ModelConfig&) const = default;
 };
 

@@ -8,6 +8,7 @@
 //   field(key, int | uint64_t | double | bool | std::string)
 //   choice(key, enum, names)            a lowercase string naming one enum value
 //   datasets(key, std::vector<DatasetRef>)
+//   strings(key, std::vector<std::string>)  an array of strings
 //   derived(key, int, formula)          computed, never read; written as a comment
 #pragma once
 #include <cstdint>
@@ -202,10 +203,15 @@ void visit_fields(C& c, V& v) {
   v.field("temperature", c.distillation.temperature);
   v.field("weight", c.distillation.weight);
   v.field("label_weight", c.distillation.label_weight);
+
+  v.section("lora");
+  v.field("rank", c.model.lora.rank);
+  v.field("alpha", c.model.lora.alpha);
+  v.strings("targets", c.model.lora.targets);
 }
 
 // The key schema, collected once by a visitor over a default Config.
-enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Derived };
+enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Derived, Strings };
 
 struct FieldInfo {
   std::string section;
@@ -224,6 +230,9 @@ std::string suggest_key(const std::string& section, const std::string& key);
 // model.rope_scaling (config_rope.cpp): the yarn attention_factor default, then the ranges and
 // the keys each type uses; after the model's and data's checks.
 void check_rope_scaling(Config& c);
+// [lora] (config_lora.cpp): rank, alpha, the target names and the layouts LoRA supports; after
+// finish_config.
+void check_lora(Config& c);
 
 // Fills presets, defaults and derived values into a Config read from TOML (origin tells which
 // keys were set), then checks ranges and consistency. Throws engine::Error via Config::where.

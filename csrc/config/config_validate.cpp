@@ -80,9 +80,8 @@ struct SchemaCollector {
     add(key, FieldKind::Choice);
   }
   void datasets(const char* key, std::vector<DatasetRef>&) { add(key, FieldKind::Datasets); }
-  void derived(const char* key, int&, const char* formula) {
-    add(key, FieldKind::Derived, formula);
-  }
+  void derived(const char* key, int&, const char* formula) { add(key, FieldKind::Derived, formula); }
+  void strings(const char* key, std::vector<std::string>&) { add(key, FieldKind::Strings); }
 };
 
 std::string lower(std::string s) {

@@ -83,6 +83,11 @@ struct Writer {
       s += "  { path = " + quote(d.path) + ", weight = " + format_double(d.weight) + " },\n";
     line(key, s + "]");
   }
+  void strings(const char* key, const std::vector<std::string>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
+    line(key, s + "]");
+  }
   void derived(const char* key, const int& v, const char* formula) {
     out += str_cat("# ", key, " = ", v, "  (derived: ", formula, ")\n");
   }

@@ -40,12 +40,16 @@ const ParamSpec& ParamTable::add(ParamSpec spec) {
     spec.shape.d[spec.split_dim] = n / tp_size_;
     spec.split_begin = n / tp_size_ * tp_rank_;
   }
-  int64_t off = total_;
-  if (!spec.adjacent) off = checked_add<int64_t>(off, kAlign - 1, "parameter ", spec.name, ": flat offset") / kAlign * kAlign;
+  spec.frozen = frozen_rule_ && frozen_rule_(spec.name);
   ENSURE(!spec.adjacent || !entries_.empty(), "first parameter cannot be adjacent");
+  ENSURE(!spec.adjacent || entries_.back().frozen == spec.frozen, "parameter ", spec.name,
+         " is adjacent to ", entries_.back().name, " but only one of them is frozen");
+  int64_t& total = spec.frozen ? frozen_total_ : total_;
+  int64_t off = total;
+  if (!spec.adjacent) off = checked_add<int64_t>(off, kAlign - 1, "parameter ", spec.name, ": flat offset") / kAlign * kAlign;
   spec.offset = off;
-  total_ = checked_add<int64_t>(off, spec.shape.numel(), "parameter ", spec.name, " ", spec.shape.str(),
-                                ": the flat parameter buffers' length");
+  total = checked_add<int64_t>(off, spec.shape.numel(), "parameter ", spec.name, " ", spec.shape.str(),
+                               ": the flat parameter buffers' length");
   index_[spec.name] = entries_.size();
   entries_.push_back(std::move(spec));
   return entries_.back();
@@ -138,13 +142,15 @@ double init_value(const ParamSpec& s, PhiloxKey key, int64_t i) {
 
 }  // namespace
 
-void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out) {
+void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out,
+                 bool frozen) {
   ENSURE(out.device == Device::CPU && (out.dtype == DType::F32 || out.dtype == DType::F64),
          "init_values writes a host f32 or f64 tensor");
   ENSURE(0 <= begin && begin <= end && out.numel() == end - begin, "init_values: range [", begin, ", ", end,
          ") into ", out.numel(), " elements");
   zero_tensor(out);
   for (const ParamSpec& s : table.entries()) {
+    if (s.frozen != frozen) continue;  // the other flat space
     const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.shape.numel());
     if (lo >= hi) continue;
     const PhiloxKey key = philox_key(seed, s.name);
@@ -173,6 +179,12 @@ ParamStore::ParamStore(const ParamTable& table, Device device, DType compute_dty
   ENSURE(compute_dtype == DType::F32 || compute_dtype == DType::F64 || compute_dtype == DType::BF16,
          "parameters in ", dtype_name(compute_dtype));
   allocate_weights();
+  if (table.frozen_elements() > 0) {
+    frozen_ = Buffer(checked_mul<size_t>(static_cast<size_t>(table.frozen_elements()), dtype_size(compute_dtype_),
+                                         "frozen weight buffer bytes"),
+                     device);
+    fill_zero_bytes(frozen_.data(), device_, frozen_.bytes());
+  }
   grads_ = Buffer(checked_mul<size_t>(static_cast<size_t>(capacity_), dtype_size(grad_dtype()), "gradient buffer bytes"),
                   device);
   zero_grads();
@@ -220,6 +232,15 @@ Tensor ParamStore::weight_at(int64_t offset, Shape s) const {
                 compute_dtype_, device_, s);
 }
 
+Tensor ParamStore::frozen_weight_at(int64_t offset, Shape s) const {
+  ENSURE(offset >= 0 && offset + s.numel() <= table_.frozen_elements(), "frozen weight view [", offset, ", ",
+         offset + s.numel(), ") past the frozen buffer's ", table_.frozen_elements(), " elements");
+  return Tensor(static_cast<char*>(frozen_.data()) + offset * static_cast<int64_t>(dtype_size(compute_dtype_)),
+                compute_dtype_, device_, s);
+}
+
+Tensor ParamStore::frozen_flat() const { return frozen_weight_at(0, {table_.frozen_elements()}); }
+
 Tensor ParamStore::grad_at(int64_t offset, Shape s) const {
   return Tensor(static_cast<char*>(grads_.data()) + offset * static_cast<int64_t>(dtype_size(grad_dtype())),
                 grad_dtype(), device_, s);
@@ -227,36 +248,45 @@ Tensor ParamStore::grad_at(int64_t offset, Shape s) const {
 
 Tensor ParamStore::weight(const std::string& name) const {
   const ParamSpec& s = table_.get(name);
-  return weight_at(s.offset, s.shape);
+  return s.frozen ? frozen_weight_at(s.offset, s.shape) : weight_at(s.offset, s.shape);
 }
 
 Tensor ParamStore::grad(const std::string& name) const {
   const ParamSpec& s = table_.get(name);
+  ENSURE(!s.frozen, "parameter ", name, " is frozen: it has no gradient");
   return grad_at(s.offset, s.shape);
 }
 
 Tensor ParamStore::weights_flat() const { return weight_at(0, {capacity_}); }
 Tensor ParamStore::grads_flat() const { return grad_at(0, {capacity_}); }
 
-void ParamStore::init(uint64_t seed) {
-  // Generated on the host in f32 (f64 for an f64 model), then converted: identical on every
-  // backend and layout.
-  const DType host_dtype = compute_dtype_ == DType::F64 ? DType::F64 : DType::F32;
-  Owned host = empty({capacity_}, host_dtype, Device::CPU);
-  init_values(table_, seed, 0, capacity_, host);
-  if (host_dtype == compute_dtype_) {
-    copy_tensor(weights_flat(), host);
-  } else {
-    // f32 -> bf16, rounded to nearest even as the CPU cast op does.
-    ENSURE(host_dtype == DType::F32 && compute_dtype_ == DType::BF16, "parameter init: no conversion from ",
-           dtype_name(host_dtype), " to ", dtype_name(compute_dtype_));
-    Owned converted = empty({capacity_}, DType::BF16, Device::CPU);
-    const float* src = host.ptr<float>();
-    bf16* dst = converted.ptr<bf16>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < capacity_; ++i) dst[i] = bf16(src[i]);
-    copy_tensor(weights_flat(), converted);
+namespace {
+// Init values of one flat space into `dst` (`n` elements): generated on the host in f32 (f64 for
+// an f64 model), then converted, so identical on every backend and layout.
+void init_space(const ParamTable& table, uint64_t seed, bool frozen, int64_t n, DType dtype, const Tensor& dst) {
+  const DType host_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
+  Owned host = empty({n}, host_dtype, Device::CPU);
+  init_values(table, seed, 0, n, host, frozen);
+  if (host_dtype == dtype) {
+    copy_tensor(dst, host);
+    return;
   }
+  // f32 -> bf16, rounded to nearest even as the CPU cast op does.
+  ENSURE(host_dtype == DType::F32 && dtype == DType::BF16, "parameter init: no conversion from ",
+         dtype_name(host_dtype), " to ", dtype_name(dtype));
+  Owned converted = empty({n}, DType::BF16, Device::CPU);
+  const float* src = host.ptr<float>();
+  bf16* out = converted.ptr<bf16>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16(src[i]);
+  copy_tensor(dst, converted);
+}
+}  // namespace
+
+void ParamStore::init(uint64_t seed) {
+  init_space(table_, seed, false, capacity_, compute_dtype_, weights_flat());
+  if (table_.frozen_elements() > 0)
+    init_space(table_, seed, true, table_.frozen_elements(), compute_dtype_, frozen_flat());
 }
 
 void ParamStore::zero_grads() { fill_zero_bytes(grads_.data(), device_, grads_.bytes()); }

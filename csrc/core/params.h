@@ -14,6 +14,11 @@
 // block; full_shape: the declared tensor). Parameters with split_dim = -1 are replicated. Every
 // rank's table has the same names in the same order with the same local shapes, so the flat
 // layouts (and ZeRO shards) of all tensor-parallel ranks line up.
+// Frozen parameters (ParamTable::set_frozen_rule; LoRA freezes every base parameter) are laid out
+// in a second flat space of their own: `offset` is their place in the frozen weight buffer, which
+// has no gradients, no optimizer state, no ZeRO sharding and is never released (a frozen weight
+// has no master to rebuild it from). The flat buffers that gradients, buckets, ZeRO shards, AdamW
+// and checkpoints cover are therefore the trainable parameters only.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -48,6 +53,9 @@ struct ParamSpec {
   bool tp_partial_grad = false;
   int64_t offset = 0;       // element offset in the flat buffers (set by ParamTable::add)
   double init_low = 0, init_high = 0, init_floor = 0;  // for InitKind::InvSoftplusLogUniform
+  // Set by add from the table's frozen rule: no gradient, no update; `offset` is in the frozen
+  // space (ParamStore::frozen_flat).
+  bool frozen = false;
 };
 
 class ParamTable {
@@ -55,20 +63,24 @@ class ParamTable {
   // The table of tensor-parallel rank `tp_rank` of `tp_size` (1: the whole model).
   explicit ParamTable(int tp_rank = 0, int tp_size = 1);
   const ParamSpec& add(ParamSpec spec);
+  // Parameters added afterwards whose name `frozen(name)` holds are frozen (see the top).
+  void set_frozen_rule(std::function<bool(const std::string&)> frozen) { frozen_rule_ = std::move(frozen); }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
   const ParamSpec& get(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const std::vector<ParamSpec>& entries() const { return entries_; }
-  int64_t total_elements() const { return total_; }   // including alignment gaps
+  int64_t total_elements() const { return total_; }   // trainable space, including alignment gaps
+  int64_t frozen_elements() const { return frozen_total_; }  // frozen space, including gaps
   int64_t num_parameters() const;                     // sum of numel over entries (this rank's blocks)
   int64_t num_full_parameters() const;                // the same over the full (unsharded) tensors
 
  private:
   std::vector<ParamSpec> entries_;
   std::unordered_map<std::string, size_t> index_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, frozen_total_ = 0;
   int tp_rank_ = 0, tp_size_ = 1;
+  std::function<bool(const std::string&)> frozen_rule_;
 };
 
 // Index in the full tensor of element `i` (row-major, local) of a parameter's block.
@@ -90,8 +102,9 @@ BlockRun block_of_full(const Shape& full_shape, int split_dim, int tp_size, int6
 
 // Init values of flat elements [begin, end) into `out` (a host f32 or f64 tensor of end - begin
 // elements); alignment gaps and the tail past the table are 0. Any range of any layout gets
-// exactly the values of the single-rank model.
-void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out);
+// exactly the values of the single-rank model. `frozen`: the same over the frozen space.
+void init_values(const ParamTable& table, uint64_t seed, int64_t begin, int64_t end, const Tensor& out,
+                 bool frozen = false);
 
 class ParamStore {
  public:
@@ -115,6 +128,9 @@ class ParamStore {
   // weights are released, and waits for the pending ranges (below) that exist when it is made.
   Tensor weight_at(int64_t offset, Shape s) const;
   Tensor grad_at(int64_t offset, Shape s) const;
+  // A frozen parameter's weight (offset in the frozen space); always resident.
+  Tensor frozen_weight_at(int64_t offset, Shape s) const;
+  Tensor frozen_flat() const;  // the whole frozen weight buffer (frozen_elements() elements)
   // Whole flat buffers (capacity elements), for the optimizer and collectives.
   Tensor weights_flat() const;
   Tensor grads_flat() const;
@@ -147,7 +163,7 @@ class ParamStore {
   Device device_;
   DType compute_dtype_;
   int64_t capacity_;
-  Buffer weights_, grads_;
+  Buffer weights_, grads_, frozen_;
   mutable std::deque<PendingWeights> pending_;  // views are const; waiting for a range retires it
 };
 

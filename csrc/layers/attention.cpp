@@ -27,6 +27,10 @@ Attention::Attention(const ParamStore& store, const std::string& prefix, const M
     qk_norm_ = adjacent_rows(store, {prefix + ".q_norm", prefix + ".k_norm"});
     qk_norm_.shape = {2, c.head_dim};
   }
+  lora_q_ = Lora(store, prefix + ".wq", c);
+  lora_k_ = Lora(store, prefix + ".wk", c);
+  lora_v_ = Lora(store, prefix + ".wv", c);
+  lora_o_ = Lora(store, prefix + ".wo", c);
 }
 
 void Attention::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c) {
@@ -49,6 +53,24 @@ void Attention::declare(ParamTable& t, const std::string& prefix, const ModelCon
     t.add({.name = prefix + ".k_norm", .shape = {D}, .init = InitKind::Ones, .weight_decay = false, .adjacent = true,
            .tp_partial_grad = true});
   }
+  // LoRA factors after the base weights (q, k, v stay adjacent for their fused GEMM).
+  const std::pair<const char*, Shape> targets[] = {
+      {"wq", {H * D, C}}, {"wk", {Hkv * D, C}}, {"wv", {Hkv * D, C}}, {"wo", {C, H * D}}};
+  for (const auto& [w, shape] : targets)
+    if (lora_targets_weight(c, w))
+      Lora::declare(t, prefix + "." + w, shape[0], shape[1], std::string(w) == "wo", c);
+}
+
+void Attention::lora_qkv_forward(const Tensor& x, const Tensor& qkv) const {
+  const int64_t qd = int64_t{heads_} * head_dim_, kd = int64_t{kv_heads_} * head_dim_;
+  if (lora_q_) lora_q_.forward(x, qkv, 0);
+  if (lora_k_) lora_k_.forward(x, qkv, qd);
+  if (lora_v_) lora_v_.forward(x, qkv, qd + kd);
+}
+
+std::function<void(const Tensor&)> Attention::lora_out(const Tensor& o) const {
+  if (!lora_o_) return nullptr;
+  return [this, o](const Tensor& partial) { lora_o_.forward(o, partial); };
 }
 
 ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const AttentionSaved& s) const {
@@ -85,6 +107,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   const Tensor qkv = s.qkv->view({T, int64_t{NH} * head_dim_});
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     linear_forward(x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
+    lora_qkv_forward(x, qkv.slice(r0, r1));
   });
   if (qk_norm_) {
     s.qk_in = env.act_tensor({T, heads_ + kv_heads_, head_dim_});
@@ -103,7 +126,8 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   }
   ops::attention_forward(op_params(seg, s));
   if (seg.kv && seg.kv_release) seg.kv->layers.erase(this);
-  row_linear_forward(env, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(), bo_, y);
+  const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
+  row_linear_forward(env, o, wo_.w(), bo_, y, {}, lora_out(o));
 }
 
 void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
@@ -121,8 +145,9 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
   const Tensor dy_full = row_output_backward(env, dy, dy_storage);
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows), not kept since the forward
   Owned dout = env.act_tensor({T, heads_, head_dim_});
-  linear_backward(dy_full, s.out->view({T, int64_t{heads_} * head_dim_}), wo_.w(),
-                  dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
+  const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
+  linear_backward(dy_full, o, wo_.w(), dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
+  if (lora_o_) lora_o_.backward(dy_full, o, dout->view({T, int64_t{heads_} * head_dim_}));
   dy_storage = Owned{};
   Owned dqkv = env.act_tensor({T, NH, head_dim_});
   ops::AttentionBackwardParams b;
@@ -150,8 +175,20 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
   }
   dout = Owned{};
   if (rope_) ops::rope_backward(dqkv, seg.positions, heads_ + kv_heads_, rope_params_);
-  if (qk_norm_) ops::qk_norm_backward(dqkv, s.qk_in, qk_norm_.w(), heads_, s.qk_rstd, qk_norm_.g());
-  column_linear_backward(env, dqkv->view({T, int64_t{NH} * head_dim_}), in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g());
+  if (qk_norm_) {  // a frozen norm's weight gradient goes to a scratch (the op always writes one)
+    const Owned scratch = qk_norm_.frozen ? zeros(qk_norm_.shape, env.stat(), env.device) : Owned{};
+    ops::qk_norm_backward(dqkv, s.qk_in, qk_norm_.w(), heads_, s.qk_rstd, qk_norm_.frozen ? scratch.t : qk_norm_.g());
+  }
+  const Tensor dqkv2 = dqkv->view({T, int64_t{NH} * head_dim_});
+  LowRankBackward low_rank;
+  if (lora_q_ || lora_k_ || lora_v_)
+    low_rank = [&](const Tensor& x, const Tensor& dx_full) {
+      const int64_t qd = int64_t{heads_} * head_dim_, kd = int64_t{kv_heads_} * head_dim_;
+      if (lora_q_) lora_q_.backward(dqkv2, x, dx_full, 0);
+      if (lora_k_) lora_k_.backward(dqkv2, x, dx_full, qd);
+      if (lora_v_) lora_v_.backward(dqkv2, x, dx_full, qd + kd);
+    };
+  column_linear_backward(env, dqkv2, in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g(), low_rank);
 }
 
 }  // namespace engine::layers

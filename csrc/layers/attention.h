@@ -19,6 +19,7 @@
 
 #include "config/config.h"
 #include "layers/common.h"
+#include "layers/lora.h"
 #include "ops/attention.h"
 
 namespace engine::layers {
@@ -97,6 +98,10 @@ class Attention {
 
  private:
   ops::AttentionParams op_params(const SegmentInfo& seg, const AttentionSaved& s) const;
+  // LoRA (layers/lora.h): the q, k, v adapters' terms added to the fused qkv rows from x, and
+  // the output adapter's term on x = o (nullptr without one), for row_linear_forward.
+  void lora_qkv_forward(const Tensor& x, const Tensor& qkv) const;
+  std::function<void(const Tensor&)> lora_out(const Tensor& o) const;
   int heads_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
   bool rope_ = false;
   ops::AttentionBackend backend_ = ops::AttentionBackend::Flash;  // model.attention_backend
@@ -104,6 +109,7 @@ class Attention {
   float norm_eps_ = 1e-6f;
   Param wqkv_, bqkv_, wo_, bo_;
   Param qk_norm_;  // (2, D): q_norm, k_norm (adjacent); undefined without qk_norm
+  Lora lora_q_, lora_k_, lora_v_, lora_o_;  // empty unless lora.targets names them
 };
 
 }  // namespace engine::layers

@@ -9,7 +9,7 @@ Param adjacent_rows(const ParamStore& store, const std::vector<std::string>& nam
   int64_t expect = first.offset;
   for (const auto& n : names) {
     const ParamSpec& s = store.table().get(n);
-    ENSURE(s.offset == expect, n, " is not adjacent to the parameter before it");
+    ENSURE(s.offset == expect && s.frozen == first.frozen, n, " is not adjacent to the parameter before it");
     ENSURE((s.shape.ndim == 2 ? s.shape[1] : 1) == cols, n, " has another column count");
     rows += s.shape[0];
     expect = s.offset + s.shape.numel();
@@ -17,6 +17,7 @@ Param adjacent_rows(const ParamStore& store, const std::vector<std::string>& nam
   Param p;
   p.store = &store;
   p.offset = first.offset;
+  p.frozen = first.frozen;
   p.shape = first.shape.ndim == 2 ? Shape{rows, cols} : Shape{rows};
   return p;
 }

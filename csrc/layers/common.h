@@ -23,15 +23,22 @@ struct Env {
 
 // A parameter (or adjacent parameters seen as one matrix) of a store: its weight and gradient
 // views are made on use, so they stay valid when ZeRO-3 releases and re-gathers the weights.
+// A frozen parameter (ParamSpec::frozen) has no gradient: g() is undefined, and every backward
+// skips what only that gradient needs (its dW GEMM).
 struct Param {
   const ParamStore* store = nullptr;
   int64_t offset = 0;
   Shape shape;
+  bool frozen = false;
   Param() = default;
   Param(const ParamStore& s, const std::string& name)
-      : store(&s), offset(s.table().get(name).offset), shape(s.table().get(name).shape) {}
-  Tensor w() const { return store ? store->weight_at(offset, shape) : Tensor{}; }
-  Tensor g() const { return store ? store->grad_at(offset, shape) : Tensor{}; }
+      : store(&s), offset(s.table().get(name).offset), shape(s.table().get(name).shape),
+        frozen(s.table().get(name).frozen) {}
+  Tensor w() const {
+    if (!store) return Tensor{};
+    return frozen ? store->frozen_weight_at(offset, shape) : store->weight_at(offset, shape);
+  }
+  Tensor g() const { return store && !frozen ? store->grad_at(offset, shape) : Tensor{}; }
   explicit operator bool() const { return store != nullptr; }
 };
 

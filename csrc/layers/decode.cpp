@@ -46,6 +46,7 @@ void Attention::decode(const Env& env, const Tensor& xn, const Tensor& position,
   const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
   Owned qkv = env.act_tensor({1, NH, head_dim_});
   linear_forward(xn, wqkv_.w(), bqkv_.w(), qkv->view({1, int64_t{NH} * head_dim_}));
+  lora_qkv_forward(xn, qkv->view({1, int64_t{NH} * head_dim_}));
   if (qk_norm_) {
     Owned in = env.act_tensor({1, heads_ + kv_heads_, head_dim_}), rstd = env.stat_tensor({1, heads_ + kv_heads_});
     ops::qk_norm_forward(qkv, qk_norm_.w(), heads_, norm_eps_, in, rstd);
@@ -66,7 +67,8 @@ void Attention::decode(const Env& env, const Tensor& xn, const Tensor& position,
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(head_dim_));
   p.window = window_;
   ops::attention_decode(p);
-  row_linear_forward(env, out->view({1, int64_t{heads_} * head_dim_}), wo_.w(), bo_, y);
+  const Tensor o = out->view({1, int64_t{heads_} * head_dim_});
+  row_linear_forward(env, o, wo_.w(), bo_, y, {}, lora_out(o));
 }
 
 MambaCache Mamba::new_cache(const Env& env) const {

@@ -44,6 +44,8 @@ void Embedding::forward(const Env& env, const Tensor& tokens, const Tensor& posi
 }
 
 void Embedding::backward(const Env& env, const Tensor& tokens, const Tensor& positions, const Tensor& dx) const {
+  if (tokens_.frozen && (!positions_ || positions_.frozen)) return;  // frozen (LoRA): nothing to add
+  ENSURE(!tokens_.frozen && !positions_.frozen, "the token and position embeddings are frozen alike");
   if (positions_) ops::embedding_backward(local_rows(env, positions, dx.size(0)), dx, positions_.g(), 0, 0, kIds);
   if (env.tp_size() == 1) return ops::embedding_backward(tokens, dx, tokens_.g(), 0, 0, kIds);
   Owned storage;

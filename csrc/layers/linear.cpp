@@ -19,7 +19,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
                      const Tensor& dweight, const Tensor& dbias) {
   const Tensor dy2 = dy.rows();
   if (dx.data) ops::matmul(dy2, false, weight, false, dx.rows(), {});        // dx = dy W
-  ops::matmul(dy2, true, x.rows(), false, dweight, {1.f, 1.f, {}});          // dW += dy^T x
+  if (dweight.data) ops::matmul(dy2, true, x.rows(), false, dweight, {1.f, 1.f, {}});  // dW += dy^T x
   if (dbias.data) ops::sum_rows(dy2, dbias, 1.f);                            // db += sum_t dy
 }
 

@@ -11,7 +11,8 @@ namespace engine::layers {
 // y = x W^T + bias (+ addend: c's shape, read in the GEMM's epilogue; may be y itself).
 void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                     const Tensor& addend = {});
-// dx may be undefined (first layer: no input gradient needed).
+// dx may be undefined (first layer: no input gradient needed); dweight too (a frozen weight:
+// its GEMM is skipped).
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
                      const Tensor& dweight, const Tensor& dbias);
 

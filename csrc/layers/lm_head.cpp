@@ -115,7 +115,7 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
     wp = empty({width, C}, weight_.w().dtype, env.device);
     copy_tensor(wp->slice(0, V), weight_.w());
     zero_tensor(wp->slice(V, width));
-    if (with_grad) dwp = zeros({width, C}, weight_.g().dtype, env.device);
+    if (with_grad && !weight_.frozen) dwp = zeros({width, C}, weight_.g().dtype, env.device);
   }
   const Tensor w = pad ? wp.t : weight_.w();
   const int64_t chunk = std::max<int64_t>(1, (T + splits_ - 1) / splits_);
@@ -132,12 +132,12 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
     if (!with_grad) continue;
     if (pad) {
       ops::matmul(logits, false, w, false, dxin->slice(a, b), {});          // dx = dlogits Wp
-      ops::matmul(logits, true, xin.slice(a, b), false, dwp, {1.f, 1.f});  // dWp += dlogits^T x
+      if (!weight_.frozen) ops::matmul(logits, true, xin.slice(a, b), false, dwp, {1.f, 1.f});  // dWp += dlogits^T x
     } else {
       linear_backward(logits, xin.slice(a, b), w, dxin->slice(a, b), weight_.g(), {});
     }
   }
-  if (pad && with_grad) ops::add_inplace(weight_.g(), dwp->slice(0, V));  // the chunks' sum, once
+  if (pad && with_grad && !weight_.frozen) ops::add_inplace(weight_.g(), dwp->slice(0, V));  // the chunks' sum, once
   const double loss_sum = ops::sum(losses);
   if (with_grad) {
     gathered = Owned{};

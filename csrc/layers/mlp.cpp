@@ -22,6 +22,11 @@ Mlp::Mlp(const ParamStore& store, const std::string& prefix, const ModelConfig& 
                                            : Param(store, prefix + ".b_in");
     b_out_ = Param(store, prefix + ".b_out");
   }
+  if (act_ == ActivationKind::SwiGLU) {
+    lora_gate_ = Lora(store, prefix + ".w_gate", c);
+    lora_up_ = Lora(store, prefix + ".w_up", c);
+    lora_down_ = Lora(store, prefix + ".w_out", c);
+  }
 }
 
 void Mlp::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c) {
@@ -44,6 +49,11 @@ void Mlp::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c
     }
     t.add({.name = prefix + ".b_out", .shape = {C}, .init = InitKind::Zeros, .weight_decay = false});
   }
+  if (glu) {  // LoRA factors after the base weights (gate and up stay adjacent)
+    if (lora_targets_weight(c, "w_gate")) Lora::declare(t, prefix + ".w_gate", F, C, false, c);
+    if (lora_targets_weight(c, "w_up")) Lora::declare(t, prefix + ".w_up", F, C, false, c);
+    if (lora_targets_weight(c, "w_out")) Lora::declare(t, prefix + ".w_out", C, F, true, c);
+  }
 }
 
 void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s,
@@ -56,6 +66,8 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     if (glu) {
       linear_forward(x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
+      if (lora_gate_) lora_gate_.forward(x, s.h->slice(r0, r1), 0);
+      if (lora_up_) lora_up_.forward(x, s.h->slice(r0, r1), ffn_);
       return;
     }
     // h = x W_in^T + b_in and a = gelu(h) from one GEMM (the GELU in its epilogue)
@@ -66,7 +78,9 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
     ops::matmul(x.rows(), false, w_in_.w(), true, s.a->slice(r0, r1), o);
   });
   if (glu) ops::swiglu_forward(s.h, s.a);
-  row_linear_forward(env, s.a, w_out_.w(), b_out_, y, residual);
+  std::function<void(const Tensor&)> low_rank;
+  if (lora_down_) low_rank = [&](const Tensor& partial) { lora_down_.forward(s.a, partial); };
+  row_linear_forward(env, s.a, w_out_.w(), b_out_, y, residual, low_rank);
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
@@ -85,18 +99,26 @@ void Mlp::backward_except_out_bias(const Env& env, const Tensor& dy, const Tenso
   if (glu) {
     Owned da = env.act_tensor(s.a->shape);
     linear_backward(dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
+    if (lora_down_) lora_down_.backward(dy_full, s.a, da);
     ops::swiglu_backward(da, s.h, dh);
   } else {  // dW_out += dy^T a; dh = (dy W_out) * gelu'(h) and b_in's gradient from one GEMM
-    ops::matmul(dy_full.rows(), true, s.a->rows(), false, w_out_.g(), {1.f, 1.f, {}});
+    if (!w_out_.frozen) ops::matmul(dy_full.rows(), true, s.a->rows(), false, w_out_.g(), {1.f, 1.f, {}});
     ops::MatmulOptions o;
     o.dgelu_input = s.h;
     Owned db;
-    if (b_in_) o.dbias = (db = empty({ffn_}, b_in_.g().dtype, env.device)).t;
+    const bool db_in = b_in_ && !b_in_.frozen;
+    if (db_in) o.dbias = (db = empty({ffn_}, b_in_.g().dtype, env.device)).t;
     ops::matmul(dy_full.rows(), false, w_out_.w(), false, dh, o);
-    if (b_in_) ops::add_inplace(b_in_.g(), db);
+    if (db_in) ops::add_inplace(b_in_.g(), db);
   }
   dy_storage = Owned{};
-  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), glu ? b_in_.g() : Tensor{});
+  LowRankBackward low_rank;
+  if (lora_gate_ || lora_up_)
+    low_rank = [&](const Tensor& x, const Tensor& dx_full) {
+      if (lora_gate_) lora_gate_.backward(dh, x, dx_full, 0);
+      if (lora_up_) lora_up_.backward(dh, x, dx_full, ffn_);
+    };
+  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), glu ? b_in_.g() : Tensor{}, low_rank);
 }
 
 }  // namespace engine::layers

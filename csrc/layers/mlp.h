@@ -8,6 +8,7 @@
 #pragma once
 #include "config/config.h"
 #include "layers/common.h"
+#include "layers/lora.h"
 
 namespace engine::layers {
 
@@ -40,6 +41,7 @@ class Mlp {
   ActivationKind act_ = ActivationKind::SwiGLU;
   int64_t ffn_ = 0;  // this tensor-parallel rank's part of ffn_hidden_size
   Param w_in_, b_in_, w_out_, b_out_;
+  Lora lora_gate_, lora_up_, lora_down_;  // SwiGLU, where lora.targets names them
 };
 
 }  // namespace engine::layers

@@ -26,11 +26,22 @@ void Norm::forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& 
   }
 }
 
+namespace {
+// The norm ops always write their weight (and bias) gradients: a frozen parameter's go to a
+// scratch of its length, dropped after the call.
+Tensor grad_or_scratch(const Param& p, const Tensor& like, Owned& scratch) {
+  if (!p || !p.frozen) return p.g();
+  scratch = zeros(p.shape, like.dtype == DType::F64 ? DType::F64 : DType::F32, like.device);
+  return scratch;
+}
+}  // namespace
+
 void Norm::backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const Tensor& dx) const {
+  Owned sw, sb;
   if (kind_ == NormKind::LayerNorm)
-    ops::layernorm_backward(dy.rows(), x.rows(), weight_.w(), s.mean, s.rstd, dx.rows(), weight_.g(), bias_.g());
+    ops::layernorm_backward(dy.rows(), x.rows(), weight_.w(), s.mean, s.rstd, dx.rows(), grad_or_scratch(weight_, dy, sw), grad_or_scratch(bias_, dy, sb));
   else
-    ops::rmsnorm_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dx.rows(), weight_.g());
+    ops::rmsnorm_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dx.rows(), grad_or_scratch(weight_, dy, sw));
 }
 
 void Norm::forward_residual(const Env& env, const Tensor& x, const Tensor& residual,
@@ -50,13 +61,14 @@ void Norm::forward_residual(const Env& env, const Tensor& x, const Tensor& resid
 void Norm::backward_residual(const Tensor& dy, const Tensor& x, const NormSaved& s,
                              const Tensor& dresidual, const Tensor& dx,
                              const Tensor& dx_colsum) const {
+  Owned sw, sb;
   if (kind_ == NormKind::LayerNorm)
     ops::layernorm_residual_backward(dy.rows(), x.rows(), weight_.w(), s.mean, s.rstd,
-                                     dresidual.rows(), dx.rows(), weight_.g(), bias_.g(),
+                                     dresidual.rows(), dx.rows(), grad_or_scratch(weight_, dy, sw), grad_or_scratch(bias_, dy, sb),
                                      dx_colsum);
   else
     ops::rmsnorm_residual_backward(dy.rows(), x.rows(), weight_.w(), s.rstd, dresidual.rows(),
-                                   dx.rows(), weight_.g(), dx_colsum);
+                                   dx.rows(), grad_or_scratch(weight_, dy, sw), dx_colsum);
 }
 
 }  // namespace engine::layers

@@ -3,6 +3,7 @@
 #include "core/log.h"
 #include "core/trace.h"
 #include "layers/linear.h"
+#include "layers/lora.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 
@@ -52,6 +53,7 @@ void Transformer::declare(ParamTable& t, const ModelConfig& c, const ModelLayout
 
 ParamTable model_param_table(const ModelConfig& c, const ModelLayout& layout, int tp_rank, int tp_size) {
   ParamTable t(tp_rank, tp_size);
+  layers::set_lora_freezing(t, c);  // LoRA: every base parameter frozen
   Transformer::declare(t, c, layout);
   return t;
 }
@@ -59,6 +61,21 @@ ParamTable model_param_table(const ModelConfig& c, const ModelLayout& layout, in
 ParamTable model_param_table(const ModelConfig& c, int tp_rank, int tp_size) {
   return model_param_table(c, ModelLayout{}, tp_rank, tp_size);
 }
+
+namespace {
+// Where block i's gradients begin in the flat buffer: its first trainable parameter's offset (with
+// LoRA the block's norm1 is frozen, core/params.h), or for a block with none the next trainable
+// parameter's (what follows it is complete when its backward ends anyway).
+int64_t block_grads_begin(const ParamTable& t, int i) {
+  const std::string prefix = "layers." + std::to_string(i) + ".";
+  bool in_block = false;
+  for (const ParamSpec& s : t.entries()) {
+    in_block = in_block || s.name.compare(0, prefix.size(), prefix) == 0;
+    if (in_block && !s.frozen) return s.offset;
+  }
+  return t.total_elements();
+}
+}  // namespace
 
 Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtype, int64_t capacity,
                          const ModelLayout& layout)
@@ -75,8 +92,7 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
     if (p.embedding) embedding_ = layers::Embedding(store_, c);
     for (int i = p.first_block; i < p.end_block; ++i) {
       blocks_[static_cast<size_t>(i)] = layers::Block(store_, i, c);
-      block_offsets_[static_cast<size_t>(i)] =
-          store_.table().get("layers." + std::to_string(i) + ".norm1.weight").offset;
+      block_offsets_[static_cast<size_t>(i)] = block_grads_begin(store_.table(), i);
     }
     if (p.head) head_ = std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits);
   }

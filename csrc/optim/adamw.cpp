@@ -30,6 +30,7 @@ AdamW::AdamW(const OptimizerConfig& config, DataParallel& parallel, uint64_t see
   // zero element stays zero under any decay (eps > 0), so updating them is harmless; the tail
   // past the last parameter is left out.
   for (const ParamSpec& s : store_.table().entries()) {
+    if (s.frozen) continue;  // outside the flat buffers (core/params.h)
     const int64_t e = std::min(s.offset + s.shape.numel(), end);
     if (std::max(s.offset, begin) >= e) continue;
     const float decay = s.weight_decay ? static_cast<float>(config.weight_decay) : 0.f;

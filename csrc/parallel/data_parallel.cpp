@@ -24,9 +24,11 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, int zero_stage, int64_t 
   auto tied = [&](const ParamSpec& s) {
     return tied_ && std::find(g.tied_params.begin(), g.tied_params.end(), s.name) != g.tied_params.end();
   };
+  // Frozen parameters (core/params.h) are outside the flat buffers: no gradient to reduce.
   for (const ParamSpec& s : store.table().entries())
-    if (tied(s)) tied_full_.emplace_back(s.offset, s.offset + s.shape.numel());
+    if (tied(s) && !s.frozen) tied_full_.emplace_back(s.offset, s.offset + s.shape.numel());
   for (const ParamSpec& s : store.table().entries()) {
+    if (s.frozen) continue;
     const int64_t b = std::max(s.offset, begin_), e = std::min(s.offset + s.shape.numel(), end_);
     if (b >= e) continue;
     if (tied(s)) tied_ranges_.emplace_back(b - begin_, e - begin_);

@@ -73,18 +73,23 @@ const Tensor& ColumnInput::get() {
 }
 
 void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
-                            const Tensor& dxn, const Tensor& dweight, const Tensor& dbias) {
+                            const Tensor& dxn, const Tensor& dweight, const Tensor& dbias,
+                            const LowRankBackward& low_rank) {
   Owned storage;
   const Tensor dx_full = env.sp() ? (storage = full_rows_tensor(env, dxn)).t : dxn;
   if (env.tp_size() == 1 || !env.tp_overlap) {
-    linear_backward(dy, in.get(), weight, dx_full, dweight, dbias);
+    linear_backward(dy, dweight.data || dbias.data ? in.get() : Tensor{}, weight, dx_full, dweight, dbias);
+    if (low_rank) low_rank(in.get(), dx_full);
     column_input_backward(env, dx_full, dxn);
     return;
   }
   ops::matmul(dy.rows(), false, weight, false, dx_full.rows(), {});  // dx = dy W
+  // (LoRA's terms need the gathered input: under sequence parallelism they wait for it here.)
+  if (low_rank) low_rank(in.get(), dx_full);
   const std::function<void()> reduced = env.sp() ? tp::gather_from_sp_backward_async(*env.tp, dx_full, dxn)
                                                  : tp::copy_to_tp_backward_async(*env.tp, dx_full, dxn);
-  linear_backward(dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction
+  if (dweight.data || dbias.data)
+    linear_backward(dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction
   if (reduced) reduced();
 }
 
@@ -100,21 +105,24 @@ void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y) 
 }
 
 void row_linear_bias_backward(const Tensor& dy, const Param& bias) {
-  if (bias) ops::sum_rows(dy.rows(), bias.g(), 1.f);
+  if (bias && !bias.frozen) ops::sum_rows(dy.rows(), bias.g(), 1.f);
 }
 
 void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
-                        const Tensor& residual) {
+                        const Tensor& residual, const std::function<void(const Tensor&)>& low_rank) {
   const Tensor b = bias && bias.store->table().tp_rank() == 0 ? bias.w() : Tensor{};
   if (env.sp()) {
     Owned partial = env.act_tensor({x.size(0), y.size(1)});
     linear_forward(x, weight, b, partial);
+    if (low_rank) low_rank(partial);
     row_output_forward(env, partial, y);
   } else if (residual.data && env.tp_size() == 1) {  // no reduction: the residual in the epilogue
     linear_forward(x, weight, b, y, residual);
+    if (low_rank) low_rank(y);
     return;
   } else {
     linear_forward(x, weight, b, y);
+    if (low_rank) low_rank(y);
     row_output_forward(env, y, y);
   }
   if (residual.data) ops::add(y, residual, y);

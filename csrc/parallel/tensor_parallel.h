@@ -79,9 +79,13 @@ class ColumnInput {
 // The backward of a column-parallel linear y = x W^T (+ b) with x = in.get() and dy of full rows:
 // dW += dy^T x, db += the column sums of dy (when given), and dxn (xn's rows) = the sum over the
 // tp ranks of dy W, whose reduction runs beside the weight-gradient GEMM (overlap). dxn is
-// complete for the compute queued after the call.
+// complete for the compute queued after the call. A frozen weight's dweight is undefined (no
+// GEMM). `low_rank(x, dx_full)` (LoRA, layers/lora.h) adds its terms to the partial input
+// gradient before the reduction and accumulates its own parameter gradients.
+using LowRankBackward = std::function<void(const Tensor& x, const Tensor& dx_full)>;
 void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
-                            const Tensor& dxn, const Tensor& dweight, const Tensor& dbias);
+                            const Tensor& dxn, const Tensor& dweight, const Tensor& dbias,
+                            const LowRankBackward& low_rank = {});
 
 // y (x's local rows) = the sum over ranks of the partial outputs (full rows); `partial` may be
 // `y` itself without sequence parallelism (reduced in place).
@@ -90,8 +94,9 @@ void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y);
 // (+ residual), y holding this rank's rows (reduce-scattered under sequence parallelism). The
 // bias is replicated, so only the first tensor-parallel rank adds it to its partial sum; without
 // tensor parallelism the residual joins in the GEMM's epilogue, else after the reduction.
+// `low_rank(partial)` (LoRA) adds its term to this rank's partial output before the reduction.
 void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
-                        const Tensor& residual = {});
+                        const Tensor& residual = {}, const std::function<void(const Tensor&)>& low_rank = {});
 // A row-parallel linear's output bias gradient: += sum_t dy over this rank's rows. Complete
 // without sequence parallelism (dy is replicated); with it a partial sum over the token shards,
 // reduced with the other replicated parameters' gradients (parallel/data_parallel.h). Nothing

@@ -296,7 +296,21 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
   if (mesh_->tp_rank() == 0) log_info("distillation: ", description);
 }
 
+namespace {
+// LoRA: the frozen base weights are no state of a checkpoint (core/params.h); every start, a
+// resume included, takes them from model.init_from, or keeps the seed's init already in the store.
+void load_frozen_base(const Config& c, Model& model, Comm& all) {
+  if (c.model.init_from.empty() || model.params().table().frozen_elements() == 0) return;
+  checkpoint::agree(all, [&] {
+    hf::HfWeights weights(c.model.init_from, c.model);
+    checkpoint::fill_frozen(model.params(), weights.fetcher());
+  });
+  log_info("frozen base weights from the Hugging Face folder ", c.model.init_from);
+}
+}  // namespace
+
 void Trainer::resume_or_init() {
+  load_frozen_base(config_, *model_, mesh_->all());
   checkpoint_root_ = checkpoint::checkpoint_root(config_);
   resumed_from_ = checkpoint::resolve_resume(config_.training.resume, checkpoint_root_, mesh_->all());
   if (!resumed_from_.empty()) {
@@ -330,7 +344,7 @@ void Trainer::resume_or_init() {
     return;
   }
   if (config_.training.resume == "auto") log_info("no checkpoint under ", checkpoint_root_, ": starting from step 0");
-  if (!config_.model.init_from.empty()) {
+  if (!config_.model.init_from.empty() && config_.model.lora.rank == 0) {
     std::unique_ptr<hf::HfWeights> weights;
     checkpoint::agree(mesh_->all(), [&] {
       weights = std::make_unique<hf::HfWeights>(config_.model.init_from, config_.model);
