@@ -35,6 +35,11 @@ run's rel_rms against its f32 where that is larger, printed beside ours: a route
 picks other experts in bf16 on either side). rel_rms = rms(ours - ref) / rms(ref). Exit code 0
 when every family passes.
 
+The opt-in case `lora` (--families lora; needs `peft`) trains a llama base, exports it, trains
+LoRA adapters on it (model.init_from, [lora] on all seven linears) and compares our logits of the
+adapted model (--dump-logits) with PEFT's (PeftModel.from_pretrained on the base folder and our
+--export-peft adapter), and with transformers' on our merged --export-hf.
+
     python3 scripts/hf_check.py                 # all families, builds ./train first if missing
     python3 scripts/hf_check.py --families qwen2 --keep --workdir /tmp/hf-check
 
@@ -452,6 +457,52 @@ def generate_vs(model, model_dir, train, cfg, devices, ref_device, log, errors):
     return ", ".join(parts), ok
 
 
+LORA_KEYS = '''
+[lora]
+rank = 4
+alpha = 8
+targets = ["q", "k", "v", "o", "gate", "up", "down"]
+'''
+
+
+def lora_case(train, data, workdir, devices, ref_device, tokens, sequences, steps, log):
+    """The `lora` case (see the top): parts of its line and whether all passed."""
+    import torch
+    from peft import PeftModel  # only this case needs peft
+
+    parts, ok = [], True
+    base_cfg = os.path.join(workdir, "lora-base.toml")
+    with open(base_cfg, "w") as f:
+        f.write(config_text("llama", data, workdir, "auto", steps).replace('name = "llama"', 'name = "lora-base"'))
+    shutil.rmtree(os.path.join(workdir, "runs", "lora-base"), ignore_errors=True)
+    run([train, base_cfg], log)
+    base = os.path.join(workdir, "export", "lora-base")
+    run([train, base_cfg, "--export-hf", base], log)
+    cfg = os.path.join(workdir, "lora.toml")
+    text = config_text("llama", data, workdir, "auto", steps).replace('name = "llama"', 'name = "lora"')
+    text = text.replace("[model]\n", f'[model]\ninit_from = "{base}"\n').replace("lr = 3e-3", "lr = 2e-2")
+    with open(cfg, "w") as f:
+        f.write(text + LORA_KEYS)
+    shutil.rmtree(os.path.join(workdir, "runs", "lora"), ignore_errors=True)
+    run([train, cfg], log)
+    adapter = os.path.join(workdir, "export", "lora-adapter")
+    run([train, cfg, "--export-peft", adapter], log)
+    merged = os.path.join(workdir, "export", "lora-merged")
+    run([train, cfg, "--export-hf", merged], log)
+    peft_model = PeftModel.from_pretrained(load_hf(base), adapter).to(torch.float32)
+    ref = hf_logits(base, sequences, ref_device, model=peft_model)
+    base_ref = hf_logits(base, sequences, ref_device)
+    moved = compare(base_ref, ref)[1]  # how far the adapters moved the model: must be visible
+    line, good = ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, "lora-peft", log)
+    parts.append(f"peft {line} (adapters move the logits by rel_rms {moved:.1e})")
+    ok &= good and moved > 10 * TOLERANCE["cpu"]
+    ref = hf_logits(merged, sequences, ref_device)
+    line, good = ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, "lora-merged", log)
+    parts.append("merged " + line)
+    ok &= good
+    return parts, ok
+
+
 def compare(ours, ref):
     import numpy as np
 
@@ -482,8 +533,8 @@ def main():
 
     families = [f for f in args.families.split(",") if f]
     for f in families:
-        if f not in FAMILIES:
-            sys.exit(f"unknown family {f} (known: {', '.join(FAMILIES)})")
+        if f not in FAMILIES and f != "lora":
+            sys.exit(f"unknown family {f} (known: {', '.join(FAMILIES)}, and the case lora)")
     try:
         import numpy  # noqa: F401
         import torch
@@ -525,39 +576,42 @@ def main():
             for s in sequences:
                 f.write(" ".join(map(str, s)) + "\n")
         try:
-            cfg = os.path.join(workdir, f"{family}.toml")
-            with open(cfg, "w") as f:
-                f.write(config_text(family, data, workdir, "auto", args.steps))
-            shutil.rmtree(os.path.join(workdir, "runs", family), ignore_errors=True)
-            run([args.train, cfg], log)
-            export = os.path.join(workdir, "export", family)
-            run([args.train, cfg, "--export-hf", export], log)
-            ref = hf_logits(export, sequences, ref_device)
-            own = hf_bf16_error(export, sequences, ref) if "cuda" in devices else None
-            line, good = ours_vs(ref, args.train, cfg, tokens, sequences, devices, workdir, family + "-export", log,
-                                 hf_bf16=own)
-            parts.append("export " + line)
-            ok &= good
-            # The other direction: a checkpoint written by transformers, read by model.init_from.
-            hf_dir = os.path.join(workdir, "hf", family)
-            model = save_random_hf_model(export, hf_dir, seed=args.seed)
-            ref = hf_logits(hf_dir, sequences, ref_device, model=model)
-            cfg_in = os.path.join(workdir, f"{family}-import.toml")
-            with open(cfg_in, "w") as f:
-                f.write(f'[run]\nname = "{family}-import"\noutput_dir = "{workdir}/runs"\n'
-                        f'[model]\ninit_from = "{hf_dir}"\n[data]\ntrain = [{{ path = "{data}" }}]\n'
-                        f'sequence_length = {sequence_length(family)}\n[training]\nsteps = 1\n')
-            shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
-            errors = {}
-            own = hf_bf16_error(hf_dir, sequences, ref, model=model) if "cuda" in devices else None
-            line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log,
-                                 errors, hf_bf16=own)
-            parts.append("import " + line)
-            ok &= good
-            # Greedy generation from the same model, both sides with their caches.
-            line, good = generate_vs(model, hf_dir, args.train, cfg_in, devices, ref_device, log, errors)
-            parts.append("generate " + line)
-            ok &= good
+            if family == "lora":
+                parts, ok = lora_case(args.train, data, workdir, devices, ref_device, tokens, sequences, args.steps, log)
+            else:
+                cfg = os.path.join(workdir, f"{family}.toml")
+                with open(cfg, "w") as f:
+                    f.write(config_text(family, data, workdir, "auto", args.steps))
+                shutil.rmtree(os.path.join(workdir, "runs", family), ignore_errors=True)
+                run([args.train, cfg], log)
+                export = os.path.join(workdir, "export", family)
+                run([args.train, cfg, "--export-hf", export], log)
+                ref = hf_logits(export, sequences, ref_device)
+                own = hf_bf16_error(export, sequences, ref) if "cuda" in devices else None
+                line, good = ours_vs(ref, args.train, cfg, tokens, sequences, devices, workdir, family + "-export", log,
+                                     hf_bf16=own)
+                parts.append("export " + line)
+                ok &= good
+                # The other direction: a checkpoint written by transformers, read by model.init_from.
+                hf_dir = os.path.join(workdir, "hf", family)
+                model = save_random_hf_model(export, hf_dir, seed=args.seed)
+                ref = hf_logits(hf_dir, sequences, ref_device, model=model)
+                cfg_in = os.path.join(workdir, f"{family}-import.toml")
+                with open(cfg_in, "w") as f:
+                    f.write(f'[run]\nname = "{family}-import"\noutput_dir = "{workdir}/runs"\n'
+                            f'[model]\ninit_from = "{hf_dir}"\n[data]\ntrain = [{{ path = "{data}" }}]\n'
+                            f'sequence_length = {sequence_length(family)}\n[training]\nsteps = 1\n')
+                shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
+                errors = {}
+                own = hf_bf16_error(hf_dir, sequences, ref, model=model) if "cuda" in devices else None
+                line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log,
+                                     errors, hf_bf16=own)
+                parts.append("import " + line)
+                ok &= good
+                # Greedy generation from the same model, both sides with their caches.
+                line, good = generate_vs(model, hf_dir, args.train, cfg_in, devices, ref_device, log, errors)
+                parts.append("generate " + line)
+                ok &= good
         except Exception as e:  # one line per family, whatever went wrong
             ok = False
             parts.append("error: " + str(e).strip().splitlines()[0][:300] + f" (see {log})")

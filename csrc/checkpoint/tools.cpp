@@ -3,8 +3,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "checkpoint/file_io.h"
+#include "checkpoint/lora_export.h"
 #include "comm/mpi_comm.h"
 #include "core/log.h"
 #include "models/model.h"
@@ -25,28 +27,39 @@ WeightSource weight_source(const Config& c) {
   SelfComm self;
   const std::string& spec = c.training.resume;
   const std::string dir = resolve_resume(spec == "none" ? "auto" : spec, checkpoint_root(c), self);
-  WeightSource w;
   const ParamTable table = model_param_table(c.model);
+  const bool lora = c.model.lora.rank > 0;
+  auto t = std::make_shared<ParamTable>(table);
+  const uint64_t seed = c.run.seed;
+  Fetch init = [t = t.get(), seed](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+    init_values(*t, seed, p.offset + lo, p.offset + hi, Tensor(out, DType::F32, Device::CPU, {hi - lo}), p.frozen);
+  };
+  const std::string init_text = str_cat("the random init (seed ", seed, "; no checkpoint under ", checkpoint_root(c), ")");
+  std::shared_ptr<Reader> reader;
+  std::shared_ptr<hf::HfWeights> hfw;
+  Fetch trainable = init, frozen = init;
+  std::string trainable_text = init_text, frozen_text = init_text;
   if (!dir.empty()) {
-    auto reader = std::make_shared<Reader>(dir);
+    reader = std::make_shared<Reader>(dir);
     check_compatible(reader->metadata(), table, dir);
-    w.description = str_cat("checkpoint ", dir, " (step ", reader->metadata().state.step, ")");
-    w.fetch = [r = reader.get()](const ParamSpec& p, int64_t lo, int64_t hi, float* out) { r->read(0, p.name, lo, hi, out); };
-    w.keep_alive = reader;
-  } else if (!c.model.init_from.empty()) {
-    auto hfw = std::make_shared<hf::HfWeights>(c.model.init_from, c.model);
-    w.description = "Hugging Face folder " + c.model.init_from;
-    w.fetch = hfw->fetcher();
-    w.keep_alive = hfw;
-  } else {
-    auto t = std::make_shared<ParamTable>(table);
-    const uint64_t seed = c.run.seed;
-    w.description = str_cat("the random init (seed ", seed, "; no checkpoint under ", checkpoint_root(c), ")");
-    w.fetch = [t = t.get(), seed](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
-      init_values(*t, seed, p.offset + lo, p.offset + hi, Tensor(out, DType::F32, Device::CPU, {hi - lo}));
-    };
-    w.keep_alive = t;
+    trainable_text = str_cat("checkpoint ", dir, " (step ", reader->metadata().state.step, ")");
+    trainable = [r = reader.get()](const ParamSpec& p, int64_t lo, int64_t hi, float* out) { r->read(0, p.name, lo, hi, out); };
   }
+  if (!c.model.init_from.empty() && (dir.empty() || lora)) {
+    hfw = std::make_shared<hf::HfWeights>(c.model.init_from, c.model);
+    frozen_text = "Hugging Face folder " + c.model.init_from;
+    frozen = hfw->fetcher();
+    if (dir.empty() && !lora) trainable = frozen, trainable_text = frozen_text;
+  }
+  WeightSource w;
+  // LoRA: the adapters from the checkpoint (or their init), the frozen base from init_from (or
+  // the seed's init), as a resumed run takes them (train/trainer.cpp).
+  w.description = lora ? str_cat("LoRA adapters of ", trainable_text, " on the base weights of ", frozen_text) : trainable_text;
+  w.fetch = [trainable, frozen](const ParamSpec& p, int64_t lo, int64_t hi, float* out) {
+    (p.frozen ? frozen : trainable)(p, lo, hi, out);
+  };
+  w.keep_alive = std::make_shared<std::tuple<std::shared_ptr<ParamTable>, std::shared_ptr<Reader>,
+                                             std::shared_ptr<hf::HfWeights>>>(t, reader, hfw);
   return w;
 }
 
@@ -55,7 +68,18 @@ void export_hf_from_config(const Config& c, const std::string& out_dir, const hf
   WeightSource w = weight_source(c);
   log_info("exporting the weights of ", w.description);
   const ParamTable table = model_param_table(c.model);
-  hf::export_hf(c.model, table, w.fetch, out_dir, options);
+  if (c.model.lora.rank == 0) return hf::export_hf(c.model, table, w.fetch, out_dir, options);
+  // LoRA: the merged model, the base's own folder layout (checkpoint/lora_export.h).
+  const ModelConfig base = lora_base_config(c.model);
+  log_info("LoRA: writing the merged weights W + (lora.alpha / lora.rank) B A");
+  hf::export_hf(base, model_param_table(base), merged_fetch(c.model, table, w.fetch), out_dir, options);
+}
+
+void export_peft_from_config(const Config& c, const std::string& out_dir) {
+  if (c.model.lora.rank == 0) RAISE(c.where("lora.rank"), "--export-peft needs a LoRA run (lora.rank > 0)");
+  WeightSource w = weight_source(c);
+  log_info("exporting the LoRA adapter of ", w.description);
+  export_peft(c.model, model_param_table(c.model), w.fetch, out_dir);
 }
 
 void dump_logits(const Config& c, Device device, const std::string& tokens_path, const std::string& out_path) {

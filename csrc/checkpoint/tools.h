@@ -1,5 +1,6 @@
 // The checkpoint tools of the train program:
 //   ./train CONFIG --export-hf OUT_DIR   the model as a Hugging Face folder (hf.h)
+//   ./train CONFIG --export-peft OUT_DIR (LoRA runs) the adapter as a PEFT folder (lora_export.h)
 //   ./train CONFIG --dump-logits TOKENS OUT.safetensors
 //                                        our logits for given token sequences (scripts/hf_check.py
 //                                        compares them with transformers')
@@ -32,6 +33,9 @@ std::string checkpoint_root(const Config& c);
 ModelConfig folder_model_config(const std::string& folder);
 
 void export_hf_from_config(const Config& c, const std::string& out_dir, const hf::ExportOptions& options);
+// A LoRA run's adapter as a PEFT folder (checkpoint/lora_export.h); --export-hf of such a run
+// writes the merged model.
+void export_peft_from_config(const Config& c, const std::string& out_dir);
 
 // TOKENS: a text file, one sequence per line of whitespace-separated token ids (each line a
 // document of its own). OUT: safetensors with, per line i, "tokens.<i>" (T) I32 and "logits.<i>"

@@ -231,6 +231,36 @@ class Parser {
     RAISE(c_.where(path), "unknown value \"", s->get(), "\", expected ", enum_choices(names));
   }
   void derived(const char*, int&, const char*) {}  // setting one is an error (check_structure)
+  void lr_scales(const char* key, std::vector<LrScale>& out) {
+    std::string path;
+    const toml::node* n = find(key, path);
+    if (!n) return;
+    const auto* arr = n->as_array();
+    if (!arr) RAISE(c_.where(path), "expected an array of { pattern = \"...\", scale = s } tables, got ", describe(*n));
+    out.clear();
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const std::string at = str_cat(c_.where(path), "element ", i, ": ");
+      const auto* t = (*arr)[i].as_table();
+      if (!t) RAISE(at, "expected { pattern = \"...\", scale = s }, got ", describe((*arr)[i]));
+      LrScale s;
+      bool has_pattern = false, has_scale = false;
+      for (auto&& [k, v] : *t) {
+        const std::string name(k.str());
+        if (name == "pattern") {
+          if (!v.as_string()) RAISE(at, "pattern: expected a string, got ", describe(v));
+          s.pattern = v.as_string()->get();
+          has_pattern = true;
+        } else if (name == "scale") {
+          s.scale = number(v, at + "scale: ");
+          has_scale = true;
+        } else {
+          RAISE(at, name, ": unknown key (an entry has pattern and scale)");
+        }
+      }
+      if (!has_pattern || !has_scale) RAISE(at, "needs both pattern and scale");
+      out.push_back(std::move(s));
+    }
+  }
   void strings(const char* key, std::vector<std::string>& out) {
     std::string path;
     const toml::node* n = find(key, path);
@@ -387,6 +417,7 @@ Config parse_impl(const std::string& text, const std::string& source, const fs::
   visit_fields(c, p);
   finish_config(c);
   check_lora(c);
+  check_lr_scale(c);
   return c;
 }
 

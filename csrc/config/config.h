@@ -167,6 +167,15 @@ struct BatchConfig {
   bool operator==(const BatchConfig&) const = default;
 };
 
+// optimizer.lr_scale: an array of { pattern = "layers.*.attn.*", scale = 0.5 } tables; a
+// parameter's learning rate is lr x the scale of the LAST pattern matching its name (glob, `*`
+// any run of characters; optim/lr_scale.h), 1 where none matches. Scale 0 leaves it unchanged.
+struct LrScale {
+  std::string pattern;
+  double scale = 1.0;
+  bool operator==(const LrScale&) const = default;
+};
+
 struct OptimizerConfig {
   double lr = 3e-4;
   double min_lr = 0.0;
@@ -178,6 +187,7 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 disables clipping
+  std::vector<LrScale> lr_scale;  // per-parameter learning-rate scales (above)
   bool operator==(const OptimizerConfig&) const = default;
 };
 

@@ -9,6 +9,7 @@
 //   choice(key, enum, names)            a lowercase string naming one enum value
 //   datasets(key, std::vector<DatasetRef>)
 //   strings(key, std::vector<std::string>)  an array of strings
+//   lr_scales(key, std::vector<LrScale>)    an array of { pattern, scale } tables
 //   derived(key, int, formula)          computed, never read; written as a comment
 #pragma once
 #include <cstdint>
@@ -171,6 +172,7 @@ void visit_fields(C& c, V& v) {
   v.field("beta2", c.optimizer.beta2);
   v.field("eps", c.optimizer.eps);
   v.field("grad_clip", c.optimizer.grad_clip);
+  v.lr_scales("lr_scale", c.optimizer.lr_scale);
 
   v.section("training");
   v.field("steps", c.training.steps);
@@ -211,7 +213,7 @@ void visit_fields(C& c, V& v) {
 }
 
 // The key schema, collected once by a visitor over a default Config.
-enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Derived, Strings };
+enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Derived, Strings, LrScales };
 
 struct FieldInfo {
   std::string section;
@@ -233,6 +235,9 @@ void check_rope_scaling(Config& c);
 // [lora] (config_lora.cpp): rank, alpha, the target names and the layouts LoRA supports; after
 // finish_config.
 void check_lora(Config& c);
+// optimizer.lr_scale's patterns and scales (config_lora.cpp); whether each pattern matches a
+// parameter is checked against the model's table when the run starts (optim/lr_scale.h).
+void check_lr_scale(Config& c);
 
 // Fills presets, defaults and derived values into a Config read from TOML (origin tells which
 // keys were set), then checks ranges and consistency. Throws engine::Error via Config::where.

@@ -1,6 +1,7 @@
 // [lora] checks (config_detail::check_lora, after finish_config): the ranges, the target names,
-// and the models LoRA supports.
+// and the models LoRA supports; optimizer.lr_scale's entries (check_lr_scale).
 #include <algorithm>
+#include <cmath>
 
 #include "config/config_fields.h"
 #include "core/check.h"
@@ -36,6 +37,16 @@ void check_lora(Config& c) {
           "\" has mixture-of-experts (E) or Mamba (M) blocks");
   if (c.model.lora.rank > c.model.hidden_size)
     RAISE(c.where("lora.rank"), "must not exceed model.hidden_size (", c.model.hidden_size, "), got ", l.rank);
+}
+
+void check_lr_scale(Config& c) {
+  const std::vector<LrScale>& v = c.optimizer.lr_scale;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = str_cat(c.where("optimizer.lr_scale"), "element ", i, ": ");
+    if (v[i].pattern.empty()) RAISE(at, "pattern must not be empty");
+    if (!std::isfinite(v[i].scale) || v[i].scale < 0)
+      RAISE(at, "scale of \"", v[i].pattern, "\" must be a finite number >= 0, got ", v[i].scale);
+  }
 }
 
 }  // namespace engine::config_detail

@@ -82,6 +82,7 @@ struct SchemaCollector {
   void datasets(const char* key, std::vector<DatasetRef>&) { add(key, FieldKind::Datasets); }
   void derived(const char* key, int&, const char* formula) { add(key, FieldKind::Derived, formula); }
   void strings(const char* key, std::vector<std::string>&) { add(key, FieldKind::Strings); }
+  void lr_scales(const char* key, std::vector<LrScale>&) { add(key, FieldKind::LrScales); }
 };
 
 std::string lower(std::string s) {

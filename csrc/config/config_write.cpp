@@ -88,6 +88,12 @@ struct Writer {
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
     line(key, s + "]");
   }
+  void lr_scales(const char* key, const std::vector<LrScale>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i)
+      s += std::string(i ? ", " : "") + "{ pattern = " + quote(v[i].pattern) + ", scale = " + format_double(v[i].scale) + " }";
+    line(key, s + "]");
+  }
   void derived(const char* key, const int& v, const char* formula) {
     out += str_cat("# ", key, " = ", v, "  (derived: ", formula, ")\n");
   }

@@ -11,6 +11,7 @@
 #include "layers/block.h"
 #include "layers/embedding.h"
 #include "layers/lm_head.h"
+#include "layers/lora.h"
 #include "ops/gemm.h"
 
 namespace engine {
@@ -71,10 +72,11 @@ RankLayers rank_layers(const ModelConfig& m, int pp, int k, int r) {
 }
 
 // This rank's share of a table's parameters (a whole-model table: split ones are 1/tp).
-double local_parameters(const ParamTable& t, int tp) {
+// trainable: only those not frozen (LoRA freezes the base: no gradient, no optimizer state).
+double local_parameters(const ParamTable& t, int tp, bool trainable = false) {
   double n = 0;
   for (const ParamSpec& s : t.entries())
-    n += static_cast<double>(s.shape.numel()) / (s.split_dim >= 0 ? tp : 1);
+    if (!trainable || !s.frozen) n += static_cast<double>(s.shape.numel()) / (s.split_dim >= 0 ? tp : 1);
   return n;
 }
 
@@ -91,32 +93,45 @@ const char* largest_model_key(const ModelConfig& m) {
 
 // This rank's parameters of model m: the layers' own declarations of the embedding, the head and
 // one block per kind (block_params: per block of each kind).
-double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& layers, int tp, double block_params[3]) {
-  double params = 0;
+// `trainable` (optional): of them, those with gradients and optimizer state.
+double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& layers, int tp, double block_params[3],
+                       double* trainable = nullptr) {
+  double params = 0, train = 0;
+  auto table = [&] {
+    ParamTable t;
+    layers::set_lora_freezing(t, m);
+    return t;
+  };
   try {
     if (layers.embedding) {
-      ParamTable t;
+      ParamTable t = table();
       layers::Embedding::declare(t, m);
       params += local_parameters(t, tp);
+      train += local_parameters(t, tp, true);
     }
     if (layers.head) {
-      ParamTable t;
+      ParamTable t = table();
       layers::LmHead::declare(t, m);
       params += local_parameters(t, tp);
+      train += local_parameters(t, tp, true);
       if (m.tie_embeddings && !layers.embedding)  // the head's copy of the tied table
         params += static_cast<double>(m.vocab_size) * m.hidden_size / tp;
     }
     for (int i = 0; i < 3; ++i) {
       if (layers.count[i] == 0) continue;
-      ParamTable t;
+      ParamTable t = table();
       layers::Block::declare(t, layers.first[i], m);
       block_params[i] = local_parameters(t, tp);
       params += layers.count[i] * block_params[i];
+      train += layers.count[i] * local_parameters(t, tp, true);
     }
   } catch (const Error& e) {
     const char* key = &m == &c.model ? largest_model_key(m) : "distillation.teacher";
     RAISE(c.where(key), "this model's parameters cannot be counted in 64-bit integers: ", e.what());
   }
+  if (trainable) *trainable = m.tie_embeddings && layers.head && !layers.embedding && m.lora.rank == 0
+                                  ? train + static_cast<double>(m.vocab_size) * m.hidden_size / tp
+                                  : train;
   return params;
 }
 
@@ -141,7 +156,8 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   const RankLayers layers = rank_layers(m, pp, std::max(1, d.stages_per_rank), p.pp_rank);
 
   double block_params[3] = {0, 0, 0};
-  const double params = rank_parameters(c, m, layers, tp, block_params);
+  double trainable = 0;
+  const double params = rank_parameters(c, m, layers, tp, block_params, &trainable);
   const bool moe = layers.count[1] > 0, mamba = layers.count[2] > 0;
 
   const double a = static_cast<double>(dtype_size(p.compute));
@@ -156,11 +172,13 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   if (pp > 1) model_keys += str_cat(", distributed.pipeline_parallel ", pp);
   est.parts.push_back({"parameters", false, params * a,
                        str_cat(num(params), " parameters on this rank x ", num(a), " bytes (", dtype, "): ", model_keys)});
-  est.parts.push_back({"gradients", false, params * 4, "one f32 per parameter"});
+  const std::string frozen = trainable < params ? str_cat(" (", num(trainable), " trainable: lora.rank ", m.lora.rank,
+                                                          " freezes the rest)") : "";
+  est.parts.push_back({"gradients", false, trainable * 4, "one f32 per trainable parameter" + frozen});
 
   const bool sharded = d.zero_stage >= 1 && dp > 1;
   const bool master = !(p.compute == DType::F32 && d.zero_stage < 3);  // else the f32 weights are the master
-  const double shard = sharded ? params / dp : params;
+  const double shard = sharded ? trainable / dp : trainable;
   est.parts.push_back(
       {"optimizer state", false, shard * (master ? 12 : 8),
        str_cat(master ? "f32 master weights and two f32 moments" : "two f32 moments", " of ", num(shard),

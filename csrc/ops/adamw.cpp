@@ -2,6 +2,8 @@
 // take the same dtypes (f32 state, a bf16 or f32 copy), so every check is here.
 #include "ops/adamw.h"
 
+#include <cmath>
+
 namespace engine::ops {
 namespace {
 
@@ -11,6 +13,8 @@ void check_decay_runs(const std::vector<DecayRun>& runs, int64_t n, const char* 
   for (size_t k = 0; k < runs.size(); ++k) {
     ENSURE(runs[k].end > begin, op, ": decay run ", k, " ends at ", runs[k].end,
            ", not after the previous end ", begin);
+    ENSURE(std::isfinite(runs[k].lr_scale) && runs[k].lr_scale >= 0, op, ": decay run ", k, " has learning-rate scale ",
+           runs[k].lr_scale, " (must be finite and >= 0)");
     begin = runs[k].end;
   }
   ENSURE(runs.empty() || begin == n, op, ": the decay runs end at ", begin, ", the buffer at ", n);

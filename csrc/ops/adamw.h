@@ -9,7 +9,9 @@
 // corrections 1 - b1^t and 1 - b2^t computed in double and rounded to f32).
 // decay_runs (optional) gives the weight decay by element ranges, so that one call (one launch
 // on the GPU) updates a flat buffer whose parameters decay differently: run k covers [end of run
-// k - 1, end) with its weight_decay; the last run ends at n. Empty: weight_decay everywhere.
+// k - 1, end) with its weight_decay and lr_scale (the run's learning rate is run_lr: lr x
+// lr_scale in f32, the same product on both backends); the last run ends at n. Empty:
+// weight_decay and lr everywhere.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,6 +24,7 @@ namespace engine::ops {
 struct DecayRun {
   int64_t end = 0;  // one past the run's last element
   float weight_decay = 0.f;
+  float lr_scale = 1.f;  // optimizer.lr_scale (optim/lr_scale.h)
 };
 
 struct AdamWParams {
@@ -30,6 +33,8 @@ struct AdamWParams {
   float grad_scale = 1.f;
   std::vector<DecayRun> decay_runs;  // see above; overrides weight_decay when not empty
 };
+
+inline float run_lr(const AdamWParams& p, const DecayRun& r) { return p.lr * r.lr_scale; }
 
 }  // namespace engine::ops
 

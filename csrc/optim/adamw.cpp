@@ -5,6 +5,7 @@
 
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
+#include "optim/lr_scale.h"
 #include "optim/schedule.h"
 
 namespace engine {
@@ -24,7 +25,7 @@ AdamW::AdamW(const OptimizerConfig& config, DataParallel& parallel, uint64_t see
   v_ = zeros({len}, DType::F32, dev);
   if (parallel.releases_weights()) store_.release_weights();
 
-  // Maximal runs of equal weight decay within the shard, each from the end of the one before
+  // Maximal runs of equal weight decay and learning-rate scale (optim/lr_scale.h) within the shard, each from the end of the one before
   // (the first from 0) to its last parameter's end: the alignment gaps before a parameter take
   // its run's decay. Gaps are zero in every buffer (weights, gradients, master, moments), and a
   // zero element stays zero under any decay (eps > 0), so updating them is harmless; the tail
@@ -34,10 +35,11 @@ AdamW::AdamW(const OptimizerConfig& config, DataParallel& parallel, uint64_t see
     const int64_t e = std::min(s.offset + s.shape.numel(), end);
     if (std::max(s.offset, begin) >= e) continue;
     const float decay = s.weight_decay ? static_cast<float>(config.weight_decay) : 0.f;
-    if (!decay_runs_.empty() && decay_runs_.back().weight_decay == decay)
+    const auto scale = static_cast<float>(lr_scale_of(config, s.name));
+    if (!decay_runs_.empty() && decay_runs_.back().weight_decay == decay && decay_runs_.back().lr_scale == scale)
       decay_runs_.back().end = e - begin;
     else
-      decay_runs_.push_back({e - begin, decay});
+      decay_runs_.push_back({e - begin, decay, scale});
   }
 }
 

@@ -16,7 +16,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const ops::AdamWParams& p, const Tensor& compute_copy) {
   const int64_t n = param.numel();
   const bool copy = compute_copy.data != nullptr;
-  const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps;
+  const float b1 = p.beta1, b2 = p.beta2, eps = p.eps;
   const float gs = p.grad_scale;
   const auto t = static_cast<double>(p.step);
   const auto bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
@@ -27,7 +27,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   float* pv = exp_avg_sq.ptr<float>();
   bf16* copy_bf16 = copy && compute_copy.dtype == DType::BF16 ? compute_copy.ptr<bf16>() : nullptr;
   float* copy_f32 = copy && compute_copy.dtype == DType::F32 ? compute_copy.ptr<float>() : nullptr;
-  auto update = [&](int64_t begin, int64_t end, float wd) {
+  auto update = [&](int64_t begin, int64_t end, float wd, float lr) {
 #pragma omp parallel for schedule(static) if (end - begin > (1 << 16))
     for (int64_t i = begin; i < end; ++i) {
       const float g = pg[i] * gs;
@@ -41,10 +41,10 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
       if (copy_f32) copy_f32[i] = w;
     }
   };
-  if (p.decay_runs.empty()) return update(0, n, p.weight_decay);
+  if (p.decay_runs.empty()) return update(0, n, p.weight_decay, p.lr);
   int64_t begin = 0;
   for (const ops::DecayRun& r : p.decay_runs) {
-    update(begin, r.end, r.weight_decay);
+    update(begin, r.end, r.weight_decay, ops::run_lr(p, r));
     begin = r.end;
   }
 }

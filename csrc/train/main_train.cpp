@@ -1,4 +1,4 @@
-// ./train run.toml [section.key=value ...] [--export-hf DIR | --dump-logits TOKENS OUT | --generate PROMPT ...]
+// ./train run.toml [section.key=value ...] [--export-hf DIR | --export-peft DIR | --dump-logits TOKENS OUT | --generate PROMPT ...]
 // Trains the model the config describes; see README.md for the config reference.
 #include <csignal>
 #include <cstdio>
@@ -33,6 +33,9 @@ static void usage() {
       "  --export-hf DIR           write the model as a Hugging Face folder (config.json + safetensors)\n"
       "                            and exit; the weights of training.resume when it is a path, else of\n"
       "                            the run's newest checkpoint, else of model.init_from or the init\n"
+      "                            (a LoRA run: the merged model, W + alpha / rank B A)\n"
+      "  --export-peft DIR         a LoRA run's adapter as a PEFT folder (adapter_config.json +\n"
+      "                            adapter_model.safetensors), with the same weights, and exit\n"
       "  --export-dtype f32|bf16   dtype of the exported tensors (default f32)\n"
       "  --export-shard-mb N       above N MiB the export is split into model-0000i-of-0000n files\n"
       "                            with an index (default 5120)\n"
@@ -60,7 +63,7 @@ int main(int argc, char** argv) {
   engine::launch_init(&argc, &argv);
   engine::install_test_faults_from_env();
   std::vector<std::string> overrides;
-  std::string path, export_dir, tokens_path, logits_path;
+  std::string path, export_dir, peft_dir, tokens_path, logits_path;
   engine::hf::ExportOptions export_options;
   bool print_config = false, print_schedule = false;
   std::optional<std::string> prompt;
@@ -85,6 +88,8 @@ int main(int argc, char** argv) {
       print_schedule = true;
     } else if (!std::strcmp(argv[i], "--export-hf")) {
       export_dir = value(i);
+    } else if (!std::strcmp(argv[i], "--export-peft")) {
+      peft_dir = value(i);
     } else if (!std::strcmp(argv[i], "--export-dtype")) {
       const std::string d = value(i);
       if (d != "f32" && d != "bf16") {
@@ -187,7 +192,7 @@ int main(int argc, char** argv) {
       engine::launch_finalize();
       return 0;
     }
-    if (!export_dir.empty() || !tokens_path.empty() || prompt) {
+    if (!export_dir.empty() || !peft_dir.empty() || !tokens_path.empty() || prompt) {
       // Tools run on one process (rank 0 under mpirun; the others wait).
       if (engine::world().rank() == 0) {
         if (prompt) {
@@ -195,6 +200,7 @@ int main(int argc, char** argv) {
           engine::generate_from_config(config, engine::resolve_device(config.run.device), *prompt, sampling);
         }
         if (!export_dir.empty()) engine::checkpoint::export_hf_from_config(config, export_dir, export_options);
+        if (!peft_dir.empty()) engine::checkpoint::export_peft_from_config(config, peft_dir);
         if (!tokens_path.empty())
           engine::checkpoint::dump_logits(config, engine::resolve_device(config.run.device), tokens_path, logits_path);
       }

@@ -26,6 +26,7 @@
 #include "core/faults.h"
 #include "core/log.h"
 #include "models/model.h"
+#include "optim/lr_scale.h"
 #include "train/agreement.h"
 #include "train/generate.h"
 #include "train/metrics_file.h"
@@ -140,6 +141,7 @@ Trainer::Trainer(const Config& config, bool write_outputs, Comm* group)
   const DistributedConfig& dist = config_.distributed;
   if (config_.training.sample_every > 0 && mesh_->all().rank() == 0)  // the tokenizer, before any work
     sample_codec_ = std::make_unique<TextCodec>(make_text_codec(config_));
+  check_lr_scale_patterns(config_, model_param_table(config_.model));  // against every stage's names
   model_ = make_model(config_.model, device_, plan_.compute, 0, plan_.layout);
   model_->params().init(config_.run.seed);
   pipeline_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), dist.pipeline_schedule);

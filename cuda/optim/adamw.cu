@@ -44,6 +44,7 @@ struct RunTable {
   int count;
   int64_t end[kMaxRuns];
   float wd[kMaxRuns];
+  float lr[kMaxRuns];  // ops::run_lr: lr x the run's lr_scale
 };
 
 // The run holding element i, searching forward from run r (i never below run r's start).
@@ -63,14 +64,14 @@ __device__ __forceinline__ int run_of(const RunTable& t, int64_t i) {
   return lo;
 }
 
-__device__ __forceinline__ void adamw_element(const Hyper& h, float wd, float& p, float g0,
+__device__ __forceinline__ void adamw_element(const Hyper& h, float wd, float lr, float& p, float g0,
                                               float& m, float& v) {
   const float g = __fmul_rn(g0, h.grad_scale);
   m = __fadd_rn(__fmul_rn(h.b1, m), __fmul_rn(h.one_minus_b1, g));
   v = __fadd_rn(__fmul_rn(h.b2, v), __fmul_rn(__fmul_rn(h.one_minus_b2, g), g));
   const float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(v, h.bc2)), h.eps);
   const float update = __fadd_rn(__fdiv_rn(__fdiv_rn(m, h.bc1), denom), __fmul_rn(wd, p));
-  p = __fsub_rn(p, __fmul_rn(h.lr, update));
+  p = __fsub_rn(p, __fmul_rn(lr, update));
 }
 
 // Copy is void (no copy), float or bf16_t.
@@ -93,8 +94,10 @@ __global__ void adamw_kernel(Hyper h, const __grid_constant__ RunTable runs, flo
     load_pack(exp_avg + i, m);
     load_pack(exp_avg_sq + i, v);
 #pragma unroll
-    for (int k = 0; k < kE; ++k)
-      adamw_element(h, runs.wd[run_from(runs, r, i + k)], p[k], g[k], m[k], v[k]);
+    for (int k = 0; k < kE; ++k) {
+      const int rk = run_from(runs, r, i + k);
+      adamw_element(h, runs.wd[rk], runs.lr[rk], p[k], g[k], m[k], v[k]);
+    }
     store_pack(param + i, p);
     store_pack(exp_avg + i, m);
     store_pack(exp_avg_sq + i, v);
@@ -102,7 +105,8 @@ __global__ void adamw_kernel(Hyper h, const __grid_constant__ RunTable runs, flo
   }
   auto one = [&](int64_t i) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
-    adamw_element(h, runs.wd[run_of(runs, i)], p, grad[i], m, v);
+    const int ri = run_of(runs, i);
+    adamw_element(h, runs.wd[ri], runs.lr[ri], p, grad[i], m, v);
     param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
@@ -131,7 +135,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   h.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
   h.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), t));
   std::vector<ops::DecayRun> all = p.decay_runs;
-  if (all.empty()) all.push_back({n, p.weight_decay});
+  if (all.empty()) all.push_back({n, p.weight_decay, 1.f});
 
   // One launch per kMaxRuns runs, over their range [begin, end).
   for (size_t first = 0; first < all.size(); first += kMaxRuns) {
@@ -142,6 +146,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
     for (size_t k = 0; k < count; ++k) {
       runs.end[k] = all[first + k].end - begin;
       runs.wd[k] = all[first + k].weight_decay;
+      runs.lr[k] = ops::run_lr(p, all[first + k]);
     }
     const int64_t len = end - begin;
     auto* pp = static_cast<float*>(param.data) + begin;

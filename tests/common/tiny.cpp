@@ -87,6 +87,10 @@ void randomize_weights(ParamStore& store, const std::string& name, double std) {
   Tensor w = store.weights_flat();
   PhiloxKey key = test_key(name);
   for (int64_t i = 0; i < w.numel(); ++i) set(w, i, std * philox_normal(key, static_cast<uint64_t>(i)));
+  if (store.table().frozen_elements() == 0) return;
+  Tensor f = store.frozen_flat();  // frozen weights (LoRA's base), from a stream of their own
+  PhiloxKey fkey = test_key(name + ":frozen");
+  for (int64_t i = 0; i < f.numel(); ++i) set(f, i, std * philox_normal(fkey, static_cast<uint64_t>(i)));
 }
 
 Sample make_sample(const std::vector<int32_t>& doc_lengths, int vocab, const std::string& name) {

@@ -88,6 +88,16 @@ TEST_CASE("data parallel ZeRO 3 reproduces one rank: Qwen3-MoE's q/k norms and r
                 "model.hybrid_layout=\"EA\""});
 }
 
+TEST_CASE("data parallel ZeRO 1 and 3 reproduce one rank with LoRA (frozen base, resident; adapters sharded)") {
+  const std::vector<std::string> lora = {"lora.rank=4", "lora.alpha=6",
+                                         "lora.targets=[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]",
+                                         "optimizer.lr_scale=[{ pattern = \"layers.1.*\", scale = 0.5 }]"};
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    compare_runs("llama", stage, 2, world(), "cpu", 1e-5, lora);
+  }
+}
+
 TEST_CASE("data parallel with gradient accumulation (micro-batches of 1) reproduces one big batch") {
   compare_runs("gpt2", 1, 1, world());
 }

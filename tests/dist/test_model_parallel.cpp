@@ -95,7 +95,8 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   std::vector<std::string> model_keys;  // e.g. a sliding window, a teacher: both runs
   for (const auto& e : c.extra)
     // (micro-sequences only in the parallel run: the reference runs whole sequences)
-    if ((e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0 || e.rfind("batch.", 0) == 0) &&
+    if ((e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0 || e.rfind("batch.", 0) == 0 ||
+         e.rfind("lora.", 0) == 0 || e.rfind("optimizer.", 0) == 0) &&
         e.rfind("batch.micro_sequence_length", 0) != 0)
       model_keys.push_back(e);
   Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
@@ -334,6 +335,33 @@ TEST_CASE("pipeline parallel (with dp and tp) reproduces one rank: losses, gradi
     skip_test("pipeline layouts are defined for 2, 3, 4 and 8 ranks");
     return;
   }
+  for (const Case& c : cases) compare_runs(c, world());
+}
+
+// LoRA: adapters on every linear of a block, the base frozen (layers/lora.h). Column-parallel
+// targets split B on out (A replicated, its gradient summed over tp), row-parallel ones A on in
+// (B replicated, summed); under sequence parallelism every replicated factor is summed.
+const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=6",
+                                        "lora.targets=[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]"};
+
+std::vector<std::string> with_lora(std::vector<std::string> o) {
+  o.insert(o.end(), kLora.begin(), kLora.end());
+  return o;
+}
+
+TEST_CASE("LoRA under tensor (+ sequence) and pipeline parallelism reproduces one rank") {
+  if (world().size() != 2) {
+    skip_test("the LoRA layouts are defined for 2 ranks");
+    return;
+  }
+  const std::vector<Case> cases = {
+      {"llama", 2, with_lora({"distributed.sequence_parallel=true"})},
+      {"llama", 2, with_lora({"distributed.tp_overlap=false", "distributed.zero_stage=0"})},
+      {"qwen3", 2, with_lora({"distributed.sequence_parallel=true"})},  // frozen q/k norms
+      {"qwen2", 2, with_lora({})},                                       // frozen qkv biases
+      {"llama", 1, with_lora(pp(2, 2, "breadth_first"))},
+      {"gpt2", 1, pp(2, 2, "1f1b", {"lora.rank=3", "lora.targets=[\"q\", \"v\", \"o\"]"})},  // tied embeddings, frozen
+  };
   for (const Case& c : cases) compare_runs(c, world());
 }
 

@@ -127,7 +127,7 @@ TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs 
   std::vector<ops::DecayRun> runs;
   for (int64_t end = 0, k = 0; end < n; ++k) {
     end = std::min(n, end + 1 + (k * 7919) % 300);
-    runs.push_back({end, k % 3 == 0 ? 0.f : k % 3 == 1 ? 0.1f : 0.03f});
+    runs.push_back({end, k % 3 == 0 ? 0.f : k % 3 == 1 ? 0.1f : 0.03f, k % 4 == 1 ? 0.f : k % 4 == 2 ? 0.5f : 1.f});
   }
   Owned p1 = randn({n}, DType::F32, "runs.p"), p2 = randn({n}, DType::F32, "runs.p");
   Owned g = randn({n}, DType::F32, "runs.g");
@@ -140,10 +140,14 @@ TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs 
   ops::adamw_step(p1, g, m1, v1, o, Tensor{});
   o.decay_runs.clear();
   int64_t begin = 0;
+  const Owned p0 = randn({n}, DType::F32, "runs.p");
   for (const ops::DecayRun& r : runs) {
     o.weight_decay = r.weight_decay;
+    o.lr = 1e-2f * r.lr_scale;  // a run's learning rate: lr x its scale
     ops::adamw_step(p2->slice(begin, r.end), g->slice(begin, r.end), m2->slice(begin, r.end),
                     v2->slice(begin, r.end), o, Tensor{});
+    if (r.lr_scale == 0.f)  // scale 0: the weights unchanged
+      CHECK(std::memcmp(p2->slice(begin, r.end).data, p0->slice(begin, r.end).data, (r.end - begin) * 4) == 0);
     begin = r.end;
   }
   CHECK(std::memcmp(p1.t.data, p2.t.data, n * 4) == 0);
@@ -153,6 +157,9 @@ TEST_CASE("adamw_step with decay runs: one call equals a call per run, bad runs 
   o.decay_runs = {{5, 0.f}, {5, 0.1f}, {n, 0.f}};
   CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o, Tensor{}),
                        doctest::Contains("decay run 1 ends at 5"), Error);
+  o.decay_runs = {{5, 0.f, -0.5f}, {n, 0.1f}};
+  CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o, Tensor{}),
+                       doctest::Contains("learning-rate scale -0.5"), Error);
   o.decay_runs = {{5, 0.f}, {n - 1, 0.1f}};
   CHECK_THROWS_WITH_AS(ops::adamw_step(p1, g, m1, v1, o, Tensor{}),
                        doctest::Contains("the decay runs end at 19999, the buffer at 20000"), Error);

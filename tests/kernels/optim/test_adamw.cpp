@@ -96,14 +96,16 @@ TEST_CASE("cuda adamw_step rejects wrong dtypes, lengths and steps" * doctest::t
   CHECK_THROWS_AS(ops::adamw_step(p, g, m, v, o, Tensor{}), Error);
 }
 
-TEST_CASE("cuda adamw_step with decay runs: one call, the CPU reference's bits" * doctest::test_suite("gpu")) {
+TEST_CASE("cuda adamw_step with decay runs and lr scales: one call, the CPU reference's bits" * doctest::test_suite("gpu")) {
   // 450 runs of 1 to 300 elements (more than one launch's table of 200), decays 0 / 0.1 / 0.03,
   // buffers at offsets that peel a head or run element by element.
   if (!gpu_available_or_skip()) return;
   std::vector<ops::DecayRun> runs;
   for (int64_t end = 0, k = 0; k < 450; ++k) {
     end += 1 + (k * 7919) % 300;
-    runs.push_back({end, k % 3 == 0 ? 0.f : k % 3 == 1 ? 0.1f : 0.03f});
+    // learning-rate scales (optimizer.lr_scale) 1, 0 (no update), 0.5 and 0.37
+    const float scale = k % 4 == 0 ? 1.f : k % 4 == 1 ? 0.f : k % 4 == 2 ? 0.5f : 0.37f;
+    runs.push_back({end, k % 3 == 0 ? 0.f : k % 3 == 1 ? 0.1f : 0.03f, scale});
   }
   const int64_t n = runs.back().end;
   for (const auto& [offset_state, offset_copy] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {1, 1}, {2, 1}}) {
