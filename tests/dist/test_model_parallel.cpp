@@ -58,6 +58,7 @@ void compare_blocks(const ParamTable& st, const Tensor& single, const ParamTable
   for (int64_t i = 0; i < st.total_elements(); ++i) all += get(a, i) * get(a, i);
   const double floor = 1e-3 * std::sqrt(all / static_cast<double>(st.num_parameters()));
   for (const ParamSpec& p : pt.entries()) {
+    if (p.frozen) continue;  // LoRA's base: not in the trainable buffers (core/params.h)
     // The key bias's exact gradient is 0 (softmax ignores a shift of all scores): its gradient
     // is rounding noise, which AdamW scales to steps of ~lr once the noise exceeds eps (bf16 on
     // GPUs), so its weights are noise in any two runs that round differently.
