@@ -56,6 +56,12 @@ const DecodeCase kCases[] = {
        c.mamba_conv_bias = false;
      }},
     {"hybrid (MEA)", ModelFamily::Hybrid},
+    {"llama with LoRA on every linear (frozen base)", ModelFamily::Llama,
+     [](ModelConfig& c) {
+       c.lora.rank = 3;
+       c.lora.alpha = 5;
+       c.lora.targets = {"q", "k", "v", "o", "gate", "up", "down"};
+     }},
 };
 
 // Largest |a - b| over the largest |b| of the full forward's logits.
