@@ -54,10 +54,11 @@ int pp_size_of(const AdamW& opt) { return opt.pp() ? opt.pp()->size() : 1; }
 
 std::vector<Metadata::Param> table_params(const ParamTable& t, int pp_rank) {
   std::vector<Metadata::Param> out;
-  for (const ParamSpec& p : t.entries())
-    if (!p.frozen)  // frozen (LoRA's base) weights are not state: init_from or the seed gives them again
+  for (const ParamSpec& p : t.entries()) {
+    if (p.frozen) continue;  // LoRA's frozen base is no state: init_from or the seed gives it again
     out.push_back({p.name, std::vector<int64_t>(p.full_shape.d.begin(), p.full_shape.d.begin() + p.full_shape.ndim),
                    p.offset, p.split_dim, pp_rank});
+  }
   return out;
 }
 
