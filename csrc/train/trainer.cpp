@@ -265,6 +265,9 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
     const ModelConfig tc = checkpoint::folder_model_config(d.teacher);
     std::unique_ptr<checkpoint::Reader> reader;
     if (!hf_folder) reader = std::make_unique<checkpoint::Reader>(d.teacher);
+    if (tc.lora.rank > 0)  // its checkpoint holds the adapters only (core/params.h)
+      RAISE(config_.where("distillation.teacher"), d.teacher, ": a LoRA run's checkpoint is no teacher; export it "
+            "merged (./train CONFIG --export-hf DIR) and name that folder");
     if (config_.batch.micro_sequence_length > 0 && block_layout(tc).find('M') != std::string::npos)
       RAISE(config_.where("distillation.teacher"), d.teacher, ": a teacher with Mamba blocks cannot run on ",
             "micro-sequences (batch.micro_sequence_length = ", config_.batch.micro_sequence_length,

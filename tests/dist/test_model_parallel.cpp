@@ -387,6 +387,17 @@ TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" *
     compare_runs(c, *nccl, "cuda", 2e-2);
 }
 
+TEST_CASE("GPUs with NCCL: LoRA under tensor (+ sequence) and pipeline parallelism reproduces one GPU, bf16 tolerance" *
+          doctest::test_suite("gpu")) {
+  if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
+  if (world().size() != 2) return skip_test("the LoRA layouts are defined for 2 ranks");
+  auto nccl = make_nccl_comm(world());
+  for (const Case& c : std::vector<Case>{{"llama", 2, with_lora({"distributed.sequence_parallel=true"})},
+                                         {"llama", 2, with_lora({})},
+                                         {"llama", 1, with_lora(pp(2, 2, "breadth_first"))}})
+    compare_runs(c, *nccl, "cuda", 2e-2);
+}
+
 TEST_CASE("GPUs with NCCL: pipeline parallel reproduces one GPU, bf16 tolerance" * doctest::test_suite("gpu")) {
   if (!gpus_for_ranks_or_skip(world().size(), 2)) return;
   auto nccl = make_nccl_comm(world());
