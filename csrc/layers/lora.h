@@ -6,7 +6,7 @@
 // (ParamSpec::frozen: no gradient, no optimizer state), as PEFT's default.
 // Gradients (dy the output gradient of this target's columns, x the linear's input):
 //   dz = s dy B (T, r);  dx += dz A;  dA += dz^T x;  dB += dy^T (s x A^T)
-// x A^T is recomputed in backward (T x r: less than saving it costs anywhere).
+// x A^T is recomputed in backward rather than kept from the forward (one T x in x r GEMM).
 // Tensor parallelism, W's split decides A's and B's:
 //   column-parallel W (split on out): A replicated, B split on out. Each rank's dA covers its
 //     output rows only, so dA is summed over tp (ParamSpec::tp_partial_grad); dx is the partial
