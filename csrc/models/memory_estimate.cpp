@@ -211,11 +211,12 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   if (layers.head) {
     const int msl = c.batch.micro_sequence_length;
     const double unit = msl > 0 ? static_cast<double>(c.batch.micro_batch_size) * msl : T;
-    const double rows = std::ceil(unit / std::max(1, d.cross_entropy_splits)), cols = static_cast<double>(m.vocab_size) / tp;
+    const int splits = resolved_cross_entropy_splits(c);
+    const double rows = std::ceil(unit / splits), cols = static_cast<double>(m.vocab_size) / tp;
     const bool teacher = !c.distillation.teacher.empty();
     est.parts.push_back({"logits", false, (rows + (teacher ? unit : 0)) * cols * a,
                          str_cat(num(rows), " tokens (", num(unit), " / distributed.cross_entropy_splits ",
-                                 d.cross_entropy_splits, ") x ", num(cols), " vocabulary columns (model.vocab_size ",
+                                 splits, d.cross_entropy_splits == 0 ? " (0: auto)" : "", ") x ", num(cols), " vocabulary columns (model.vocab_size ",
                                  m.vocab_size, tp > 1 ? str_cat(" / ", tp) : "", ") x ", num(a), " bytes",
                                  teacher ? ", and the teacher's logits of the whole unit" : "")});
   }
