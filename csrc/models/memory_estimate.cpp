@@ -159,11 +159,16 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   est.parts.push_back({"gradients", false, params * 4, "one f32 per parameter"});
 
   const bool sharded = d.zero_stage >= 1 && dp > 1;
-  const bool master = !(p.compute == DType::F32 && d.zero_stage < 3);  // else the f32 weights are the master
+  // The master weights (optim/adamw.h): none beside f32 weights that stay resident (they are the
+  // master), the 16 low bits of each beside resident bf16 weights (a split master), else f32.
+  const bool resident = d.zero_stage < 3;
+  const double master = resident && p.compute == DType::F32 ? 0 : resident && p.compute == DType::BF16 ? 2 : 4;
   const double shard = sharded ? params / dp : params;
   est.parts.push_back(
-      {"optimizer state", false, shard * (master ? 12 : 8),
-       str_cat(master ? "f32 master weights and two f32 moments" : "two f32 moments", " of ", num(shard),
+      {"optimizer state", false, shard * (master + 8),
+       str_cat(master == 0 ? "two f32 moments" : master == 2 ? "the master weights' low 16 bits and two f32 moments"
+                                                             : "f32 master weights and two f32 moments",
+               " of ", num(shard),
                " parameters (distributed.zero_stage ", d.zero_stage, " over ", dp, " data-parallel rank(s)",
                sharded ? ": 1/" + std::to_string(dp) + " of this rank's" : ": all of this rank's", ")")});
 
