@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch reference benchmarks for the shapes `./bench` measures, run side by side on the GPU.
 
-usage: bench_torch.py [train-llama] [train-gpt2] [attention] [loss] [distill] [gemm]   (default: all)
+usage: bench_torch.py [train-llama] [train-gpt2] [train-llama3.2-1b] [train-qwen3-moe] [attention] [loss] [distill] [gemm]   (default: all)
   train-*    training step of the same model in PyTorch: fp32 master weights, bf16 autocast,
              fused AdamW, SDPA attention; eager and torch.compile; tokens/s and peak memory
+             (llama3.2-1b and qwen3-moe, issue #44's shapes: torch.compile only; the MoE's
+             experts through torch._grouped_mm)
   attention  F.scaled_dot_product_attention, causal, bf16: flash and cuDNN backends, TFLOP/s
   loss       cross-entropy fwd+bwd on bf16 logits, eager and compiled: ms and extra memory
   distill    forward / reverse KL (temperature 2) and cross-entropy + z-loss, the same way
@@ -35,23 +37,72 @@ def timed(fn, warmup=3, reps=10):
     return times[len(times) // 2]
 
 
-class Block(nn.Module):
-    def __init__(self, d, heads, kv_heads, ffn, llama):
+class Moe(nn.Module):
+    """Qwen3-MoE's sparse MLP: softmax router, top-k renormalised, SwiGLU experts through
+    torch._grouped_mm over rows sorted by expert (each expert's rows padded to 16, the alignment
+    the grouped GEMM asks for, with a static-size buffer so torch.compile sees fixed shapes), and
+    the switch load-balancing loss the engine's model.moe_aux_loss_coef adds."""
+
+    def __init__(self, d, experts, topk, ffn, aux_coef):
         super().__init__()
-        self.h, self.kv, self.hd, self.llama = heads, kv_heads, d // heads, llama
+        self.e, self.k, self.aux_coef = experts, topk, aux_coef
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w_gate_up = nn.Parameter(torch.randn(experts, 2 * ffn, d) * 0.02)
+        self.w_down = nn.Parameter(torch.randn(experts, d, ffn) * 0.02)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = x.reshape(-1, d).to(torch.bfloat16)  # the grouped GEMM takes bf16 only (autocast leaves it out)
+        t = h.shape[0]
+        probs = F.softmax(self.router(h).float(), dim=-1)
+        weight, expert = probs.topk(self.k, dim=-1)
+        weight = weight / weight.sum(-1, keepdim=True)
+        flat = expert.reshape(-1)
+        order = flat.argsort(stable=True)
+        counts = torch.zeros(self.e, device=h.device, dtype=torch.int64).scatter_add_(0, flat, torch.ones_like(flat))
+        padded = (counts + 15) // 16 * 16
+        start = counts.cumsum(0) - counts
+        pstart = padded.cumsum(0) - padded
+        sorted_e = flat[order]
+        dest = pstart[sorted_e] + torch.arange(t * self.k, device=h.device) - start[sorted_e]
+        rows = torch.zeros(t * self.k + 16 * self.e, d, device=h.device, dtype=h.dtype)
+        rows = rows.index_copy(0, dest, h[order // self.k])
+        offs = padded.cumsum(0).to(torch.int32)
+        gu = torch._grouped_mm(rows, self.w_gate_up.to(torch.bfloat16).transpose(-2, -1), offs=offs)
+        g, u = gu.chunk(2, dim=-1)
+        y = torch._grouped_mm(F.silu(g) * u, self.w_down.to(torch.bfloat16).transpose(-2, -1), offs=offs)
+        y = y[dest] * weight.reshape(-1)[order, None].to(y.dtype)
+        out = torch.zeros_like(h).index_add(0, order // self.k, y)
+        frac = counts.float() / (t * self.k)
+        aux = self.aux_coef * self.e * (frac * probs.mean(0)).sum()
+        return out.view(b, s, d).to(x.dtype), aux
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn, llama, head_dim=None, qk_norm=False, moe=None):
+        super().__init__()
+        self.h, self.kv, self.llama = heads, kv_heads, llama
+        self.hd = head_dim or d // heads
         norm = (lambda: nn.RMSNorm(d, eps=1e-5)) if llama else (lambda: nn.LayerNorm(d))
         self.n1, self.n2 = norm(), norm()
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm, self.k_norm = nn.RMSNorm(self.hd, eps=1e-6), nn.RMSNorm(self.hd, eps=1e-6)
         self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.hd, bias=not llama)
         self.o = nn.Linear(heads * self.hd, d, bias=not llama)
-        if llama:
+        self.moe = Moe(d, *moe) if moe else None
+        if self.moe is None and llama:
             self.gate_up = nn.Linear(d, 2 * ffn, bias=False)
-        else:
+        elif self.moe is None:
             self.up = nn.Linear(d, ffn)
-        self.down = nn.Linear(ffn, d, bias=not llama)
+        if self.moe is None:
+            self.down = nn.Linear(ffn, d, bias=not llama)
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
         q, k, v = self.qkv(self.n1(x)).view(b, s, -1, self.hd).split([self.h, self.kv, self.kv], dim=2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.llama:
             def rope(t):
@@ -61,25 +112,31 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
         x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
         h = self.n2(x)
+        if self.moe is not None:
+            y, aux = self.moe(h)
+            return x + y, aux
         if self.llama:
             g, u = self.gate_up(h).chunk(2, dim=-1)
             h = F.silu(g) * u
         else:
             h = F.gelu(self.up(h), approximate="tanh")
-        return x + self.down(h)
+        return x + self.down(h), 0.0
 
 
 class Model(nn.Module):
-    def __init__(self, vocab, d, layers, heads, kv_heads, ffn, seq, llama):
+    def __init__(self, vocab, d, layers, heads, kv_heads, ffn, seq, llama, head_dim=None, qk_norm=False,
+                 moe=None, tied=False, theta=500000.0):
         super().__init__()
         self.llama = llama
         self.emb = nn.Embedding(vocab, d)
         self.pos = None if llama else nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, kv_heads, ffn, llama) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, kv_heads, ffn, llama, head_dim, qk_norm, moe) for _ in range(layers))
         self.norm = nn.RMSNorm(d, eps=1e-5) if llama else nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
-        hd = d // heads
-        inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2).float() / hd))
+        if tied:
+            self.head.weight = self.emb.weight
+        hd = head_dim or d // heads
+        inv = 1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
         ang = torch.outer(torch.arange(seq).float(), inv)
         ang = torch.cat((ang, ang), dim=-1)
         self.register_buffer("cos", ang.cos(), persistent=False)
@@ -90,17 +147,21 @@ class Model(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        aux = 0.0
         for blk in self.blocks:
-            x = blk(x, cos, sin)
+            x, a = blk(x, cos, sin)
+            aux = aux + a
         logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1)) + aux
 
 
-def train(name, vocab, d, layers, heads, kv_heads, ffn, seq, batch, llama):
-    for compiled in (False, True):
+def train(name, vocab, d, layers, heads, kv_heads, ffn, seq, batch, llama, compiled_only=False, **shape):
+    # shape: head_dim, qk_norm, moe = (experts, top-k, expert ffn, aux coef), tied, theta (Model).
+    # RoPE scaling (Llama 3, YaRN) changes only the precomputed angles, not the step's work.
+    for compiled in ((True,) if compiled_only else (False, True)):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        model = Model(vocab, d, layers, heads, kv_heads, ffn, seq, llama).cuda()
+        model = Model(vocab, d, layers, heads, kv_heads, ffn, seq, llama, **shape).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         fwd = torch.compile(model) if compiled else model
         tokens = torch.randint(0, vocab, (batch, seq), device="cuda")
@@ -116,7 +177,13 @@ def train(name, vocab, d, layers, heads, kv_heads, ffn, seq, batch, llama):
         ms = timed(step, warmup=3, reps=10)
         tps = batch * seq / (ms / 1e3)
         n = sum(p.numel() for p in model.parameters())
-        flops = 6 * (n - vocab * d) + 6 * layers * seq * d
+        active = n - vocab * d
+        moe = shape.get("moe")
+        if moe:  # only top-k of the experts' weights work on each token
+            experts, topk, eff = moe[:3]
+            active -= layers * (experts - topk) * 3 * d * eff
+        hd = shape.get("head_dim") or d // heads
+        flops = 6 * active + 6 * layers * seq * heads * hd
         print(f"torch train {name} {'compiled' if compiled else 'eager'}: {tps / 1e3:.1f} k tokens/s, "
               f"{ms / 1e3:.3f} s/step, MFU {tps * flops / 989e12:.3f}, peak memory "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, {n / 1e6:.0f} M parameters", flush=True)
@@ -214,6 +281,11 @@ def main():
     for w in what:
         if w == "train-llama":
             train("llama-0.9b", 32000, 2048, 16, 16, 8, 5632, 4096, 4, True)
+        elif w == "train-llama3.2-1b":  # configs/bench-llama-3.2-1b.toml
+            train("llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 8192, 2, True, compiled_only=True, tied=True)
+        elif w == "train-qwen3-moe":  # configs/bench-qwen3-moe-2b.toml
+            train("qwen3-moe-2b", 151936, 1024, 24, 16, 4, 0, 4096, 4, True, compiled_only=True, head_dim=128,
+                  qk_norm=True, moe=(64, 8, 512, 0.001), theta=1e6)
         elif w == "train-gpt2":
             train("gpt2-162m", 50257, 768, 12, 12, 12, 3072, 1024, 32, False)
         elif w == "attention":

@@ -46,6 +46,7 @@ TOML_IMPL_NAMESPACE_END;
 #include <toml++/toml.h>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -440,6 +441,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   text << in.rdbuf();
   if (in.bad()) RAISE(path, ": cannot read config file: ", std::strerror(errno));
   return parse_impl(text.str(), path, fs::absolute(path).parent_path(), overrides);
+}
+
+int resolved_cross_entropy_splits(const Config& c) {
+  const DistributedConfig& d = c.distributed;
+  if (d.cross_entropy_splits > 0) return d.cross_entropy_splits;
+  const int msl = c.batch.micro_sequence_length;
+  const double tokens = static_cast<double>(c.batch.micro_batch_size) * (msl > 0 ? msl : c.data.sequence_length);
+  const double bytes = tokens * (static_cast<double>(c.model.vocab_size) / std::max(1, d.tensor_parallel)) * 2;
+  const double chunks = std::ceil(bytes / static_cast<double>(int64_t{1} << 30));
+  return static_cast<int>(std::clamp(chunks, 1.0, std::max(1.0, tokens)));
 }
 
 }  // namespace engine

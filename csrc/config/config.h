@@ -220,7 +220,8 @@ struct DistributedConfig {
   bool sequence_parallel = false;  // with tensor_parallel > 1: activations outside attention and MLP
                                    // sharded along tokens over the tensor-parallel group
   bool tp_overlap = true;          // tensor-parallel collectives beside the GEMMs (parallel/tensor_parallel.h)
-  int cross_entropy_splits = 1;    // token chunks the LM head and loss run in (logits memory / N)
+  int cross_entropy_splits = 0;    // token chunks the LM head and loss run in (logits memory / N);
+                                   // 0: the fewest keeping a chunk's logits within 1 GiB (below)
   int pipeline_parallel = 1;       // ranks the layers are split over (stages in sequence)
   int stages_per_rank = 1;         // pipeline stages per rank (interleaved: stage s on rank s % pp)
   ScheduleKind pipeline_schedule = ScheduleKind::BreadthFirst;  // micro-batch order (parallel/schedule.h)
@@ -271,6 +272,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // data-parallel rank in whole groups of pipeline_parallel. Throws naming the key; returns the
 // micro-batches per data-parallel rank.
 int micro_batches_per_rank(const Config& c, int data_parallel);
+// distributed.cross_entropy_splits, or when 0 the fewest chunks of a micro-batch's (or
+// micro-sequence's) tokens whose logits, in bf16 over this rank's vocabulary columns, fit
+// 1 GiB: at a 128k vocabulary the whole micro-batch's logits would be several GiB at the peak
+// of the step (the end of the forward, every activation still held).
+int resolved_cross_entropy_splits(const Config& c);
 // "1,5,10-12" -> {1, 5, 10, 11, 12}; throws on anything else (run.debug_steps).
 std::set<int> parse_step_list(const std::string& text);
 Config parse_config(const std::string& toml_text, const std::string& source_name,

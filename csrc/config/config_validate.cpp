@@ -433,7 +433,7 @@ struct Checker {
     if (!(c.distributed.reduce_bucket_mb > 0))
       RAISE(c.where("distributed.reduce_bucket_mb"), "must be > 0, got ", c.distributed.reduce_bucket_mb);
     const DistributedConfig& d = c.distributed;
-    at_least("distributed.cross_entropy_splits", d.cross_entropy_splits, 1);
+    at_least("distributed.cross_entropy_splits", d.cross_entropy_splits, 0);
     at_least("distributed.tensor_parallel", d.tensor_parallel, 1);
     const int tp = d.tensor_parallel;
     const ModelConfig& m = c.model;

@@ -177,11 +177,16 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   est.parts.push_back({"gradients", false, trainable * 4, "one f32 per trainable parameter" + frozen});
 
   const bool sharded = d.zero_stage >= 1 && dp > 1;
-  const bool master = !(p.compute == DType::F32 && d.zero_stage < 3);  // else the f32 weights are the master
+  // The master weights (optim/adamw.h): none beside f32 weights that stay resident (they are the
+  // master), the 16 low bits of each beside resident bf16 weights (a split master), else f32.
+  const bool resident = d.zero_stage < 3;
+  const double master = resident && p.compute == DType::F32 ? 0 : resident && p.compute == DType::BF16 ? 2 : 4;
   const double shard = sharded ? trainable / dp : trainable;
   est.parts.push_back(
-      {"optimizer state", false, shard * (master ? 12 : 8),
-       str_cat(master ? "f32 master weights and two f32 moments" : "two f32 moments", " of ", num(shard),
+      {"optimizer state", false, shard * (master + 8),
+       str_cat(master == 0 ? "two f32 moments" : master == 2 ? "the master weights' low 16 bits and two f32 moments"
+                                                             : "f32 master weights and two f32 moments",
+               " of ", num(shard),
                " parameters (distributed.zero_stage ", d.zero_stage, " over ", dp, " data-parallel rank(s)",
                sharded ? ": 1/" + std::to_string(dp) + " of this rank's" : ": all of this rank's", ")")});
 
@@ -229,11 +234,12 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   if (layers.head) {
     const int msl = c.batch.micro_sequence_length;
     const double unit = msl > 0 ? static_cast<double>(c.batch.micro_batch_size) * msl : T;
-    const double rows = std::ceil(unit / std::max(1, d.cross_entropy_splits)), cols = static_cast<double>(m.vocab_size) / tp;
+    const int splits = resolved_cross_entropy_splits(c);
+    const double rows = std::ceil(unit / splits), cols = static_cast<double>(m.vocab_size) / tp;
     const bool teacher = !c.distillation.teacher.empty();
     est.parts.push_back({"logits", false, (rows + (teacher ? unit : 0)) * cols * a,
                          str_cat(num(rows), " tokens (", num(unit), " / distributed.cross_entropy_splits ",
-                                 d.cross_entropy_splits, ") x ", num(cols), " vocabulary columns (model.vocab_size ",
+                                 splits, d.cross_entropy_splits == 0 ? " (0: auto)" : "", ") x ", num(cols), " vocabulary columns (model.vocab_size ",
                                  m.vocab_size, tp > 1 ? str_cat(" / ", tp) : "", ") x ", num(a), " bytes",
                                  teacher ? ", and the teacher's logits of the whole unit" : "")});
   }

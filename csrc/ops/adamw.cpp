@@ -25,8 +25,12 @@ void check_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp
                       const Tensor& compute_copy) {
   const char* op = "adamw_step";
   expect_defined(param, op, "param");
-  expect_dtype(param, DType::F32, op, "param");
+  ENSURE(param.dtype == DType::F32 || param.dtype == DType::U16, op, ": param is ", dtype_name(param.dtype),
+         ", expected f32 (the master) or u16 (the low half of a split master)");
   const int64_t n = param.numel();
+  if (param.dtype == DType::U16)
+    ENSURE(compute_copy.data && compute_copy.dtype == DType::BF16, op,
+           ": a split master (u16 param) needs its high half, the bf16 compute_copy");
   auto same_length = [&](const Tensor& t, const char* name) {
     expect_defined(t, op, name);
     expect_dtype(t, DType::F32, op, name);

@@ -7,6 +7,10 @@
 // dtype (the bf16 weights used by the GPU's forward) in the same pass. The GPU's result equals
 // the CPU's bit for bit (IEEE f32 operations in this order, no fused multiply-adds; the bias
 // corrections 1 - b1^t and 1 - b2^t computed in double and rounded to f32).
+// Split master (param u16): the f32 master p is not stored whole but as compute_copy's bf16
+// bits and param's 16 low bits (ops/split_master.h); compute_copy (bf16, required) is then read
+// and written, and p joined, updated and split again: the same f32 values as an f32 param, with
+// the bf16 copy rounding ties toward zero rather than to even. It saves 2 bytes per parameter.
 // decay_runs (optional) gives the weight decay by element ranges, so that one call (one launch
 // on the GPU) updates a flat buffer whose parameters decay differently: run k covers [end of run
 // k - 1, end) with its weight_decay and lr_scale (the run's learning rate is run_lr: lr x

@@ -5,29 +5,48 @@
 
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
+#include "ops/split_master.h"
 #include "optim/lr_scale.h"
 #include "optim/schedule.h"
 
 namespace engine {
+namespace {
+
+Owned host_copy(const Tensor& t) {
+  Owned h = empty(t.shape, t.dtype, Device::CPU);
+  copy_tensor(h, t);
+  return h;
+}
+
+}  // namespace
 
 AdamW::AdamW(const OptimizerConfig& config, DataParallel& parallel, uint64_t seed)
     : config_(config), parallel_(parallel), store_(parallel.store()) {
   const int64_t begin = parallel.shard_begin(), end = parallel.shard_end(), len = end - begin;
   const Device dev = store_.device();
   master_aliased_ = store_.compute_dtype() == DType::F32 && parallel.zero_stage() < 3;
+  master_split_ = store_.compute_dtype() == DType::BF16 && !parallel.releases_weights();
   if (!master_aliased_) {
     Owned host = empty({len}, DType::F32, Device::CPU);
     init_values(store_.table(), seed, begin, end, host);
-    master_ = empty({len}, DType::F32, dev);
-    copy_tensor(master_, host);
+    if (master_split_) {
+      // The shard's weights become the master's high halves (rounded as ops/split_master.h
+      // says), so every rank's copy of them is gathered from the owner.
+      master_ = empty({len}, DType::U16, dev);
+      split_into_weights(host);
+      parallel.gather_weights();
+    } else {
+      master_ = empty({len}, DType::F32, dev);
+      copy_tensor(master_, host);
+    }
   }
   m_ = zeros({len}, DType::F32, dev);
   v_ = zeros({len}, DType::F32, dev);
   if (parallel.releases_weights()) store_.release_weights();
 
-  // Maximal runs of equal weight decay and learning-rate scale (optim/lr_scale.h) within the shard, each from the end of the one before
-  // (the first from 0) to its last parameter's end: the alignment gaps before a parameter take
-  // its run's decay. Gaps are zero in every buffer (weights, gradients, master, moments), and a
+  // Maximal runs of equal weight decay and learning-rate scale (optim/lr_scale.h) within the
+  // shard, each from the end of the one before (the first from 0) to its last parameter's end:
+  // the alignment gaps before a parameter take its run's decay and scale. Gaps are zero in every buffer (weights, gradients, master, moments), and a
   // zero element stays zero under any decay (eps > 0), so updating them is harmless; the tail
   // past the last parameter is left out.
   for (const ParamSpec& s : store_.table().entries()) {
@@ -44,7 +63,38 @@ AdamW::AdamW(const OptimizerConfig& config, DataParallel& parallel, uint64_t see
 }
 
 Tensor AdamW::master() const {
-  return master_aliased_ ? store_.weights_flat().slice(shard_begin(), shard_end()) : master_.t;
+  if (master_aliased_) return store_.weights_flat().slice(shard_begin(), shard_end());
+  if (!master_split_) return master_.t;
+  if (!joined_.t.data) {  // joined on the host: checkpoints and tests, not steps
+    const int64_t len = shard_end() - shard_begin();
+    Owned hi = host_copy(store_.weights_flat().slice(shard_begin(), shard_end()));
+    Owned lo = host_copy(master_);
+    Owned host = empty({len}, DType::F32, Device::CPU);
+    const bf16* h = hi.ptr<bf16>();
+    const uint16_t* l = lo.ptr<uint16_t>();
+    uint32_t* out = static_cast<uint32_t*>(host.t.data);
+#pragma omp parallel for schedule(static) if (len > (1 << 16))
+    for (int64_t i = 0; i < len; ++i) out[i] = split_master_join(h[i].bits, l[i]);
+    joined_ = empty({len}, DType::F32, store_.device());
+    copy_tensor(joined_, host);
+  }
+  return joined_.t;
+}
+
+void AdamW::split_into_weights(const Tensor& master_f32) {
+  const int64_t len = shard_end() - shard_begin();
+  Owned host = host_copy(master_f32);
+  Owned hi = empty({len}, DType::BF16, Device::CPU), lo = empty({len}, DType::U16, Device::CPU);
+  const uint32_t* in = static_cast<const uint32_t*>(host.t.data);
+  bf16* h = hi.ptr<bf16>();
+  uint16_t* l = lo.ptr<uint16_t>();
+#pragma omp parallel for schedule(static) if (len > (1 << 16))
+  for (int64_t i = 0; i < len; ++i) {
+    h[i].bits = split_master_hi(in[i]);
+    l[i] = split_master_lo(in[i], h[i].bits);
+  }
+  copy_tensor(store_.weights_flat().slice(shard_begin(), shard_end()), hi);
+  copy_tensor(master_, lo);
 }
 
 void AdamW::begin_step() {
@@ -56,13 +106,21 @@ void AdamW::begin_step() {
 
 void AdamW::write_and_gather_weights() {
   const Tensor shard = store_.weights_flat().slice(shard_begin(), shard_end());
-  if (!master_aliased_) ops::cast(master_, shard);
+  if (master_split_) {
+    // The weights are the master's high halves already, unless it was joined (and perhaps
+    // overwritten by a load): then split it again.
+    if (joined_.t.data) split_into_weights(joined_);
+    joined_ = Owned{};
+  } else if (!master_aliased_) {
+    ops::cast(master_, shard);
+  }
   parallel_.gather_weights();
 }
 
 StepStats AdamW::step(int step, bool skip_update) {
   StepStats st;
   st.lr = learning_rate(config_, step);
+  joined_ = Owned{};  // a joined split master (a checkpoint's, a test's) is stale after the update
   const Tensor grads = parallel_.reduce_gradients();
   st.grad_norm = std::sqrt(parallel_.gradient_norm_squared(grads));
   if (skip_update || !std::isfinite(st.grad_norm)) {
@@ -80,14 +138,14 @@ StepStats AdamW::step(int step, bool skip_update) {
   p.eps = static_cast<float>(config_.eps);
   p.step = step;
   p.grad_scale = static_cast<float>(st.clip_scale);
-  const Tensor master_shard = master();
+  const Tensor master_shard = master_split_ ? master_.t : master();
   const Tensor weights = store_.weights_flat().slice(shard_begin(), shard_end());
   // One call over the shard (one launch on the GPU), the decay by runs.
   p.decay_runs = decay_runs_;
   if (!decay_runs_.empty()) {
     const int64_t n = decay_runs_.back().end;
     ops::adamw_step(master_shard.slice(0, n), grads.slice(0, n), m_->slice(0, n), v_->slice(0, n), p,
-                    master_aliased_ ? Tensor{} : weights.slice(0, n));
+                    master_aliased_ ? Tensor{} : weights.slice(0, n));  // split: the high halves
   }
   parallel_.end_step(true);
   return st;
@@ -100,7 +158,7 @@ void AdamW::weights_from_master() {
 
 size_t AdamW::state_bytes() const {
   size_t b = m_.buf.bytes() + v_.buf.bytes();
-  b += master_aliased_ ? 0 : master_.buf.bytes();
+  b += master_aliased_ ? 0 : master_.buf.bytes();  // split: the u16 low halves
   return b;
 }
 

@@ -6,6 +6,10 @@
 //              parameters (none for norms and biases); the compute-dtype weights of the shard
 //              are written in the same pass, then handed to the data-parallel owner to gather
 // Master weights alias the shard of the compute weights when those are f32 (CPU) and resident.
+// With bf16 compute weights that stay resident (ZeRO stage < 3) the master is split
+// (ops/split_master.h): the shard's bf16 weights are its high halves and a u16 buffer its low
+// halves, exact f32 values in 2 bytes a parameter beside the weights instead of 4. Under ZeRO 3
+// the weights are released between steps, so the master is a whole f32 shard.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -46,7 +50,9 @@ class AdamW {
   int64_t shard_end() const { return parallel_.shard_end(); }
   const Tensor& exp_avg() const { return m_.t; }      // (shard)
   const Tensor& exp_avg_sq() const { return v_.t; }   // (shard)
-  Tensor master() const;                              // (shard) f32
+  // (shard) f32. A split master is joined into a scratch f32 shard (kept until the next step or
+  // weights_from_master(): writes to it, as a checkpoint load makes, take effect there).
+  Tensor master() const;
   // The full f32 master weights of every rank, gathered (tests, checkpoints).
   Owned gather_master() { return parallel_.gather_full(master()); }
 
@@ -71,7 +77,10 @@ class AdamW {
   DataParallel& parallel_;
   ParamStore& store_;
   bool master_aliased_ = false;
+  bool master_split_ = false;  // master_ holds the low halves (u16), the weights the high
   Owned master_, m_, v_;
+  mutable Owned joined_;       // a split master joined to f32 (master(), shard_state())
+  void split_into_weights(const Tensor& master_f32);  // a split master from f32 values
   // The weight decay by runs of the shard (ends shard-relative; a run starts where the one before
   // it ends), as ops::adamw_step takes it.
   std::vector<ops::DecayRun> decay_runs_;

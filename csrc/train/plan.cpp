@@ -83,7 +83,7 @@ RunPlan make_run_plan(const Config& config, Comm* group) {
   if (plan.device == Device::CUDA) log_info(ops::kernel_choices(plan.device));
   const DistributedConfig& dist = config.distributed;
   const Mesh& m = *plan.mesh;
-  plan.layout = ModelLayout{m.tp(),       dist.sequence_parallel, dist.cross_entropy_splits, m.pp_rank(),
+  plan.layout = ModelLayout{m.tp(),       dist.sequence_parallel, resolved_cross_entropy_splits(config), m.pp_rank(),
                             m.pp_size(), dist.stages_per_rank,  config.training.recompute_activations,
                             dist.tp_overlap,
                             // equal, aligned shards over the dp ranks

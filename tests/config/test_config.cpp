@@ -507,3 +507,25 @@ TEST_CASE("config: model.attention_backend parses, round-trips and names itself 
   CHECK(msg.rfind("<command line>: model.attention_backend: ", 0) == 0);
 #endif
 }
+
+TEST_CASE("config: distributed.cross_entropy_splits = 0 picks the fewest chunks of at most 1 GiB of bf16 logits") {
+  // 32 tokens x 256 columns: one chunk.
+  CHECK(resolved_cross_entropy_splits(parse(doc())) == 1);
+  // 2 x 8192 tokens x 128256 columns x 2 bytes = 3.92 GiB: 4 chunks; over tp 2, 2 chunks.
+  const std::vector<std::string> big = {"model.vocab_size=128256", "data.sequence_length=8192",
+                                        "batch.micro_batch_size=2", "batch.global_batch_size=2"};
+  CHECK(resolved_cross_entropy_splits(parse(doc(), big)) == 4);
+  std::vector<std::string> tp2 = big;
+  tp2.push_back("distributed.tensor_parallel=2");
+  CHECK(resolved_cross_entropy_splits(parse(doc(), tp2)) == 2);
+  // micro-sequences: the chunk is cut from the micro-sequence's tokens.
+  std::vector<std::string> msl = big;
+  msl.push_back("batch.micro_sequence_length=2048");
+  CHECK(resolved_cross_entropy_splits(parse(doc(), msl)) == 1);
+  // a value given is kept, a negative one refused.
+  std::vector<std::string> three = big;
+  three.push_back("distributed.cross_entropy_splits=3");
+  CHECK(resolved_cross_entropy_splits(parse(doc(), three)) == 3);
+  CHECK_THROWS_WITH_AS(parse(doc(), {"distributed.cross_entropy_splits=-1"}),
+                       doctest::Contains("distributed.cross_entropy_splits"), Error);
+}

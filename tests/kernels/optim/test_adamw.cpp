@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/adamw.h"
+#include "ops/split_master.h"
 #include "tests/common/gpu_testing.h"
 
 using namespace engine;
@@ -128,5 +129,45 @@ TEST_CASE("cuda adamw_step with decay runs and lr scales: one call, the CPU refe
     CHECK(differing_elements(dp.t, p) + differing_elements(dm.t, m) + differing_elements(dv.t, v) +
               differing_elements(dcopy.t, copy_host) ==
           0);
+  }
+}
+
+TEST_CASE("cuda adamw_step on a split master: the CPU reference's bits, odd offsets and decay runs" * doctest::test_suite("gpu")) {
+  // A split master (ops/split_master.h): param is the u16 low halves, the bf16 copy the high
+  // halves, both read and written. Sizes around the vector width, offsets that peel a head or
+  // run element by element (the u16 and bf16 buffers misaligned against the f32 state).
+  if (!gpu_available_or_skip()) return;
+  for (const Case& c : kCases) {
+    SUBCASE((std::to_string(c.n) + " offsets " + std::to_string(c.offset_state) + "/" + std::to_string(c.offset_copy)).c_str()) {
+      Owned p = randn({c.n}, DType::F32, "adamw.split.p");
+      Owned hi = empty({c.n}, DType::BF16, Device::CPU), lo = empty({c.n}, DType::U16, Device::CPU);
+      for (int64_t i = 0; i < c.n; ++i) {
+        uint32_t m;
+        std::memcpy(&m, p.ptr<float>() + i, 4);
+        if (i % 13 == 0) m = (m & 0xffff0000u) | 0x8000u;  // exact ties
+        hi.ptr<bf16>()[i].bits = split_master_hi(m);
+        lo.ptr<uint16_t>()[i] = split_master_lo(m, hi.ptr<bf16>()[i].bits);
+      }
+      Owned m = zeros({c.n}, DType::F32, Device::CPU), v = zeros({c.n}, DType::F32, Device::CPU);
+      DeviceTensor dlo = to_gpu(lo, c.offset_copy), dhi = to_gpu(hi, c.offset_state);
+      DeviceTensor dm = to_gpu(m, c.offset_state), dv = to_gpu(v, c.offset_state);
+      ops::AdamWParams o;
+      o.lr = 3e-3f;
+      o.grad_scale = 0.7f;
+      if (c.n > 10) o.decay_runs = {{c.n / 3, 0.1f}, {c.n / 2, 0.f}, {c.n, 0.03f}};
+      else o.weight_decay = 0.1f;
+      for (int64_t step = 1; step <= 4; ++step) {
+        CAPTURE(step);
+        o.step = step;
+        Owned g = randn({c.n}, DType::F32, "adamw.split.g" + std::to_string(step));
+        DeviceTensor dg = to_gpu(g, c.offset_state);
+        ops::adamw_step(lo, g, m, v, o, hi);
+        ops::adamw_step(dlo.t, dg.t, dm.t, dv.t, o, dhi.t);
+        CHECK(differing_elements(dlo.t, lo) == 0);
+        CHECK(differing_elements(dhi.t, hi) == 0);
+        CHECK(differing_elements(dm.t, m) == 0);
+        CHECK(differing_elements(dv.t, v) == 0);
+      }
+    }
   }
 }
