@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba) and the llama cases with RoPE scaling
+For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba, and
+mtp_llama: a llama with two extra prediction heads, whose every head's logits are compared with a
+reference made of transformers' Llama modules, MtpReference) and the llama cases with RoPE scaling
 (llama-linear, llama-llama3, llama-yarn: model.rope_scaling, config.json's rope_scaling /
 rope_parameters; a pretraining context of 32 and a 120-token sequence, so the llama3 and yarn
 ramps fall inside the head dims and the positions pass the original context):
@@ -38,7 +40,7 @@ when every family passes.
 The opt-in case `lora` (--families lora; needs `peft`) trains a llama base, exports it, trains
 LoRA adapters on it (model.init_from, [lora] on all seven linears) and compares our logits of the
 adapted model (--dump-logits) with PEFT's (PeftModel.from_pretrained on the base folder and our
---export-peft adapter), and with transformers' on our merged --export-hf.
+--export-peft adapter), and with transformers' on our merged --export-hf (hf_check_lora.py).
 
     python3 scripts/hf_check.py                 # all families, builds ./train first if missing
     python3 scripts/hf_check.py --families qwen2 --keep --workdir /tmp/hf-check
@@ -54,6 +56,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import types
+
+import hf_check_lora
+import hf_check_mtp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -235,6 +241,8 @@ norm_eps = 1e-6
 """,
 }
 
+FAMILIES.update(hf_check_mtp.CONFIGS)  # mtp_llama: multi-token prediction (hf_check_mtp.py)
+
 TOLERANCE = {"cpu": 1e-4, "cuda": 3e-2}
 # Cases with a longer context: data.sequence_length, and one more sequence of LONG_TOKENS.
 LONG_CONTEXT = {"llama-linear": 128, "llama-llama3": 128, "llama-yarn": 128}
@@ -358,17 +366,18 @@ def save_random_hf_model(export_dir, out_dir, seed):
     return model
 
 
-def ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, tag, log, errors=None, hf_bf16=None):
+def ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, tag, log, errors=None, hf_bf16=None, head=0):
     """'cpu-f32 max_abs .. rel_rms .., cuda-bf16 ...' and whether all are within tolerance;
     errors (a dict, when given) receives each device's max_abs. hf_bf16: transformers' own bf16
     rel_rms against its f32 (hf_bf16_error); the GPU tolerance is the larger of it and
-    TOLERANCE["cuda"]."""
+    TOLERANCE["cuda"]. head: which prediction head's logits of the dump (multi-token prediction)."""
     parts, ok = [], True
     for dev in devices:
         out = os.path.join(workdir, f"logits-{tag}-{dev}.safetensors")
         run([train, cfg, f"run.device={dev}", "--dump-logits", tokens, out], log)
         got = read_safetensors(out)
-        ours = [got[f"logits.{i}"] for i in range(len(sequences))]
+        key = "logits" if head == 0 else f"logits_head{head}"
+        ours = [got[f"{key}.{i}"] for i in range(len(sequences))]
         for i, s in enumerate(sequences):
             assert list(got[f"tokens.{i}"]) == s, "token mismatch in the dump"
             assert ours[i].shape == ref[i].shape, f"shape {ours[i].shape} vs {ref[i].shape}"
@@ -457,52 +466,6 @@ def generate_vs(model, model_dir, train, cfg, devices, ref_device, log, errors):
     return ", ".join(parts), ok
 
 
-LORA_KEYS = '''
-[lora]
-rank = 4
-alpha = 8
-targets = ["q", "k", "v", "o", "gate", "up", "down"]
-'''
-
-
-def lora_case(train, data, workdir, devices, ref_device, tokens, sequences, steps, log):
-    """The `lora` case (see the top): parts of its line and whether all passed."""
-    import torch
-    from peft import PeftModel  # only this case needs peft
-
-    parts, ok = [], True
-    base_cfg = os.path.join(workdir, "lora-base.toml")
-    with open(base_cfg, "w") as f:
-        f.write(config_text("llama", data, workdir, "auto", steps).replace('name = "llama"', 'name = "lora-base"'))
-    shutil.rmtree(os.path.join(workdir, "runs", "lora-base"), ignore_errors=True)
-    run([train, base_cfg], log)
-    base = os.path.join(workdir, "export", "lora-base")
-    run([train, base_cfg, "--export-hf", base], log)
-    cfg = os.path.join(workdir, "lora.toml")
-    text = config_text("llama", data, workdir, "auto", steps).replace('name = "llama"', 'name = "lora"')
-    text = text.replace("[model]\n", f'[model]\ninit_from = "{base}"\n').replace("lr = 3e-3", "lr = 2e-2")
-    with open(cfg, "w") as f:
-        f.write(text + LORA_KEYS)
-    shutil.rmtree(os.path.join(workdir, "runs", "lora"), ignore_errors=True)
-    run([train, cfg], log)
-    adapter = os.path.join(workdir, "export", "lora-adapter")
-    run([train, cfg, "--export-peft", adapter], log)
-    merged = os.path.join(workdir, "export", "lora-merged")
-    run([train, cfg, "--export-hf", merged], log)
-    peft_model = PeftModel.from_pretrained(load_hf(base), adapter).to(torch.float32)
-    ref = hf_logits(base, sequences, ref_device, model=peft_model)
-    base_ref = hf_logits(base, sequences, ref_device)
-    moved = compare(base_ref, ref)[1]  # how far the adapters moved the model: must be visible
-    line, good = ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, "lora-peft", log)
-    parts.append(f"peft {line} (adapters move the logits by rel_rms {moved:.1e})")
-    ok &= good and moved > 10 * TOLERANCE["cpu"]
-    ref = hf_logits(merged, sequences, ref_device)
-    line, good = ours_vs(ref, train, cfg, tokens, sequences, devices, workdir, "lora-merged", log)
-    parts.append("merged " + line)
-    ok &= good
-    return parts, ok
-
-
 def compare(ours, ref):
     import numpy as np
 
@@ -577,7 +540,8 @@ def main():
                 f.write(" ".join(map(str, s)) + "\n")
         try:
             if family == "lora":
-                parts, ok = lora_case(args.train, data, workdir, devices, ref_device, tokens, sequences, args.steps, log)
+                parts, ok = hf_check_lora.lora_case(sys.modules[__name__], args.train, data, workdir, devices,
+                                                    ref_device, tokens, sequences, args.steps, log)
             else:
                 cfg = os.path.join(workdir, f"{family}.toml")
                 with open(cfg, "w") as f:
@@ -586,32 +550,39 @@ def main():
                 run([args.train, cfg], log)
                 export = os.path.join(workdir, "export", family)
                 run([args.train, cfg, "--export-hf", export], log)
-                ref = hf_logits(export, sequences, ref_device)
-                own = hf_bf16_error(export, sequences, ref) if "cuda" in devices else None
-                line, good = ours_vs(ref, args.train, cfg, tokens, sequences, devices, workdir, family + "-export", log,
-                                     hf_bf16=own)
-                parts.append("export " + line)
-                ok &= good
-                # The other direction: a checkpoint written by transformers, read by model.init_from.
-                hf_dir = os.path.join(workdir, "hf", family)
-                model = save_random_hf_model(export, hf_dir, seed=args.seed)
-                ref = hf_logits(hf_dir, sequences, ref_device, model=model)
-                cfg_in = os.path.join(workdir, f"{family}-import.toml")
-                with open(cfg_in, "w") as f:
-                    f.write(f'[run]\nname = "{family}-import"\noutput_dir = "{workdir}/runs"\n'
-                            f'[model]\ninit_from = "{hf_dir}"\n[data]\ntrain = [{{ path = "{data}" }}]\n'
-                            f'sequence_length = {sequence_length(family)}\n[training]\nsteps = 1\n')
-                shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
-                errors = {}
-                own = hf_bf16_error(hf_dir, sequences, ref, model=model) if "cuda" in devices else None
-                line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log,
-                                     errors, hf_bf16=own)
-                parts.append("import " + line)
-                ok &= good
-                # Greedy generation from the same model, both sides with their caches.
-                line, good = generate_vs(model, hf_dir, args.train, cfg_in, devices, ref_device, log, errors)
-                parts.append("generate " + line)
-                ok &= good
+                if family in hf_check_mtp.CONFIGS:
+                    legs = types.SimpleNamespace(ours_vs=ours_vs, generate_vs=generate_vs,
+                                                 sequence_length=sequence_length)
+                    hf_check_mtp.mtp_check(family, export, args, cfg, tokens, sequences, devices, ref_device, workdir,
+                                           data, log, parts, legs)
+                    ok &= parts.pop() != "FAILED"
+                else:
+                    ref = hf_logits(export, sequences, ref_device)
+                    own = hf_bf16_error(export, sequences, ref) if "cuda" in devices else None
+                    line, good = ours_vs(ref, args.train, cfg, tokens, sequences, devices, workdir, family + "-export", log,
+                                         hf_bf16=own)
+                    parts.append("export " + line)
+                    ok &= good
+                    # The other direction: a checkpoint written by transformers, read by model.init_from.
+                    hf_dir = os.path.join(workdir, "hf", family)
+                    model = save_random_hf_model(export, hf_dir, seed=args.seed)
+                    ref = hf_logits(hf_dir, sequences, ref_device, model=model)
+                    cfg_in = os.path.join(workdir, f"{family}-import.toml")
+                    with open(cfg_in, "w") as f:
+                        f.write(f'[run]\nname = "{family}-import"\noutput_dir = "{workdir}/runs"\n'
+                                f'[model]\ninit_from = "{hf_dir}"\n[data]\ntrain = [{{ path = "{data}" }}]\n'
+                                f'sequence_length = {sequence_length(family)}\n[training]\nsteps = 1\n')
+                    shutil.rmtree(os.path.join(workdir, "runs", family + "-import"), ignore_errors=True)
+                    errors = {}
+                    own = hf_bf16_error(hf_dir, sequences, ref, model=model) if "cuda" in devices else None
+                    line, good = ours_vs(ref, args.train, cfg_in, tokens, sequences, devices, workdir, family + "-import", log,
+                                         errors, hf_bf16=own)
+                    parts.append("import " + line)
+                    ok &= good
+                    # Greedy generation from the same model, both sides with their caches.
+                    line, good = generate_vs(model, hf_dir, args.train, cfg_in, devices, ref_device, log, errors)
+                    parts.append("generate " + line)
+                    ok &= good
         except Exception as e:  # one line per family, whatever went wrong
             ok = False
             parts.append("error: " + str(e).strip().splitlines()[0][:300] + f" (see {log})")

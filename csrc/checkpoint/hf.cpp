@@ -1,6 +1,7 @@
 // Hugging Face tensors <-> parameters (hf.h): the name map, the exporter (config.json +
 // safetensors, sharded above a size with an index) and the importer (HfWeights).
 #include "checkpoint/hf.h"
+#include "checkpoint/hf_mtp.h"
 
 #include <unistd.h>
 
@@ -161,6 +162,7 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
       }
     }
     add("model.norm.weight", {"final_norm.weight"});
+    if (c.prediction_heads > 0) mtp_tensor_map(c, out);  // Fast-LLM's MTP Llama (hf_mtp.h)
   }
   if (!c.tie_embeddings) add("lm_head.weight", {"head.weight"});
   // Every parameter appears exactly once: in one whole entry, or in parts that tile it; and each

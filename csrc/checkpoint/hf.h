@@ -39,6 +39,9 @@
 //            x_proj, dt_proj (bias = dt_bias), A_log, D, out_proj} (+ in_proj / out_proj biases
 //            with use_bias), backbone.norm_f, lm_head unless tied. RMSNorm, no norm biases.
 //   hybrid   no Hugging Face architecture: export is an error naming model.family.
+//   mtp_llama Fast-LLM's MTPLlamaForCausalLM (model.prediction_heads > 0, llama only): llama's
+//            names, model.mtp_heads.{j-1}.* and model.mtp_norms.{j} for the extra heads,
+//            model.mtp_norms.0 for the final norm (checkpoint/hf_mtp.h).
 // Our RoPE pairs dimension i with i + D/2 ("rotate half"), as Hugging Face's Llama does, so q and
 // k rows need no permutation. Linear weights are (out, in) on both sides except GPT-2's Conv1D.
 // Export checks that the model is representable (e.g. llama has no sliding window, GPT-2 needs

@@ -9,6 +9,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/hf_mtp.h"
 #include "checkpoint/hf_rope.h"
 #include "core/check.h"
 
@@ -147,6 +148,7 @@ void read_qwen_moe(const json& j, const std::string& path, ModelConfig& c) {
 }  // namespace
 
 std::string architecture(const ModelConfig& c) {
+  if (c.prediction_heads > 0) return mtp_architecture(c);
   const bool qkv_only = c.qkv_bias && !c.bias;
   if (c.family != ModelFamily::Qwen3 && c.family != ModelFamily::Qwen3Moe)
     need(!c.qk_norm, family_name(c.family), "qk_norm", "true",
@@ -324,6 +326,7 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
   j["eos_token_id"] = nullptr;
   j["use_cache"] = true;
   j["dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
+  if (c.prediction_heads > 0) mtp_config_to_hf(c, j);
   return j.dump(2) + "\n";
 }
 
@@ -336,7 +339,9 @@ ModelConfig model_from_hf_config(const std::string& path) {
   }
   if (!j.is_object()) RAISE(path, ": not a JSON object");
   Reader r{j, path};
-  const std::string type = r.string("model_type", "");
+  std::string type = r.string("model_type", "");
+  const bool mtp = type == kMtpModelType;  // Fast-LLM's MTP Llama: llama's keys + prediction_heads
+  if (mtp) type = "llama";
   ModelConfig c;
   if (type == "gpt2") {
     c.family = ModelFamily::GPT2;
@@ -462,7 +467,7 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
     }
   } else {
-    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba)");
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba, mtp_llama)");
   }
   if (c.family == ModelFamily::Qwen2Moe || c.family == ModelFamily::Qwen3Moe) read_qwen_moe(j, path, c);
   if (c.family == ModelFamily::Mixtral) {
@@ -482,6 +487,7 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.moe_ffn_hidden_size = c.ffn_hidden_size;  // intermediate_size is one expert's
   }
   c.init_std = r.number("initializer_range", 0.02);
+  if (mtp) mtp_config_from_hf(j, path, c);
   return c;
 }
 
@@ -535,6 +541,7 @@ void apply_hf_config(Config& c) {
   take("bias", m.bias, h.bias);
   take("tie_embeddings", m.tie_embeddings, h.tie_embeddings);
   take("init_std", m.init_std, h.init_std, false);
+  take("prediction_heads", m.prediction_heads, h.prediction_heads);
   if (h.family == ModelFamily::Qwen2Moe || h.family == ModelFamily::Qwen3Moe) take("hybrid_layout", m.hybrid_layout, h.hybrid_layout);
   const std::string layout = block_layout(h);
   if (layout.find_first_of("AE") != std::string::npos) {  // attention (Mamba: these keys do not matter)

@@ -111,7 +111,8 @@ void dump_logits(const Config& c, Device device, const std::string& tokens_path,
   fill_weights(model->params(), w.fetch);
 
   const int64_t V = c.model.vocab_size;
-  std::vector<std::vector<float>> logits;
+  const int heads = c.model.prediction_heads + 1;  // multi-token prediction: every head's logits
+  std::vector<std::vector<float>> logits;          // sequence i's head h at i * heads + h
   for (const auto& s : seqs) {
     const auto T = static_cast<int64_t>(s.size());
     Sample sample;
@@ -120,11 +121,13 @@ void dump_logits(const Config& c, Device device, const std::string& tokens_path,
     sample.loss_mask.assign(s.size(), 1);
     sample.doc_lengths = {static_cast<int32_t>(T)};
     MicroBatch mb = make_micro_batch({&sample}, static_cast<int>(T), false, device);
-    Owned out = empty({T, V}, DType::F32, device);
-    model->logits(mb, out);
-    std::vector<float> host(static_cast<size_t>(T * V));
-    copy_bytes(host.data(), Device::CPU, out.t.data, device, host.size() * 4);
-    logits.push_back(std::move(host));
+    for (int h = 0; h < heads; ++h) {
+      Owned out = empty({T, V}, DType::F32, device);
+      model->prediction_logits(mb, h, out);
+      std::vector<float> host(static_cast<size_t>(T * V));
+      copy_bytes(host.data(), Device::CPU, out.t.data, device, host.size() * 4);
+      logits.push_back(std::move(host));
+    }
   }
   SafetensorsWriter wr;
   wr.set_metadata({{"format", "pt"}, {"source", w.description}});
@@ -132,8 +135,11 @@ void dump_logits(const Config& c, Device device, const std::string& tokens_path,
     const auto T = static_cast<int64_t>(seqs[i].size());
     wr.add("tokens." + std::to_string(i), "I32", {T},
            [&, i](OutFile& f) { f.write(seqs[i].data(), seqs[i].size() * 4); });
-    wr.add("logits." + std::to_string(i), "F32", {T, V},
-           [&, i](OutFile& f) { f.write(logits[i].data(), logits[i].size() * 4); });
+    for (int h = 0; h < heads; ++h) {
+      const size_t k = i * static_cast<size_t>(heads) + static_cast<size_t>(h);
+      wr.add((h == 0 ? std::string("logits.") : "logits_head" + std::to_string(h) + ".") + std::to_string(i), "F32",
+             {T, V}, [&, k](OutFile& f) { f.write(logits[k].data(), logits[k].size() * 4); });
+    }
   }
   // Written under a temporary name and renamed over OUT: a failed write leaves OUT as it was.
   replace_file(out_path, [&wr](const std::string& tmp) { wr.write(tmp); });

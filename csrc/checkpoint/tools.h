@@ -39,7 +39,8 @@ void export_peft_from_config(const Config& c, const std::string& out_dir);
 
 // TOKENS: a text file, one sequence per line of whitespace-separated token ids (each line a
 // document of its own). OUT: safetensors with, per line i, "tokens.<i>" (T) I32 and "logits.<i>"
-// (T, vocab) F32, computed on `device` (bf16 on GPUs, f32 on the CPU).
+// (T, vocab) F32, computed on `device` (bf16 on GPUs, f32 on the CPU). With model.prediction_heads
+// = k also "logits_head<j>.<i>" (T, vocab) for each extra head j = 1..k (Model::prediction_logits).
 void dump_logits(const Config& c, Device device, const std::string& tokens_path, const std::string& out_path);
 
 }  // namespace engine::checkpoint

@@ -231,6 +231,15 @@ class Parser {
     }
     RAISE(c_.where(path), "unknown value \"", s->get(), "\", expected ", enum_choices(names));
   }
+  void numbers(const char* key, std::vector<double>& out) {
+    std::string path;
+    const toml::node* n = find(key, path);
+    if (!n) return;
+    const auto* arr = n->as_array();
+    if (!arr) RAISE(c_.where(path), "expected an array of numbers, got ", describe(*n));
+    out.clear();
+    for (size_t i = 0; i < arr->size(); ++i) out.push_back(number(*arr->get(i), str_cat(c_.where(path), "[", i, "]: ")));
+  }
   void derived(const char*, int&, const char*) {}  // setting one is an error (check_structure)
   void lr_scales(const char* key, std::vector<LrScale>& out) {
     std::string path;

@@ -130,6 +130,12 @@ struct ModelConfig {
   bool mamba_conv_bias = true;
   bool mamba_proj_bias = false;
   LoraConfig lora;  // the [lora] section
+  // Multi-token prediction (models/transformer.h, README "Multi-token prediction"): extra heads
+  // j = 1..prediction_heads, each a block of the last block's kind on the trunk (the input of
+  // the last block), its own final norm and the shared output projection, predicting the token
+  // at t + 1 + j. prediction_loss_weights: w_0 (the next-token head) .. w_k; default all 1.
+  int prediction_heads = 0;
+  std::vector<double> prediction_loss_weights;
   bool operator==(const ModelConfig&) const = default;
 };
 

@@ -10,6 +10,7 @@
 //   datasets(key, std::vector<DatasetRef>)
 //   strings(key, std::vector<std::string>)  an array of strings
 //   lr_scales(key, std::vector<LrScale>)    an array of { pattern, scale } tables
+//   numbers(key, std::vector<double>)   a TOML array of numbers
 //   derived(key, int, formula)          computed, never read; written as a comment
 #pragma once
 #include <cstdint>
@@ -143,6 +144,8 @@ void visit_fields(C& c, V& v) {
   v.field("mamba_dt_rank", c.model.mamba_dt_rank);
   v.field("mamba_conv_bias", c.model.mamba_conv_bias);
   v.field("mamba_proj_bias", c.model.mamba_proj_bias);
+  v.field("prediction_heads", c.model.prediction_heads);
+  v.numbers("prediction_loss_weights", c.model.prediction_loss_weights);
 
   v.section("data");
   v.datasets("train", c.data.train);
@@ -213,7 +216,7 @@ void visit_fields(C& c, V& v) {
 }
 
 // The key schema, collected once by a visitor over a default Config.
-enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Derived, Strings, LrScales };
+enum class FieldKind { Int, UInt64, Double, Bool, String, Choice, Datasets, Numbers, Derived, Strings, LrScales };
 
 struct FieldInfo {
   std::string section;
@@ -238,6 +241,9 @@ void check_lora(Config& c);
 // optimizer.lr_scale's patterns and scales (config_lora.cpp); whether each pattern matches a
 // parameter is checked against the model's table when the run starts (optim/lr_scale.h).
 void check_lr_scale(Config& c);
+// model.prediction_heads and prediction_loss_weights (config_mtp.cpp): the weights' default and
+// length, and what multi-token prediction does not combine with; after the other checks.
+void check_prediction_heads(Config& c);
 
 // Fills presets, defaults and derived values into a Config read from TOML (origin tells which
 // keys were set), then checks ranges and consistency. Throws engine::Error via Config::where.

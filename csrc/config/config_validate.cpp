@@ -83,6 +83,7 @@ struct SchemaCollector {
   void derived(const char* key, int&, const char* formula) { add(key, FieldKind::Derived, formula); }
   void strings(const char* key, std::vector<std::string>&) { add(key, FieldKind::Strings); }
   void lr_scales(const char* key, std::vector<LrScale>&) { add(key, FieldKind::LrScales); }
+  void numbers(const char* key, std::vector<double>&) { add(key, FieldKind::Numbers); }
 };
 
 std::string lower(std::string s) {
@@ -566,6 +567,7 @@ void finish_config(Config& c) {
   k.distributed();
   k.distillation();
   k.optimizer();
+  check_prediction_heads(c);
 }
 
 }  // namespace config_detail

@@ -94,6 +94,11 @@ struct Writer {
       s += std::string(i ? ", " : "") + "{ pattern = " + quote(v[i].pattern) + ", scale = " + format_double(v[i].scale) + " }";
     line(key, s + "]");
   }
+  void numbers(const char* key, const std::vector<double>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + format_double(v[i]);
+    line(key, s + "]");
+  }
   void derived(const char* key, const int& v, const char* formula) {
     out += str_cat("# ", key, " = ", v, "  (derived: ", formula, ")\n");
   }

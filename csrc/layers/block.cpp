@@ -49,30 +49,33 @@ MambaConfig mamba_config(const ModelConfig& c) {
   return m;
 }
 
-Block::Block(const ParamStore& store, int i, const ModelConfig& c)
-    : kind_(block_kind(c, i)), norm1_(store, prefix(i) + ".norm1", c.norm, static_cast<float>(c.norm_eps), c.bias) {
+Block::Block(const ParamStore& store, int i, const ModelConfig& c) : Block(store, prefix(i), block_kind(c, i), c) {}
+
+void Block::declare(ParamTable& t, int i, const ModelConfig& c) { declare(t, prefix(i), block_kind(c, i), c); }
+
+Block::Block(const ParamStore& store, const std::string& p, BlockKind kind, const ModelConfig& c)
+    : kind_(kind), norm1_(store, p + ".norm1", c.norm, static_cast<float>(c.norm_eps), c.bias) {
   if (kind_ == BlockKind::Mamba) {
-    mamba_ = Mamba(store, prefix(i) + ".mamba", mamba_config(c));
+    mamba_ = Mamba(store, p + ".mamba", mamba_config(c));
     return;
   }
-  norm2_ = Norm(store, prefix(i) + ".norm2", c.norm, static_cast<float>(c.norm_eps), c.bias);
-  attn_ = Attention(store, prefix(i) + ".attn", c);
+  norm2_ = Norm(store, p + ".norm2", c.norm, static_cast<float>(c.norm_eps), c.bias);
+  attn_ = Attention(store, p + ".attn", c);
   if (kind_ == BlockKind::Experts)
-    moe_ = Moe(store, prefix(i) + ".moe", moe_config(c));
+    moe_ = Moe(store, p + ".moe", moe_config(c));
   else
-    mlp_ = Mlp(store, prefix(i) + ".mlp", c);
+    mlp_ = Mlp(store, p + ".mlp", c);
 }
 
-void Block::declare(ParamTable& t, int i, const ModelConfig& c) {
-  const BlockKind kind = block_kind(c, i);
-  Norm::declare(t, prefix(i) + ".norm1", c.hidden_size, c.norm, c.bias);
-  if (kind == BlockKind::Mamba) return Mamba::declare(t, prefix(i) + ".mamba", mamba_config(c));
-  Attention::declare(t, prefix(i) + ".attn", c);
-  Norm::declare(t, prefix(i) + ".norm2", c.hidden_size, c.norm, c.bias);
+void Block::declare(ParamTable& t, const std::string& p, BlockKind kind, const ModelConfig& c) {
+  Norm::declare(t, p + ".norm1", c.hidden_size, c.norm, c.bias);
+  if (kind == BlockKind::Mamba) return Mamba::declare(t, p + ".mamba", mamba_config(c));
+  Attention::declare(t, p + ".attn", c);
+  Norm::declare(t, p + ".norm2", c.hidden_size, c.norm, c.bias);
   if (kind == BlockKind::Experts)
-    Moe::declare(t, prefix(i) + ".moe", moe_config(c));
+    Moe::declare(t, p + ".moe", moe_config(c));
   else
-    Mlp::declare(t, prefix(i) + ".mlp", c);
+    Mlp::declare(t, p + ".mlp", c);
 }
 
 void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s,

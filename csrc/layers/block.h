@@ -43,6 +43,10 @@ class Block {
   Block() = default;
   Block(const ParamStore& store, int index, const ModelConfig& c);
   static void declare(ParamTable& t, int index, const ModelConfig& c);
+  // A block of kind `kind` whose parameters are named under `prefix` ("layers.{i}" above; the
+  // extra heads of multi-token prediction use "mtp.{j}", models/transformer.h).
+  Block(const ParamStore& store, const std::string& prefix, BlockKind kind, const ModelConfig& c);
+  static void declare(ParamTable& t, const std::string& prefix, BlockKind kind, const ModelConfig& c);
 
   BlockKind kind() const { return kind_; }
   // jitter_seed: the MoE router's input jitter (0: none, as in evaluation; see layers/moe.h).

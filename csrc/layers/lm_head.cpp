@@ -15,8 +15,8 @@ namespace {
 const char* weight_name(const ModelConfig& c) { return c.tie_embeddings ? Embedding::kTokens : "head.weight"; }
 }  // namespace
 
-LmHead::LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_splits)
-    : norm_(store, "final_norm", c.norm, static_cast<float>(c.norm_eps), c.bias),
+LmHead::LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_splits, const std::string& norm)
+    : norm_(store, norm, c.norm, static_cast<float>(c.norm_eps), c.bias),
       weight_(store, weight_name(c)),
       vocab_begin_(store.table().get(weight_name(c)).split_begin),
       vocab_size_(c.vocab_size),

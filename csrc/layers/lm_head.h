@@ -28,7 +28,10 @@ struct HeadSaved {
 class LmHead {
  public:
   LmHead() = default;
-  LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_splits = 1);
+  // norm: the prefix of the final norm's parameters ("final_norm"; an extra head of multi-token
+  // prediction has its own, "mtp.{j}.norm", and shares the output projection).
+  LmHead(const ParamStore& store, const ModelConfig& c, int cross_entropy_splits = 1,
+         const std::string& norm = "final_norm");
   static void declare(ParamTable& t, const ModelConfig& c);
 
   // x: (T, C), or this rank's token shard under sequence parallelism; labels, mask: (T).

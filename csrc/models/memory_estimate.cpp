@@ -116,6 +116,12 @@ double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& 
       train += local_parameters(t, tp, true);
       if (m.tie_embeddings && !layers.embedding)  // the head's copy of the tied table
         params += static_cast<double>(m.vocab_size) * m.hidden_size / tp;
+      if (m.prediction_heads > 0) {  // multi-token prediction: each extra head's block and norm
+        ParamTable h;
+        layers::Block::declare(h, "mtp.1", layers::block_kind(m, m.num_layers - 1), m);
+        layers::Norm::declare(h, "mtp.1.norm", m.hidden_size, m.norm, m.bias);
+        params += m.prediction_heads * local_parameters(h, tp);
+      }
     }
     for (int i = 0; i < 3; ++i) {
       if (layers.count[i] == 0) continue;
@@ -210,6 +216,12 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   }
   double per_micro = layers.embedding ? Tsp * C : 0;  // the embedding's output
   for (int i = 0; i < 3; ++i) per_micro += layers.count[i] * per_block[i];
+  // Multi-token prediction (last stage): each extra head keeps its block's activations (none
+  // with recomputation) and its head's input gradient until the backward.
+  const int last_kind = kind_index(block_letter(m, m.num_layers - 1));
+  const double per_extra_head = (c.training.recompute_activations ? 0 : per_block[last_kind]) + Tsp * C;
+  const double extra_heads = layers.head ? m.prediction_heads : 0;
+  per_micro += extra_heads * per_extra_head;
   const int64_t micro = std::max<int64_t>(
       1, c.batch.global_batch_size / std::max<int64_t>(1, int64_t{c.batch.micro_batch_size} * dp));
   int64_t in_flight = 1;
@@ -221,6 +233,9 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
     if (layers.count[i] > 0)
       blocks += str_cat(blocks.empty() ? "" : ", ", num(layers.count[i]), " ", kKindNames[i], " block(s) of ",
                         format_bytes(per_block[i] * a));
+  if (extra_heads > 0)
+    blocks += str_cat(", ", num(extra_heads), " extra prediction head(s) of ", format_bytes(per_extra_head * a),
+                      " (model.prediction_heads: a ", kKindNames[last_kind], " block and the head's input gradient)");
   est.parts.push_back(
       {"activations", false, static_cast<double>(in_flight) * per_micro * a,
        str_cat(in_flight, " micro-batch(es) in flight (distributed.pipeline_schedule \"",
@@ -241,7 +256,11 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
                          str_cat(num(rows), " tokens (", num(unit), " / distributed.cross_entropy_splits ",
                                  splits, d.cross_entropy_splits == 0 ? " (0: auto)" : "", ") x ", num(cols), " vocabulary columns (model.vocab_size ",
                                  m.vocab_size, tp > 1 ? str_cat(" / ", tp) : "", ") x ", num(a), " bytes",
-                                 teacher ? ", and the teacher's logits of the whole unit" : "")});
+                                 teacher ? ", and the teacher's logits of the whole unit" : "",
+                                 m.prediction_heads > 0
+                                     ? str_cat(" (the next-token head and the ", m.prediction_heads,
+                                               " extra heads of model.prediction_heads each run their chunks in turn)")
+                                     : "")});
   }
 
   // A distillation teacher: its whole model on the ranks of the student's last stage (split over

@@ -1,6 +1,7 @@
 #include "models/micro_batch.h"
 
 #include "core/rng.h"
+#include "models/prediction_targets.h"
 
 namespace engine {
 
@@ -17,7 +18,7 @@ Owned to_device(const std::vector<T>& v, Device device) {
 }  // namespace
 
 MicroBatch make_micro_batch(const std::vector<const Sample*>& sequences, int sequence_length,
-                            bool cross_document_attention, Device device) {
+                            bool cross_document_attention, Device device, int prediction_heads) {
   const size_t S = static_cast<size_t>(sequence_length);
   std::vector<int32_t> tokens, labels;
   std::vector<uint8_t> mask;
@@ -41,19 +42,35 @@ MicroBatch make_micro_batch(const std::vector<const Sample*>& sequences, int seq
   mb.positions = to_device(v.position_ids, device);
   mb.cu_seqlens = to_device(v.cu_seqlens, device);
   mb.max_seqlen = v.max_seqlen;
+  for (int j = 1; j <= prediction_heads; ++j) {
+    std::vector<int32_t> head_labels, sample_labels;
+    std::vector<uint8_t> head_mask, sample_mask;
+    int64_t n = 0;
+    for (const Sample* s : sequences) {
+      prediction_targets(*s, j, sample_labels, sample_mask);
+      head_labels.insert(head_labels.end(), sample_labels.begin(), sample_labels.end());
+      head_mask.insert(head_mask.end(), sample_mask.begin(), sample_mask.end());
+      for (uint8_t m : sample_mask) n += m;
+    }
+    mb.mtp_labels.push_back(to_device(head_labels, device));
+    mb.mtp_mask.push_back(to_device(head_mask, device));
+    mb.mtp_loss_tokens.push_back(n);
+  }
   return mb;
 }
 
 std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& sequences, int sequence_length,
-                                             bool cross_document_attention, Device device, int64_t chunk_rows) {
+                                             bool cross_document_attention, Device device, int64_t chunk_rows,
+                                             int prediction_heads) {
   const int64_t T = static_cast<int64_t>(sequences.size()) * sequence_length;
   std::vector<MicroBatch> out;
   if (chunk_rows <= 0 || chunk_rows >= T) {
-    out.push_back(make_micro_batch(sequences, sequence_length, cross_document_attention, device));
+    out.push_back(make_micro_batch(sequences, sequence_length, cross_document_attention, device, prediction_heads));
     return out;
   }
   ENSURE(T % chunk_rows == 0, "micro-sequences of ", chunk_rows, " rows do not divide the micro-batch's ", T);
-  MicroBatch whole = make_micro_batch(sequences, sequence_length, cross_document_attention, Device::CPU);
+  MicroBatch whole =
+      make_micro_batch(sequences, sequence_length, cross_document_attention, Device::CPU, prediction_heads);
   const VarlenLayout v = build_varlen(sequences, sequence_length, cross_document_attention);
   auto kv = std::make_shared<layers::KvChunks>();
   kv->rows = T;
@@ -78,6 +95,14 @@ std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& s
     mb.num_tokens = chunk_rows;
     const uint8_t* m = whole.loss_mask->ptr<uint8_t>();
     for (int64_t i = b; i < e; ++i) mb.loss_tokens += m[i] != 0;
+    for (size_t h = 0; h < whole.mtp_mask.size(); ++h) {
+      mb.mtp_labels.push_back(rows_of(whole.mtp_labels[h], b, e));
+      mb.mtp_mask.push_back(rows_of(whole.mtp_mask[h], b, e));
+      const uint8_t* hm = whole.mtp_mask[h]->ptr<uint8_t>();
+      int64_t n = 0;
+      for (int64_t i = b; i < e; ++i) n += hm[i] != 0;
+      mb.mtp_loss_tokens.push_back(n);
+    }
     mb.chunk = c;
     mb.chunks = chunks;
     mb.row_begin = b;

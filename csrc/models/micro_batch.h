@@ -28,6 +28,13 @@ struct MicroBatch {
   Owned cu_seqlens_k;  // (segments + 1) i32 offsets into rows [key_begin, row_begin + T)
   int max_seqlen_k = 0;
   std::shared_ptr<layers::KvChunks> kv;
+  // Multi-token prediction (models/prediction_targets.h): entry j - 1 holds extra head j's (T)
+  // labels (i32) and loss mask (u8), and its loss tokens in this micro-batch. grad_scale: 1 / the
+  // global batch's loss tokens of head j, set by the caller before a forward with gradients (as
+  // the forward's grad_scale is for head 0).
+  std::vector<Owned> mtp_labels, mtp_mask;
+  std::vector<int64_t> mtp_loss_tokens;
+  std::vector<float> mtp_grad_scale;
   uint64_t jitter_seed = 0;  // the MoE router jitter of this micro-batch (chunk) in training; 0: none
 
   // forward_only: no backward follows (evaluation, a teacher): the last chunk releases the
@@ -38,14 +45,16 @@ struct MicroBatch {
   }
 };
 
+// prediction_heads: the extra heads of multi-token prediction whose targets to build (0: none).
 MicroBatch make_micro_batch(const std::vector<const Sample*>& sequences, int sequence_length,
-                            bool cross_document_attention, Device device);
+                            bool cross_document_attention, Device device, int prediction_heads = 0);
 
 // The same micro-batch as consecutive chunks of `chunk_rows` token rows each (micro-sequences;
 // chunk_rows divides the B * S rows), to run forward in order and backward in reverse.
 // chunk_rows >= B * S gives the one whole micro-batch.
 std::vector<MicroBatch> make_micro_sequences(const std::vector<const Sample*>& sequences, int sequence_length,
-                                             bool cross_document_attention, Device device, int64_t chunk_rows);
+                                             bool cross_document_attention, Device device, int64_t chunk_rows,
+                                             int prediction_heads = 0);
 
 // The MoE router jitter of a training micro-batch (chunk `chunk` of the samples from
 // first_sample on): a pure function of (seed, first sample, chunk), so any layout and a resumed

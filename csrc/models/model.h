@@ -80,6 +80,13 @@ class Model {
   virtual std::unique_ptr<DecodeCache> new_decode_cache(int64_t capacity) const = 0;
   virtual void decode_step(DecodeCache& cache, int32_t token, const Tensor& logits) = 0;
 
+  // Multi-token prediction (model.prediction_heads = k): the summed losses of extra heads 1..k
+  // (k entries) over the forwards since the last call, on this rank (zero where it holds no last
+  // stage); forward() returns head 0's. prediction_logits: head `head`'s logits (T, V) f32, as
+  // logits() gives head 0's (head 0 is logits() itself).
+  virtual std::vector<double> take_prediction_losses() = 0;
+  virtual void prediction_logits(const MicroBatch& mb, int head, const Tensor& out) = 0;
+
   // Parameters of which the model holds a copy on more than one pipeline stage (the embedding
   // table tied to the LM head): the holders' gradients are summed so the copies stay equal.
   virtual std::vector<std::string> tied_parameters() const = 0;

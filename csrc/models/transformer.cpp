@@ -4,22 +4,11 @@
 #include "core/trace.h"
 #include "layers/linear.h"
 #include "layers/lora.h"
+#include "models/transformer_saved.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 
 namespace engine {
-
-// One stage's activations for one micro-batch (the whole-model forward keeps one per stage).
-struct Transformer::TSaved : Model::Saved {
-  Tensor input;                           // the stage's input (stage > 0), owned by the caller
-  Owned x0;                               // embedding output (stage 0)
-  std::vector<layers::BlockSaved> blocks;
-  layers::HeadSaved head;
-  Owned input_grad;                       // the gradient of `input` after backward (stage > 0)
-  float aux_grad_scale = 0.f;             // d(loss) / d(MoE auxiliary losses) of this micro-batch
-  uint64_t jitter_seed = 0;               // the MoE jitter of the forward (recomputed alike)
-  std::vector<std::unique_ptr<TSaved>> stages;  // forward()/backward(): every stage's
-};
 
 std::vector<Transformer::StagePlan> Transformer::stage_plan(int num_layers, int stages) {
   ENSURE(stages >= 1 && stages <= num_layers, stages, " pipeline stages for ", num_layers,
@@ -47,6 +36,12 @@ void Transformer::declare(ParamTable& t, const ModelConfig& c, const ModelLayout
         t.add({.name = layers::Embedding::kTokens, .shape = {c.vocab_size, c.hidden_size}, .split_dim = 0,
                .init_std = c.init_std});
       layers::LmHead::declare(t, c);
+      const layers::BlockKind last = layers::block_kind(c, c.num_layers - 1);
+      for (int j = 1; j <= c.prediction_heads; ++j) {
+        const std::string m = "mtp." + std::to_string(j);
+        layers::Block::declare(t, m, last, c);
+        layers::Norm::declare(t, m + ".norm", c.hidden_size, c.norm, c.bias);
+      }
     }
   }
 }
@@ -94,8 +89,21 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
       blocks_[static_cast<size_t>(i)] = layers::Block(store_, i, c);
       block_offsets_[static_cast<size_t>(i)] = block_grads_begin(store_.table(), i);
     }
-    if (p.head) head_ = std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits);
+    if (p.head) {
+      head_ = std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits);
+      const layers::BlockKind last = layers::block_kind(c, c.num_layers - 1);
+      for (int j = 1; j <= c.prediction_heads; ++j) {
+        const std::string m = "mtp." + std::to_string(j);
+        mtp_blocks_.emplace_back(store_, m, last, c);
+        mtp_heads_.push_back(std::make_unique<layers::LmHead>(store_, c, layout.cross_entropy_splits, m + ".norm"));
+      }
+      if (has_mtp()) mtp_offset_ = store_.table().get("mtp.1.norm1.weight").offset;
+    }
   }
+  mtp_loss_sums_.assign(static_cast<size_t>(c.prediction_heads), 0.0);
+  head_weights_.assign(static_cast<size_t>(c.prediction_heads) + 1, 1.f);
+  for (size_t j = 0; j < c.prediction_loss_weights.size() && j < head_weights_.size(); ++j)
+    head_weights_[j] = static_cast<float>(c.prediction_loss_weights[j]);
   // Which attention kernels the blocks run (chosen from the device and the head dim).
   if (has_block_kind(c, "AE")) {  // attention and MoE blocks
     const int head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
@@ -148,6 +156,8 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   s.aux_grad_scale = grad_scale * static_cast<float>(mb.loss_tokens);
   const uint64_t jitter_seed = s.jitter_seed = with_grad ? mb.jitter_seed : 0;
   double aux = 0;
+  // Multi-token prediction: the extra heads run on block L-1's input, kept until they ran.
+  const int64_t trunk_k = p.head && has_mtp() ? config_.num_layers - 1 - p.first_block : -1;
   for (int i = p.first_block; i < p.end_block; ++i) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const layers::Block& block = blocks_[static_cast<size_t>(i)];
@@ -160,22 +170,23 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
       s.blocks[k].y = std::move(y);
     }
     // Without gradients only the current block's output is needed: drop the rest at once.
-    if (!with_grad && k > 0) s.blocks[k - 1] = layers::BlockSaved{};
-    if (!with_grad && k == 0) s.x0 = Owned{};
+    if (!with_grad && k > 0 && static_cast<int64_t>(k) != trunk_k) s.blocks[k - 1] = layers::BlockSaved{};
+    if (!with_grad && k == 0 && trunk_k != 0) s.x0 = Owned{};
     x = &s.blocks[k].y.t;
     if (with_grad) record(StatsRecorder::forward_name(i), *x);
   }
-  const double aux_sum = aux * static_cast<double>(mb.loss_tokens);
-  if (!p.head) return aux_sum;
+  if (!p.head) return aux * static_cast<double>(mb.loss_tokens);
   Owned teacher;
   if (teacher_) {  // the teacher's logits of this micro-batch, just in time (one alive at a time)
     teacher = env_.act_tensor({mb.num_tokens, head_->local_vocab()});
     teacher_(mb, teacher);
   }
   const TraceRange trace("head and loss");
-  const double loss = head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale, s.head, teacher);
+  const double loss =
+      head_->forward(env_, *x, mb.labels, mb.loss_mask, with_grad, grad_scale * head_weights_[0], s.head, teacher);
+  if (has_mtp()) aux += mtp_forward(mb, s, trunk_output(s, p), seg, with_grad);
   if (!with_grad) s.blocks.clear();
-  return loss + aux_sum;
+  return loss + aux * static_cast<double>(mb.loss_tokens);
 }
 
 Tensor Transformer::stage_output(const Saved& saved) const {
@@ -203,6 +214,16 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
   Tensor dy = p.head ? dy_owned.t : grad_output;
   if (!p.head) expect_shape(dy, stage_activation_shape(mb), "stage output gradient");
   if (p.head) record(StatsRecorder::kHeadGrad, dy);
+  // Multi-token prediction: the extra blocks' backward first; their input gradients join block
+  // L-1's (the trunk output feeds all of them), and each sums its dx into block L-2's output bias
+  // gradient as block L-1's backward does, when block L-2 is on this stage.
+  Owned trunk_grad;
+  if (p.head && has_mtp()) {
+    const int last = config_.num_layers - 1;
+    const Tensor colsum = last > p.first_block ? blocks_[static_cast<size_t>(last - 1)].out_bias_grad() : Tensor{};
+    trunk_grad = mtp_backward(s, trunk_output(s, p), seg, colsum);
+    if (grads_ready) grads_ready(mtp_offset_);
+  }
   for (int i = p.end_block; i-- > p.first_block;) {
     const size_t k = static_cast<size_t>(i - p.first_block);
     const Tensor& x = k == 0 ? (p.embedding ? s.x0.t : s.input) : s.blocks[k - 1].y.t;
@@ -228,6 +249,10 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
       backward(s.blocks[k]);
     }
     s.blocks[k] = layers::BlockSaved{};  // free this block's activations as soon as possible
+    if (trunk_grad.t.data && i == config_.num_layers - 1) {
+      ops::add_inplace(dx, trunk_grad);
+      trunk_grad = Owned{};
+    }
     dy_owned = std::move(dx);
     dy = dy_owned.t;
     record(StatsRecorder::backward_name(i), dy);
@@ -288,6 +313,7 @@ void Transformer::vocab_logits(const MicroBatch& mb, const Tensor& out) {
 }
 
 void Transformer::set_teacher(Teacher teacher, const DistillationConfig& distillation) {
+  ENSURE(!teacher || !has_mtp(), "model.prediction_heads: not combined with distillation");
   teacher_ = std::move(teacher);
   if (head_) head_->set_distillation(teacher_ ? &distillation : nullptr);
 }
@@ -312,9 +338,9 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   head_logits(x, out);
 }
 
-void Transformer::head_logits(const Tensor& x, const Tensor& out) const {
+void Transformer::head_logits(const Tensor& x, const Tensor& out, const std::string& norm_prefix) const {
   const int64_t T = x.size(0), V = config_.vocab_size;
-  const layers::Norm norm(store_, "final_norm", config_.norm, static_cast<float>(config_.norm_eps), config_.bias);
+  const layers::Norm norm(store_, norm_prefix, config_.norm, static_cast<float>(config_.norm_eps), config_.bias);
   Owned xn = env_.act_tensor({T, config_.hidden_size});
   layers::NormSaved ns;
   norm.forward(env_, x, xn, ns);

@@ -1,6 +1,13 @@
 // Decoder-only stack: gpt2, llama, mistral, qwen2, qwen3, mixtral, mamba and hybrid are this one stack with
 // different presets and block kinds (config.h block_layout, layers/block.h): embedding (+ learned positions) -> num_layers pre-norm blocks -> final norm ->
-// LM head with cross-entropy. Units run in order forward and in reverse backward, each one a
+// LM head with cross-entropy. With model.prediction_heads = k (multi-token prediction, as
+// Fast-LLM's MTP Llama) the blocks 0 .. L-2 are the trunk; the next-token head is block L-1, the
+// final norm and the LM head; extra head j (1..k) is a block of block L-1's kind on the trunk's
+// output ("mtp.{j}.*"), its own norm ("mtp.{j}.norm") and the shared output projection, trained on
+// the token at t + 1 + j (models/prediction_targets.h). All heads live on the last stage; the
+// loss is sum_j w_j * mean_j (model.prediction_loss_weights), each mean over the global batch's
+// loss tokens of head j, and the trunk output's gradient sums block L-1's and every extra
+// block's input gradients (models/mtp.cpp). Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.
 // Under tensor parallelism (ModelLayout::tp) each rank holds its blocks of every split parameter
 // (params.h) and the layers exchange activations over the group (parallel/tensor_parallel.h); with
@@ -59,6 +66,8 @@ class Transformer final : public Model {
   void set_stats(StatsRecorder* stats) override { stats_ = stats; }
   std::unique_ptr<DecodeCache> new_decode_cache(int64_t capacity) const override;  // models/decode.cpp
   void decode_step(DecodeCache& cache, int32_t token, const Tensor& logits) override;
+  std::vector<double> take_prediction_losses() override;                       // models/mtp.cpp
+  void prediction_logits(const MicroBatch& mb, int head, const Tensor& out) override;  // models/mtp.cpp
 
  private:
   struct TSaved;
@@ -72,13 +81,31 @@ class Transformer final : public Model {
   std::vector<layers::Block> blocks_;     // all num_layers; only this rank's are built
   std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
   std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter
+  // Multi-token prediction (last stage): extra head j's block and head at j - 1, the loss weights
+  // w_0 .. w_k, each extra head's loss sum since take_prediction_losses(), and the flat offset of
+  // the first extra head's first parameter (its gradients and all after it complete together).
+  std::vector<layers::Block> mtp_blocks_;
+  std::vector<std::unique_ptr<layers::LmHead>> mtp_heads_;
+  std::vector<float> head_weights_;
+  std::vector<double> mtp_loss_sums_;
+  int64_t mtp_offset_ = -1;
+  bool has_mtp() const { return config_.prediction_heads > 0; }
+  // The input of block L-1 in a last stage's Saved (the trunk's output).
+  const Tensor& trunk_output(const TSaved& s, const StagePlan& p) const;
+  // Forward of every extra head on the trunk output xt: block, loss and the head's backward;
+  // adds each head's loss sum to mtp_loss_sums_ and returns the MoE auxiliary losses of the blocks.
+  double mtp_forward(const MicroBatch& mb, TSaved& s, const Tensor& xt, const layers::SegmentInfo& seg,
+                     bool with_grad);
+  // Backward of every extra block: returns the sum of their input gradients (the trunk output's
+  // share from the extra heads); each also adds sum_t dx to dx_colsum (when given).
+  Owned mtp_backward(TSaved& s, const Tensor& xt, const layers::SegmentInfo& seg, const Tensor& dx_colsum);
   bool moe_aux_ = false;                  // MoE auxiliary losses on (their values cost a host sync)
   Teacher teacher_;
   StatsRecorder* stats_ = nullptr;
   void record(const std::string& name, const Tensor& x) const;
   // The final norm and the LM head's projection of the last block's output x (T, C) into
   // logits (T, V) f32, as LmHead::forward applies them without the loss.
-  void head_logits(const Tensor& x, const Tensor& out) const;
+  void head_logits(const Tensor& x, const Tensor& out, const std::string& norm = "final_norm") const;
   void expect_whole_model(const char* what) const;
 };
 

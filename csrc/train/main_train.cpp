@@ -41,6 +41,7 @@ static void usage() {
       "                            with an index (default 5120)\n"
       "  --dump-logits TOKENS OUT  logits of the token sequences in TOKENS (one per line, ids\n"
       "                            separated by spaces) to OUT (safetensors), with the same weights\n"
+      "                            (with model.prediction_heads, every head's: logits_head<j>.<i>)\n"
       "  --generate PROMPT         print PROMPT and the model's continuation, with the same weights, and\n"
       "                            exit (text in and out as data.tokenizer says; token ids: \"1,2,3\")\n"
       "  --max-new-tokens N        at most N new tokens (default 64; also stops at the end of document)\n"

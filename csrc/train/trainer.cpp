@@ -391,44 +391,6 @@ bool Trainer::stop_requested() {
   return all.size() > 1 ? all.all_reduce_max(mine ? 1.0 : 0.0) > 0 : mine;
 }
 
-double Trainer::run_batch(const SampleSource& source, int64_t first, int64_t count, bool with_grad,
-                          int64_t* loss_tokens) {
-  const int mbs = config_.batch.micro_batch_size;
-  // This rank's contiguous part of the global batch.
-  count /= dp_.size();
-  first += count * dp_.rank();
-  // The whole global batch is read first: its loss-token count normalises every micro-batch.
-  std::vector<Sample> samples(static_cast<size_t>(count));
-  int64_t tokens = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    samples[static_cast<size_t>(i)] = source.get(first + i);
-    for (uint8_t m : samples[static_cast<size_t>(i)].loss_mask) tokens += m != 0;
-  }
-  tokens = dp_.all_reduce_sum(tokens);  // the global batch's loss tokens normalise every rank
-  *loss_tokens += tokens;
-  const float grad_scale = tokens > 0 ? 1.f / static_cast<float>(tokens) : 0.f;
-  std::vector<MicroBatch> batches;
-  for (int64_t b = 0; b < count; b += mbs) {
-    std::vector<const Sample*> seqs;
-    for (int64_t i = b; i < std::min(count, b + mbs); ++i) seqs.push_back(&samples[static_cast<size_t>(i)]);
-    // Micro-sequences: the micro-batch as consecutive chunks, which the pipeline runs as units.
-    for (MicroBatch& mb : make_micro_sequences(seqs, config_.data.sequence_length,
-                                               config_.data.cross_document_attention, device_,
-                                               config_.batch.micro_sequence_length)) {
-      mb.jitter_seed = router_jitter_seed(config_.run.seed, first + b, mb.chunk);
-      log_debug("samples [", first + b, ", ", first + b + static_cast<int64_t>(seqs.size()), ") chunk ", mb.chunk,
-                "/", mb.chunks, ": ", mb.loss_tokens, " loss tokens, ", mb.cu_seqlens->numel() - 1,
-                " segments (longest ", mb.max_seqlen, ")");
-      batches.push_back(std::move(mb));
-    }
-  }
-  // The last micro-batch's backward starts the gradient reduction bucket by bucket.
-  double loss_sum = pipeline_->run(batches, with_grad, grad_scale,
-                                   [this](int64_t at) { parallel_->grads_ready(at); });
-  if (mesh_->pp()) loss_sum = mesh_->pp()->all_reduce_sum(loss_sum);  // from the last stage's rank
-  return dp_.all_reduce_sum(loss_sum);
-}
-
 StepResult Trainer::train_step() {
   ENSURE(step_ < config_.training.steps, "training already finished at step ", step_);
   faults::at(faults::Point::StepStart, {world().rank(), step_ + 1});
@@ -437,6 +399,9 @@ StepResult Trainer::train_step() {
   optimizer_->begin_step();
   model_->params().zero_grads();
   int64_t loss_tokens = 0;
+  const size_t heads = static_cast<size_t>(config_.model.prediction_heads);
+  std::vector<double> head_sums(heads, 0.0);
+  std::vector<int64_t> head_tokens(heads, 0);
   const bool stats = stats_ && debug_steps_.count(step_ + 1);
   if (stats) {
     stats_->clear();
@@ -445,7 +410,7 @@ StepResult Trainer::train_step() {
   double loss_sum;
   {
     const TraceRange trace("step " + std::to_string(step_ + 1) + " forward and backward");
-    loss_sum = run_batch(*train_data_, consumed_, gb, true, &loss_tokens);
+    loss_sum = run_batch(*train_data_, consumed_, gb, true, &loss_tokens, &head_sums, &head_tokens);
   }
   if (stats) {
     model_->set_stats(nullptr);
@@ -456,31 +421,24 @@ StepResult Trainer::train_step() {
   ++step_;
   faults::at(faults::Point::StepEnd, {world().rank(), step_});
   const double loss = loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : 0.0;
+  const std::vector<double> head_losses = head_means(head_sums, head_tokens, 0.0);
+  bool finite = std::isfinite(loss);
+  for (double l : head_losses) finite = finite && std::isfinite(l);
   StepStats st;
   {
     const TraceRange trace("optimizer step");
-    st = optimizer_->step(step_, !std::isfinite(loss));
+    st = optimizer_->step(step_, !finite);
   }
   StepResult r;
   r.step = step_;
   r.loss = loss;
+  r.head_losses = head_losses;
   r.skipped = st.skipped;
   r.lr = st.lr;
   r.grad_norm = st.grad_norm;
   r.tokens = gb * config_.data.sequence_length;
   r.seconds = now_seconds() - t0;
   return r;
-}
-
-double Trainer::evaluate() {
-  if (!valid_data_) return NAN;
-  const int64_t gb = config_.batch.global_batch_size;
-  optimizer_->begin_step();  // ZeRO-3: the weights are gathered only around a step
-  double loss_sum = 0;
-  int64_t loss_tokens = 0;
-  for (int i = 0; i < config_.training.eval_steps; ++i)
-    loss_sum += run_batch(*valid_data_, int64_t{i} * gb, gb, false, &loss_tokens);
-  return loss_tokens ? loss_sum / static_cast<double>(loss_tokens) : NAN;
 }
 
 void Trainer::write_stats(int step) {
@@ -541,6 +499,7 @@ int Trainer::run() {
                         {"tokens_per_s", tps},      {"tokens", tokens_seen_},
                         {"step_seconds", r.seconds}, {"elapsed_s", train_seconds_},
                         {"peak_memory_bytes", peak}};
+    for (size_t h = 0; h < r.head_losses.size(); ++h) j["loss_head" + std::to_string(h + 1)] = r.head_losses[h];
     if (r.skipped) j["skipped"] = true;
     write_metrics(j.dump());
     check_log_output();  // a log that cannot be written ends the run, as the metrics do
@@ -567,7 +526,7 @@ int Trainer::run() {
     if (r.step % config_.run.log_every == 0 || r.step == total || r.step == 1) {
       const double eta = train_seconds_ / r.step * (total - r.step);  // (includes pre-resume steps)
       log_info("step ", r.step, "/", total, " | loss ", fmt("%.4f", r.loss), " | lr ", fmt("%.3e", r.lr),
-               " | grad_norm ", fmt("%.3f", r.grad_norm), " | ", rate(tps), " tok/s | elapsed ",
+               head_loss_text(r.head_losses), " | grad_norm ", fmt("%.3f", r.grad_norm), " | ", rate(tps), " tok/s | elapsed ",
                format_duration(train_seconds_), " | eta ", format_duration(eta),
                r.step == 1 ? " | peak memory " + format_bytes(static_cast<double>(peak)) : "");
     }
@@ -578,8 +537,11 @@ int Trainer::run() {
         WatchdogScope watchdog(str_cat("validation after step ", r.step), config_.distributed.timeout_s);
         vl = evaluate();
       }
-      log_info("step ", r.step, " | valid loss ", fmt("%.4f", vl));
-      write_metrics(nlohmann::json{{"step", r.step}, {"valid_loss", vl}}.dump());
+      nlohmann::json vj = {{"step", r.step}, {"valid_loss", vl}};
+      for (size_t h = 0; h < valid_head_losses_.size(); ++h)
+        vj["valid_loss_head" + std::to_string(h + 1)] = valid_head_losses_[h];
+      log_info("step ", r.step, " | valid loss ", fmt("%.4f", vl), head_loss_text(valid_head_losses_));
+      write_metrics(vj.dump());
     }
     const bool stop = stop_requested();
     if (every > 0 && (r.step % every == 0 || stop)) save_checkpoint();

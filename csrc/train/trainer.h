@@ -39,6 +39,8 @@ struct StepResult {
   double grad_norm = 0;
   int64_t tokens = 0;      // input tokens in the global batch
   bool skipped = false;    // non-finite loss or gradients: no update was made
+  // Multi-token prediction: extra head j's mean loss at j - 1 (loss is head 0's).
+  std::vector<double> head_losses;
   double seconds = 0;
 };
 
@@ -55,6 +57,8 @@ class Trainer {
 
   StepResult train_step();        // the next step
   double evaluate();              // mean validation loss over training.eval_steps batches
+  // Multi-token prediction: the last evaluate()'s mean loss of extra head j at j - 1.
+  const std::vector<double>& valid_head_losses() const { return valid_head_losses_; }
   int run();                      // the whole run; returns the process exit code
   int step() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
@@ -79,9 +83,16 @@ class Trainer {
 
  private:
   // Forward and (if with_grad) backward over samples [first, first + count) of `source`,
-  // in micro-batches; returns the summed loss and adds the loss tokens to *loss_tokens.
+  // in micro-batches; returns the summed loss and adds the loss tokens to *loss_tokens. With
+  // multi-token prediction, extra head j's summed loss and loss tokens are added to
+  // (*head_sums)[j - 1] and (*head_tokens)[j - 1] (both sized model.prediction_heads).
   double run_batch(const SampleSource& source, int64_t first, int64_t count, bool with_grad,
-                   int64_t* loss_tokens);
+                   int64_t* loss_tokens, std::vector<double>* head_sums, std::vector<int64_t>* head_tokens);
+  // Multi-token prediction: each extra head's mean loss (`none` where it had no loss tokens),
+  // and " | head 1 L1 | head 2 L2 ..." for the log line ("" without extra heads).
+  static std::vector<double> head_means(const std::vector<double>& sums, const std::vector<int64_t>& tokens,
+                                        double none);
+  static std::string head_loss_text(const std::vector<double>& losses);
   void write_metrics(const std::string& json_line);
   void resume_or_init();
   // A fresh run (training.resume = "none", run.overwrite unset) refuses a run directory that
@@ -118,6 +129,7 @@ class Trainer {
   std::unique_ptr<TextCodec> sample_codec_;       // training.sample_every: rank 0's text codec
   int step_ = 0;
   int64_t consumed_ = 0;     // training samples used so far (the data position)
+  std::vector<double> valid_head_losses_;  // multi-token prediction: the last evaluate()'s
   int64_t tokens_seen_ = 0;
   double train_seconds_ = 0;
   std::string checkpoint_root_, resumed_from_;

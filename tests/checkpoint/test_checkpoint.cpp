@@ -67,7 +67,8 @@ TEST_CASE("checkpoint: stop after step k, resume = auto: the losses equal the un
   const std::vector<std::string> hybrid = {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
                                            "model.moe_jitter=0.1", "model.mamba_d_state=4"};
   for (const auto& [family, extra] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"gpt2", {}}, {"llama", {}}, {"qwen2", {}}, {"mixtral", moe}, {"hybrid", hybrid}}) {
+           {"gpt2", {}}, {"llama", {}}, {"qwen2", {}}, {"mixtral", moe}, {"hybrid", hybrid},
+           {"llama", {"model.num_layers=3", "model.prediction_heads=2"}}}) {  // (multi-token prediction)
     CAPTURE(family);
     Trainer ref(run_config("ref", extra, family), false);
     const std::vector<double> want = losses(ref, 6);

@@ -62,6 +62,13 @@ const DecodeCase kCases[] = {
        c.lora.alpha = 5;
        c.lora.targets = {"q", "k", "v", "o", "gate", "up", "down"};
      }},
+    // multi-token prediction: decoding runs the next-token head only (the extra heads are unused)
+    {"llama, two extra prediction heads", ModelFamily::Llama,
+     [](ModelConfig& c) {
+       c.num_layers = 3;
+       c.prediction_heads = 2;
+       c.prediction_loss_weights = {1.0, 1.0, 1.0};
+     }},
 };
 
 // Largest |a - b| over the largest |b| of the full forward's logits.

@@ -87,6 +87,51 @@ TEST_CASE("packed documents train exactly like documents alone (per-document los
   }
 }
 
+TEST_CASE("multi-token prediction: packed documents train exactly like documents alone (k = 2)") {
+  // Every head's loss of a packed micro-batch is the sum of the documents' own, and so are the
+  // gradients: no head's target crosses a document boundary (models/prediction_targets.h).
+  const int S = 12;
+  for (ModelFamily f : {ModelFamily::Llama, ModelFamily::Mamba}) {
+    CAPTURE(std::string(family_name(f)));
+    ModelConfig c = tiny_model(f);
+    c.num_layers = 3;
+    c.prediction_heads = 2;
+    c.prediction_loss_weights = {1.0, 1.0, 1.0};
+    auto model = make_model(c, Device::CPU, DType::F64);
+    randomize_weights(model->params(), "mtp-packing");
+    auto run = [&](const std::vector<const Sample*>& seqs, int len) {
+      MicroBatch mb = make_micro_batch(seqs, len, false, Device::CPU, 2);
+      mb.mtp_grad_scale = {1.f, 1.f};
+      auto saved = model->new_saved();
+      model->params().zero_grads();
+      Run r;
+      r.loss = model->forward(mb, *saved, true, 1.f);
+      for (double l : model->take_prediction_losses()) r.loss += l;
+      model->backward(mb, *saved);
+      r.grads = to_host(model->params().grads_flat(), DType::F64);
+      return r;
+    };
+    Sample s0 = make_sample({1, 1, 4, 6}, c.vocab_size, "mp0"), s1 = make_sample({12}, c.vocab_size, "mp1"),
+           s2 = make_sample({2, 3, 1, 2, 4}, c.vocab_size, "mp2");
+    const std::vector<const Sample*> seqs = {&s0, &s1, &s2};
+    Run packed = run(seqs, S);
+    double loss_sum = 0;
+    Owned grad_sum = zeros(packed.grads->shape, DType::F64, Device::CPU);
+    for (const Sample* s : seqs) {
+      int a = 0;
+      for (int32_t len : s->doc_lengths) {
+        Sample alone = piece(*s, a, a + len);
+        Run r = run({&alone}, len);
+        loss_sum += r.loss;
+        for (int64_t i = 0; i < grad_sum->numel(); ++i) grad_sum.ptr<double>()[i] += r.grads.ptr<double>()[i];
+        a += len;
+      }
+    }
+    CHECK(packed.loss == doctest::Approx(loss_sum).epsilon(1e-12));
+    CHECK_CLOSE(packed.grads, grad_sum, 1e-12);
+  }
+}
+
 TEST_CASE("GPU: packed documents train like documents alone (bf16, flash attention path)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   // head_dim 64 takes the tensor-core flash kernels; documents of 1, 17, 46 and 64 tokens.

@@ -267,3 +267,36 @@ TEST_CASE("memory estimate: a lower bound of what a GPU run allocates (bf16; eve
     CHECK(e.device_bytes() <= peak);
   }
 }
+
+TEST_CASE("memory estimate: multi-token prediction's extra heads are counted, and the bound still holds") {
+  for (const auto& [family, overrides] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"llama", {}}, {"llama", {"training.recompute_activations=true"}}, {"mixtral", kMixtral}}) {
+    CAPTURE(family);
+    const Config c = tiny_run_config(family, plus(overrides, {"model.num_layers=3", "model.prediction_heads=2",
+                                                              "training.steps=2", "optimizer.warmup_steps=1"}));
+    const Config plain = tiny_run_config(family, plus(overrides, {"model.num_layers=3", "training.steps=2",
+                                                                  "optimizer.warmup_steps=1"}));
+    const MemoryEstimate e = estimate_memory(c, RankPlacement{}), e0 = estimate_memory(plain, RankPlacement{});
+    auto part = [](const MemoryEstimate& m, const std::string& name) {
+      for (const MemoryPart& p : m.parts)
+        if (p.name == name) return p;
+      FAIL("no part " << name);
+      return MemoryPart{};
+    };
+    // The parameters are exactly the model's: every block, the extra heads' blocks and norms.
+    const double a = static_cast<double>(dtype_size(DType::F32));
+    CHECK(part(e, "parameters").bytes == doctest::Approx(static_cast<double>(model_param_table(c.model).num_parameters()) * a));
+    CHECK(part(e, "activations").bytes > part(e0, "activations").bytes);
+    CHECK(part(e, "activations").detail.find("2 extra prediction head(s)") != std::string::npos);
+    CHECK(part(e, "logits").detail.find("model.prediction_heads") != std::string::npos);
+    const size_t before = memory_stats(Device::CPU).in_use;
+    reset_peak_memory(Device::CPU);
+    {
+      Trainer t(c, false);
+      t.train_step();
+    }
+    const double peak = static_cast<double>(memory_stats(Device::CPU).peak_in_use - before);
+    INFO("estimate " << e.device_bytes() << " bytes, peak allocated " << peak);
+    CHECK(e.device_bytes() <= peak);
+  }
+}

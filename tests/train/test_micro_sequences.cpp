@@ -59,6 +59,11 @@ TEST_CASE("micro-sequences reproduce whole sequences: losses, gradients, weights
   compare_chunked("qwen2",
                   {"model.num_layers=3", "distributed.stages_per_rank=3", "distributed.pipeline_schedule=\"1f1b\""},
                   "batch.micro_sequence_length=5", 1e-5);
+  // multi-token prediction: the extra heads' attention blocks see earlier chunks' keys too, and
+  // recomputation re-runs them per chunk
+  compare_chunked("llama", {"model.num_layers=3", "model.prediction_heads=2"}, "batch.micro_sequence_length=5", 1e-5);
+  compare_chunked("llama", {"model.num_layers=3", "model.prediction_heads=1", "training.recompute_activations=true"},
+                  "batch.micro_sequence_length=4", 1e-5);
 }
 
 TEST_CASE("micro-sequences on the GPU reproduce whole sequences (flash and fallback attention)" * doctest::test_suite("gpu")) {
@@ -70,6 +75,8 @@ TEST_CASE("micro-sequences on the GPU reproduce whole sequences (flash and fallb
                   "batch.micro_sequence_length=5", 2e-2, 2);
   compare_chunked("mistral", {"run.device=\"cuda\"", "model.sliding_window=6"}, "batch.micro_sequence_length=4",
                   2e-2, 2);
+  compare_chunked("llama", {"run.device=\"cuda\"", "model.num_layers=3", "model.prediction_heads=2"},
+                  "batch.micro_sequence_length=5", 2e-2, 2);
 }
 
 TEST_CASE("batch.micro_sequence_length: bad values are config errors naming the key") {
