@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference benchmarks for the shapes `./bench` measures, run side by side on the GPU.
 
-usage: bench_torch.py [train-llama] [train-gpt2] [train-llama3.2-1b] [train-qwen3-moe] [attention] [loss] [distill] [gemm]   (default: all)
+usage: bench_torch.py [train-llama] [train-gpt2] [train-llama3.2-1b] [train-qwen3-moe] [attention] [loss] [distill] [gemm] [gemm-fp8]   (default: all but gemm-fp8)
   train-*    training step of the same model in PyTorch: fp32 master weights, bf16 autocast,
              fused AdamW, SDPA attention; eager and torch.compile; tokens/s and peak memory
              (llama3.2-1b and qwen3-moe, issue #44's shapes: torch.compile only; the MoE's
@@ -10,6 +10,7 @@ usage: bench_torch.py [train-llama] [train-gpt2] [train-llama3.2-1b] [train-qwen
   loss       cross-entropy fwd+bwd on bf16 logits, eager and compiled: ms and extra memory
   distill    forward / reverse KL (temperature 2) and cross-entropy + z-loss, the same way
   gemm       bf16 matmul 8192^3 TFLOP/s (the ceiling the kernels are judged against)
+  gemm-fp8   torch._scaled_mm e4m3 -> bf16 at 8192^3, per tensor and per row (beside ./bench fp8)
 Prints one line per measurement, in the same units as ./bench.
 """
 import math
@@ -275,6 +276,19 @@ def gemm():
     print(f"torch gemm bf16 8192^3: {2 * 8192**3 / ms / 1e9:.0f} TFLOP/s", flush=True)
 
 
+def gemm_fp8():
+    """torch._scaled_mm, e4m3 x e4m3 -> bf16 at 8192^3 per tensor and per row, beside bf16 (./bench fp8)."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
+    one = torch.ones((), device="cuda")
+    ms = timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    print(f"torch _scaled_mm e4m3 per tensor 8192^3: {2 * n**3 / ms / 1e9:.0f} TFLOP/s", flush=True)
+    ra, rb = torch.ones(n, 1, device="cuda"), torch.ones(1, n, device="cuda")
+    ms = timed(lambda: torch._scaled_mm(a, b, scale_a=ra, scale_b=rb, out_dtype=torch.bfloat16))
+    print(f"torch _scaled_mm e4m3 per row 8192^3: {2 * n**3 / ms / 1e9:.0f} TFLOP/s", flush=True)
+
+
 def main():
     what = sys.argv[1:] or ["gemm", "attention", "loss", "distill", "train-gpt2", "train-llama"]
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
@@ -296,6 +310,8 @@ def main():
             distill()
         elif w == "gemm":
             gemm()
+        elif w == "gemm-fp8":
+            gemm_fp8()
         else:
             sys.exit(f"error: unknown benchmark {w!r} (see --help)")
 

@@ -60,6 +60,13 @@ Lt& lt() {
   return s;
 }
 
+}  // namespace
+
+void* cublaslt_handle() { return lt().handle; }
+void* cublaslt_workspace() { return lt().workspace; }
+
+namespace {
+
 cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // Largest power of two dividing the address, capped at 256 (cuBLASLt's default assumption).

@@ -41,6 +41,12 @@ struct GemmParams {
 
 void gemm(const GemmParams& p);
 
+// The process's cuBLASLt handle (a cublasLtHandle_t) and its workspace of
+// ops::kGemmWorkspaceBytes, created on first use; gemm() and the FP8 product (gemm_fp8.cu) share
+// them on the compute stream.
+void* cublaslt_handle();
+void* cublaslt_workspace();
+
 // Counters of the last gemm() call, for tests: whether cuBLASLt ran the epilogue itself.
 struct GemmLastCall {
   bool fused_epilogue = false;   // bias / GELU / bias gradient done inside cuBLASLt

@@ -1,0 +1,199 @@
+// FP8 scaling on the GPU (ops/fp8.h): amax per tensor or per row of op(x), and the quantisation
+// op(x) * scale -> e4m3 / e5m2 bytes, with the row's inverse scale.
+// amax: magnitudes compared as unsigned f32 bit patterns (the values' order, NaN above
+// infinity: a NaN makes its row's amax NaN, as the CPU reference), so the result does not
+// depend on the reduction order. Per tensor: a grid-stride loop, warp maxima, one atomicMax a
+// warp into the zeroed output. Rows of x (op(x) = x): a block a row. Columns of x (op(x) = x^T):
+// a thread a column over a slice of the rows, atomicMax into the zeroed output.
+// Quantise: scale = max_finite / amax in f32 (1 where amax is 0), the product rounded to f32 and
+// converted by __nv_cvt_float_to_fp8(.., __NV_SATFINITE) (cvt.rn.satfinite on sm_89+: round to
+// nearest even, saturating), NaN written as 0x7f; the inverse scales by the first
+// threads. op(x) = x: a grid-stride loop over 4 elements a thread; op(x) = x^T: 32 x 32 tiles
+// through shared memory, read along x's rows and written along out's.
+// The shared preconditions ran before (ops/fp8.cpp); the launchers check the dtypes they take.
+#include <cuda_fp8.h>
+
+#include "cuda/common/launch.cuh"
+#include "ops/fp8.h"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 32;
+
+__device__ __forceinline__ unsigned magnitude_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+__device__ __forceinline__ unsigned warp_max(unsigned v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ unsigned block_max(unsigned v) {
+  __shared__ unsigned warps[kThreads / 32];
+  v = warp_max(v);
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = threadIdx.x < kThreads / 32 ? warps[threadIdx.x] : 0u;
+  return warp_max(v);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_tensor_kernel(const T* x, int64_t n, unsigned* out) {
+  wait_for_previous_kernel();
+  unsigned m = 0;
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads)
+    m = max(m, magnitude_bits(to_float(x[i])));
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0 && m) atomicMax(out, m);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_rows_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out) {
+  wait_for_previous_kernel();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    unsigned m = 0;
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) m = max(m, magnitude_bits(to_float(x[r * cols + j])));
+    m = block_max(m);
+    if (threadIdx.x == 0) out[r] = m;
+    __syncthreads();  // the shared warp maxima are reused by the next row
+  }
+}
+
+// A thread a column j of x, over rows blockIdx.y, + gridDim.y, ...
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_columns_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out) {
+  wait_for_previous_kernel();
+  const int64_t j = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (j >= cols) return;
+  unsigned m = 0;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) m = max(m, magnitude_bits(to_float(x[r * cols + j])));
+  if (m) atomicMax(out + j, m);
+}
+
+__device__ __forceinline__ float scale_of(float amax, float max_finite) {
+  return amax == 0.f ? 1.f : max_finite / amax;
+}
+
+__device__ __forceinline__ uint8_t encode(float v, bool e4m3) {
+  if (v != v) return 0x7f;
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+struct QuantizeParams {
+  const void* x;
+  int64_t rows, cols;        // of out (op(x))
+  const float* amax;         // n_scales elements: 1 (per tensor) or rows
+  float* scale_inv;
+  int64_t n_scales;
+  uint8_t* out;
+  float max_finite;
+  bool e4m3;
+};
+
+// The inverse scales, by the first n_scales threads of the grid.
+__device__ __forceinline__ void write_scale_inv(const QuantizeParams& p, int64_t thread) {
+  if (thread < p.n_scales) p.scale_inv[thread] = 1.f / scale_of(p.amax[thread], p.max_finite);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams p) {
+  wait_for_previous_kernel();
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  write_scale_inv(p, first);
+  const bool per_row = p.n_scales > 1;
+  const int64_t n = p.rows * p.cols;
+  for (int64_t i = first; i < n; i += int64_t{gridDim.x} * kThreads) {
+    const float scale = scale_of(p.amax[per_row ? i / p.cols : 0], p.max_finite);
+    p.out[i] = encode(to_float(x[i]) * scale, p.e4m3);
+  }
+}
+
+// out (rows, cols) = quantised x^T, x (cols, rows): a 32 x 32 tile a block of 32 x 8 threads.
+template <typename T>
+__global__ void __launch_bounds__(kTile * 8) quantize_transposed_kernel(const QuantizeParams p) {
+  wait_for_previous_kernel();
+  __shared__ float tile[kTile][kTile + 1];
+  const T* x = static_cast<const T*>(p.x);
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  write_scale_inv(p, (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * (kTile * 8) + threadIdx.x);
+  const int64_t r0 = int64_t{blockIdx.x} * kTile;  // out rows = x columns
+  const int64_t c0 = int64_t{blockIdx.y} * kTile;  // out columns = x rows
+  for (int i = ty; i < kTile; i += 8) {
+    const int64_t xr = c0 + i, xc = r0 + tx;
+    tile[i][tx] = xr < p.cols && xc < p.rows ? to_float(x[xr * p.rows + xc]) : 0.f;
+  }
+  __syncthreads();
+  const bool per_row = p.n_scales > 1;
+  for (int i = ty; i < kTile; i += 8) {
+    const int64_t r = r0 + i, c = c0 + tx;
+    if (r >= p.rows || c >= p.cols) continue;
+    const float scale = scale_of(p.amax[per_row ? r : 0], p.max_finite);
+    p.out[r * p.cols + c] = encode(tile[tx][i] * scale, p.e4m3);
+  }
+}
+
+template <typename F>
+void float_input(const Tensor& x, const char* op, F&& f) {
+  expect_cuda_float(x, op, "x");
+  if (x.dtype == DType::BF16) f(bf16_t{});
+  else f(float{});
+}
+
+}  // namespace
+
+void fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
+  expect_cuda(amax, "fp8_amax", "amax");
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto* out = static_cast<unsigned*>(amax.data);
+  const bool per_row = amax.size(0) == (transpose ? cols : rows) && amax.size(0) != 1;
+  float_input(x, "fp8_amax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data);
+    if (per_row && !transpose) {
+      if (rows == 0) return;
+      amax_rows_kernel<T><<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)), kThreads, 0, stream()>>>(
+          px, rows, cols, out);
+      check_launch("fp8 amax_rows_kernel");
+      return;
+    }
+    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(amax.size(0)), stream()));
+    if (x.numel() == 0) return;
+    if (per_row) {
+      const int64_t col_blocks = ceil_div(cols, kThreads);
+      const int64_t row_groups = std::clamp<int64_t>(int64_t{sm_count()} * 8 / col_blocks, 1, std::min<int64_t>(rows, 65535));
+      amax_columns_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)), kThreads, 0,
+                               stream()>>>(px, rows, cols, out);
+      check_launch("fp8 amax_columns_kernel");
+    } else {
+      amax_tensor_kernel<T><<<stream_blocks(x.numel(), kThreads), kThreads, 0, stream()>>>(px, x.numel(), out);
+      check_launch("fp8 amax_tensor_kernel");
+    }
+  });
+}
+
+void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8Format format,
+                  const Tensor& out, const Tensor& scale_inv) {
+  expect_cuda(amax, "fp8_quantize", "amax");
+  expect_cuda(out, "fp8_quantize", "out");
+  expect_cuda(scale_inv, "fp8_quantize", "scale_inv");
+  QuantizeParams p{x.data, out.size(0), out.size(1), static_cast<const float*>(amax.data),
+                   static_cast<float*>(scale_inv.data), amax.size(0), static_cast<uint8_t*>(out.data),
+                   ops::fp8_max(format), format == ops::Fp8Format::E4M3};
+  float_input(x, "fp8_quantize", [&](auto tag) {
+    using T = decltype(tag);
+    if (!transpose) {
+      quantize_kernel<T><<<stream_blocks(std::max(out.numel(), p.n_scales), kThreads), kThreads, 0, stream()>>>(p);
+      check_launch("fp8 quantize_kernel");
+      return;
+    }
+    const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kTile), 1), gy = std::max<int64_t>(ceil_div(p.cols, kTile), 1);
+    ENSURE(gy <= 65535, "fp8_quantize: x has ", x.size(0), " rows, the transposed kernel takes at most ",
+           65535 * kTile);
+    quantize_transposed_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kTile * 8, 0, stream()>>>(p);
+    check_launch("fp8 quantize_transposed_kernel");
+  });
+}
+
+}  // namespace engine::cuda
