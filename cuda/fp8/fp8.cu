@@ -4,16 +4,21 @@
 // infinity: a NaN makes its row's amax NaN, as the CPU reference), so the result does not
 // depend on the reduction order. Per tensor: a grid-stride loop, warp maxima, one atomicMax a
 // warp into the zeroed output. Rows of x (op(x) = x): a block a row. Columns of x (op(x) = x^T):
-// a thread a column over a slice of the rows, atomicMax into the zeroed output.
+// a thread a column over a slice of the rows, atomicMax into the zeroed output. Where rows are
+// a multiple of 8 elements and x starts 16-byte aligned, the per-tensor and per-row kernels move
+// 8 elements a thread (16- or 32-byte loads, 8-byte stores), elsewhere one; the column amax
+// keeps one a thread (8 columns a thread leaves too few threads a row, so more blocks share
+// each column's atomics: it measured slower, docs/PERF.md).
 // Quantise: scale = max_finite / amax in f32 (1 where amax is 0), the product rounded to f32 and
 // converted by __nv_cvt_float_to_fp8(.., __NV_SATFINITE) (cvt.rn.satfinite on sm_89+: round to
 // nearest even, saturating), NaN written as 0x7f; the inverse scales by the first
-// threads. op(x) = x: a grid-stride loop over 4 elements a thread; op(x) = x^T: 32 x 32 tiles
+// threads. op(x) = x: a grid-stride loop; op(x) = x^T: 32 x 32 tiles
 // through shared memory, read along x's rows and written along out's.
 // The shared preconditions ran before (ops/fp8.cpp); the launchers check the dtypes they take.
 #include <cuda_fp8.h>
 
 #include "cuda/common/launch.cuh"
+#include "cuda/common/vector.cuh"
 #include "ops/fp8.h"
 
 namespace engine::cuda {
@@ -71,6 +76,39 @@ __global__ void __launch_bounds__(kThreads) amax_columns_kernel(const T* x, int6
   if (m) atomicMax(out + j, m);
 }
 
+constexpr int kVec = 8;  // elements a thread in the vector forms
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_tensor_vec_kernel(const T* x, int64_t groups, unsigned* out) {
+  wait_for_previous_kernel();
+  unsigned m = 0;
+  for (int64_t g = int64_t{blockIdx.x} * kThreads + threadIdx.x; g < groups; g += int64_t{gridDim.x} * kThreads) {
+    float v[kVec];
+    load_pack<T, kVec>(x + g * kVec, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) m = max(m, magnitude_bits(v[j]));
+  }
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0 && m) atomicMax(out, m);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_rows_vec_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out) {
+  wait_for_previous_kernel();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    unsigned m = 0;
+    for (int64_t j = threadIdx.x * kVec; j < cols; j += kThreads * kVec) {
+      float v[kVec];
+      load_pack<T, kVec>(x + r * cols + j, v);
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) m = max(m, magnitude_bits(v[q]));
+    }
+    m = block_max(m);
+    if (threadIdx.x == 0) out[r] = m;
+    __syncthreads();
+  }
+}
+
 __device__ __forceinline__ float scale_of(float amax, float max_finite) {
   return amax == 0.f ? 1.f : max_finite / amax;
 }
@@ -107,6 +145,26 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   for (int64_t i = first; i < n; i += int64_t{gridDim.x} * kThreads) {
     const float scale = scale_of(p.amax[per_row ? i / p.cols : 0], p.max_finite);
     p.out[i] = encode(to_float(x[i]) * scale, p.e4m3);
+  }
+}
+
+// quantize_kernel with 8 elements a thread (cols a multiple of 8: a group is in one row).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QuantizeParams p) {
+  wait_for_previous_kernel();
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  write_scale_inv(p, first);
+  const bool per_row = p.n_scales > 1;
+  const int64_t groups = p.rows * p.cols / kVec;
+  for (int64_t g = first; g < groups; g += int64_t{gridDim.x} * kThreads) {
+    float v[kVec];
+    load_pack<T, kVec>(x + g * kVec, v);
+    const float scale = scale_of(p.amax[per_row ? g * kVec / p.cols : 0], p.max_finite);
+    Pack<uint8_t, kVec> o;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o.v[j] = encode(v[j] * scale, p.e4m3);
+    reinterpret_cast<Pack<uint8_t, kVec>*>(p.out)[g] = o;
   }
 }
 
@@ -148,11 +206,19 @@ void fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
   const int64_t rows = x.size(0), cols = x.size(1);
   auto* out = static_cast<unsigned*>(amax.data);
   const bool per_row = amax.size(0) == (transpose ? cols : rows) && amax.size(0) != 1;
+  // 8 elements a thread: rows of a multiple of 8 and a 16-byte aligned start.
+  const bool vec = cols % kVec == 0 && aligned16(x.data);
   float_input(x, "fp8_amax", [&](auto tag) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data);
     if (per_row && !transpose) {
       if (rows == 0) return;
+      if (vec) {
+        amax_rows_vec_kernel<T><<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)), kThreads, 0, stream()>>>(
+            px, rows, cols, out);
+        check_launch("fp8 amax_rows_vec_kernel");
+        return;
+      }
       amax_rows_kernel<T><<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)), kThreads, 0, stream()>>>(
           px, rows, cols, out);
       check_launch("fp8 amax_rows_kernel");
@@ -166,6 +232,10 @@ void fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
       amax_columns_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)), kThreads, 0,
                                stream()>>>(px, rows, cols, out);
       check_launch("fp8 amax_columns_kernel");
+    } else if (vec) {
+      const int64_t groups = x.numel() / kVec;
+      amax_tensor_vec_kernel<T><<<stream_blocks(groups, kThreads), kThreads, 0, stream()>>>(px, groups, out);
+      check_launch("fp8 amax_tensor_vec_kernel");
     } else {
       amax_tensor_kernel<T><<<stream_blocks(x.numel(), kThreads), kThreads, 0, stream()>>>(px, x.numel(), out);
       check_launch("fp8 amax_tensor_kernel");
@@ -183,6 +253,12 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
                    ops::fp8_max(format), format == ops::Fp8Format::E4M3};
   float_input(x, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
+    if (!transpose && p.cols % kVec == 0 && aligned16(x.data) && reinterpret_cast<uintptr_t>(out.data) % kVec == 0) {
+      quantize_vec_kernel<T><<<stream_blocks(std::max(out.numel() / kVec, p.n_scales), kThreads), kThreads, 0,
+                               stream()>>>(p);
+      check_launch("fp8 quantize_vec_kernel");
+      return;
+    }
     if (!transpose) {
       quantize_kernel<T><<<stream_blocks(std::max(out.numel(), p.n_scales), kThreads), kThreads, 0, stream()>>>(p);
       check_launch("fp8 quantize_kernel");

@@ -1,7 +1,8 @@
 // GPU tests of the FP8 ops (cuda/fp8/fp8.cu, cuda/gemm/gemm_fp8.cu) against the CPU reference
 // (csrc/ref/fp8.cpp): amax and the quantised bytes bit for bit (every bf16 value through the
 // cast; random f32 and bf16 tensors of odd shapes, per tensor, per row and transposed, with
-// NaN and zero rows), and the scaled product of every format pair, per tensor and per row, into
+// NaN and zero rows, aligned (the 8-element kernels where rows allow) and one element off (the
+// one-element kernels)), and the scaled product of every format pair, per tensor and per row, into
 // bf16 and f32 (beta 1), within the f32 accumulation's error of the f64 reference product of the
 // same bytes (f32: kF32Tol; bf16 outputs: bf16_tol). NaN amax and scales compare equal to any NaN.
 #include <doctest/doctest.h>
@@ -42,19 +43,20 @@ bool same_floats(const Tensor& got, const Tensor& ref) {
 // Runs amax and quantize on the GPU and on the CPU (x as the GPU holds it, in f32) and checks
 // both bit for bit.
 void check_scaling(const Tensor& host_x, DType dtype, bool per_row, bool transpose, Fp8Format f,
-                   const Tensor* given_amax = nullptr) {
+                   const Tensor* given_amax = nullptr, int64_t offset = 0) {
   const int64_t rows = transpose ? host_x.size(1) : host_x.size(0), cols = transpose ? host_x.size(0) : host_x.size(1);
   CAPTURE(host_x.shape.str());
   CAPTURE(dtype_name(dtype));
   CAPTURE(per_row);
   CAPTURE(transpose);
   CAPTURE(ops::fp8_format_name(f));
-  DeviceTensor x = to_gpu(host_x, dtype);
+  CAPTURE(offset);
+  DeviceTensor x = to_gpu(host_x, dtype, offset);
   Owned x32 = to_host(x.t, DType::F32);  // the values the GPU holds
   const int64_t ns = per_row ? rows : 1;
   Owned amax_ref = cpu({ns}, DType::F32), inv_ref = cpu({ns}, DType::F32), out_ref = cpu({rows, cols}, DType::U8);
   DeviceTensor amax = gpu_poisoned({ns}, DType::F32), inv = gpu_poisoned({ns}, DType::F32);
-  DeviceTensor out = gpu_poisoned({rows, cols}, DType::U8);
+  DeviceTensor out = gpu_poisoned({rows, cols}, DType::U8, offset);
   if (given_amax) {
     std::memcpy(amax_ref.ptr<float>(), given_amax->data, sizeof(float) * static_cast<size_t>(ns));
     amax = to_gpu(amax_ref);
@@ -111,7 +113,8 @@ TEST_CASE("GPU fp8: amax and quantize equal the CPU bit for bit (odd shapes, row
     for (DType dt : {DType::F32, DType::BF16})
       for (bool per_row : {false, true})
         for (bool transpose : {false, true})
-          for (Fp8Format f : kFormats) check_scaling(x, dt, per_row, transpose, f);
+          for (Fp8Format f : kFormats)
+            for (int64_t offset : {0, 1}) check_scaling(x, dt, per_row, transpose, f, nullptr, offset);
   }
 }
 
