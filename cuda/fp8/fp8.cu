@@ -26,6 +26,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kTile = 32;
+constexpr int kVec = 8;  // elements a thread in the vector forms
 
 __device__ __forceinline__ unsigned magnitude_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
@@ -43,22 +44,34 @@ __device__ __forceinline__ unsigned block_max(unsigned v) {
   return warp_max(v);
 }
 
-template <typename T>
+// V elements a thread (1, or kVec from a 16-byte aligned x), as 32-bit magnitudes.
+template <typename T, int V>
+__device__ __forceinline__ unsigned max_of(const T* p, unsigned m) {
+  float v[V];
+  load_pack<T, V>(p, v);
+#pragma unroll
+  for (int q = 0; q < V; ++q) m = max(m, magnitude_bits(v[q]));
+  return m;
+}
+
+// n elements in groups of V (V divides n).
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) amax_tensor_kernel(const T* x, int64_t n, unsigned* out) {
   wait_for_previous_kernel();
   unsigned m = 0;
-  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads)
-    m = max(m, magnitude_bits(to_float(x[i])));
+  for (int64_t g = int64_t{blockIdx.x} * kThreads + threadIdx.x; g < n / V; g += int64_t{gridDim.x} * kThreads)
+    m = max_of<T, V>(x + g * V, m);
   m = warp_max(m);
   if (threadIdx.x % 32 == 0 && m) atomicMax(out, m);
 }
 
-template <typename T>
+// A block a row, V elements a thread (V divides cols).
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) amax_rows_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out) {
   wait_for_previous_kernel();
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     unsigned m = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += kThreads) m = max(m, magnitude_bits(to_float(x[r * cols + j])));
+    for (int64_t j = int64_t{threadIdx.x} * V; j < cols; j += kThreads * V) m = max_of<T, V>(x + r * cols + j, m);
     m = block_max(m);
     if (threadIdx.x == 0) out[r] = m;
     __syncthreads();  // the shared warp maxima are reused by the next row
@@ -74,39 +87,6 @@ __global__ void __launch_bounds__(kThreads) amax_columns_kernel(const T* x, int6
   unsigned m = 0;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) m = max(m, magnitude_bits(to_float(x[r * cols + j])));
   if (m) atomicMax(out + j, m);
-}
-
-constexpr int kVec = 8;  // elements a thread in the vector forms
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) amax_tensor_vec_kernel(const T* x, int64_t groups, unsigned* out) {
-  wait_for_previous_kernel();
-  unsigned m = 0;
-  for (int64_t g = int64_t{blockIdx.x} * kThreads + threadIdx.x; g < groups; g += int64_t{gridDim.x} * kThreads) {
-    float v[kVec];
-    load_pack<T, kVec>(x + g * kVec, v);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) m = max(m, magnitude_bits(v[j]));
-  }
-  m = warp_max(m);
-  if (threadIdx.x % 32 == 0 && m) atomicMax(out, m);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) amax_rows_vec_kernel(const T* x, int64_t rows, int64_t cols, unsigned* out) {
-  wait_for_previous_kernel();
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    unsigned m = 0;
-    for (int64_t j = threadIdx.x * kVec; j < cols; j += kThreads * kVec) {
-      float v[kVec];
-      load_pack<T, kVec>(x + r * cols + j, v);
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) m = max(m, magnitude_bits(v[q]));
-    }
-    m = block_max(m);
-    if (threadIdx.x == 0) out[r] = m;
-    __syncthreads();
-  }
 }
 
 __device__ __forceinline__ float scale_of(float amax, float max_finite) {
@@ -134,37 +114,24 @@ __device__ __forceinline__ void write_scale_inv(const QuantizeParams& p, int64_t
   if (thread < p.n_scales) p.scale_inv[thread] = 1.f / scale_of(p.amax[thread], p.max_finite);
 }
 
-template <typename T>
+// V elements a thread (V divides cols, so a group is in one row; for V > 1 x 16-byte and out
+// 8-byte aligned).
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams p) {
   wait_for_previous_kernel();
   const T* x = static_cast<const T*>(p.x);
   const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   write_scale_inv(p, first);
   const bool per_row = p.n_scales > 1;
-  const int64_t n = p.rows * p.cols;
-  for (int64_t i = first; i < n; i += int64_t{gridDim.x} * kThreads) {
-    const float scale = scale_of(p.amax[per_row ? i / p.cols : 0], p.max_finite);
-    p.out[i] = encode(to_float(x[i]) * scale, p.e4m3);
-  }
-}
-
-// quantize_kernel with 8 elements a thread (cols a multiple of 8: a group is in one row).
-template <typename T>
-__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QuantizeParams p) {
-  wait_for_previous_kernel();
-  const T* x = static_cast<const T*>(p.x);
-  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
-  write_scale_inv(p, first);
-  const bool per_row = p.n_scales > 1;
-  const int64_t groups = p.rows * p.cols / kVec;
+  const int64_t groups = p.rows * p.cols / V;
   for (int64_t g = first; g < groups; g += int64_t{gridDim.x} * kThreads) {
-    float v[kVec];
-    load_pack<T, kVec>(x + g * kVec, v);
-    const float scale = scale_of(p.amax[per_row ? g * kVec / p.cols : 0], p.max_finite);
-    Pack<uint8_t, kVec> o;
+    float v[V];
+    load_pack<T, V>(x + g * V, v);
+    const float scale = scale_of(p.amax[per_row ? g * V / p.cols : 0], p.max_finite);
+    Pack<uint8_t, V> o;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) o.v[j] = encode(v[j] * scale, p.e4m3);
-    reinterpret_cast<Pack<uint8_t, kVec>*>(p.out)[g] = o;
+    for (int j = 0; j < V; ++j) o.v[j] = encode(v[j] * scale, p.e4m3);
+    reinterpret_cast<Pack<uint8_t, V>*>(p.out)[g] = o;
   }
 }
 
@@ -213,14 +180,9 @@ void fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
     const T* px = static_cast<const T*>(x.data);
     if (per_row && !transpose) {
       if (rows == 0) return;
-      if (vec) {
-        amax_rows_vec_kernel<T><<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)), kThreads, 0, stream()>>>(
-            px, rows, cols, out);
-        check_launch("fp8 amax_rows_vec_kernel");
-        return;
-      }
-      amax_rows_kernel<T><<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)), kThreads, 0, stream()>>>(
-          px, rows, cols, out);
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20));
+      if (vec) amax_rows_kernel<T, kVec><<<grid, kThreads, 0, stream()>>>(px, rows, cols, out);
+      else amax_rows_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(px, rows, cols, out);
       check_launch("fp8 amax_rows_kernel");
       return;
     }
@@ -232,12 +194,9 @@ void fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
       amax_columns_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)), kThreads, 0,
                                stream()>>>(px, rows, cols, out);
       check_launch("fp8 amax_columns_kernel");
-    } else if (vec) {
-      const int64_t groups = x.numel() / kVec;
-      amax_tensor_vec_kernel<T><<<stream_blocks(groups, kThreads), kThreads, 0, stream()>>>(px, groups, out);
-      check_launch("fp8 amax_tensor_vec_kernel");
     } else {
-      amax_tensor_kernel<T><<<stream_blocks(x.numel(), kThreads), kThreads, 0, stream()>>>(px, x.numel(), out);
+      if (vec) amax_tensor_kernel<T, kVec><<<stream_blocks(x.numel() / kVec, kThreads), kThreads, 0, stream()>>>(px, x.numel(), out);
+      else amax_tensor_kernel<T, 1><<<stream_blocks(x.numel(), kThreads), kThreads, 0, stream()>>>(px, x.numel(), out);
       check_launch("fp8 amax_tensor_kernel");
     }
   });
@@ -253,14 +212,11 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
                    ops::fp8_max(format), format == ops::Fp8Format::E4M3};
   float_input(x, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
-    if (!transpose && p.cols % kVec == 0 && aligned16(x.data) && reinterpret_cast<uintptr_t>(out.data) % kVec == 0) {
-      quantize_vec_kernel<T><<<stream_blocks(std::max(out.numel() / kVec, p.n_scales), kThreads), kThreads, 0,
-                               stream()>>>(p);
-      check_launch("fp8 quantize_vec_kernel");
-      return;
-    }
     if (!transpose) {
-      quantize_kernel<T><<<stream_blocks(std::max(out.numel(), p.n_scales), kThreads), kThreads, 0, stream()>>>(p);
+      const bool vec = p.cols % kVec == 0 && aligned16(x.data) && reinterpret_cast<uintptr_t>(out.data) % kVec == 0;
+      const unsigned grid = stream_blocks(std::max(out.numel() / (vec ? kVec : 1), p.n_scales), kThreads);
+      if (vec) quantize_kernel<T, kVec><<<grid, kThreads, 0, stream()>>>(p);
+      else quantize_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(p);
       check_launch("fp8 quantize_kernel");
       return;
     }
