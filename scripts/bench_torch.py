@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """PyTorch reference benchmarks for the shapes `./bench` measures, run side by side on the GPU.
 
-usage: bench_torch.py [train-llama] [train-gpt2] [train-llama3.2-1b] [train-qwen3-moe] [attention] [loss] [distill] [gemm] [gemm-fp8]   (default: all but gemm-fp8)
+usage: bench_torch.py [train-llama] [train-gpt2] [train-llama3.2-1b] [train-qwen3-moe] [train-llama-fp8]
+                     [train-llama3-3b-fp8] [attention] [loss] [distill] [gemm] [gemm-fp8]
+                     (default: all but the fp8 ones)
   train-*    training step of the same model in PyTorch: fp32 master weights, bf16 autocast,
              fused AdamW, SDPA attention; eager and torch.compile; tokens/s and peak memory
              (llama3.2-1b and qwen3-moe, issue #44's shapes: torch.compile only; the MoE's
              experts through torch._grouped_mm)
+  train-*-fp8  the same step with torchao float8 training (tensorwise and rowwise recipes) on
+             the blocks' linears, torch.compile; llama3-3b-fp8 also runs the bf16 step first
   attention  F.scaled_dot_product_attention, causal, bf16: flash and cuDNN backends, TFLOP/s
   loss       cross-entropy fwd+bwd on bf16 logits, eager and compiled: ms and extra memory
   distill    forward / reverse KL (temperature 2) and cross-entropy + z-loss, the same way
@@ -156,13 +160,20 @@ class Model(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1)) + aux
 
 
-def train(name, vocab, d, layers, heads, kv_heads, ffn, seq, batch, llama, compiled_only=False, **shape):
+def train(name, vocab, d, layers, heads, kv_heads, ffn, seq, batch, llama, compiled_only=False, fp8=None, **shape):
     # shape: head_dim, qk_norm, moe = (experts, top-k, expert ffn, aux coef), tied, theta (Model).
     # RoPE scaling (Llama 3, YaRN) changes only the precomputed angles, not the step's work.
+    # fp8: a torchao float8 recipe ("tensorwise", "rowwise") for the blocks' linears (the LM head
+    # stays bf16, as the engine's training.fp8 keeps it).
     for compiled in ((True,) if compiled_only else (False, True)):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         model = Model(vocab, d, layers, heads, kv_heads, ffn, seq, llama, **shape).cuda()
+        if fp8:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(fp8),
+                                       module_filter_fn=lambda m, fqn: fqn != "head")
+
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         fwd = torch.compile(model) if compiled else model
         tokens = torch.randint(0, vocab, (batch, seq), device="cuda")
@@ -185,7 +196,8 @@ def train(name, vocab, d, layers, heads, kv_heads, ffn, seq, batch, llama, compi
             active -= layers * (experts - topk) * 3 * d * eff
         hd = shape.get("head_dim") or d // heads
         flops = 6 * active + 6 * layers * seq * heads * hd
-        print(f"torch train {name} {'compiled' if compiled else 'eager'}: {tps / 1e3:.1f} k tokens/s, "
+        label = f"{name} float8-{fp8}" if fp8 else name
+        print(f"torch train {label} {'compiled' if compiled else 'eager'}: {tps / 1e3:.1f} k tokens/s, "
               f"{ms / 1e3:.3f} s/step, MFU {tps * flops / 989e12:.3f}, peak memory "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, {n / 1e6:.0f} M parameters", flush=True)
         del model, opt, fwd
@@ -295,6 +307,12 @@ def main():
     for w in what:
         if w == "train-llama":
             train("llama-0.9b", 32000, 2048, 16, 16, 8, 5632, 4096, 4, True)
+        elif w == "train-llama-fp8":  # the 0.89B Llama with torchao float8 (configs/bench-llama-0.9b.toml)
+            for recipe in ("tensorwise", "rowwise"):
+                train("llama-0.9b", 32000, 2048, 16, 16, 8, 5632, 4096, 4, True, compiled_only=True, fp8=recipe)
+        elif w == "train-llama3-3b-fp8":  # the 3B Llama shape of issue FP8, bf16 then torchao float8
+            for recipe in (None, "tensorwise", "rowwise"):
+                train("llama-3b", 128256, 3072, 28, 24, 8, 8192, 4096, 4, True, compiled_only=True, fp8=recipe)
         elif w == "train-llama3.2-1b":  # configs/bench-llama-3.2-1b.toml
             train("llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 8192, 2, True, compiled_only=True, tied=True)
         elif w == "train-qwen3-moe":  # configs/bench-qwen3-moe-2b.toml

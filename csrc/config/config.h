@@ -22,6 +22,9 @@ enum class AttentionBackendKind { Flash, Cudnn };
 enum class DeviceChoice { Auto, CPU, CUDA };
 enum class DecayKind { Cosine, Linear, Constant };
 enum class ScheduleKind { BreadthFirst, DepthFirst, OneFOneB };
+// training.fp8: the linear layers' GEMMs in FP8 (layers/linear.h): off; tensorwise (one scale a
+// tensor, e4m3 forward, e5m2 gradients); rowwise (one scale a row of each operand, e4m3 throughout).
+enum class Fp8Recipe { Off, Tensorwise, Rowwise };
 enum class DistillationKind { ForwardKL, ReverseKL, SoftCE };
 
 struct RunConfig {
@@ -207,6 +210,7 @@ struct TrainingConfig {
   int keep_checkpoints = 3;  // newest checkpoints kept; 0 = all
   std::string resume = "none";  // "none", "auto" (newest usable checkpoint of this run) or a path
   bool recompute_activations = false;  // keep only block outputs; recompute each block in backward
+  Fp8Recipe fp8 = Fp8Recipe::Off;      // the linear layers' products in FP8 (above; README "FP8 training")
   // Every sample_every steps and at the last (0: never) rank 0 prints the greedy continuation of sample_prompt
   // (sample_tokens new tokens at most) with the current weights (train/generate.h).
   int sample_every = 0;

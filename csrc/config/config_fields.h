@@ -53,6 +53,8 @@ inline constexpr EnumName<DecayKind> kDecayNames[] = {{"cosine", DecayKind::Cosi
 inline constexpr EnumName<DistillationKind> kDistillationNames[] = {{"forward_kl", DistillationKind::ForwardKL},
                                                                     {"reverse_kl", DistillationKind::ReverseKL},
                                                                     {"soft_ce", DistillationKind::SoftCE}};
+inline constexpr EnumName<Fp8Recipe> kFp8Names[] = {
+    {"off", Fp8Recipe::Off}, {"tensorwise", Fp8Recipe::Tensorwise}, {"rowwise", Fp8Recipe::Rowwise}};
 inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{"breadth_first", ScheduleKind::BreadthFirst},
                                                             {"depth_first", ScheduleKind::DepthFirst},
                                                             {"1f1b", ScheduleKind::OneFOneB}};
@@ -186,6 +188,7 @@ void visit_fields(C& c, V& v) {
   v.field("keep_checkpoints", c.training.keep_checkpoints);
   v.field("resume", c.training.resume);
   v.field("recompute_activations", c.training.recompute_activations);
+  v.choice("fp8", c.training.fp8, names_of(kFp8Names));
   v.field("sample_every", c.training.sample_every);
   v.field("sample_prompt", c.training.sample_prompt);
   v.field("sample_tokens", c.training.sample_tokens);
@@ -244,6 +247,8 @@ void check_lr_scale(Config& c);
 // model.prediction_heads and prediction_loss_weights (config_mtp.cpp): the weights' default and
 // length, and what multi-token prediction does not combine with; after the other checks.
 void check_prediction_heads(Config& c);
+// training.fp8 (config_fp8.cpp): the widths the FP8 products need.
+void check_fp8(const Config& c);
 
 // Fills presets, defaults and derived values into a Config read from TOML (origin tells which
 // keys were set), then checks ranges and consistency. Throws engine::Error via Config::where.

@@ -479,6 +479,7 @@ void finish_config(Config& c) {
   k.distillation();
   k.optimizer();
   check_prediction_heads(c);
+  check_fp8(c);
 }
 
 }  // namespace config_detail

@@ -106,7 +106,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   s.lse = env.stat_tensor({T, heads_});
   const Tensor qkv = s.qkv->view({T, int64_t{NH} * head_dim_});
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
-    linear_forward(x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
+    linear_forward(env.column(), x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
     lora_qkv_forward(x, qkv.slice(r0, r1));
   });
   if (qk_norm_) {
@@ -146,7 +146,7 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows), not kept since the forward
   Owned dout = env.act_tensor({T, heads_, head_dim_});
   const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
-  linear_backward(dy_full, o, wo_.w(), dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
+  linear_backward(env.row(), dy_full, o, wo_.w(), dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
   if (lora_o_) lora_o_.backward(dy_full, o, dout->view({T, int64_t{heads_} * head_dim_}));
   dy_storage = Owned{};
   Owned dqkv = env.act_tensor({T, NH, head_dim_});

@@ -2,10 +2,21 @@
 // and the float type of statistics saved for backward (f64 in an f64 model, else f32).
 #pragma once
 #include "comm/comm.h"
+#include "config/config.h"
 #include "core/buffer.h"
 #include "core/params.h"
 
 namespace engine::layers {
+
+// The precision of one linear layer's products (layers/linear.h): the FP8 recipe and, for a
+// tensor-parallel layer, the group and the dimension its operands are split along, so that every
+// scale is the one the whole (unsplit) operand would have.
+enum class TpSplit { None, Out, In };  // Out: column-parallel (W's rows), In: row-parallel (W's columns)
+struct LinearPrecision {
+  Fp8Recipe fp8 = Fp8Recipe::Off;
+  Comm* tp = nullptr;  // the group whose amaxes are reduced (nullptr: one rank)
+  TpSplit split = TpSplit::None;
+};
 
 struct Env {
   Device device = Device::CPU;
@@ -13,12 +24,16 @@ struct Env {
   Comm* tp = nullptr;      // the tensor-parallel group (nullptr: none)
   bool sequence_parallel = false;  // with tp: the residual stream holds this rank's rows only
   bool tp_overlap = true;  // with tp: collectives beside the GEMMs where the data allow (parallel/tensor_parallel.h)
+  Fp8Recipe fp8 = Fp8Recipe::Off;  // the blocks' linear layers' products (layers/linear.h); the LM head's stay off
   DType stat() const { return act == DType::F64 ? DType::F64 : DType::F32; }
   Owned act_tensor(Shape s) const { return empty(s, act, device); }
   Owned stat_tensor(Shape s) const { return empty(s, stat(), device); }
   int tp_size() const { return tp ? tp->size() : 1; }
   int tp_rank() const { return tp ? tp->rank() : 0; }
   bool sp() const { return sequence_parallel && tp_size() > 1; }
+  // A column-parallel (output features split) and a row-parallel (input features split) linear.
+  LinearPrecision column() const { return {fp8, tp_size() > 1 ? tp : nullptr, TpSplit::Out}; }
+  LinearPrecision row() const { return {fp8, tp_size() > 1 ? tp : nullptr, TpSplit::In}; }
 };
 
 // A parameter (or adjacent parameters seen as one matrix) of a store: its weight and gradient

@@ -45,7 +45,7 @@ void Attention::decode(const Env& env, const Tensor& xn, const Tensor& position,
   const int NH = heads_ + 2 * kv_heads_;
   const int64_t width = int64_t{2} * kv_heads_ * head_dim_;
   Owned qkv = env.act_tensor({1, NH, head_dim_});
-  linear_forward(xn, wqkv_.w(), bqkv_.w(), qkv->view({1, int64_t{NH} * head_dim_}));
+  linear_forward(env.column(), xn, wqkv_.w(), bqkv_.w(), qkv->view({1, int64_t{NH} * head_dim_}));
   lora_qkv_forward(xn, qkv->view({1, int64_t{NH} * head_dim_}));
   if (qk_norm_) {
     Owned in = env.act_tensor({1, heads_ + kv_heads_, head_dim_}), rstd = env.stat_tensor({1, heads_ + kv_heads_});
@@ -83,7 +83,7 @@ void Mamba::decode(const Env& env, const Tensor& xn, MambaCache& cache, const Te
   expect_one_rank(env, "mamba");
   ENSURE(xn.ndim() == 2 && xn.size(0) == 1, "mamba decode: one token (1, C), got ", xn.shape.str());
   Owned xz = env.act_tensor({1, 2 * di_});
-  linear_forward(xn, w_in_.w(), b_in_.w(), xz);
+  linear_forward(env.column(), xn, w_in_.w(), b_in_.w(), xz);
   Owned xc = env.act_tensor({1, di_});
   ops::causal_conv1d_step(ops::ColumnBlock(xz, 0, di_), cache.conv, conv_w_.w(), conv_b_.w(), true, xc);
   Owned xproj = env.act_tensor({xproj_numel(1)});

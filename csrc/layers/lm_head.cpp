@@ -84,7 +84,7 @@ void LmHead::logits(const Env& env, const Tensor& x, const Tensor& out) const {
   NormSaved ns;
   norm_.forward(env, x, xn, ns);
   Owned gathered;
-  linear_forward(column_input_forward(env, xn, gathered), weight_.w(), {}, out);
+  linear_forward(LinearPrecision{}, column_input_forward(env, xn, gathered), weight_.w(), {}, out);
 }
 
 double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, const Tensor& mask,
@@ -122,7 +122,7 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
   for (int64_t a = 0; a < T; a += chunk) {
     const int64_t b = std::min(T, a + chunk);
     Owned logits = env.act_tensor({b - a, width});
-    linear_forward(xin.slice(a, b), w, {}, logits);
+    linear_forward(LinearPrecision{}, xin.slice(a, b), w, {}, logits);
     if (distill_)
       distill(env, logits, teacher.slice(a, b), labels.slice(a, b), mask.slice(a, b), losses->slice(a, b), with_grad,
               grad_scale);
@@ -134,7 +134,7 @@ double LmHead::forward(const Env& env, const Tensor& x, const Tensor& labels, co
       ops::matmul(logits, false, w, false, dxin->slice(a, b), {});          // dx = dlogits Wp
       if (!weight_.frozen) ops::matmul(logits, true, xin.slice(a, b), false, dwp, {1.f, 1.f});  // dWp += dlogits^T x
     } else {
-      linear_backward(logits, xin.slice(a, b), w, dxin->slice(a, b), weight_.g(), {});
+      linear_backward(LinearPrecision{}, logits, xin.slice(a, b), w, dxin->slice(a, b), weight_.g(), {});
     }
   }
   if (pad && with_grad && !weight_.frozen) ops::add_inplace(weight_.g(), dwp->slice(0, V));  // the chunks' sum, once

@@ -102,7 +102,7 @@ void Mamba::forward(const Env& env, const Tensor& xn, const Tensor& y, const Seg
   const int64_t T = full_rows(env, xn.size(0));
   s.xz = env.act_tensor({T, 2 * di_});
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
-    linear_forward(x, w_in_.w(), b_in_.w(), s.xz->slice(r0, r1));
+    linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.xz->slice(r0, r1));
   });
   Owned xc = env.act_tensor({T, di_});
   ops::causal_conv1d_forward(ops::ColumnBlock(s.xz, 0, di_), conv_w_.w(), conv_b_.w(), seg.cu_seqlens,
@@ -139,7 +139,7 @@ void Mamba::backward_except_out_bias(const Env& env, const Tensor& dy, const Ten
   {
     Owned dy_storage;
     const Tensor dy_full = row_output_backward(env, dy, dy_storage);
-    linear_backward(dy_full, s.y, w_out_.w(), dys, w_out_.g(), {});
+    linear_backward(env.row(), dy_full, s.y, w_out_.w(), dys, w_out_.g(), {});
   }
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows)
   Owned xc = env.act_tensor({T, di_});

@@ -65,9 +65,14 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
   s.a = env.act_tensor({T, ffn_});
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     if (glu) {
-      linear_forward(x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
+      linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
       if (lora_gate_) lora_gate_.forward(x, s.h->slice(r0, r1), 0);
       if (lora_up_) lora_up_.forward(x, s.h->slice(r0, r1), ffn_);
+      return;
+    }
+    if (env.fp8 != Fp8Recipe::Off) {  // (the FP8 product has no GELU epilogue)
+      linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
+      ops::gelu_forward(s.h->slice(r0, r1), s.a->slice(r0, r1));
       return;
     }
     // h = x W_in^T + b_in and a = gelu(h) from one GEMM (the GELU in its epilogue)
@@ -96,11 +101,16 @@ void Mlp::backward_except_out_bias(const Env& env, const Tensor& dy, const Tenso
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows)
   Owned dh = env.act_tensor(s.h->shape);
   const bool glu = act_ == ActivationKind::SwiGLU;
-  if (glu) {
+  // The GELU's derivative and b_in's gradient from the dx GEMM's epilogue, in bf16 only.
+  const bool gelu_epilogue = !glu && env.fp8 == Fp8Recipe::Off;
+  if (!gelu_epilogue) {
     Owned da = env.act_tensor(s.a->shape);
-    linear_backward(dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
+    linear_backward(env.row(), dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
     if (lora_down_) lora_down_.backward(dy_full, s.a, da);
-    ops::swiglu_backward(da, s.h, dh);
+    if (glu)
+      ops::swiglu_backward(da, s.h, dh);
+    else
+      ops::gelu_backward(da, s.h, dh);
   } else {  // dW_out += dy^T a; dh = (dy W_out) * gelu'(h) and b_in's gradient from one GEMM
     if (!w_out_.frozen) ops::matmul(dy_full.rows(), true, s.a->rows(), false, w_out_.g(), {1.f, 1.f, {}});
     ops::MatmulOptions o;
@@ -118,7 +128,7 @@ void Mlp::backward_except_out_bias(const Env& env, const Tensor& dy, const Tenso
       if (lora_gate_) lora_gate_.backward(dh, x, dx_full, 0);
       if (lora_up_) lora_up_.backward(dh, x, dx_full, ffn_);
     };
-  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), glu ? b_in_.g() : Tensor{}, low_rank);
+  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), gelu_epilogue ? Tensor{} : b_in_.g(), low_rank);
 }
 
 }  // namespace engine::layers

@@ -105,6 +105,7 @@ struct ModelLayout {
   // forward again before its backward (memory of one block's activations for one more forward).
   bool recompute = false;
   bool tp_overlap = true;  // layers::Env::tp_overlap
+  Fp8Recipe fp8 = Fp8Recipe::Off;  // layers::Env::fp8 (training.fp8)
   // The flat parameter buffers' length is a multiple of this (equal, aligned data-parallel shards).
   int64_t pad_multiple = 1;
   int tp_rank() const { return tp ? tp->rank() : 0; }

@@ -77,7 +77,7 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
     : config_(c), layout_(layout), plan_(stage_plan(c.num_layers, layout.stages())),
       store_(model_param_table(c, layout, layout.tp_rank(), layout.tp_size()), device, compute_dtype, capacity,
              layout.pad_multiple),
-      env_{device, compute_dtype, layout.tp, layout.sequence_parallel, layout.tp_overlap} {
+      env_{device, compute_dtype, layout.tp, layout.sequence_parallel, layout.tp_overlap, layout.fp8} {
   blocks_.resize(static_cast<size_t>(c.num_layers));
   moe_aux_ = c.moe_aux_loss_coef > 0 || c.moe_z_loss_coef > 0;
   block_offsets_.assign(static_cast<size_t>(c.num_layers), -1);
@@ -346,10 +346,10 @@ void Transformer::head_logits(const Tensor& x, const Tensor& out, const std::str
   norm.forward(env_, x, xn, ns);
   const Tensor w = store_.weight(config_.tie_embeddings ? layers::Embedding::kTokens : "head.weight");
   if (env_.act == DType::F32) {
-    layers::linear_forward(xn, w, {}, out);
+    layers::linear_forward(layers::LinearPrecision{}, xn, w, {}, out);
   } else {
     Owned y = env_.act_tensor({T, V});
-    layers::linear_forward(xn, w, {}, y);
+    layers::linear_forward(layers::LinearPrecision{}, xn, w, {}, y);
     ops::cast(y, out);
   }
 }

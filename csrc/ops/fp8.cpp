@@ -35,7 +35,7 @@ void check_fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, Fp8
 }
 
 void check_fp8_matmul(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
-                      Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c, float beta) {
+                      Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c, const Fp8MatmulOptions& o) {
   expect_defined(a, "fp8_matmul", "a");
   expect_dtype(a, DType::U8, "fp8_matmul", "a");
   expect_ndim(a, 2, "fp8_matmul", "a");
@@ -54,8 +54,15 @@ void check_fp8_matmul(const Tensor& a, Fp8Format a_format, const Tensor& a_scale
          " mix per-tensor and per-row scales; both must be one or the other");
   ENSURE(!(a_format == Fp8Format::E5M2 && b_format == Fp8Format::E5M2),
          "fp8_matmul: e5m2 x e5m2 is not a product the tensor cores take (one side must be e4m3)");
-  ENSURE(beta == 0.f || beta == 1.f, "fp8_matmul: beta must be 0 or 1, got ", beta);
-  ENSURE(beta == 0.f || c.dtype != DType::BF16, "fp8_matmul: beta = 1 accumulates into an f32 c, c is bf16");
+  ENSURE(o.beta == 0.f || o.beta == 1.f, "fp8_matmul: beta must be 0 or 1, got ", o.beta);
+  if (o.addend.data) {
+    ENSURE(o.beta == 1.f, "fp8_matmul: an addend is read with beta = 1, got beta ", o.beta);
+    expect(o.addend, c.dtype, c.shape, "fp8_matmul", "addend");
+    ENSURE(o.addend.data == c.data || static_cast<const char*>(o.addend.data) + o.addend.nbytes() <= c.data ||
+               static_cast<const char*>(c.data) + c.nbytes() <= o.addend.data,
+           "fp8_matmul: the addend must be c itself or not overlap it");
+  }
+  if (o.bias.data) expect(o.bias, c.dtype, {n}, "fp8_matmul", "bias");
 }
 
 }  // namespace

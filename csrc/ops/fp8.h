@@ -18,13 +18,17 @@
 //                 scale_inv_r = 1 / scale_r in f32 (what the product multiplies back)
 //   x (R, C) f32 or bf16 on the GPU, f32 or f64 on the CPU (converted to f32 before the scale);
 //   out u8 (R, C), or (C, R) with transpose; amax and scale_inv f32, 1 element or one a row of out.
-// fp8_matmul: c(i, j) = beta * c(i, j) + sa(i) * sb(j) * sum_k dec(a(i, k)) * dec(b(j, k))
+// fp8_matmul: c(i, j) = beta * d(i, j) + sa(i) * sb(j) * sum_k dec(a(i, k)) * dec(b(j, k)) + bias(j)
 //   a u8 (M, K) and b u8 (N, K), both row-major with K contiguous (the weight (out, in) of a
 //   linear layer is such a b); sa = a_scale_inv, one element or M; sb = b_scale_inv, one element
-//   or N, per tensor or per row in both; c (M, N) bf16 or f32; beta 0, or 1 into an f32 c
-//   (gradient accumulation). The formats: e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3.
-//   CPU: c f32 or f64, the sum in double in k order. GPU (sm_90 cuBLASLt, f32 accumulation):
-//   K, and the leading dimensions, multiples of 16; every pointer 16-byte aligned.
+//   or N, per tensor or per row in both; c (M, N) bf16 or f32. Options (Fp8MatmulOptions): beta
+//   0 or 1; d = the addend where set (c's shape and dtype, c itself or not overlapping it: a
+//   residual added in the epilogue), else c (gradient accumulation); bias (N) or undefined, of
+//   c's dtype. The formats: e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3.
+//   CPU: c f32 or f64, the sum in double in k order, then scaled, then beta d and the bias added
+//   in double. GPU (sm_90 cuBLASLt, f32 accumulation): K and N multiples of 16; every pointer
+//   16-byte aligned; the addend and bias read in the epilogue where cuBLASLt takes them, else
+//   added by one more pass over c (the same sum, rounded once more).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -75,6 +79,19 @@ inline uint8_t fp8_encode(float x, Fp8Format f) {
   return static_cast<uint8_t>(sign | (field << mbits) | (units - (int64_t{1} << mbits)));
 }
 
+struct Fp8MatmulOptions {
+  Fp8MatmulOptions(float beta_ = 0.f) : beta(beta_) {}  // (a plain beta converts)
+  float beta = 0.f;
+  Tensor addend;  // read in place of c where beta == 1
+  Tensor bias;    // (N)
+};
+
+template <typename F>
+void visit_tensors(const Fp8MatmulOptions& o, const char*, F&& f) {
+  f(o.addend, "addend");
+  f(o.bias, "bias");
+}
+
 // The scale of a row from its amax (the contract above), and its inverse.
 inline float fp8_scale(float amax, Fp8Format f) { return amax == 0.f ? 1.f : fp8_max(f) / amax; }
 
@@ -88,7 +105,8 @@ inline float fp8_scale(float amax, Fp8Format f) { return amax == 0.f ? 1.f : fp8
      (x, transpose, amax, format, out, scale_inv))                                              \
   OP(void, fp8_matmul,                                                                          \
      (const Tensor& a, ops::Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,     \
-      ops::Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c, float beta),         \
-     (a, a_format, a_scale_inv, b, b_format, b_scale_inv, c, beta))
+      ops::Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c,                     \
+      const ops::Fp8MatmulOptions& options),                                                    \
+     (a, a_format, a_scale_inv, b, b_format, b_scale_inv, c, options))
 
 ENGINE_DECLARE_OPS(ENGINE_FP8_OPS)

@@ -41,7 +41,8 @@ void column_input_backward(const Env& env, const Tensor& dx_full, const Tensor& 
 }
 
 void column_gemm_forward(const Env& env, const Tensor& xn, const RowGemm& gemm) {
-  if (!env.sp() || !env.tp_overlap) {
+  // (Per-tensor FP8 scales span every row: the product waits for the whole gathered input.)
+  if (!env.sp() || !env.tp_overlap || env.fp8 == Fp8Recipe::Tensorwise) {
     Owned storage;
     const Tensor x = column_input_forward(env, xn, storage);
     gemm(x, 0, x.size(0));
@@ -78,18 +79,18 @@ void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, c
   Owned storage;
   const Tensor dx_full = env.sp() ? (storage = full_rows_tensor(env, dxn)).t : dxn;
   if (env.tp_size() == 1 || !env.tp_overlap) {
-    linear_backward(dy, dweight.data || dbias.data ? in.get() : Tensor{}, weight, dx_full, dweight, dbias);
+    linear_backward(env.column(), dy, dweight.data || dbias.data ? in.get() : Tensor{}, weight, dx_full, dweight, dbias);
     if (low_rank) low_rank(in.get(), dx_full);
     column_input_backward(env, dx_full, dxn);
     return;
   }
-  ops::matmul(dy.rows(), false, weight, false, dx_full.rows(), {});  // dx = dy W
+  linear_backward(env.column(), dy, Tensor{}, weight, dx_full, Tensor{}, Tensor{});  // dx = dy W
   // (LoRA's terms need the gathered input: under sequence parallelism they wait for it here.)
   if (low_rank) low_rank(in.get(), dx_full);
   const std::function<void()> reduced = env.sp() ? tp::gather_from_sp_backward_async(*env.tp, dx_full, dxn)
                                                  : tp::copy_to_tp_backward_async(*env.tp, dx_full, dxn);
   if (dweight.data || dbias.data)
-    linear_backward(dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction
+    linear_backward(env.column(), dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction
   if (reduced) reduced();
 }
 
@@ -113,15 +114,15 @@ void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, c
   const Tensor b = bias && bias.store->table().tp_rank() == 0 ? bias.w() : Tensor{};
   if (env.sp()) {
     Owned partial = env.act_tensor({x.size(0), y.size(1)});
-    linear_forward(x, weight, b, partial);
+    linear_forward(env.row(), x, weight, b, partial);
     if (low_rank) low_rank(partial);
     row_output_forward(env, partial, y);
   } else if (residual.data && env.tp_size() == 1) {  // no reduction: the residual in the epilogue
-    linear_forward(x, weight, b, y, residual);
+    linear_forward(env.row(), x, weight, b, y, residual);
     if (low_rank) low_rank(y);
     return;
   } else {
-    linear_forward(x, weight, b, y);
+    linear_forward(env.row(), x, weight, b, y);
     if (low_rank) low_rank(y);
     row_output_forward(env, y, y);
   }

@@ -47,7 +47,7 @@ void column_input_backward(const Env& env, const Tensor& dx_full, const Tensor& 
 // A column-parallel GEMM's forward from xn (this rank's rows): `gemm(x, r0, r1)` computes the
 // output rows [r0, r1) of the full rows from x, those rows of the input. Called once with all
 // rows, or under sequence parallelism first for this rank's own rows (from xn, while the other
-// ranks' rows are gathered; overlap) and then for the rest.
+// ranks' rows are gathered; overlap) and then for the rest; once with all rows under per-tensor FP8.
 using RowGemm = std::function<void(const Tensor& x, int64_t r0, int64_t r1)>;
 void column_gemm_forward(const Env& env, const Tensor& xn, const RowGemm& gemm);
 

@@ -76,7 +76,7 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
 }
 
 void fp8_matmul(const Tensor& a, ops::Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
-                ops::Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c, float beta) {
+                ops::Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c, const ops::Fp8MatmulOptions& o) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   // The decoded bytes, once: a 256-entry table per format.
   float table_a[256], table_b[256];
@@ -92,6 +92,8 @@ void fp8_matmul(const Tensor& a, ops::Fp8Format a_format, const Tensor& a_scale_
   float_switch(c.dtype, "fp8_matmul", "c", [&](auto tag) {
     using T = decltype(tag);
     T* pc = c.ptr<T>();
+    const T* pd = o.addend.data ? o.addend.ptr<T>() : pc;
+    const T* bias = o.bias.data ? o.bias.ptr<T>() : nullptr;
 #pragma omp parallel for schedule(static) if (m * n * k > (1 << 18))
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
@@ -99,8 +101,9 @@ void fp8_matmul(const Tensor& a, ops::Fp8Format a_format, const Tensor& a_scale_
         for (int64_t q = 0; q < k; ++q)
           s += static_cast<double>(table_a[pa[i * k + q]]) * table_b[pb[j * k + q]];
         s *= static_cast<double>(sa[row_a ? i : 0]) * sb[row_b ? j : 0];
-        T& out = pc[i * n + j];
-        out = static_cast<T>(beta != 0.f ? static_cast<double>(out) + s : s);
+        if (o.beta != 0.f) s += static_cast<double>(pd[i * n + j]);
+        if (bias) s += static_cast<double>(bias[j]);
+        pc[i * n + j] = static_cast<T>(s);
       }
     }
   });

@@ -86,6 +86,7 @@ RunPlan make_run_plan(const Config& config, Comm* group) {
   plan.layout = ModelLayout{m.tp(),       dist.sequence_parallel, resolved_cross_entropy_splits(config), m.pp_rank(),
                             m.pp_size(), dist.stages_per_rank,  config.training.recompute_activations,
                             dist.tp_overlap,
+                            config.training.fp8,
                             // equal, aligned shards over the dp ranks
                             64 * int64_t{m.dp().size()}};
   plan.bucket_elements = static_cast<int64_t>(dist.reduce_bucket_mb * (1 << 20) / 4);

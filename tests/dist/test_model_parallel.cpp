@@ -86,7 +86,11 @@ struct Case {
   std::vector<std::string> extra;  // sequence parallel, splits, ZeRO
 };
 
-void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu", double tol = 1e-5) {
+// exact_steps: the steps whose losses, gradient norms and gradients are held to tol; later steps
+// (and the validation after them) hold the loss to loose_tol only, and the weights are compared
+// only when every step was exact (FP8, fp8() below).
+void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu", double tol = 1e-5,
+                  int exact_steps = 3, double loose_tol = 0) {
   SelfComm self;
   CAPTURE(c.family);
   CAPTURE(c.tp);
@@ -97,7 +101,7 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
   for (const auto& e : c.extra)
     // (micro-sequences only in the parallel run: the reference runs whole sequences)
     if ((e.rfind("model.", 0) == 0 || e.rfind("distillation.", 0) == 0 || e.rfind("batch.", 0) == 0 ||
-         e.rfind("lora.", 0) == 0 || e.rfind("optimizer.", 0) == 0) &&
+         e.rfind("lora.", 0) == 0 || e.rfind("optimizer.", 0) == 0 || e.rfind("training.fp8", 0) == 0) &&
         e.rfind("batch.micro_sequence_length", 0) != 0)
       model_keys.push_back(e);
   Trainer single(tiny_run_config(c.family, tp_layout(c.tp, 1, device, model_keys)), false, &self);
@@ -112,11 +116,19 @@ void compare_runs(const Case& c, Comm& group, const std::string& device = "cpu",
     StepResult a = single.train_step(), b = parallel.train_step();
     INFO("step " << s + 1 << ": single " << a.loss << " / " << a.grad_norm << ", parallel " << b.loss << " / "
                  << b.grad_norm);
+    if (s >= exact_steps) {
+      CHECK(b.loss == doctest::Approx(a.loss).epsilon(loose_tol));
+      continue;
+    }
     CHECK(b.loss == doctest::Approx(a.loss).epsilon(tol));
     CHECK(b.grad_norm == doctest::Approx(a.grad_norm).epsilon(10 * tol));
     if (full_grads)
       compare_blocks(st, single.model().params().grads_flat(), pt, parallel.model().params().grads_flat(),
                      100 * tol, "gradient");
+  }
+  if (exact_steps < 3) {
+    CHECK(parallel.evaluate() == doctest::Approx(single.evaluate()).epsilon(loose_tol));
+    return;
   }
   Owned wa = single.optimizer().gather_master(), wb = parallel.optimizer().gather_master();
   compare_blocks(st, wa, pt, wb, 10 * tol, "weight");
@@ -364,6 +376,37 @@ TEST_CASE("LoRA under tensor (+ sequence) and pipeline parallelism reproduces on
       {"gpt2", 1, pp(2, 2, "1f1b", {"lora.rank=3", "lora.targets=[\"q\", \"v\", \"o\"]"})},  // tied embeddings, frozen
   };
   for (const Case& c : cases) compare_runs(c, world());
+}
+
+// FP8 (training.fp8): widths of multiples of 16 (hidden 32, ffn 64). Each amax a split cuts is
+// the group's maximum (layers/linear.h), so every rank quantises as one rank does: the first
+// step's gradients agree to 2e-5 (measured; with each rank's own amax, 4e-2 to 1e-1, and the
+// loss 2e-4 to 1.4e-3 apart). What is left is f32 summation order, which now and then moves a
+// value across an FP8 rounding step; from the second step on such moves compound (gradients up
+// to 7e-2 apart by step 3), so later steps hold the loss only, to 2e-3.
+std::vector<std::string> fp8(const char* recipe, std::vector<std::string> more = {}) {
+  std::vector<std::string> o = {"model.hidden_size=32", "model.ffn_hidden_size=64",
+                                std::string("training.fp8=\"") + recipe + "\""};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+
+TEST_CASE("training.fp8 under tensor (+ sequence), pipeline and ZeRO-3 data parallelism reproduces one rank") {
+  if (world().size() != 2) {
+    skip_test("the FP8 layouts are defined for 2 ranks");
+    return;
+  }
+  const std::vector<Case> cases = {
+      {"llama", 2, fp8("tensorwise", {"distributed.sequence_parallel=true"})},
+      {"llama", 2, fp8("rowwise")},
+      {"gpt2", 2, fp8("tensorwise")},  // biases, GELU, learned positions
+      {"gpt2", 2, fp8("rowwise", {"distributed.tp_overlap=false"})},
+      {"hybrid", 2, fp8("rowwise", {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=3",
+                                    "model.mamba_d_state=4", "distributed.sequence_parallel=true"})},
+      {"llama", 1, fp8("rowwise", pp(2, 2, "breadth_first"))},
+      {"llama", 1, fp8("tensorwise", {"distributed.zero_stage=3"})},
+  };
+  for (const Case& c : cases) compare_runs(c, world(), "cpu", 1e-5, 1, 2e-3);
 }
 
 TEST_CASE("GPUs with NCCL: tensor parallel reproduces one GPU, bf16 tolerance" * doctest::test_suite("gpu")) {

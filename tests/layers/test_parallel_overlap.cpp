@@ -141,7 +141,7 @@ Outputs run_linear(const Tensor& xn, const Tensor& w, const Tensor& b, const Ten
   const int64_t T = dy.size(0), F = w.size(0), C = w.size(1);
   Owned y = empty({T, F}, DType::BF16, Device::CUDA);
   layers::column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
-    layers::linear_forward(x, w, b, y->slice(r0, r1));
+    layers::linear_forward(layers::LinearPrecision{}, x, w, b, y->slice(r0, r1));
   });
   Owned dw = zeros({F, C}, DType::F32, Device::CUDA), db = zeros({F}, DType::F32, Device::CUDA);
   Owned dxn = empty(xn.shape, DType::BF16, Device::CUDA);

@@ -201,8 +201,21 @@ TEST_CASE("fp8 ops name the argument they refuse") {
             .find("e5m2 x e5m2") != std::string::npos);
   CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s4, b, Fp8Format::E4M3, s1, c, 0.f); })
             .find("mix per-tensor and per-row") != std::string::npos);
-  CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s1, b, Fp8Format::E4M3, s1, cb, 1.f); })
-            .find("accumulates into an f32 c") != std::string::npos);
+  ops::Fp8MatmulOptions with_addend(0.f);
+  with_addend.addend = c;
+  CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s1, b, Fp8Format::E4M3, s1, c, with_addend); })
+            .find("addend is read with beta = 1") != std::string::npos);
+  with_addend.beta = 1.f;
+  with_addend.addend = cb;
+  CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s1, b, Fp8Format::E4M3, s1, c, with_addend); })
+            .find("addend is bf16") != std::string::npos);
+  with_addend.addend = c->slice(1, 4);
+  CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s1, b, Fp8Format::E4M3, s1, c, with_addend); })
+            .find("addend has shape") != std::string::npos);
+  ops::Fp8MatmulOptions with_bias;
+  with_bias.bias = f32({4});
+  CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s1, b, Fp8Format::E4M3, s1, c, with_bias); })
+            .find("bias has shape (4)") != std::string::npos);
   CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s1, a, Fp8Format::E4M3, s1, c, 0.f); })
             .find("c has shape") != std::string::npos);
   CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s4, b, Fp8Format::E4M3, s8, c, 0.f); }).empty());

@@ -1,0 +1,49 @@
+// training.fp8 (layers/linear.h, README "FP8 training"): Hopper's FP8 products (ops/fp8.h) take
+// K and N, the contracted and the output widths, in multiples of 16. Each linear layer that runs
+// in FP8 contracts over its input width (forward), its output width (input gradient) and the
+// micro-batch's tokens (weight gradient), so every one of those, per tensor-parallel rank, must
+// be a multiple of 16. The check is the same on the CPU, so a config tried there runs on the GPU.
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "config/config_fields.h"
+#include "core/check.h"
+
+namespace engine {
+namespace config_detail {
+
+void check_fp8(const Config& c) {
+  if (c.training.fp8 == Fp8Recipe::Off) return;
+  const ModelConfig& m = c.model;
+  const int64_t tp = c.distributed.tensor_parallel;
+  const std::string layout = block_layout(m);
+  const bool attention = layout.find_first_of("AE") != std::string::npos;
+  const bool mlp = layout.find('A') != std::string::npos;
+  const bool mamba = layout.find('M') != std::string::npos;
+  struct Width {
+    std::string what;
+    int64_t value;
+  };
+  std::vector<Width> widths = {{"model.hidden_size", m.hidden_size}};
+  if (attention) {
+    widths.push_back({"model.num_heads x head_dim / tensor_parallel", int64_t{m.num_heads} * m.head_dim / tp});
+    widths.push_back({"model.num_kv_heads x head_dim / tensor_parallel", int64_t{m.num_kv_heads} * m.head_dim / tp});
+  }
+  if (mlp) widths.push_back({"model.ffn_hidden_size / tensor_parallel", m.ffn_hidden_size / tp});
+  if (m.moe_shared_expert_ffn_size > 0 && layout.find('E') != std::string::npos)
+    widths.push_back({"model.moe_shared_expert_ffn_size / tensor_parallel", m.moe_shared_expert_ffn_size / tp});
+  if (mamba) widths.push_back({"model.mamba_expand x hidden_size / tensor_parallel", int64_t{m.mamba_expand} * m.hidden_size / tp});
+  const int msl = c.batch.micro_sequence_length;
+  widths.push_back(msl > 0 ? Width{"batch.micro_sequence_length", msl}
+                           : Width{"batch.micro_batch_size x data.sequence_length",
+                                   int64_t{c.batch.micro_batch_size} * c.data.sequence_length});
+  for (const Width& w : widths)
+    if (w.value % 16 != 0)
+      RAISE(c.where("training.fp8"), "\"", c.training.fp8 == Fp8Recipe::Tensorwise ? "tensorwise" : "rowwise",
+            "\" needs every width an FP8 product contracts or writes to be a multiple of 16 (the GPU's FP8 "
+            "matrix product takes no other): ", w.what, " = ", w.value, "; use training.fp8 = \"off\" or change it");
+}
+
+}  // namespace config_detail
+}  // namespace engine
