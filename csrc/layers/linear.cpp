@@ -18,17 +18,26 @@ struct Fp8Operand {
   Owned q, scale_inv;
 };
 
-Fp8Operand quantize(const LinearPrecision& p, const Tensor& x, bool transpose, Cut cut, Fp8Format format) {
-  const int64_t rows = transpose ? x.size(1) : x.size(0), cols = transpose ? x.size(0) : x.size(1);
+// The amax quantize() takes: of the whole operand (per tensor), or of each row of op(x).
+Owned amax_of(const LinearPrecision& p, const Tensor& x, bool transpose, Cut cut) {
   const bool rowwise = p.fp8 == Fp8Recipe::Rowwise;
-  Owned amax = empty({rowwise ? rows : 1}, DType::F32, x.device);
+  Owned amax = empty({rowwise ? (transpose ? x.size(1) : x.size(0)) : 1}, DType::F32, x.device);
   ops::fp8_amax(x, transpose, amax);
   // Per tensor, any cut splits the amax; per row, a cut of op(x)'s rows (x's columns, or its
   // rows with transpose) does.
   const bool partial = rowwise ? cut == (transpose ? Cut::Rows : Cut::Cols) : cut != Cut::None;
   if (p.tp && partial) p.tp->all_reduce(amax, ReduceOp::Max);
-  Fp8Operand out{empty({rows, cols}, DType::U8, x.device), empty(amax.t.shape, DType::F32, x.device)};
-  ops::fp8_quantize(x, transpose, amax, format, out.q, out.scale_inv);
+  return amax;
+}
+
+// amax: from amax_of (a per-tensor one serves x and x^T alike), or undefined to compute it here.
+Fp8Operand quantize(const LinearPrecision& p, const Tensor& x, bool transpose, Cut cut, Fp8Format format,
+                    const Tensor& amax = {}) {
+  Owned own;
+  const Tensor& a = amax.data ? amax : (own = amax_of(p, x, transpose, cut)).t;
+  const int64_t rows = transpose ? x.size(1) : x.size(0), cols = transpose ? x.size(0) : x.size(1);
+  Fp8Operand out{empty({rows, cols}, DType::U8, x.device), empty(a.shape, DType::F32, x.device)};
+  ops::fp8_quantize(x, transpose, a, format, out.q, out.scale_inv);
   return out;
 }
 
@@ -73,13 +82,16 @@ void linear_backward(const LinearPrecision& p, const Tensor& dy, const Tensor& x
   if (p.fp8 != Fp8Recipe::Off) {
     const Cuts c = cuts(p);
     const Fp8Format g = gradient_format(p.fp8);
+    // Per tensor, dy's one amax serves both products.
+    Owned dy_amax;
+    if (p.fp8 == Fp8Recipe::Tensorwise && dx.data && dweight.data) dy_amax = amax_of(p, dy2, false, c.dy);
     if (dx.data) {  // dx = dy W: b = W^T (in, out), contracted over out
-      const Fp8Operand dyq = quantize(p, dy2, false, c.dy, g);
+      const Fp8Operand dyq = quantize(p, dy2, false, c.dy, g, dy_amax);
       const Fp8Operand wt = quantize(p, weight, true, c.w, Fp8Format::E4M3);
       ops::fp8_matmul(dyq.q, g, dyq.scale_inv, wt.q, Fp8Format::E4M3, wt.scale_inv, dx.rows(), 0.f);
     }
     if (dweight.data && dy2.size(0) > 0) {  // dW += dy^T x: a = dy^T (out, T), b = x^T (in, T), contracted over T
-      const Fp8Operand dyt = quantize(p, dy2, true, c.dy, g);
+      const Fp8Operand dyt = quantize(p, dy2, true, c.dy, g, dy_amax);
       const Fp8Operand xt = quantize(p, x.rows(), true, c.x, Fp8Format::E4M3);
       ops::fp8_matmul(dyt.q, g, dyt.scale_inv, xt.q, Fp8Format::E4M3, xt.scale_inv, dweight, 1.f);
     }

@@ -4,16 +4,16 @@
 // infinity: a NaN makes its row's amax NaN, as the CPU reference), so the result does not
 // depend on the reduction order. Per tensor: a grid-stride loop, warp maxima, one atomicMax a
 // warp into the zeroed output. Rows of x (op(x) = x): a block a row. Columns of x (op(x) = x^T):
-// a thread a column over a slice of the rows, atomicMax into the zeroed output. Where rows are
-// a multiple of 8 elements and x starts 16-byte aligned, the per-tensor and per-row kernels move
-// 8 elements a thread (16- or 32-byte loads, 8-byte stores), elsewhere one; the column amax
-// keeps one a thread (8 columns a thread leaves too few threads a row, so more blocks share
-// each column's atomics: it measured slower, docs/PERF.md).
+// 8 columns a thread, a block's warps over a slice of the rows, merged in shared memory, one
+// atomicMax a column a block into the zeroed output. Where rows are a multiple of 8 elements and
+// x starts 16-byte aligned, the kernels move 8 elements a thread (16- or 32-byte loads, 8-byte
+// stores); elsewhere one (the column amax: a thread a column over a slice of the rows).
 // Quantise: scale = max_finite / amax in f32 (1 where amax is 0), the product rounded to f32 and
 // converted by __nv_cvt_float_to_fp8(.., __NV_SATFINITE) (cvt.rn.satfinite on sm_89+: round to
 // nearest even, saturating), NaN written as 0x7f; the inverse scales by the first
-// threads. op(x) = x: a grid-stride loop; op(x) = x^T: 32 x 32 tiles
-// through shared memory, read along x's rows and written along out's.
+// threads. op(x) = x: a grid-stride loop; op(x) = x^T: tiles through shared memory, read along
+// x's rows and written along out's (64 x 64 with 16-byte accesses where the shapes allow, else
+// 32 x 32 element by element).
 // The shared preconditions ran before (ops/fp8.cpp); the launchers check the dtypes they take.
 #include <cuda_fp8.h>
 
@@ -54,13 +54,24 @@ __device__ __forceinline__ unsigned max_of(const T* p, unsigned m) {
   return m;
 }
 
-// n elements in groups of V (V divides n).
+// n elements in groups of V (V divides n); kUnroll groups a thread in flight.
+constexpr int kUnroll = 4;
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) amax_tensor_kernel(const T* x, int64_t n, unsigned* out) {
   wait_for_previous_kernel();
   unsigned m = 0;
-  for (int64_t g = int64_t{blockIdx.x} * kThreads + threadIdx.x; g < n / V; g += int64_t{gridDim.x} * kThreads)
-    m = max_of<T, V>(x + g * V, m);
+  const int64_t groups = n / V, stride = int64_t{gridDim.x} * kThreads;
+  int64_t g = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride) {
+    float v[kUnroll][V];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_pack<T, V>(x + (g + u * stride) * V, v[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int q = 0; q < V; ++q) m = max(m, magnitude_bits(v[u][q]));
+  }
+  for (; g < groups; g += stride) m = max_of<T, V>(x + g * V, m);
   m = warp_max(m);
   if (threadIdx.x % 32 == 0 && m) atomicMax(out, m);
 }
@@ -87,6 +98,37 @@ __global__ void __launch_bounds__(kThreads) amax_columns_kernel(const T* x, int6
   unsigned m = 0;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) m = max(m, magnitude_bits(to_float(x[r * cols + j])));
   if (m) atomicMax(out + j, m);
+}
+
+// 8 columns a thread (a 16-byte load; cols a multiple of 8, x 16-byte aligned): a warp spans
+// 256 columns of one row, the block's 8 warps take every 8th row of the block's rows
+// [blockIdx.y * rows_per_block, ...), then the warps' maxima meet in shared memory and each
+// column gets one atomicMax a block.
+constexpr int kColVec = 8, kColWarps = kThreads / 32, kColSpan = 32 * kColVec;
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_columns_vec_kernel(const T* x, int64_t rows, int64_t cols,
+                                                                    int64_t rows_per_block, unsigned* out) {
+  wait_for_previous_kernel();
+  __shared__ unsigned part[kColWarps][kColSpan];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t c = int64_t{blockIdx.x} * kColSpan + lane * kColVec;
+  const int64_t r0 = int64_t{blockIdx.y} * rows_per_block, r1 = std::min(rows, r0 + rows_per_block);
+  unsigned m[kColVec] = {};
+  if (c < cols)
+    for (int64_t r = r0 + warp; r < r1; r += kColWarps) {
+      float v[kColVec];
+      load_pack<T, kColVec>(x + r * cols + c, v);
+#pragma unroll
+      for (int q = 0; q < kColVec; ++q) m[q] = max(m[q], magnitude_bits(v[q]));
+    }
+#pragma unroll
+  for (int q = 0; q < kColVec; ++q) part[warp][lane * kColVec + q] = m[q];
+  __syncthreads();
+  const int64_t j = int64_t{blockIdx.x} * kColSpan + threadIdx.x;  // one column a thread (kThreads == kColSpan)
+  unsigned v = 0;
+#pragma unroll
+  for (int w = 0; w < kColWarps; ++w) v = max(v, part[w][threadIdx.x]);
+  if (j < cols && v) atomicMax(out + j, v);
 }
 
 __device__ __forceinline__ float scale_of(float amax, float max_finite) {
@@ -159,6 +201,40 @@ __global__ void __launch_bounds__(kTile * 8) quantize_transposed_kernel(const Qu
   }
 }
 
+// The same with 16-byte accesses: x (cols, rows) read as rows of 8-element packs, out written
+// 16 bytes a thread. A block of 256 threads takes a 64 x 64 tile: 64 out rows (x columns) by 64
+// out columns (x rows). Needs out's rows (x's columns) a multiple of 8, its columns (x's rows) a
+// multiple of 16, x and out 16-byte aligned. The out row a thread writes is its lane's within a
+// warp, so the shared-memory reads of a warp fall in distinct banks.
+constexpr int kBig = 64;
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_transposed_vec_kernel(const QuantizeParams p) {
+  wait_for_previous_kernel();
+  __shared__ float tile[kBig][kBig + 1];  // [x row][x column]
+  const T* x = static_cast<const T*>(p.x);
+  write_scale_inv(p, (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * kThreads + threadIdx.x);
+  const int64_t r0 = int64_t{blockIdx.x} * kBig;  // out rows = x columns
+  const int64_t c0 = int64_t{blockIdx.y} * kBig;  // out columns = x rows
+#pragma unroll
+  for (int k = 0; k < kBig * kBig / kVec / kThreads; ++k) {
+    const int i = (threadIdx.x + k * kThreads) / (kBig / kVec), v = (threadIdx.x + k * kThreads) % (kBig / kVec);
+    const int64_t xr = c0 + i, xc = r0 + v * kVec;
+    float f[kVec] = {};
+    if (xr < p.cols && xc < p.rows) load_pack<T, kVec>(x + xr * p.rows + xc, f);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) tile[i][v * kVec + e] = f[e];
+  }
+  __syncthreads();
+  const int rr = threadIdx.x % kBig, chunk = threadIdx.x / kBig;  // 4 chunks of 16 out columns
+  const int64_t r = r0 + rr, c = c0 + chunk * 16;
+  if (r >= p.rows || c >= p.cols) return;
+  const float scale = scale_of(p.amax[p.n_scales > 1 ? r : 0], p.max_finite);
+  Pack<uint8_t, 16> o;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) o.v[e] = encode(tile[chunk * 16 + e][rr] * scale, p.e4m3);
+  *reinterpret_cast<Pack<uint8_t, 16>*>(p.out + r * p.cols + c) = o;
+}
+
 template <typename F>
 void float_input(const Tensor& x, const char* op, F&& f) {
   expect_cuda_float(x, op, "x");
@@ -188,7 +264,16 @@ void fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
     }
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(amax.size(0)), stream()));
     if (x.numel() == 0) return;
-    if (per_row) {
+    if (per_row && cols % kColVec == 0 && aligned16(x.data)) {
+      const int64_t col_blocks = ceil_div(cols, kColSpan);
+      // about four blocks an SM, each over at least 8 rows a warp
+      const int64_t row_blocks = std::clamp<int64_t>(int64_t{sm_count()} * 4 / col_blocks, 1,
+                                                     std::min<int64_t>(ceil_div(rows, 8 * kColWarps), 65535));
+      const int64_t per_block = ceil_div(rows, row_blocks);
+      amax_columns_vec_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(ceil_div(rows, per_block))),
+                                   kThreads, 0, stream()>>>(px, rows, cols, per_block, out);
+      check_launch("fp8 amax_columns_vec_kernel");
+    } else if (per_row) {
       const int64_t col_blocks = ceil_div(cols, kThreads);
       const int64_t row_groups = std::clamp<int64_t>(int64_t{sm_count()} * 8 / col_blocks, 1, std::min<int64_t>(rows, 65535));
       amax_columns_kernel<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)), kThreads, 0,
@@ -218,6 +303,14 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
       if (vec) quantize_kernel<T, kVec><<<grid, kThreads, 0, stream()>>>(p);
       else quantize_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(p);
       check_launch("fp8 quantize_kernel");
+      return;
+    }
+    if (p.rows % kVec == 0 && p.cols % 16 == 0 && aligned16(x.data) && aligned16(out.data)) {
+      const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kBig), 1), gy = std::max<int64_t>(ceil_div(p.cols, kBig), 1);
+      ENSURE(gy <= 65535, "fp8_quantize: x has ", x.size(0), " rows, the transposed kernel takes at most ", 65535 * kBig);
+      // (enough threads for the inverse scales: out's rows, at most 64 a block's 256 threads)
+      quantize_transposed_vec_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream()>>>(p);
+      check_launch("fp8 quantize_transposed_vec_kernel");
       return;
     }
     const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kTile), 1), gy = std::max<int64_t>(ceil_div(p.cols, kTile), 1);

@@ -136,7 +136,10 @@ TEST_CASE("GPU mixture-of-experts layer matches the f64 CPU layer on the same bf
       if (k.S > 0)
         for (const char* p : {"moe.shared.w_gate", "moe.shared.w_up", "moe.shared.w_out", "moe.shared_gate"}) {
           INFO(p);
-          CHECK_CLOSE(gpu.grad(p), cpu.grad(p), 2e-2);
+          // One token: the gate's gradient is xn times one scalar, a single bf16 dot product's,
+          // whose error nothing averages (2.5% seen, seed 755818853).
+          const bool one_scalar = k.T == 1 && std::string(p) == "moe.shared_gate";
+          CHECK_CLOSE(gpu.grad(p), cpu.grad(p), one_scalar ? 5e-2 : 2e-2);
         }
     }
   }

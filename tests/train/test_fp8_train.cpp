@@ -90,8 +90,11 @@ TEST_CASE("GPU: training.fp8 follows the CPU FP8 run and the GPU bf16 run, and l
         const StepResult a = cpu.train_step(), b = gpu.train_step(), c = bf16.train_step();
         INFO("step " << s + 1 << ": cpu fp8 " << a.loss << ", gpu fp8 " << b.loss << ", gpu bf16 " << c.loss);
         CHECK(std::isfinite(b.loss));
+        // (lr 1e-2 on a tiny model: by step 5 any two numerics part, the GPU bf16 run from the
+        // CPU f32 one as much as FP8 from either.)
         if (s < 4) CHECK(std::fabs(a.loss - b.loss) <= 0.03 * a.loss);
-        CHECK(std::fabs(c.loss - b.loss) <= 0.05 * c.loss);
+        if (s < 4) CHECK(std::fabs(c.loss - b.loss) <= 0.03 * c.loss);
+        if (s == 0) CHECK(b.loss != c.loss);  // the FP8 products ran
         if (s == 0) first = b.loss;
         last = b.loss;
       }
