@@ -28,7 +28,8 @@ void check_fp8(const Config& c) {
   std::vector<Width> widths = {{"model.hidden_size", m.hidden_size}};
   if (attention) {
     widths.push_back({"model.num_heads x head_dim / tensor_parallel", int64_t{m.num_heads} * m.head_dim / tp});
-    widths.push_back({"model.num_kv_heads x head_dim / tensor_parallel", int64_t{m.num_kv_heads} * m.head_dim / tp});
+    widths.push_back({"model.(num_heads + 2 x num_kv_heads) x head_dim / tensor_parallel",
+                      (int64_t{m.num_heads} + 2 * int64_t{m.num_kv_heads}) * m.head_dim / tp});
   }
   if (mlp) widths.push_back({"model.ffn_hidden_size / tensor_parallel", m.ffn_hidden_size / tp});
   if (m.moe_shared_expert_ffn_size > 0 && layout.find('E') != std::string::npos)

@@ -32,9 +32,11 @@ struct Loss {
   }
 };
 
+// As the trainer (train/trainer_batch.cpp): a head with no trained target (its few positions all
+// masked: 1 seed in 25 for the third head of short documents) has scale 0, not 1/0.
 void set_scales(MicroBatch& mb) {
   mb.mtp_grad_scale.clear();
-  for (int64_t n : mb.mtp_loss_tokens) mb.mtp_grad_scale.push_back(1.f / static_cast<float>(n));
+  for (int64_t n : mb.mtp_loss_tokens) mb.mtp_grad_scale.push_back(n > 0 ? 1.f / static_cast<float>(n) : 0.f);
 }
 
 }  // namespace
