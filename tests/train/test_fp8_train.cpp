@@ -19,16 +19,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // Widths FP8 takes (multiples of 16): hidden 32, 2 heads of 16, ffn 64, 4 x 20 tokens a micro-batch.
-std::vector<std::string> fp8_model(const std::string& recipe, std::vector<std::string> more = {}) {
-  std::vector<std::string> o = {"model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64",
-                                "training.fp8=\"" + recipe + "\""};
-  o.insert(o.end(), more.begin(), more.end());
-  return o;
-}
-
-std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
+std::vector<std::string> fp8_model(const std::string& recipe, const std::vector<std::string>& more = {}) {
+  return plus({"model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64", "training.fp8=\"" + recipe + "\""},
+              more);
 }
 
 }  // namespace
@@ -86,18 +79,9 @@ TEST_CASE("training.fp8: recomputed activations and a resumed run give the same 
     for (int i = 0; i < 6; ++i) want.push_back(ref.train_step().loss);
     Trainer recompute(tiny_run_config("llama", plus(o, {"training.recompute_activations=true"})), false);
     for (int i = 0; i < 6; ++i) CHECK(recompute.train_step().loss == want[static_cast<size_t>(i)]);
-    const Config cfg = tiny_run_config("llama", plus(o, {"run.name=\"stop-" + recipe + "\""}));
-    fs::remove_all(fs::path(cfg.run.output_dir) / cfg.run.name);
-    {
-      Trainer first(cfg, false);
-      for (int i = 0; i < 3; ++i) first.train_step();
-      first.save_checkpoint();
-    }
-    Config again = cfg;
-    again.training.resume = "auto";
-    Trainer second(again, false);
-    REQUIRE(second.step() == 3);
-    for (int i = 3; i < 6; ++i) CHECK(second.train_step().loss == want[static_cast<size_t>(i)]);
+    std::unique_ptr<Trainer> second = resumed_after(tiny_run_config("llama", plus(o, {"run.name=\"stop-" + recipe + "\""})), 3);
+    REQUIRE(second->step() == 3);
+    for (int i = 3; i < 6; ++i) CHECK(second->train_step().loss == want[static_cast<size_t>(i)]);
   }
 }
 

@@ -33,11 +33,6 @@ namespace {
 const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=8",
                                         "lora.targets=[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]"};
 
-std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 Owned host_copy(const Tensor& t) {
   Owned h = empty(t.shape, t.dtype, Device::CPU);
   copy_tensor(h, t);
@@ -142,16 +137,8 @@ TEST_CASE("lora resume: the base from model.init_from, the adapters from the che
   std::vector<double> want;
   for (int i = 0; i < 6; ++i) want.push_back(ref.train_step().loss);
 
-  fs::remove_all(fs::path(runs_dir()) / "stop");
-  const Config cfg = tiny_run_config("llama", plus(o, {"run.name=\"stop\""}));
-  {
-    Trainer first(cfg, false);
-    for (int i = 0; i < 3; ++i) first.train_step();
-    first.save_checkpoint();
-  }
-  Config again = cfg;
-  again.training.resume = "auto";
-  Trainer second(again, false);
+  std::unique_ptr<Trainer> resumed = resumed_after(tiny_run_config("llama", plus(o, {"run.name=\"stop\""})), 3);
+  Trainer& second = *resumed;
   CHECK(second.step() == 3);
   CHECK(same_bits(second.model().params().frozen_flat(), ref.model().params().frozen_flat()));
   for (int i = 3; i < 6; ++i) {

@@ -27,11 +27,6 @@ const std::vector<std::string> kMamba = {"model.mamba_d_state=8"};
 const std::vector<std::string> kHybrid = {"model.hybrid_layout=\"MEA\"", "model.num_layers=3", "model.num_experts=4",
                                           "model.mamba_d_state=8"};
 
-std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 MemoryPool pool(const char* name, double available, int sharing = 1) {
   return {true, available, available, sharing, name, "test"};
 }

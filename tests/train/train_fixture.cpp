@@ -36,6 +36,23 @@ std::string learnable_dataset() {
   return prefix;
 }
 
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::unique_ptr<Trainer> resumed_after(const Config& config, int steps) {
+  std::filesystem::remove_all(std::filesystem::path(config.run.output_dir) / config.run.name);
+  {
+    Trainer first(config, false);
+    for (int i = 0; i < steps; ++i) first.train_step();
+    first.save_checkpoint();
+  }
+  Config again = config;
+  again.training.resume = "auto";
+  return std::make_unique<Trainer>(again, false);
+}
+
 Config tiny_run_config(const std::string& family, const std::vector<std::string>& overrides) {
   const std::string text = R"(
 [run]
