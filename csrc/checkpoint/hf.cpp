@@ -107,6 +107,30 @@ std::vector<TensorMap> tensor_map(const ModelConfig& c) {
       if (c.mamba_proj_bias) add(x + "out_proj.bias", {m + "out_proj_bias"});
     }
     add(p + "norm_f.weight", {"final_norm.weight"});
+  } else if (c.family == ModelFamily::Mamba2) {
+    const std::string p = "backbone.";
+    add(p + "embeddings.weight", {"embed.tokens"});
+    const int64_t conv_dim = int64_t{c.mamba_expand} * c.hidden_size + 2 * int64_t{c.mamba_n_groups} * c.mamba_d_state;
+    for (int i = 0; i < c.num_layers; ++i) {
+      const std::string h = p + "layers." + std::to_string(i) + ".", l = layer(i), x = h + "mixer.", m = l + "mamba2.";
+      auto parts = [&](const char* stem, std::initializer_list<const char*> names, const char* suffix) {
+        std::vector<std::string> out;
+        for (const char* n : names) out.push_back(m + stem + n + suffix);
+        return out;
+      };
+      add(h + "norm.weight", {l + "norm1.weight"});
+      add(x + "in_proj.weight", parts("in_proj_", {"z", "x", "B", "C", "dt"}, ""));
+      if (c.mamba_proj_bias) add(x + "in_proj.bias", parts("in_proj_", {"z", "x", "B", "C", "dt"}, "_bias"));
+      add(x + "conv1d.weight", parts("conv_", {"x", "B", "C"}, ""), false, {conv_dim, 1, c.mamba_d_conv});
+      if (c.mamba_conv_bias) add(x + "conv1d.bias", parts("conv_", {"x", "B", "C"}, "_bias"));
+      add(x + "dt_bias", {m + "dt_bias"});
+      add(x + "A_log", {m + "A_log"});
+      add(x + "D", {m + "D"});
+      add(x + "norm.weight", {m + "norm"});
+      add(x + "out_proj.weight", {m + "out_proj"});
+      if (c.mamba_proj_bias) add(x + "out_proj.bias", {m + "out_proj_bias"});
+    }
+    add(p + "norm_f.weight", {"final_norm.weight"});
   } else {
     const bool moe = c.family == ModelFamily::Mixtral;
     add("model.embed_tokens.weight", {"embed.tokens"});

@@ -1,14 +1,16 @@
 // config.json <-> ModelConfig for the Hugging Face families (hf.h). Keys as the transformers
 // configuration classes name them (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-// Qwen3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, MambaConfig); RoPE's base and scaling are written both as
+// Qwen3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, MambaConfig and Mamba2Config: hf_mamba.h); RoPE's base and scaling are written both as
 // rope_theta and rope_scaling (transformers 4.x) and rope_parameters (5.x), and read from either (hf_rope.h).
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/hf_mamba.h"
 #include "checkpoint/hf_mtp.h"
 #include "checkpoint/hf_rope.h"
 #include "core/check.h"
@@ -226,6 +228,10 @@ std::string architecture(const ModelConfig& c) {
            "HF Mamba has no position embeddings");
       return "MambaForCausalLM";
     }
+    case ModelFamily::Mamba2:
+      need(c.norm == NormKind::RMSNorm, "mamba2", "norm", norm_name(c.norm), "HF Mamba-2 uses rmsnorm");
+      need(!c.bias, "mamba2", "bias", "true", "HF Mamba-2's norms have no bias (use_bias is model.mamba_proj_bias)");
+      return "Mamba2ForCausalLM";
     case ModelFamily::Hybrid:
       need(false, "hybrid", "family", "hybrid",
            "no Hugging Face architecture mixes attention, experts and Mamba blocks per layer "
@@ -242,27 +248,9 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
   j["vocab_size"] = c.vocab_size;
   const bool gpt2 = c.family == ModelFamily::GPT2;
   if (c.family == ModelFamily::Mamba) {
-    j["hidden_size"] = c.hidden_size;
-    j["state_size"] = c.mamba_d_state;
-    j["num_hidden_layers"] = c.num_layers;
-    j["conv_kernel"] = c.mamba_d_conv;
-    j["expand"] = c.mamba_expand;
-    j["intermediate_size"] = int64_t{c.mamba_expand} * c.hidden_size;
-    j["time_step_rank"] = c.mamba_dt_rank > 0 ? c.mamba_dt_rank : (c.hidden_size + 15) / 16;
-    j["use_conv_bias"] = c.mamba_conv_bias;
-    j["use_bias"] = c.mamba_proj_bias;
-    j["hidden_act"] = "silu";
-    j["layer_norm_epsilon"] = c.norm_eps;
-    j["residual_in_fp32"] = true;
-    j["rescale_prenorm_residual"] = false;
-    // The dt init (ours: layers/mamba.h MambaConfig's defaults), as MambaConfig's defaults.
-    j["time_step_scale"] = 1.0;
-    j["time_step_min"] = 0.001;
-    j["time_step_max"] = 0.1;
-    j["time_step_init_scheme"] = "random";
-    j["time_step_floor"] = 1e-4;
-    j["use_mambapy"] = false;
-    j["pad_token_id"] = nullptr;
+    mamba_config_to_hf(c, j);
+  } else if (c.family == ModelFamily::Mamba2) {
+    mamba2_config_to_hf(c, j);
   } else if (gpt2) {
     j["n_positions"] = c.max_position_embeddings;
     j["n_embd"] = c.hidden_size;
@@ -327,13 +315,13 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
   j["use_cache"] = true;
   j["dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
   if (c.prediction_heads > 0) mtp_config_to_hf(c, j);
-  return j.dump(2) + "\n";
+  return (c.family == ModelFamily::Mamba2 ? json_nonfinite_as_tokens(j.dump(2)) : j.dump(2)) + "\n";
 }
 
 ModelConfig model_from_hf_config(const std::string& path) {
   json j;
   try {
-    j = json::parse(checkpoint::read_small_file(path, uint64_t{64} << 20));
+    j = json::parse(json_nonfinite_as_strings(checkpoint::read_small_file(path, uint64_t{64} << 20)));
   } catch (const json::exception& e) {
     RAISE(path, ": not valid JSON: ", e.what());
   }
@@ -369,39 +357,9 @@ ModelConfig model_from_hf_config(const std::string& path) {
     c.bias = true;
     c.tie_embeddings = r.boolean("tie_word_embeddings", true);
   } else if (type == "mamba") {
-    c.family = ModelFamily::Mamba;
-    c.vocab_size = to_int(r.integer("vocab_size", 0, true), path, "vocab_size");
-    c.hidden_size = to_int(r.integer("hidden_size", 0, true), path, "hidden_size");
-    c.num_layers = to_int(r.integer("num_hidden_layers", 0, true), path, "num_hidden_layers");
-    c.mamba_d_state = to_int(r.integer("state_size", 16), path, "state_size");
-    c.mamba_d_conv = to_int(r.integer("conv_kernel", 4), path, "conv_kernel");
-    c.mamba_expand = to_int(r.integer("expand", 2), path, "expand");
-    const int64_t inner = r.integer("intermediate_size", int64_t{c.mamba_expand} * c.hidden_size);
-    if (inner != int64_t{c.mamba_expand} * c.hidden_size)
-      RAISE(path, ": intermediate_size ", inner, " is not expand x hidden_size (", c.mamba_expand, " x ",
-            c.hidden_size, ")");
-    if (j.contains("time_step_rank") && j["time_step_rank"] == "auto")
-      c.mamba_dt_rank = (c.hidden_size + 15) / 16;  // MambaConfig's "auto": ceil(hidden_size / 16)
-    else
-      c.mamba_dt_rank = to_int(r.integer("time_step_rank", (c.hidden_size + 15) / 16), path, "time_step_rank");
-    const std::pair<const char*, int> sizes[] = {{"state_size", c.mamba_d_state}, {"conv_kernel", c.mamba_d_conv},
-                                                 {"expand", c.mamba_expand}, {"time_step_rank", c.mamba_dt_rank}};
-    for (const auto& [key, value] : sizes)
-      if (value <= 0) RAISE(path, ": ", key, ": must be > 0, got ", value);
-    c.mamba_conv_bias = r.boolean("use_conv_bias", true);
-    c.mamba_proj_bias = r.boolean("use_bias", false);
-    const std::string act = r.string("hidden_act", "silu");
-    if (act != "silu") RAISE(path, ": hidden_act \"", act, "\" is not supported (silu)");
-    c.norm = NormKind::RMSNorm;
-    c.norm_eps = r.number("layer_norm_epsilon", 1e-5);
-    c.tie_embeddings = r.boolean("tie_word_embeddings", true);
-    // No attention: the attention keys as the config validation leaves them (unused).
-    c.num_heads = 1;
-    c.num_kv_heads = 1;
-    c.head_dim = c.hidden_size;
-    c.ffn_hidden_size = static_cast<int>(256 * ((8 * int64_t{c.hidden_size} / 3 + 255) / 256));
-    c.activation = ActivationKind::SwiGLU;
-    c.positions = PositionKind::Rope;
+    mamba_config_from_hf(j, path, c);
+  } else if (type == "mamba2") {
+    mamba2_config_from_hf(j, path, c);
   } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral" ||
              type == "qwen2_moe" || type == "qwen3_moe") {
     c.family = type == "llama"       ? ModelFamily::Llama
@@ -467,7 +425,7 @@ ModelConfig model_from_hf_config(const std::string& path) {
       if (sliding > 0 && c.sliding_window <= 0) RAISE(path, ": sliding_window must be > 0 with sliding layers");
     }
   } else {
-    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba, mtp_llama)");
+    RAISE(path, ": model_type \"", type, "\" is not supported (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba, mamba2, mtp_llama)");
   }
   if (c.family == ModelFamily::Qwen2Moe || c.family == ModelFamily::Qwen3Moe) read_qwen_moe(j, path, c);
   if (c.family == ModelFamily::Mixtral) {
@@ -591,6 +549,18 @@ void apply_hf_config(Config& c) {
     take("mamba_dt_rank", m.mamba_dt_rank, h.mamba_dt_rank);
     take("mamba_conv_bias", m.mamba_conv_bias, h.mamba_conv_bias);
     take("mamba_proj_bias", m.mamba_proj_bias, h.mamba_proj_bias);
+  }
+  if (layout.find('S') != std::string::npos) {
+    for (auto [key, ours, theirs] : {std::tuple{"mamba_d_state", &m.mamba_d_state, h.mamba_d_state},
+                                     {"mamba_d_conv", &m.mamba_d_conv, h.mamba_d_conv},
+                                     {"mamba_expand", &m.mamba_expand, h.mamba_expand},
+                                     {"mamba_head_dim", &m.mamba_head_dim, h.mamba_head_dim},
+                                     {"mamba_n_groups", &m.mamba_n_groups, h.mamba_n_groups}})
+      take(key, *ours, theirs);
+    take("mamba_conv_bias", m.mamba_conv_bias, h.mamba_conv_bias);
+    take("mamba_proj_bias", m.mamba_proj_bias, h.mamba_proj_bias);
+    take("mamba_dt_limit_min", m.mamba_dt_limit_min, h.mamba_dt_limit_min);
+    take("mamba_dt_limit_max", m.mamba_dt_limit_max, h.mamba_dt_limit_max);
   }
 }
 

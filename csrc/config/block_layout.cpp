@@ -1,5 +1,5 @@
 // The per-layer block kinds (config.h block_layout): one letter per layer, A attention + MLP,
-// E attention + mixture of experts, M Mamba; spelled by hybrid_layout where the family takes one,
+// E attention + mixture of experts, M Mamba, S Mamba-2; spelled by hybrid_layout where the family takes one,
 // else the family's single kind.
 #include <algorithm>
 #include <cstring>
@@ -16,7 +16,7 @@ bool takes_hybrid_layout(ModelFamily f) {
 namespace {
 char family_letter(ModelFamily f) {  // of every layer, for the families with one kind of block
   const bool moe = f == ModelFamily::Mixtral || f == ModelFamily::Qwen2Moe || f == ModelFamily::Qwen3Moe;
-  return moe ? 'E' : f == ModelFamily::Mamba ? 'M' : 'A';
+  return moe ? 'E' : f == ModelFamily::Mamba ? 'M' : f == ModelFamily::Mamba2 ? 'S' : 'A';
 }
 // The families whose layout hybrid_layout may spell: hybrid (A, E, M), and the mixture-of-experts
 // families with dense layers among the sparse ones (A, E; Hugging Face's decoder_sparse_step and
@@ -40,9 +40,9 @@ char block_letter(const ModelConfig& m, int layer) {
 std::string layout_letters_error(const ModelConfig& m) {
   const bool hybrid = m.family == ModelFamily::Hybrid;
   for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
-    if (std::string(hybrid ? "AEM" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
+    if (std::string(hybrid ? "AEMS" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
       return "letter " + std::to_string(i) + " is '" + m.hybrid_layout[i] + "'; " +
-             (hybrid ? std::string("expected A (attention + MLP), E (attention + mixture of experts) or M (Mamba)")
+             (hybrid ? std::string("expected A (attention + MLP), E (attention + mixture of experts), M (Mamba) or S (Mamba-2)")
                      : std::string(family_name(m.family)) + " takes A (attention + MLP) or E (attention + mixture of experts)");
   return "";
 }

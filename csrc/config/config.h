@@ -14,7 +14,7 @@
 
 namespace engine {
 
-enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid, Qwen2Moe, Qwen3Moe };
+enum class ModelFamily { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Mamba, Hybrid, Qwen2Moe, Qwen3Moe, Mamba2 };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { GELU, SwiGLU };
 enum class PositionKind { Learned, Rope };
@@ -63,7 +63,8 @@ struct RopeScalingConfig {
 // qwen2 = llama + biases on q, k and v only, norm_eps 1e-6; qwen3 = llama + qk_norm, norm_eps 1e-6,
 // rope_theta 1e6 (the released Qwen3 models' base); mixtral = llama whose MLPs are
 // mixtures of experts (8 experts, top 2, rope_theta 1e6); mamba = Mamba blocks only (tied
-// embeddings); hybrid = the per-layer mix that hybrid_layout spells (A, E, M as below);
+// embeddings); mamba2 = Mamba-2 blocks only (untied, mamba_d_state 128: Mamba2Config's defaults);
+// hybrid = the per-layer mix that hybrid_layout spells (A, E, M, S as below);
 // qwen2_moe = qwen2 whose MLPs are mixtures of experts with a shared expert (60 experts, top 4,
 // weights not renormalised, shared expert of ffn_hidden_size features: Qwen2MoeConfig's
 // defaults), every layer E unless hybrid_layout (A and E letters) says otherwise; qwen3_moe =
@@ -112,7 +113,8 @@ struct ModelConfig {
   std::string init_from;      // Hugging Face folder to start from ("" = random init)
   // Block kinds, one letter per layer (family hybrid; qwen2_moe, qwen3_moe optionally, A and E; other
   // families imply it, block_layout()):
-  //   A attention + MLP,  E attention + mixture of experts,  M Mamba mixer (no MLP, as HF Mamba)
+  //   A attention + MLP,  E attention + mixture of experts,  M Mamba mixer (no MLP, as HF Mamba),
+  //   S Mamba-2 mixer (SSD, no MLP, as HF Mamba2)
   std::string hybrid_layout;
   // Mixture of experts (E blocks); ffn_hidden_size is the A blocks' MLP.
   int num_experts = 0;           // default 8 where the layout has E blocks
@@ -132,6 +134,11 @@ struct ModelConfig {
   int mamba_dt_rank = 0;       // default ceil(hidden_size / 16)
   bool mamba_conv_bias = true;
   bool mamba_proj_bias = false;
+  // Mamba-2 (S blocks; mamba_d_state, mamba_d_conv, mamba_expand and the two biases as above).
+  int mamba_head_dim = 64;         // P: heads = expand x hidden_size / P
+  int mamba_n_groups = 1;          // G groups of B and C, each read by heads / G heads
+  double mamba_dt_limit_min = 0.0;  // the clamp of softplus(dt + dt_bias) (HF time_step_limit)
+  double mamba_dt_limit_max = 0.0;  // 0: no upper limit
   LoraConfig lora;  // the [lora] section
   // Multi-token prediction (models/transformer.h, README "Multi-token prediction"): extra heads
   // j = 1..prediction_heads, each a block of the last block's kind on the trunk (the input of

@@ -32,7 +32,7 @@ inline constexpr EnumName<ModelFamily> kFamilyNames[] = {
     {"gpt2", ModelFamily::GPT2}, {"llama", ModelFamily::Llama}, {"mistral", ModelFamily::Mistral},
     {"qwen2", ModelFamily::Qwen2}, {"qwen3", ModelFamily::Qwen3}, {"mixtral", ModelFamily::Mixtral},
     {"qwen2_moe", ModelFamily::Qwen2Moe}, {"qwen3_moe", ModelFamily::Qwen3Moe}, {"mamba", ModelFamily::Mamba},
-    {"hybrid", ModelFamily::Hybrid}};
+    {"mamba2", ModelFamily::Mamba2}, {"hybrid", ModelFamily::Hybrid}};
 inline constexpr EnumName<NormKind> kNormNames[] = {{"layernorm", NormKind::LayerNorm},
                                                     {"rmsnorm", NormKind::RMSNorm}};
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {{"gelu", ActivationKind::GELU},
@@ -146,6 +146,10 @@ void visit_fields(C& c, V& v) {
   v.field("mamba_dt_rank", c.model.mamba_dt_rank);
   v.field("mamba_conv_bias", c.model.mamba_conv_bias);
   v.field("mamba_proj_bias", c.model.mamba_proj_bias);
+  v.field("mamba_head_dim", c.model.mamba_head_dim);
+  v.field("mamba_n_groups", c.model.mamba_n_groups);
+  v.field("mamba_dt_limit_min", c.model.mamba_dt_limit_min);
+  v.field("mamba_dt_limit_max", c.model.mamba_dt_limit_max);
   v.field("prediction_heads", c.model.prediction_heads);
   v.numbers("prediction_loss_weights", c.model.prediction_loss_weights);
 

@@ -20,7 +20,7 @@ void check_fp8(const Config& c) {
   const std::string layout = block_layout(m);
   const bool attention = layout.find_first_of("AE") != std::string::npos;
   const bool mlp = layout.find('A') != std::string::npos;
-  const bool mamba = layout.find('M') != std::string::npos;
+  const bool mamba = layout.find_first_of("MS") != std::string::npos;
   struct Width {
     std::string what;
     int64_t value;
@@ -35,6 +35,12 @@ void check_fp8(const Config& c) {
   if (m.moe_shared_expert_ffn_size > 0 && layout.find('E') != std::string::npos)
     widths.push_back({"model.moe_shared_expert_ffn_size / tensor_parallel", m.moe_shared_expert_ffn_size / tp});
   if (mamba) widths.push_back({"model.mamba_expand x hidden_size / tensor_parallel", int64_t{m.mamba_expand} * m.hidden_size / tp});
+  if (layout.find('S') != std::string::npos) {  // Mamba-2's in_proj writes [z | x | B | C | dt]
+    const int64_t inner = int64_t{m.mamba_expand} * m.hidden_size;
+    widths.push_back({"model.(2 x mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state + heads) / "
+                      "tensor_parallel",
+                      (2 * inner + 2 * int64_t{m.mamba_n_groups} * m.mamba_d_state + inner / m.mamba_head_dim) / tp});
+  }
   const int msl = c.batch.micro_sequence_length;
   widths.push_back(msl > 0 ? Width{"batch.micro_sequence_length", msl}
                            : Width{"batch.micro_batch_size x data.sequence_length",

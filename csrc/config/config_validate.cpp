@@ -137,6 +137,7 @@ struct Checker {
     if (!set("model.sliding_window") && m.family == ModelFamily::Mistral) m.sliding_window = 4096;
     if (!set("model.rope_theta") && m.family == ModelFamily::Mixtral) m.rope_theta = 1e6;
     if (!set("model.tie_embeddings") && m.family == ModelFamily::Mamba) m.tie_embeddings = true;
+    if (!set("model.mamba_d_state") && m.family == ModelFamily::Mamba2) m.mamba_d_state = 128;
   }
 
   // The per-layer block kinds and the keys of the kinds present (after family_presets).
@@ -145,7 +146,7 @@ struct Checker {
     if (m.family == ModelFamily::Hybrid || (takes_hybrid_layout(m.family) && !m.hybrid_layout.empty())) {
       if (!set("model.hybrid_layout"))
         RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
-                                       "E attention + mixture of experts, M Mamba)");
+                                       "E attention + mixture of experts, M Mamba, S Mamba-2)");
       if (m.hybrid_layout.size() != static_cast<size_t>(m.num_layers))
         RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
               m.num_layers, " (one letter per layer)");
@@ -154,7 +155,7 @@ struct Checker {
       RAISE(c.where("model.hybrid_layout"), "only with model.family hybrid, qwen2_moe or qwen3_moe (",
             family_name(m.family), " has a fixed layout)");
     }
-    const bool moe = has_block_kind(m, "E"), mamba = has_block_kind(m, "M");
+    const bool moe = has_block_kind(m, "E"), mamba = has_block_kind(m, "M"), mamba2 = has_block_kind(m, "S");
     // Keys of a block kind the model lacks: the effective config writes their defaults, so only
     // other values are an error.
     const ModelConfig d;
@@ -200,25 +201,53 @@ struct Checker {
                    {"model.moe_norm_topk_prob", m.moe_norm_topk_prob != d.moe_norm_topk_prob}},
                   "mixture-of-experts (E)");
     }
-    if (mamba) {
+    if (mamba || mamba2) {  // the keys both mixers take
       positive("model.mamba_d_state", m.mamba_d_state);
       positive("model.mamba_d_conv", m.mamba_d_conv);
-      // The CUDA kernels keep a channel's states and conv taps in registers.
-      if (m.mamba_d_state > ops::kMambaMaxState)
-        RAISE(c.where("model.mamba_d_state"), "must be at most ", ops::kMambaMaxState, ", got ", m.mamba_d_state);
+      // The CUDA conv kernel keeps a channel's taps in registers.
       if (m.mamba_d_conv > ops::kMambaMaxConv)
         RAISE(c.where("model.mamba_d_conv"), "must be at most ", ops::kMambaMaxConv, ", got ", m.mamba_d_conv);
       positive("model.mamba_expand", m.mamba_expand);
-      if (set("model.mamba_dt_rank")) positive("model.mamba_dt_rank", m.mamba_dt_rank);
-      else m.mamba_dt_rank = static_cast<int>((int64_t{m.hidden_size} + 15) / 16);
     } else {
       unused_keys({{"model.mamba_d_state", m.mamba_d_state != d.mamba_d_state},
                    {"model.mamba_d_conv", m.mamba_d_conv != d.mamba_d_conv},
                    {"model.mamba_expand", m.mamba_expand != d.mamba_expand},
-                   {"model.mamba_dt_rank", m.mamba_dt_rank != d.mamba_dt_rank},
                    {"model.mamba_conv_bias", m.mamba_conv_bias != d.mamba_conv_bias},
                    {"model.mamba_proj_bias", m.mamba_proj_bias != d.mamba_proj_bias}},
-                  "Mamba (M)");
+                  "Mamba (M) or Mamba-2 (S)");
+    }
+    if (mamba) {
+      // The CUDA scan keeps a channel's states in registers.
+      if (m.mamba_d_state > ops::kMambaMaxState)
+        RAISE(c.where("model.mamba_d_state"), "must be at most ", ops::kMambaMaxState, " with Mamba (M) blocks, got ",
+              m.mamba_d_state);
+      if (set("model.mamba_dt_rank")) positive("model.mamba_dt_rank", m.mamba_dt_rank);
+      else m.mamba_dt_rank = static_cast<int>((int64_t{m.hidden_size} + 15) / 16);
+    } else {
+      unused_keys({{"model.mamba_dt_rank", m.mamba_dt_rank != d.mamba_dt_rank}}, "Mamba (M)");
+    }
+    if (mamba2) {
+      positive("model.mamba_head_dim", m.mamba_head_dim);
+      positive("model.mamba_n_groups", m.mamba_n_groups);
+      const int64_t inner = int64_t{m.mamba_expand} * m.hidden_size;
+      if (inner % m.mamba_head_dim != 0)
+        RAISE(c.where("model.mamba_head_dim"), "must divide mamba_expand x hidden_size (", inner, "), got ",
+              m.mamba_head_dim);
+      const int64_t heads = inner / m.mamba_head_dim;
+      if (heads % m.mamba_n_groups != 0)
+        RAISE(c.where("model.mamba_n_groups"), "must divide the Mamba-2 heads (mamba_expand x hidden_size / "
+              "mamba_head_dim = ", heads, "), got ", m.mamba_n_groups);
+      non_negative("model.mamba_dt_limit_min", m.mamba_dt_limit_min);
+      non_negative("model.mamba_dt_limit_max", m.mamba_dt_limit_max);
+      if (m.mamba_dt_limit_max > 0 && m.mamba_dt_limit_max < m.mamba_dt_limit_min)
+        RAISE(c.where("model.mamba_dt_limit_max"), "must be 0 (no limit) or at least mamba_dt_limit_min (",
+              m.mamba_dt_limit_min, "), got ", m.mamba_dt_limit_max);
+    } else {
+      unused_keys({{"model.mamba_head_dim", m.mamba_head_dim != d.mamba_head_dim},
+                   {"model.mamba_n_groups", m.mamba_n_groups != d.mamba_n_groups},
+                   {"model.mamba_dt_limit_min", m.mamba_dt_limit_min != d.mamba_dt_limit_min},
+                   {"model.mamba_dt_limit_max", m.mamba_dt_limit_max != d.mamba_dt_limit_max}},
+                  "Mamba-2 (S)");
     }
   }
 
@@ -350,8 +379,8 @@ struct Checker {
     const int tp = d.tensor_parallel;
     const ModelConfig& m = c.model;
     // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
-    // (Mamba blocks: the inner dimension, expand x hidden_size.)
-    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "M");
+    // (Mamba blocks: the inner dimension, expand x hidden_size; Mamba-2: also the groups of B and C.)
+    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "MS");
     const bool dense = has_block_kind(m, "A"), moe = has_block_kind(m, "E");
     const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
                                                      {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
@@ -363,7 +392,9 @@ struct Checker {
                                                       moe ? m.moe_shared_expert_ffn_size : 0},
                                                      {"model.vocab_size", m.vocab_size},
                                                      {"model.mamba_expand x hidden_size",
-                                                      mamba ? int64_t{m.mamba_expand} * m.hidden_size : 0}};
+                                                      mamba ? int64_t{m.mamba_expand} * m.hidden_size : 0},
+                                                     {"model.mamba_n_groups",
+                                                      has_block_kind(m, "S") ? m.mamba_n_groups : 0}};
     for (const auto& [key, n] : split)
       if (n % tp != 0)
         RAISE(c.where("distributed.tensor_parallel"), "must divide ", key, " (", n, "), got ", tp,
@@ -393,7 +424,7 @@ struct Checker {
       RAISE(c.where("batch.micro_sequence_length"), "must divide data.sequence_length (", c.data.sequence_length,
             "), got ", msl);
     if (msl > 0 && mamba)
-      RAISE(c.where("batch.micro_sequence_length"), "is not supported with Mamba blocks (the scan state would have "
+      RAISE(c.where("batch.micro_sequence_length"), "is not supported with Mamba or Mamba-2 blocks (the scan state would have "
                                                    "to pass from chunk to chunk); use 0");
     if (msl > 0 && d.sequence_parallel && tp > 1 && msl % tp != 0)
       RAISE(c.where("batch.micro_sequence_length"), "must split evenly over tensor_parallel = ", tp,

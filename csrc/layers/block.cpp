@@ -15,6 +15,7 @@ BlockKind block_kind(const ModelConfig& c, int layer) {
   switch (letter) {
     case 'E': return BlockKind::Experts;
     case 'M': return BlockKind::Mamba;
+    case 'S': return BlockKind::Mamba2;
     default: return BlockKind::Attention;
   }
 }
@@ -49,6 +50,24 @@ MambaConfig mamba_config(const ModelConfig& c) {
   return m;
 }
 
+Mamba2Config mamba2_config(const ModelConfig& c) {
+  Mamba2Config m;
+  m.hidden = c.hidden_size;
+  m.d_inner = int64_t{c.mamba_expand} * c.hidden_size;
+  m.head_dim = c.mamba_head_dim;
+  m.n_groups = c.mamba_n_groups;
+  m.d_state = c.mamba_d_state;
+  m.d_conv = c.mamba_d_conv;
+  m.conv_bias = c.mamba_conv_bias;
+  m.proj_bias = c.mamba_proj_bias;
+  m.norm_eps = c.norm_eps;
+  m.dt_limit_min = c.mamba_dt_limit_min;
+  m.dt_limit_max = c.mamba_dt_limit_max;
+  m.init_std = c.init_std;
+  m.num_layers = c.num_layers;
+  return m;
+}
+
 Block::Block(const ParamStore& store, int i, const ModelConfig& c) : Block(store, prefix(i), block_kind(c, i), c) {}
 
 void Block::declare(ParamTable& t, int i, const ModelConfig& c) { declare(t, prefix(i), block_kind(c, i), c); }
@@ -57,6 +76,10 @@ Block::Block(const ParamStore& store, const std::string& p, BlockKind kind, cons
     : kind_(kind), norm1_(store, p + ".norm1", c.norm, static_cast<float>(c.norm_eps), c.bias) {
   if (kind_ == BlockKind::Mamba) {
     mamba_ = Mamba(store, p + ".mamba", mamba_config(c));
+    return;
+  }
+  if (kind_ == BlockKind::Mamba2) {
+    mamba2_ = Mamba2(store, p + ".mamba2", mamba2_config(c));
     return;
   }
   norm2_ = Norm(store, p + ".norm2", c.norm, static_cast<float>(c.norm_eps), c.bias);
@@ -70,6 +93,7 @@ Block::Block(const ParamStore& store, const std::string& p, BlockKind kind, cons
 void Block::declare(ParamTable& t, const std::string& p, BlockKind kind, const ModelConfig& c) {
   Norm::declare(t, p + ".norm1", c.hidden_size, c.norm, c.bias);
   if (kind == BlockKind::Mamba) return Mamba::declare(t, p + ".mamba", mamba_config(c));
+  if (kind == BlockKind::Mamba2) return Mamba2::declare(t, p + ".mamba2", mamba2_config(c));
   Attention::declare(t, p + ".attn", c);
   Norm::declare(t, p + ".norm2", c.hidden_size, c.norm, c.bias);
   if (kind == BlockKind::Experts)
@@ -87,6 +111,12 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
     s.y = env.act_tensor(shape);
     mamba_.forward(env, s.xn1, s.y, seg, s.mamba);
     ops::add(s.y, x, s.y);  // y = x + mamba
+    return;
+  }
+  if (kind_ == BlockKind::Mamba2) {
+    s.y = env.act_tensor(shape);
+    mamba2_.forward(env, s.xn1, s.y, seg, s.mamba2);
+    ops::add(s.y, x, s.y);  // y = x + mamba2
     return;
   }
   s.h = env.act_tensor(shape);
@@ -121,6 +151,11 @@ void Block::backward_except_out_bias(const Env& env, const Tensor& dy, const Ten
     norm1_.backward_residual(dxn, x, s.norm1, dy, dx, dx_colsum);
     return;
   }
+  if (kind_ == BlockKind::Mamba2) {
+    mamba2_.backward_except_out_bias(env, dy, s.xn1, seg, s.mamba2, dxn);
+    norm1_.backward_residual(dxn, x, s.norm1, dy, dx, dx_colsum);  // residual: dx = dy + d(mamba2 branch)
+    return;
+  }
   if (kind_ == BlockKind::Experts)
     moe_.backward(env, dy, s.xn2, s.moe, dxn, aux_grad_scale);
   else
@@ -134,6 +169,7 @@ void Block::backward_except_out_bias(const Env& env, const Tensor& dy, const Ten
 
 Tensor Block::out_bias_grad() const {
   if (kind_ == BlockKind::Mamba) return mamba_.out_bias_grad();
+  if (kind_ == BlockKind::Mamba2) return mamba2_.out_bias_grad();
   return kind_ == BlockKind::Attention ? mlp_.out_bias_grad() : Tensor{};
 }
 

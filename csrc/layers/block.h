@@ -2,6 +2,7 @@
 //   A (attention + MLP):               h = x + attn(norm1(x));   y = h + mlp(norm2(h))
 //   E (attention + mixture of experts): h = x + attn(norm1(x));   y = h + moe(norm2(h))
 //   M (Mamba, as HF MambaBlock):        y = x + mamba(norm1(x))
+//   S (Mamba-2, as HF Mamba2Block):     y = x + mamba2(norm1(x))
 // Saved: everything the branches and the norms need, plus h and y (y is the next block's x).
 // The block's input x is a view of the previous block's saved output (or the embedding's), so
 // a micro-batch's Saved structs must stay alive together until its backward.
@@ -12,24 +13,27 @@
 #pragma once
 #include "layers/attention.h"
 #include "layers/mamba.h"
+#include "layers/mamba2.h"
 #include "layers/mlp.h"
 #include "layers/moe.h"
 #include "layers/norm.h"
 
 namespace engine::layers {
 
-enum class BlockKind { Attention, Experts, Mamba };
+enum class BlockKind { Attention, Experts, Mamba, Mamba2 };
 BlockKind block_kind(const ModelConfig& c, int layer);
 MoeConfig moe_config(const ModelConfig& c);
 MambaConfig mamba_config(const ModelConfig& c);
+Mamba2Config mamba2_config(const ModelConfig& c);
 
 struct BlockSaved {
   NormSaved norm1, norm2;
-  Owned xn1, h, xn2, y;  // (T, C) each (M blocks: xn1 and y)
+  Owned xn1, h, xn2, y;  // (T, C) each (M and S blocks: xn1 and y)
   AttentionSaved attn;
   MlpSaved mlp;
   MoeSaved moe;
   MambaSaved mamba;
+  Mamba2Saved mamba2;
 };
 
 // Text generation: a block's state for one sequence (the attention's or the Mamba mixer's).
@@ -68,7 +72,7 @@ class Block {
   void backward_except_out_bias(const Env& env, const Tensor& dy, const Tensor& x,
                                 const SegmentInfo& seg, const BlockSaved& s, const Tensor& dx,
                                 float aux_grad_scale = 0.f, const Tensor& dx_colsum = {}) const;
-  // The gradient of the bias added at the block's output (the MLP's or Mamba's output
+  // The gradient of the bias added at the block's output (the MLP's or a Mamba mixer's output
   // projection), undefined where there is none (mixture of experts, no biases).
   Tensor out_bias_grad() const;
   // The auxiliary losses of a forward (E blocks; 0 otherwise), on the host (synchronises).
@@ -88,6 +92,7 @@ class Block {
   Mlp mlp_;
   Moe moe_;
   Mamba mamba_;
+  Mamba2 mamba2_;
 };
 
 }  // namespace engine::layers

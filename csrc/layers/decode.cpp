@@ -108,6 +108,8 @@ void Mamba::decode(const Env& env, const Tensor& xn, MambaCache& cache, const Te
 }
 
 BlockCache Block::new_cache(const Env& env, int64_t capacity) const {
+  ENSURE(kind_ != BlockKind::Mamba2, "text generation does not support Mamba-2 (S) blocks yet (no one-token step "
+                                     "of the SSD scan); evaluate the model with ./train instead");
   BlockCache c;
   if (kind_ == BlockKind::Mamba)
     c.mamba = mamba_.new_cache(env);

@@ -17,8 +17,9 @@
 namespace engine {
 namespace {
 
-int kind_index(char letter) { return letter == 'E' ? 1 : letter == 'M' ? 2 : 0; }
-constexpr const char* kKindNames[] = {"attention + MLP", "attention + experts", "Mamba"};
+int kind_index(char letter) { return letter == 'E' ? 1 : letter == 'M' ? 2 : letter == 'S' ? 3 : 0; }
+constexpr int kKinds = 4;
+constexpr const char* kKindNames[kKinds] = {"attention + MLP", "attention + experts", "Mamba", "Mamba-2"};
 
 // An integer-valued double exactly below 1e15, else in %.3g.
 std::string num(double v) {
@@ -32,10 +33,10 @@ std::string num(double v) {
 // blocks [s L / S, (s + 1) L / S) as Transformer::stage_plan splits them), the first index of
 // each kind, and whether the rank holds the embedding (stage 0) and the head (stage S - 1).
 struct RankLayers {
-  double count[3] = {0, 0, 0};
-  int first[3] = {-1, -1, -1};
+  double count[kKinds] = {0, 0, 0, 0};
+  int first[kKinds] = {-1, -1, -1, -1};
   bool embedding = false, head = false;
-  double total() const { return count[0] + count[1] + count[2]; }
+  double total() const { return count[0] + count[1] + count[2] + count[3]; }
 };
 
 RankLayers rank_layers(const ModelConfig& m, int pp, int k, int r) {
@@ -94,7 +95,7 @@ const char* largest_model_key(const ModelConfig& m) {
 // This rank's parameters of model m: the layers' own declarations of the embedding, the head and
 // one block per kind (block_params: per block of each kind).
 // `trainable` (optional): of them, those with gradients and optimizer state.
-double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& layers, int tp, double block_params[3],
+double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& layers, int tp, double block_params[kKinds],
                        double* trainable = nullptr) {
   double params = 0, train = 0;
   auto table = [&] {
@@ -123,7 +124,7 @@ double rank_parameters(const Config& c, const ModelConfig& m, const RankLayers& 
         params += m.prediction_heads * local_parameters(h, tp);
       }
     }
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < kKinds; ++i) {
       if (layers.count[i] == 0) continue;
       ParamTable t = table();
       layers::Block::declare(t, layers.first[i], m);
@@ -161,10 +162,10 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   const int tp = std::max(1, p.tp), dp = std::max(1, p.dp), pp = std::max(1, p.pp);
   const RankLayers layers = rank_layers(m, pp, std::max(1, d.stages_per_rank), p.pp_rank);
 
-  double block_params[3] = {0, 0, 0};
+  double block_params[kKinds] = {0, 0, 0, 0};
   double trainable = 0;
   const double params = rank_parameters(c, m, layers, tp, block_params, &trainable);
-  const bool moe = layers.count[1] > 0, mamba = layers.count[2] > 0;
+  const bool moe = layers.count[1] > 0, mamba = layers.count[2] + layers.count[3] > 0;
 
   const double a = static_cast<double>(dtype_size(p.compute));
   const std::string dtype = dtype_name(p.compute);
@@ -204,18 +205,25 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   const double glu = m.activation == ActivationKind::SwiGLU ? 2 : 1, Di = static_cast<double>(m.mamba_expand) * C;
   // q, k, v and the output (with model.qk_norm also the q and k heads before the norm)
   const double attention = T * (2 * H + 2 * Hkv + (m.qk_norm ? H + Hkv : 0)) * D / tp;
-  double per_block[3];
+  double per_block[kKinds];
   if (c.training.recompute_activations) {
-    per_block[0] = per_block[1] = per_block[2] = Tsp * C;  // the block's output only
+    per_block[0] = per_block[1] = per_block[2] = per_block[3] = Tsp * C;  // the block's output only
   } else {
     per_block[0] = 4 * Tsp * C + attention + T * F * (glu + 1) / tp;                        // + MLP h, a
     const double Fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : F, Fs = m.moe_shared_expert_ffn_size;
     per_block[1] = 4 * Tsp * C + attention + T * m.experts_per_token * (3 * Fe / tp + C)    // + experts h, a, y
                    + (Fs > 0 ? T * 3 * Fs / tp + Tsp * C : 0);                             // + shared h, a, y
     per_block[2] = 2 * Tsp * C + 4 * T * Di / tp;                                           // + xz, dt, y
+    // Mamba-2: the in_proj output [z | x | B | C | dt], y, and the f32 chunk states (Mamba2Config's
+    // chunk_len tokens a chunk) counted in units of the compute dtype.
+    const double GN = static_cast<double>(m.mamba_n_groups) * m.mamba_d_state;
+    const double heads = m.mamba_head_dim > 0 ? Di / m.mamba_head_dim : 0;
+    per_block[3] = 2 * Tsp * C + T * (3 * Di + 2 * GN + heads) / tp +
+                   std::ceil(T / static_cast<double>(layers::Mamba2Config{}.chunk_len)) * Di * m.mamba_d_state / tp *
+                       4 / a;
   }
   double per_micro = layers.embedding ? Tsp * C : 0;  // the embedding's output
-  for (int i = 0; i < 3; ++i) per_micro += layers.count[i] * per_block[i];
+  for (int i = 0; i < kKinds; ++i) per_micro += layers.count[i] * per_block[i];
   // Multi-token prediction (last stage): each extra head keeps its block's activations (none
   // with recomputation) and its head's input gradient until the backward.
   const int last_kind = kind_index(block_letter(m, m.num_layers - 1));
@@ -229,7 +237,7 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   else if (d.pipeline_schedule == ScheduleKind::OneFOneB && d.stages_per_rank == 1)
     in_flight = std::min<int64_t>(pp - p.pp_rank, micro);
   std::string blocks;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < kKinds; ++i)
     if (layers.count[i] > 0)
       blocks += str_cat(blocks.empty() ? "" : ", ", num(layers.count[i]), " ", kKindNames[i], " block(s) of ",
                         format_bytes(per_block[i] * a));
@@ -266,7 +274,7 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   // A distillation teacher: its whole model on the ranks of the student's last stage (split over
   // the same tensor-parallel group), weights only (it runs forward, no gradients or state).
   if (teacher && layers.head) {
-    double teacher_blocks[3] = {0, 0, 0};
+    double teacher_blocks[kKinds] = {0, 0, 0, 0};
     const double n = rank_parameters(c, *teacher, rank_layers(*teacher, 1, 1, 0), tp, teacher_blocks);
     est.parts.push_back({"teacher", false, n * a,
                          str_cat(num(n), " teacher parameters on this rank x ", num(a), " bytes (", dtype,

@@ -364,6 +364,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& c, Device device, DType com
     case ModelFamily::Qwen3:
     case ModelFamily::Mixtral:
     case ModelFamily::Mamba:
+    case ModelFamily::Mamba2:
     case ModelFamily::Hybrid:
     case ModelFamily::Qwen2Moe:
     case ModelFamily::Qwen3Moe:

@@ -59,6 +59,12 @@ const std::vector<Family>& families() {
       {"mamba untied, biases", "mamba",
        {"model.tie_embeddings=false", "model.mamba_proj_bias=true", "model.mamba_conv_bias=false",
         "model.mamba_expand=3", "model.mamba_dt_rank=5", "model.mamba_d_state=3"}},
+      {"mamba2 groups, clamp", "mamba2",
+       {"model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.mamba_d_state=5", "model.mamba_d_conv=3",
+        "model.mamba_dt_limit_min=0.01", "model.mamba_dt_limit_max=2.5"}},
+      {"mamba2 tied, biases, no conv bias", "mamba2",
+       {"model.mamba_head_dim=12", "model.mamba_d_state=4", "model.tie_embeddings=true", "model.mamba_proj_bias=true",
+        "model.mamba_conv_bias=false"}},
   };
   return f;
 }
@@ -112,7 +118,7 @@ TEST_CASE("hf: export then import gives the parameters back bitwise, for every f
       CHECK(m.bias == c.model.bias);
       CHECK(m.tie_embeddings == c.model.tie_embeddings);
       CHECK(block_layout(m) == block_layout(c.model));
-      if (c.model.family != ModelFamily::Mamba) {  // attention (Mamba has none: its attention keys are moot)
+      if (has_block_kind(c.model, "AE")) {  // attention (Mamba has none: its attention keys are moot)
         CHECK(m.num_heads == c.model.num_heads);
         CHECK(m.num_kv_heads == c.model.num_kv_heads);
         CHECK(m.head_dim == c.model.head_dim);
@@ -136,6 +142,16 @@ TEST_CASE("hf: export then import gives the parameters back bitwise, for every f
         CHECK(m.mamba_dt_rank == c.model.mamba_dt_rank);
         CHECK(m.mamba_conv_bias == c.model.mamba_conv_bias);
         CHECK(m.mamba_proj_bias == c.model.mamba_proj_bias);
+      }
+      if (c.model.family == ModelFamily::Mamba2) {
+        for (auto [a, b] : {std::pair{m.mamba_d_state, c.model.mamba_d_state}, {m.mamba_d_conv, c.model.mamba_d_conv},
+                            {m.mamba_expand, c.model.mamba_expand}, {m.mamba_head_dim, c.model.mamba_head_dim},
+                            {m.mamba_n_groups, c.model.mamba_n_groups}})
+          CHECK(a == b);
+        CHECK(m.mamba_conv_bias == c.model.mamba_conv_bias);
+        CHECK(m.mamba_proj_bias == c.model.mamba_proj_bias);
+        CHECK(m.mamba_dt_limit_min == c.model.mamba_dt_limit_min);
+        CHECK(m.mamba_dt_limit_max == c.model.mamba_dt_limit_max);
       }
       if (c.model.positions == PositionKind::Learned)
         CHECK(m.max_position_embeddings == c.model.max_position_embeddings);

@@ -4,6 +4,15 @@
 
 namespace engine::testing {
 
+void set_tiny_mamba2(ModelConfig& c) {
+  c.mamba_d_state = 3;
+  c.mamba_d_conv = 3;
+  c.mamba_expand = 2;   // Di 28 at hidden 14
+  c.mamba_head_dim = 7;  // 4 heads
+  c.mamba_n_groups = 2;  // 2 heads a group
+  c.mamba_conv_bias = true;
+}
+
 ModelConfig tiny_model(ModelFamily family) {
   ModelConfig c;
   c.family = family;
@@ -58,6 +67,7 @@ ModelConfig tiny_model(ModelFamily family) {
     c.mamba_expand = 2;
     c.mamba_dt_rank = 2;
   }
+  if (family == ModelFamily::Mamba2) set_tiny_mamba2(c);
   if (family == ModelFamily::Qwen2Moe) {  // a dense and a sparse layer, a shared expert, raw weights
     c.qkv_bias = true;
     c.hybrid_layout = "AE";

@@ -11,6 +11,9 @@ namespace engine::testing {
 
 // family presets as the config parser applies them, with tiny sizes.
 ModelConfig tiny_model(ModelFamily family);
+// The Mamba-2 keys of tiny_model(Mamba2): 4 heads of 7 in 2 groups of 3 states (for hybrid
+// layouts with S blocks too).
+void set_tiny_mamba2(ModelConfig& c);
 
 // Overwrites every weight with normal(0, std) from the test seed (so biases and norm weights are
 // generic, not 0 and 1, in gradient checks).

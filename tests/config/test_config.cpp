@@ -331,7 +331,7 @@ TEST_CASE("config: errors name the file, the line and the key") {
       {"bad enum", doc("norm = \"RMSNorm\"\n"), {}, "t.toml:2: model.norm: ",
        "unknown value \"RMSNorm\", expected \"layernorm\" or \"rmsnorm\""},
       {"bad family", doc("family = \"mixtrall\"\n"), {}, "t.toml:2: model.family: ",
-       "expected \"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"mamba\" or \"hybrid\""},
+       "expected \"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"mamba\", \"mamba2\" or \"hybrid\""},
       {"section not a table", "run = 5\n" + doc(), {}, "t.toml:1: run: ", "expected a table"},
       {"nan", doc("init_std = nan\n"), {}, "t.toml:2: model.init_std: ", "must be finite"},
       // out of range

@@ -88,6 +88,11 @@ TEST_CASE("data parallel ZeRO 3 reproduces one rank: Qwen3-MoE's q/k norms and r
                 "model.hybrid_layout=\"EA\""});
 }
 
+TEST_CASE("data parallel ZeRO 3 reproduces one rank: Mamba-2 blocks (grouped B and C, the gated norm)") {
+  compare_runs("mamba2", 3, 2, world(), "cpu", 1e-5,
+               {"model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.mamba_d_state=8", "model.mamba_d_conv=3"});
+}
+
 TEST_CASE("data parallel ZeRO 1 and 3 reproduce one rank with LoRA (frozen base, resident; adapters sharded)") {
   const std::vector<std::string> lora = {"lora.rank=4", "lora.alpha=6",
                                          "lora.targets=[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]",

@@ -154,6 +154,14 @@ std::vector<std::string> qwen3_moe(const char* layout, std::vector<std::string> 
   return o;
 }
 
+// Mamba-2 blocks at hidden 24: 6 heads of 8 in 2 groups of 8 states (tp2: 3 heads, a group).
+std::vector<std::string> mamba2(std::vector<std::string> more = {}) {
+  std::vector<std::string> o = {"model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.mamba_d_state=8",
+                                "model.mamba_d_conv=3", "model.mamba_dt_limit_min=0.001"};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+
 // Pipeline layouts: 4 blocks, global batch 8 in micro-batches of 2 (4 per dp rank at dp 1).
 const std::vector<std::string> kFourLayers = {"model.num_layers=4"};
 std::vector<std::string> pp(int p, int per_rank, const char* schedule, std::vector<std::string> more = {}) {
@@ -178,6 +186,7 @@ std::vector<Case> pipeline_cases_for(int n) {
               {"hybrid", 1, pp(2, 1, "breadth_first", {"model.hybrid_layout=\"MEAM\"", "model.num_experts=3",
                                                        "model.moe_aux_loss_coef=0.01"})},
               {"qwen2_moe", 1, pp(2, 1, "breadth_first", qwen2_moe("EAEE"))},
+              {"mamba2", 1, pp(2, 2, "breadth_first", mamba2())},
               {"qwen3_moe", 1, pp(2, 2, "breadth_first", qwen3_moe("EEAE"))},
               // activation recomputation with interleaved stages and micro-sequences
               {"llama", 1, pp(2, 2, "breadth_first", {"training.recompute_activations=true",
@@ -234,7 +243,10 @@ std::vector<Case> cases_for(int n) {
               // the shared expert split as the dense MLP, its gate replicated (without sequence
               // parallelism: tests/dist/test_moe_parallel.cpp)
               {"qwen2_moe", 2, qwen2_moe("AE", {"distributed.sequence_parallel=true"})},
-              {"qwen3_moe", 2, qwen3_moe("EA", {"distributed.sequence_parallel=true"})}};
+              {"qwen3_moe", 2, qwen3_moe("EA", {"distributed.sequence_parallel=true"})},
+              // Mamba-2: heads and groups split, the gated norm's row sums reduced over the group
+              {"mamba2", 2, mamba2({"distributed.sequence_parallel=true"})},
+              {"hybrid", 2, mamba2({"model.hybrid_layout=\"SAS\"", "model.num_layers=3", "model.mamba_proj_bias=true"})}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};
     case 4:

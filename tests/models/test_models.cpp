@@ -1,5 +1,5 @@
 // Whole-model checks: fp64 finite differences over all parameters of tiny gpt2, llama, mistral,
-// mixtral, mamba and hybrid (Mamba, MoE and attention blocks) models on packed documents; the parameter table's names, shapes and adjacency.
+// mixtral, mamba, mamba2 and hybrid (Mamba, Mamba-2, MoE and attention blocks) models on packed documents; the parameter table's names, shapes and adjacency.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -17,15 +17,24 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
     bool cross_document;
     bool mamba_proj_bias = false;  // the Mamba blocks' out_proj bias: its gradient is summed by
                                    // the next block's norm backward (layers/block.h)
+    const char* layout = nullptr;  // a hybrid layout in place of tiny_model's
   };
   for (Case k : std::vector<Case>{{ModelFamily::GPT2, false},   {ModelFamily::Llama, false},
                                   {ModelFamily::Llama, true},    {ModelFamily::Mistral, false}, {ModelFamily::Qwen3, false},
                                   {ModelFamily::Mixtral, false}, {ModelFamily::Mamba, false},
                                   {ModelFamily::Hybrid, false},  {ModelFamily::Mamba, false, true},
                                   {ModelFamily::Hybrid, false, true}, {ModelFamily::Qwen2Moe, false},
-                                  {ModelFamily::Qwen3Moe, false}}) {
+                                  {ModelFamily::Qwen3Moe, false}, {ModelFamily::Mamba2, false},
+                                  {ModelFamily::Mamba2, false, true}, {ModelFamily::Hybrid, false, false, "SAS"}}) {
     ModelConfig c = tiny_model(k.family);
     c.mamba_proj_bias = k.mamba_proj_bias;
+    if (k.family == ModelFamily::Mamba2) c.mamba_conv_bias = !k.mamba_proj_bias;  // both conv bias states
+    if (k.layout) {
+      c.hybrid_layout = k.layout;
+      c.num_layers = static_cast<int>(std::strlen(k.layout));
+      set_tiny_mamba2(c);
+    }
+    CAPTURE(k.layout ? k.layout : "");
     CAPTURE(std::string(family_name(k.family)));
     CAPTURE(k.cross_document);
     CAPTURE(k.mamba_proj_bias);

@@ -1,6 +1,6 @@
 // Packed training equals training each document alone: a packed micro-batch gives the same
 // per-document losses and the same parameter gradients as running every document piece as its
-// own sequence (fp64, CPU; attention, Mamba and hybrid Mamba + MoE + attention models: the
+// own sequence (fp64, CPU; attention, Mamba, Mamba-2 and hybrid Mamba + MoE + attention models: the
 // conv window and the scan state restart at each document). Cases: 1-token documents, a document filling a whole sequence, a
 // document cut at the sequence end (its continuation starts the next sequence), many documents.
 #include <doctest/doctest.h>
@@ -44,7 +44,7 @@ Sample piece(const Sample& s, int a, int b) {
 TEST_CASE("packed documents train exactly like documents alone (per-document losses and gradients)") {
   const int S = 12;
   for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral, ModelFamily::Qwen3,
-                        ModelFamily::Mamba, ModelFamily::Hybrid, ModelFamily::Qwen2Moe, ModelFamily::Qwen3Moe}) {
+                        ModelFamily::Mamba, ModelFamily::Mamba2, ModelFamily::Hybrid, ModelFamily::Qwen2Moe, ModelFamily::Qwen3Moe}) {
     CAPTURE(std::string(family_name(f)));
     ModelConfig c = tiny_model(f);
     // (the MoE blocks without auxiliary losses: load balancing is a statistic of the whole
@@ -91,7 +91,7 @@ TEST_CASE("multi-token prediction: packed documents train exactly like documents
   // Every head's loss of a packed micro-batch is the sum of the documents' own, and so are the
   // gradients: no head's target crosses a document boundary (models/prediction_targets.h).
   const int S = 12;
-  for (ModelFamily f : {ModelFamily::Llama, ModelFamily::Mamba}) {
+  for (ModelFamily f : {ModelFamily::Llama, ModelFamily::Mamba, ModelFamily::Mamba2}) {
     CAPTURE(std::string(family_name(f)));
     ModelConfig c = tiny_model(f);
     c.num_layers = 3;

@@ -82,7 +82,7 @@ TEST_CASE("mixture-of-experts and Mamba keys: checked, and named in errors") {
   CHECK(error("mixtral", {"model.num_experts=2", "model.experts_per_token=3"})
             .find("model.experts_per_token: must be at most model.num_experts (2), got 3") != std::string::npos);
   CHECK(error("mixtral", {"model.moe_jitter=1.5"}).find("model.moe_jitter") != std::string::npos);
-  CHECK(error("llama", {"model.mamba_d_state=8"}).find("no Mamba (M) blocks") != std::string::npos);
+  CHECK(error("llama", {"model.mamba_d_state=8"}).find("no Mamba (M) or Mamba-2 (S) blocks") != std::string::npos);
   CHECK(error("mamba", {"model.mamba_d_conv=0"}).find("model.mamba_d_conv") != std::string::npos);
   CHECK(error("mamba", {"batch.micro_sequence_length=5"}).find("not supported with Mamba") != std::string::npos);
   // Defaults: mixtral 8 experts top 2, rope_theta 1e6; mamba dt_rank ceil(C / 16), tied embeddings.
