@@ -63,10 +63,12 @@ void no_attention(const json& j, const std::string& path, ModelConfig& c, bool t
   c.positions = PositionKind::Rope;
 }
 
-// An element of time_step_limit: a number or the string "Infinity" (json_nonfinite_as_strings).
+// An element of time_step_limit: a number, the string "Infinity" (json_nonfinite_as_strings) or
+// {"__float__": "Infinity"} (how transformers 5's save_pretrained writes a non-finite float).
 double limit_value(const json& v, const std::string& path) {
   if (v.is_number()) return v.get<double>();
-  if (v == "Infinity") return INFINITY;
+  if (v == "Infinity" || (v.is_object() && v.size() == 1 && v.contains("__float__") && v["__float__"] == "Infinity"))
+    return INFINITY;
   RAISE(path, ": time_step_limit: expected [min, max] numbers (max may be Infinity), got element ", v.dump());
 }
 

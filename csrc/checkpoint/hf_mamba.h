@@ -4,7 +4,8 @@
 // Mamba-2: Mamba2ForCausalLM, model_type "mamba2", Mamba2Config's keys;
 // num_heads x head_dim must be expand x hidden_size (the mixer's reshapes need it), rms_norm
 // true (the gated norm), hidden_act silu; time_step_limit (min, max) is the delta clamp, max
-// Infinity (as Python's json writes float("inf")) when there is none. Keys that do not change the
+// Infinity (as Python's json writes float("inf"); transformers 5's save_pretrained writes
+// {"__float__": "Infinity"}, also read) when there is none. Keys that do not change the
 // model (chunk_size: the kernels' chunks; time_step_rank: unused by the mixer; residual_in_fp32;
 // the dt init range) are read as the engine does them or not at all; keys with values it cannot
 // represent are refused, naming the key.

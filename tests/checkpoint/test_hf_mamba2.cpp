@@ -114,6 +114,12 @@ TEST_CASE("hf: mamba2 config.json defaults, Infinity and refusals name the key")
     CHECK(h.mamba_dt_limit_min == 0);
     CHECK(h.mamba_dt_limit_max == 0);
   }
+  SUBCASE("transformers 5 writes Infinity as {\"__float__\": \"Infinity\"}") {
+    with([](nlohmann::json& j) { j["time_step_limit"] = {0.0, {{"__float__", "Infinity"}}}; });
+    CHECK(hf::model_from_hf_config(path).mamba_dt_limit_max == 0);
+    with([](nlohmann::json& j) { j["time_step_limit"] = {0.0, {{"__float__", "NaN"}}}; });
+    check_mentions(error_of([&] { hf::model_from_hf_config(path); }), {path, "time_step_limit"});
+  }
   SUBCASE("a finite time_step_limit is the clamp") {
     with([](nlohmann::json& j) { j["time_step_limit"] = {0.001, 0.5}; });
     const ModelConfig h = hf::model_from_hf_config(path);
