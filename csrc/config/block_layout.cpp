@@ -1,5 +1,5 @@
 // The per-layer block kinds (config.h block_layout): one letter per layer, A attention + MLP,
-// E attention + mixture of experts, M Mamba, S Mamba-2; spelled by hybrid_layout where the family takes one,
+// E attention + mixture of experts, M Mamba, S Mamba-2, G Gated DeltaNet + MLP; spelled by hybrid_layout where the family takes one,
 // else the family's single kind.
 #include <algorithm>
 #include <cstring>
@@ -40,9 +40,10 @@ char block_letter(const ModelConfig& m, int layer) {
 std::string layout_letters_error(const ModelConfig& m) {
   const bool hybrid = m.family == ModelFamily::Hybrid;
   for (size_t i = 0; i < m.hybrid_layout.size(); ++i)
-    if (std::string(hybrid ? "AEMS" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
+    if (std::string(hybrid ? "AEMSG" : "AE").find(m.hybrid_layout[i]) == std::string::npos)
       return "letter " + std::to_string(i) + " is '" + m.hybrid_layout[i] + "'; " +
-             (hybrid ? std::string("expected A (attention + MLP), E (attention + mixture of experts), M (Mamba) or S (Mamba-2)")
+             (hybrid ? std::string("expected A (attention + MLP), E (attention + mixture of experts), M (Mamba), S (Mamba-2) or "
+                                         "G (Gated DeltaNet + MLP)")
                      : std::string(family_name(m.family)) + " takes A (attention + MLP) or E (attention + mixture of experts)");
   return "";
 }

@@ -64,7 +64,7 @@ struct RopeScalingConfig {
 // rope_theta 1e6 (the released Qwen3 models' base); mixtral = llama whose MLPs are
 // mixtures of experts (8 experts, top 2, rope_theta 1e6); mamba = Mamba blocks only (tied
 // embeddings); mamba2 = Mamba-2 blocks only (untied, mamba_d_state 128: Mamba2Config's defaults);
-// hybrid = the per-layer mix that hybrid_layout spells (A, E, M, S as below);
+// hybrid = the per-layer mix that hybrid_layout spells (A, E, M, S, G as below);
 // qwen2_moe = qwen2 whose MLPs are mixtures of experts with a shared expert (60 experts, top 4,
 // weights not renormalised, shared expert of ffn_hidden_size features: Qwen2MoeConfig's
 // defaults), every layer E unless hybrid_layout (A and E letters) says otherwise; qwen3_moe =
@@ -114,7 +114,8 @@ struct ModelConfig {
   // Block kinds, one letter per layer (family hybrid; qwen2_moe, qwen3_moe optionally, A and E; other
   // families imply it, block_layout()):
   //   A attention + MLP,  E attention + mixture of experts,  M Mamba mixer (no MLP, as HF Mamba),
-  //   S Mamba-2 mixer (SSD, no MLP, as HF Mamba2)
+  //   S Mamba-2 mixer (SSD, no MLP, as HF Mamba2),  G Gated DeltaNet + MLP (Qwen3-Next's
+  //   linear-attention layer)
   std::string hybrid_layout;
   // Mixture of experts (E blocks); ffn_hidden_size is the A blocks' MLP.
   int num_experts = 0;           // default 8 where the layout has E blocks
@@ -139,6 +140,12 @@ struct ModelConfig {
   int mamba_n_groups = 1;          // G groups of B and C, each read by heads / G heads
   double mamba_dt_limit_min = 0.0;  // the clamp of softplus(dt + dt_bias) (HF time_step_limit)
   double mamba_dt_limit_max = 0.0;  // 0: no upper limit
+  // Gated DeltaNet (G blocks; Qwen3NextConfig's linear_* defaults).
+  int gdn_num_key_heads = 16;     // Hk heads of q and k
+  int gdn_num_value_heads = 32;   // Hv heads of v (a multiple of Hk)
+  int gdn_key_head_dim = 128;     // dk
+  int gdn_value_head_dim = 128;   // dv
+  int gdn_conv_kernel = 4;        // the short causal conv over q, k, v
   LoraConfig lora;  // the [lora] section
   // Multi-token prediction (models/transformer.h, README "Multi-token prediction"): extra heads
   // j = 1..prediction_heads, each a block of the last block's kind on the trunk (the input of

@@ -150,6 +150,11 @@ void visit_fields(C& c, V& v) {
   v.field("mamba_n_groups", c.model.mamba_n_groups);
   v.field("mamba_dt_limit_min", c.model.mamba_dt_limit_min);
   v.field("mamba_dt_limit_max", c.model.mamba_dt_limit_max);
+  v.field("gdn_num_key_heads", c.model.gdn_num_key_heads);
+  v.field("gdn_num_value_heads", c.model.gdn_num_value_heads);
+  v.field("gdn_key_head_dim", c.model.gdn_key_head_dim);
+  v.field("gdn_value_head_dim", c.model.gdn_value_head_dim);
+  v.field("gdn_conv_kernel", c.model.gdn_conv_kernel);
   v.field("prediction_heads", c.model.prediction_heads);
   v.numbers("prediction_loss_weights", c.model.prediction_loss_weights);
 

@@ -19,7 +19,7 @@ void check_fp8(const Config& c) {
   const int64_t tp = c.distributed.tensor_parallel;
   const std::string layout = block_layout(m);
   const bool attention = layout.find_first_of("AE") != std::string::npos;
-  const bool mlp = layout.find('A') != std::string::npos;
+  const bool mlp = layout.find_first_of("AG") != std::string::npos;
   const bool mamba = layout.find_first_of("MS") != std::string::npos;
   struct Width {
     std::string what;
@@ -40,6 +40,13 @@ void check_fp8(const Config& c) {
     widths.push_back({"model.(2 x mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state + heads) / "
                       "tensor_parallel",
                       (2 * inner + 2 * int64_t{m.mamba_n_groups} * m.mamba_d_state + inner / m.mamba_head_dim) / tp});
+  }
+  if (layout.find('G') != std::string::npos) {  // Gated DeltaNet's in_proj writes [q | k | v | z | b | a]
+    const int64_t qk = int64_t{m.gdn_num_key_heads} * m.gdn_key_head_dim, v = int64_t{m.gdn_num_value_heads} * m.gdn_value_head_dim;
+    widths.push_back({"model.(2 x gdn_num_key_heads x gdn_key_head_dim + 2 x gdn_num_value_heads x "
+                      "(gdn_value_head_dim + 1)) / tensor_parallel",
+                      (2 * qk + 2 * v + 2 * int64_t{m.gdn_num_value_heads}) / tp});
+    widths.push_back({"model.gdn_num_value_heads x gdn_value_head_dim / tensor_parallel", v / tp});
   }
   const int msl = c.batch.micro_sequence_length;
   widths.push_back(msl > 0 ? Width{"batch.micro_sequence_length", msl}

@@ -34,7 +34,7 @@ void check_lora(Config& c) {
   const std::string layout = block_layout(c.model);
   if (layout.find_first_not_of('A') != std::string::npos)
     RAISE(c.where("lora.rank"), "LoRA supports attention + MLP blocks only; this model's layout \"", layout,
-          "\" has mixture-of-experts (E), Mamba (M) or Mamba-2 (S) blocks");
+          "\" has mixture-of-experts (E), Mamba (M), Mamba-2 (S) or Gated DeltaNet (G) blocks");
   if (c.model.lora.rank > c.model.hidden_size)
     RAISE(c.where("lora.rank"), "must not exceed model.hidden_size (", c.model.hidden_size, "), got ", l.rank);
 }

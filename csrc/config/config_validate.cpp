@@ -146,7 +146,7 @@ struct Checker {
     if (m.family == ModelFamily::Hybrid || (takes_hybrid_layout(m.family) && !m.hybrid_layout.empty())) {
       if (!set("model.hybrid_layout"))
         RAISE(c.where("model.family"), "hybrid needs model.hybrid_layout (one letter per layer: A attention + MLP, "
-                                       "E attention + mixture of experts, M Mamba, S Mamba-2)");
+                                       "E attention + mixture of experts, M Mamba, S Mamba-2, G Gated DeltaNet + MLP)");
       if (m.hybrid_layout.size() != static_cast<size_t>(m.num_layers))
         RAISE(c.where("model.hybrid_layout"), "has ", m.hybrid_layout.size(), " letters but model.num_layers is ",
               m.num_layers, " (one letter per layer)");
@@ -156,6 +156,7 @@ struct Checker {
             family_name(m.family), " has a fixed layout)");
     }
     const bool moe = has_block_kind(m, "E"), mamba = has_block_kind(m, "M"), mamba2 = has_block_kind(m, "S");
+    const bool gdn = has_block_kind(m, "G");
     // Keys of a block kind the model lacks: the effective config writes their defaults, so only
     // other values are an error.
     const ModelConfig d;
@@ -248,6 +249,25 @@ struct Checker {
                    {"model.mamba_dt_limit_min", m.mamba_dt_limit_min != d.mamba_dt_limit_min},
                    {"model.mamba_dt_limit_max", m.mamba_dt_limit_max != d.mamba_dt_limit_max}},
                   "Mamba-2 (S)");
+    }
+    if (gdn) {
+      positive("model.gdn_num_key_heads", m.gdn_num_key_heads);
+      positive("model.gdn_num_value_heads", m.gdn_num_value_heads);
+      positive("model.gdn_key_head_dim", m.gdn_key_head_dim);
+      positive("model.gdn_value_head_dim", m.gdn_value_head_dim);
+      positive("model.gdn_conv_kernel", m.gdn_conv_kernel);
+      if (m.gdn_num_value_heads % m.gdn_num_key_heads != 0)
+        RAISE(c.where("model.gdn_num_value_heads"), "must be a multiple of model.gdn_num_key_heads (",
+              m.gdn_num_key_heads, "), got ", m.gdn_num_value_heads);
+      if (m.gdn_conv_kernel > ops::kMambaMaxConv)  // the CUDA conv kernel keeps a channel's taps in registers
+        RAISE(c.where("model.gdn_conv_kernel"), "must be at most ", ops::kMambaMaxConv, ", got ", m.gdn_conv_kernel);
+    } else {
+      unused_keys({{"model.gdn_num_key_heads", m.gdn_num_key_heads != d.gdn_num_key_heads},
+                   {"model.gdn_num_value_heads", m.gdn_num_value_heads != d.gdn_num_value_heads},
+                   {"model.gdn_key_head_dim", m.gdn_key_head_dim != d.gdn_key_head_dim},
+                   {"model.gdn_value_head_dim", m.gdn_value_head_dim != d.gdn_value_head_dim},
+                   {"model.gdn_conv_kernel", m.gdn_conv_kernel != d.gdn_conv_kernel}},
+                  "Gated DeltaNet (G)");
     }
   }
 
@@ -380,8 +400,8 @@ struct Checker {
     const ModelConfig& m = c.model;
     // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
     // (Mamba blocks: the inner dimension, expand x hidden_size; Mamba-2: also the groups of B and C.)
-    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "MS");
-    const bool dense = has_block_kind(m, "A"), moe = has_block_kind(m, "E");
+    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "MSG");
+    const bool dense = has_block_kind(m, "AG"), moe = has_block_kind(m, "E");
     const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
                                                      {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
                                                      {"model.ffn_hidden_size", dense ? m.ffn_hidden_size : 0},
@@ -394,7 +414,9 @@ struct Checker {
                                                      {"model.mamba_expand x hidden_size",
                                                       mamba ? int64_t{m.mamba_expand} * m.hidden_size : 0},
                                                      {"model.mamba_n_groups",
-                                                      has_block_kind(m, "S") ? m.mamba_n_groups : 0}};
+                                                      has_block_kind(m, "S") ? m.mamba_n_groups : 0},
+                                                     {"model.gdn_num_key_heads",
+                                                      has_block_kind(m, "G") ? m.gdn_num_key_heads : 0}};
     for (const auto& [key, n] : split)
       if (n % tp != 0)
         RAISE(c.where("distributed.tensor_parallel"), "must divide ", key, " (", n, "), got ", tp,
@@ -424,7 +446,7 @@ struct Checker {
       RAISE(c.where("batch.micro_sequence_length"), "must divide data.sequence_length (", c.data.sequence_length,
             "), got ", msl);
     if (msl > 0 && mamba)
-      RAISE(c.where("batch.micro_sequence_length"), "is not supported with Mamba or Mamba-2 blocks (the scan state would have "
+      RAISE(c.where("batch.micro_sequence_length"), "is not supported with Mamba, Mamba-2 or Gated DeltaNet blocks (the state would have "
                                                    "to pass from chunk to chunk); use 0");
     if (msl > 0 && d.sequence_parallel && tp > 1 && msl % tp != 0)
       RAISE(c.where("batch.micro_sequence_length"), "must split evenly over tensor_parallel = ", tp,

@@ -16,6 +16,7 @@ BlockKind block_kind(const ModelConfig& c, int layer) {
     case 'E': return BlockKind::Experts;
     case 'M': return BlockKind::Mamba;
     case 'S': return BlockKind::Mamba2;
+    case 'G': return BlockKind::DeltaNet;
     default: return BlockKind::Attention;
   }
 }
@@ -68,6 +69,20 @@ Mamba2Config mamba2_config(const ModelConfig& c) {
   return m;
 }
 
+DeltaNetConfig deltanet_config(const ModelConfig& c) {
+  DeltaNetConfig m;
+  m.hidden = c.hidden_size;
+  m.key_heads = c.gdn_num_key_heads;
+  m.value_heads = c.gdn_num_value_heads;
+  m.key_dim = c.gdn_key_head_dim;
+  m.value_dim = c.gdn_value_head_dim;
+  m.d_conv = c.gdn_conv_kernel;
+  m.norm_eps = c.norm_eps;
+  m.init_std = c.init_std;
+  m.num_layers = c.num_layers;
+  return m;
+}
+
 Block::Block(const ParamStore& store, int i, const ModelConfig& c) : Block(store, prefix(i), block_kind(c, i), c) {}
 
 void Block::declare(ParamTable& t, int i, const ModelConfig& c) { declare(t, prefix(i), block_kind(c, i), c); }
@@ -83,7 +98,10 @@ Block::Block(const ParamStore& store, const std::string& p, BlockKind kind, cons
     return;
   }
   norm2_ = Norm(store, p + ".norm2", c.norm, static_cast<float>(c.norm_eps), c.bias);
-  attn_ = Attention(store, p + ".attn", c);
+  if (kind_ == BlockKind::DeltaNet)
+    gdn_ = DeltaNet(store, p + ".gdn", deltanet_config(c));
+  else
+    attn_ = Attention(store, p + ".attn", c);
   if (kind_ == BlockKind::Experts)
     moe_ = Moe(store, p + ".moe", moe_config(c));
   else
@@ -94,7 +112,10 @@ void Block::declare(ParamTable& t, const std::string& p, BlockKind kind, const M
   Norm::declare(t, p + ".norm1", c.hidden_size, c.norm, c.bias);
   if (kind == BlockKind::Mamba) return Mamba::declare(t, p + ".mamba", mamba_config(c));
   if (kind == BlockKind::Mamba2) return Mamba2::declare(t, p + ".mamba2", mamba2_config(c));
-  Attention::declare(t, p + ".attn", c);
+  if (kind == BlockKind::DeltaNet)
+    DeltaNet::declare(t, p + ".gdn", deltanet_config(c));
+  else
+    Attention::declare(t, p + ".attn", c);
   Norm::declare(t, p + ".norm2", c.hidden_size, c.norm, c.bias);
   if (kind == BlockKind::Experts)
     Moe::declare(t, p + ".moe", moe_config(c));
@@ -120,7 +141,10 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
     return;
   }
   s.h = env.act_tensor(shape);
-  attn_.forward(env, s.xn1, seg, s.h, s.attn);
+  if (kind_ == BlockKind::DeltaNet)
+    gdn_.forward(env, s.xn1, s.h, seg, s.gdn);
+  else
+    attn_.forward(env, s.xn1, seg, s.h, s.attn);
   s.xn2 = env.act_tensor(shape);
   norm2_.forward_residual(env, s.h, x, s.h, s.xn2, s.norm2);  // h = attn + x in place; norm2(h)
   s.y = env.act_tensor(shape);
@@ -162,15 +186,20 @@ void Block::backward_except_out_bias(const Env& env, const Tensor& dy, const Ten
     mlp_.backward_except_out_bias(env, dy, s.xn2, s.mlp, dxn);
   Owned dh = env.act_tensor(shape);
   // residual: dh = dy + d(norm2 branch), summed into the attention's output bias gradient
-  norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh, attn_.out_bias_grad());
-  attn_.backward_except_out_bias(env, dh, s.xn1, seg, s.attn, dxn);
+  if (kind_ == BlockKind::DeltaNet) {
+    norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh);
+    gdn_.backward(env, dh, s.xn1, seg, s.gdn, dxn);
+  } else {
+    norm2_.backward_residual(dxn, s.h, s.norm2, dy, dh, attn_.out_bias_grad());
+    attn_.backward_except_out_bias(env, dh, s.xn1, seg, s.attn, dxn);
+  }
   norm1_.backward_residual(dxn, x, s.norm1, dh, dx, dx_colsum);  // residual: dx = dh + d(norm1 branch)
 }
 
 Tensor Block::out_bias_grad() const {
   if (kind_ == BlockKind::Mamba) return mamba_.out_bias_grad();
   if (kind_ == BlockKind::Mamba2) return mamba2_.out_bias_grad();
-  return kind_ == BlockKind::Attention ? mlp_.out_bias_grad() : Tensor{};
+  return kind_ == BlockKind::Attention || kind_ == BlockKind::DeltaNet ? mlp_.out_bias_grad() : Tensor{};
 }
 
 double Block::aux_loss(const BlockSaved& s) const {

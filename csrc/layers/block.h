@@ -3,6 +3,8 @@
 //   E (attention + mixture of experts): h = x + attn(norm1(x));   y = h + moe(norm2(h))
 //   M (Mamba, as HF MambaBlock):        y = x + mamba(norm1(x))
 //   S (Mamba-2, as HF Mamba2Block):     y = x + mamba2(norm1(x))
+//   G (Gated DeltaNet):                 h = x + gdn(norm1(x));    y = h + mlp(norm2(h))   (Qwen3-Next's
+//                                       linear-attention layers, whose MLP is dense here)
 // Saved: everything the branches and the norms need, plus h and y (y is the next block's x).
 // The block's input x is a view of the previous block's saved output (or the embedding's), so
 // a micro-batch's Saved structs must stay alive together until its backward.
@@ -12,6 +14,7 @@
 // parameter gradients accumulated (+=).
 #pragma once
 #include "layers/attention.h"
+#include "layers/delta.h"
 #include "layers/mamba.h"
 #include "layers/mamba2.h"
 #include "layers/mlp.h"
@@ -20,11 +23,12 @@
 
 namespace engine::layers {
 
-enum class BlockKind { Attention, Experts, Mamba, Mamba2 };
+enum class BlockKind { Attention, Experts, Mamba, Mamba2, DeltaNet };
 BlockKind block_kind(const ModelConfig& c, int layer);
 MoeConfig moe_config(const ModelConfig& c);
 MambaConfig mamba_config(const ModelConfig& c);
 Mamba2Config mamba2_config(const ModelConfig& c);
+DeltaNetConfig deltanet_config(const ModelConfig& c);
 
 struct BlockSaved {
   NormSaved norm1, norm2;
@@ -34,6 +38,7 @@ struct BlockSaved {
   MoeSaved moe;
   MambaSaved mamba;
   Mamba2Saved mamba2;
+  DeltaNetSaved gdn;
 };
 
 // Text generation: a block's state for one sequence (the attention's or the Mamba mixer's).
@@ -93,6 +98,7 @@ class Block {
   Moe moe_;
   Mamba mamba_;
   Mamba2 mamba2_;
+  DeltaNet gdn_;
 };
 
 }  // namespace engine::layers

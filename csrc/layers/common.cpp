@@ -2,6 +2,13 @@
 
 namespace engine::layers {
 
+std::vector<std::string> part_names(const std::string& prefix, const char* stem, std::initializer_list<const char*> parts,
+                                    const char* suffix) {
+  std::vector<std::string> out;
+  for (const char* p : parts) out.push_back(prefix + "." + stem + p + suffix);
+  return out;
+}
+
 Param adjacent_rows(const ParamStore& store, const std::vector<std::string>& names) {
   ENSURE(!names.empty(), "adjacent_rows of nothing");
   const ParamSpec& first = store.table().get(names[0]);

@@ -1,6 +1,10 @@
 // What every layer needs besides its parameters: where activations live and in which dtype,
 // and the float type of statistics saved for backward (f64 in an f64 model, else f32).
 #pragma once
+#include <initializer_list>
+#include <string>
+#include <vector>
+
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/buffer.h"
@@ -60,5 +64,8 @@ struct Param {
 // Weight and gradient views spanning adjacent parameters `first` .. `last` as one (rows, cols)
 // matrix (q/k/v or gate/up stacked along dim 0); ParamTable placed them without gaps.
 Param adjacent_rows(const ParamStore& store, const std::vector<std::string>& names);
+// "prefix.stem<part>suffix" for each part, in order (the names of adjacent parameters).
+std::vector<std::string> part_names(const std::string& prefix, const char* stem, std::initializer_list<const char*> parts,
+                                    const char* suffix = "");
 
 }  // namespace engine::layers

@@ -108,8 +108,9 @@ void Mamba::decode(const Env& env, const Tensor& xn, MambaCache& cache, const Te
 }
 
 BlockCache Block::new_cache(const Env& env, int64_t capacity) const {
-  ENSURE(kind_ != BlockKind::Mamba2, "text generation does not support Mamba-2 (S) blocks yet (no one-token step "
-                                     "of the SSD scan); evaluate the model with ./train instead");
+  ENSURE(kind_ != BlockKind::Mamba2 && kind_ != BlockKind::DeltaNet,
+         "text generation does not support Mamba-2 (S) or Gated DeltaNet (G) blocks yet (no one-token step of their "
+         "scans); evaluate the model with ./train instead");
   BlockCache c;
   if (kind_ == BlockKind::Mamba)
     c.mamba = mamba_.new_cache(env);

@@ -9,19 +9,12 @@ namespace engine::layers {
 
 namespace {
 
-std::vector<std::string> names(const std::string& prefix, const char* stem, const char* suffix,
-                               std::initializer_list<const char*> parts) {
-  std::vector<std::string> out;
-  for (const char* p : parts) out.push_back(prefix + "." + stem + p + suffix);
-  return out;
-}
-
 // The in_proj and conv parts in their order along dim 0.
 std::vector<std::string> in_names(const std::string& prefix, const char* suffix) {
-  return names(prefix, "in_proj_", suffix, {"z", "x", "B", "C", "dt"});
+  return part_names(prefix, "in_proj_", {"z", "x", "B", "C", "dt"}, suffix);
 }
 std::vector<std::string> conv_names(const std::string& prefix, const char* suffix) {
-  return names(prefix, "conv_", suffix, {"x", "B", "C"});
+  return part_names(prefix, "conv_", {"x", "B", "C"}, suffix);
 }
 
 }  // namespace

@@ -17,9 +17,12 @@
 namespace engine {
 namespace {
 
-int kind_index(char letter) { return letter == 'E' ? 1 : letter == 'M' ? 2 : letter == 'S' ? 3 : 0; }
-constexpr int kKinds = 4;
-constexpr const char* kKindNames[kKinds] = {"attention + MLP", "attention + experts", "Mamba", "Mamba-2"};
+int kind_index(char letter) {
+  return letter == 'E' ? 1 : letter == 'M' ? 2 : letter == 'S' ? 3 : letter == 'G' ? 4 : 0;
+}
+constexpr int kKinds = 5;
+constexpr const char* kKindNames[kKinds] = {"attention + MLP", "attention + experts", "Mamba", "Mamba-2",
+                                            "Gated DeltaNet + MLP"};
 
 // An integer-valued double exactly below 1e15, else in %.3g.
 std::string num(double v) {
@@ -33,10 +36,10 @@ std::string num(double v) {
 // blocks [s L / S, (s + 1) L / S) as Transformer::stage_plan splits them), the first index of
 // each kind, and whether the rank holds the embedding (stage 0) and the head (stage S - 1).
 struct RankLayers {
-  double count[kKinds] = {0, 0, 0, 0};
-  int first[kKinds] = {-1, -1, -1, -1};
+  double count[kKinds] = {0, 0, 0, 0, 0};
+  int first[kKinds] = {-1, -1, -1, -1, -1};
   bool embedding = false, head = false;
-  double total() const { return count[0] + count[1] + count[2] + count[3]; }
+  double total() const { return count[0] + count[1] + count[2] + count[3] + count[4]; }
 };
 
 RankLayers rank_layers(const ModelConfig& m, int pp, int k, int r) {
@@ -162,7 +165,7 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   const int tp = std::max(1, p.tp), dp = std::max(1, p.dp), pp = std::max(1, p.pp);
   const RankLayers layers = rank_layers(m, pp, std::max(1, d.stages_per_rank), p.pp_rank);
 
-  double block_params[kKinds] = {0, 0, 0, 0};
+  double block_params[kKinds] = {0, 0, 0, 0, 0};
   double trainable = 0;
   const double params = rank_parameters(c, m, layers, tp, block_params, &trainable);
   const bool moe = layers.count[1] > 0, mamba = layers.count[2] + layers.count[3] > 0;
@@ -172,7 +175,7 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   MemoryEstimate est;
   std::string model_keys = str_cat("model.vocab_size ", m.vocab_size, ", model.hidden_size ", m.hidden_size,
                                    ", model.num_layers ", m.num_layers, " (", num(layers.total()), " on this rank)");
-  if (layers.count[0] + layers.count[1] > 0) model_keys += str_cat(", model.ffn_hidden_size ", m.ffn_hidden_size);
+  if (layers.count[0] + layers.count[1] + layers.count[4] > 0) model_keys += str_cat(", model.ffn_hidden_size ", m.ffn_hidden_size);
   if (moe) model_keys += str_cat(", model.num_experts ", m.num_experts);
   if (mamba) model_keys += str_cat(", model.mamba_expand ", m.mamba_expand);
   if (tp > 1) model_keys += str_cat(", distributed.tensor_parallel ", tp);
@@ -207,7 +210,7 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   const double attention = T * (2 * H + 2 * Hkv + (m.qk_norm ? H + Hkv : 0)) * D / tp;
   double per_block[kKinds];
   if (c.training.recompute_activations) {
-    per_block[0] = per_block[1] = per_block[2] = per_block[3] = Tsp * C;  // the block's output only
+    per_block[0] = per_block[1] = per_block[2] = per_block[3] = per_block[4] = Tsp * C;  // the block's output
   } else {
     per_block[0] = 4 * Tsp * C + attention + T * F * (glu + 1) / tp;                        // + MLP h, a
     const double Fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : F, Fs = m.moe_shared_expert_ffn_size;
@@ -221,6 +224,11 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
     per_block[3] = 2 * Tsp * C + T * (3 * Di + 2 * GN + heads) / tp +
                    std::ceil(T / static_cast<double>(layers::Mamba2Config{}.chunk_len)) * Di * m.mamba_d_state / tp *
                        4 / a;
+    // Gated DeltaNet + MLP: the attention block's residual tensors and MLP, the in_proj output
+    // [q | k | v | z | b | a], o and the norm's rstd in place of q, k, v and the attention output.
+    const double qk = static_cast<double>(m.gdn_num_key_heads) * m.gdn_key_head_dim,
+                 vw = static_cast<double>(m.gdn_num_value_heads) * m.gdn_value_head_dim;
+    per_block[4] = 4 * Tsp * C + T * (2 * qk + 3 * vw + 3.0 * m.gdn_num_value_heads) / tp + T * F * (glu + 1) / tp;
   }
   double per_micro = layers.embedding ? Tsp * C : 0;  // the embedding's output
   for (int i = 0; i < kKinds; ++i) per_micro += layers.count[i] * per_block[i];
@@ -274,7 +282,7 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   // A distillation teacher: its whole model on the ranks of the student's last stage (split over
   // the same tensor-parallel group), weights only (it runs forward, no gradients or state).
   if (teacher && layers.head) {
-    double teacher_blocks[kKinds] = {0, 0, 0, 0};
+    double teacher_blocks[kKinds] = {0, 0, 0, 0, 0};
     const double n = rank_parameters(c, *teacher, rank_layers(*teacher, 1, 1, 0), tp, teacher_blocks);
     est.parts.push_back({"teacher", false, n * a,
                          str_cat(num(n), " teacher parameters on this rank x ", num(a), " bytes (", dtype,

@@ -5,39 +5,16 @@
 // check the dtype themselves. The CPU reference also checks cu_seqlens' values (it reads them on
 // the host); the CUDA launchers their kernels' limits.
 #include "ops/mamba.h"
-#include "ops/ssd.h"
 
 #include <utility>
+
+#include "ops/block_checks.h"
+#include "ops/ssd.h"
 
 namespace engine::ops {
 namespace {
 
-// Defined and of shape s, any dtype.
-void expect_sized(const Tensor& t, const Shape& s, const char* op, const char* name) {
-  expect_defined(t, op, name);
-  expect_shape(t, s, op, name);
-}
-
-// A column block of `rows` rows and `width` columns of `dtype` inside its 2-D tensor.
-void expect_block(const ColumnBlock& b, DType dtype, int64_t rows, int64_t width, const char* op,
-                  const char* name) {
-  expect_defined(b.base, op, name);
-  expect_dtype(b.base, dtype, op, name);
-  ENSURE(b.base.ndim() == 2, op, ": ", name, " must be a 2-D tensor, got shape ",
-         b.base.shape.str());
-  ENSURE(b.rows() == rows, op, ": ", name, " has ", b.rows(), " rows, expected ", rows);
-  ENSURE(b.width == width, op, ": ", name, " has ", b.width, " columns, expected ", width);
-  ENSURE(b.col >= 0 && b.col + b.width <= b.ld(), op, ": ", name, " columns [", b.col, ", ",
-         b.col + b.width, ") outside its tensor of ", b.ld(), " columns");
-}
-
-// cu_seqlens (S + 1) i32; its values are the backends' (the CPU reads them, the GPU does not).
-void check_cu_seqlens(const Tensor& cu, const char* op) {
-  expect_defined(cu, op, "cu_seqlens");
-  expect_dtype(cu, DType::I32, op, "cu_seqlens");
-  ENSURE(cu.ndim() == 1 && cu.numel() >= 1, op, ": cu_seqlens must be (S + 1), got shape ",
-         cu.shape.str());
-}
+using namespace block_checks;
 
 struct ConvShape {
   int64_t tokens, channels, k;

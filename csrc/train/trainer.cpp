@@ -268,8 +268,8 @@ void Trainer::init_teacher(const ModelLayout& student, DType compute) {
     if (tc.lora.rank > 0)  // its checkpoint holds the adapters only (core/params.h)
       RAISE(config_.where("distillation.teacher"), d.teacher, ": a LoRA run's checkpoint is no teacher; export it "
             "merged (./train CONFIG --export-hf DIR) and name that folder");
-    if (config_.batch.micro_sequence_length > 0 && block_layout(tc).find_first_of("MS") != std::string::npos)
-      RAISE(config_.where("distillation.teacher"), d.teacher, ": a teacher with Mamba or Mamba-2 blocks cannot run on ",
+    if (config_.batch.micro_sequence_length > 0 && block_layout(tc).find_first_of("MSG") != std::string::npos)
+      RAISE(config_.where("distillation.teacher"), d.teacher, ": a teacher with Mamba, Mamba-2 or Gated DeltaNet blocks cannot run on ",
             "micro-sequences (batch.micro_sequence_length = ", config_.batch.micro_sequence_length,
             "): its scan state would have to pass from chunk to chunk");
     if (tc.vocab_size != config_.model.vocab_size)

@@ -13,6 +13,21 @@ void set_tiny_mamba2(ModelConfig& c) {
   c.mamba_conv_bias = true;
 }
 
+void set_tiny_gdn(ModelConfig& c) {
+  c.gdn_num_key_heads = 1;
+  c.gdn_num_value_heads = 2;
+  c.gdn_key_head_dim = 3;
+  c.gdn_value_head_dim = 4;
+  c.gdn_conv_kernel = 3;
+}
+
+void set_tiny_layout(ModelConfig& c, const std::string& layout) {
+  c.hybrid_layout = layout;
+  c.num_layers = static_cast<int>(layout.size());
+  set_tiny_mamba2(c);
+  set_tiny_gdn(c);
+}
+
 ModelConfig tiny_model(ModelFamily family) {
   ModelConfig c;
   c.family = family;

@@ -14,6 +14,11 @@ ModelConfig tiny_model(ModelFamily family);
 // The Mamba-2 keys of tiny_model(Mamba2): 4 heads of 7 in 2 groups of 3 states (for hybrid
 // layouts with S blocks too).
 void set_tiny_mamba2(ModelConfig& c);
+// The Gated DeltaNet keys of a tiny model with G blocks: 2 value heads of 4 over a key head of 3.
+void set_tiny_gdn(ModelConfig& c);
+// A hybrid layout in place of tiny_model(Hybrid)'s (num_layers its length), with the tiny
+// Mamba-2 and Gated DeltaNet keys.
+void set_tiny_layout(ModelConfig& c, const std::string& layout);
 
 // Overwrites every weight with normal(0, std) from the test seed (so biases and norm weights are
 // generic, not 0 and 1, in gradient checks).

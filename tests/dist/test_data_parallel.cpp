@@ -93,6 +93,12 @@ TEST_CASE("data parallel ZeRO 3 reproduces one rank: Mamba-2 blocks (grouped B a
                {"model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.mamba_d_state=8", "model.mamba_d_conv=3"});
 }
 
+TEST_CASE("data parallel ZeRO 3 reproduces one rank: Gated DeltaNet blocks (value heads sharing key heads)") {
+  compare_runs("hybrid", 3, 2, world(), "cpu", 1e-5,
+               {"model.hybrid_layout=\"GAG\"", "model.num_layers=3", "model.gdn_num_key_heads=1",
+                "model.gdn_num_value_heads=2", "model.gdn_key_head_dim=4", "model.gdn_value_head_dim=6"});
+}
+
 TEST_CASE("data parallel ZeRO 1 and 3 reproduce one rank with LoRA (frozen base, resident; adapters sharded)") {
   const std::vector<std::string> lora = {"lora.rank=4", "lora.alpha=6",
                                          "lora.targets=[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]",

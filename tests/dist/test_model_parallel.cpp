@@ -162,6 +162,14 @@ std::vector<std::string> mamba2(std::vector<std::string> more = {}) {
   return o;
 }
 
+// Gated DeltaNet blocks: 4 value heads of 6 over 2 key heads of 4 (tp2: a key head each).
+std::vector<std::string> gdn(std::vector<std::string> more = {}) {
+  std::vector<std::string> o = {"model.gdn_num_key_heads=2", "model.gdn_num_value_heads=4", "model.gdn_key_head_dim=4",
+                                "model.gdn_value_head_dim=6", "model.gdn_conv_kernel=3"};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+
 // Pipeline layouts: 4 blocks, global batch 8 in micro-batches of 2 (4 per dp rank at dp 1).
 const std::vector<std::string> kFourLayers = {"model.num_layers=4"};
 std::vector<std::string> pp(int p, int per_rank, const char* schedule, std::vector<std::string> more = {}) {
@@ -187,6 +195,7 @@ std::vector<Case> pipeline_cases_for(int n) {
                                                        "model.moe_aux_loss_coef=0.01"})},
               {"qwen2_moe", 1, pp(2, 1, "breadth_first", qwen2_moe("EAEE"))},
               {"mamba2", 1, pp(2, 2, "breadth_first", mamba2())},
+              {"hybrid", 1, pp(2, 1, "breadth_first", gdn(mamba2({"model.hybrid_layout=\"GSAG\""})))},
               {"qwen3_moe", 1, pp(2, 2, "breadth_first", qwen3_moe("EEAE"))},
               // activation recomputation with interleaved stages and micro-sequences
               {"llama", 1, pp(2, 2, "breadth_first", {"training.recompute_activations=true",
@@ -246,7 +255,10 @@ std::vector<Case> cases_for(int n) {
               {"qwen3_moe", 2, qwen3_moe("EA", {"distributed.sequence_parallel=true"})},
               // Mamba-2: heads and groups split, the gated norm's row sums reduced over the group
               {"mamba2", 2, mamba2({"distributed.sequence_parallel=true"})},
-              {"hybrid", 2, mamba2({"model.hybrid_layout=\"SAS\"", "model.num_layers=3", "model.mamba_proj_bias=true"})}};
+              {"hybrid", 2, mamba2({"model.hybrid_layout=\"SAS\"", "model.num_layers=3", "model.mamba_proj_bias=true"})},
+              // Gated DeltaNet: key and value heads split, the shared head-norm weight's gradient summed
+              {"hybrid", 2, gdn({"model.hybrid_layout=\"GAG\"", "model.num_layers=3", "distributed.sequence_parallel=true"})},
+              {"hybrid", 2, gdn({"model.hybrid_layout=\"GG\""})}};
     case 3:
       return {{"llama", 3, sp}, {"gpt2", 3, {}}};
     case 4:

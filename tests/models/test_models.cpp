@@ -1,5 +1,5 @@
 // Whole-model checks: fp64 finite differences over all parameters of tiny gpt2, llama, mistral,
-// mixtral, mamba, mamba2 and hybrid (Mamba, Mamba-2, MoE and attention blocks) models on packed documents; the parameter table's names, shapes and adjacency.
+// mixtral, mamba, mamba2 and hybrid (Mamba, Mamba-2, Gated DeltaNet, MoE and attention blocks) models on packed documents; the parameter table's names, shapes and adjacency.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -25,15 +25,12 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
                                   {ModelFamily::Hybrid, false},  {ModelFamily::Mamba, false, true},
                                   {ModelFamily::Hybrid, false, true}, {ModelFamily::Qwen2Moe, false},
                                   {ModelFamily::Qwen3Moe, false}, {ModelFamily::Mamba2, false},
-                                  {ModelFamily::Mamba2, false, true}, {ModelFamily::Hybrid, false, false, "SAS"}}) {
+                                  {ModelFamily::Mamba2, false, true}, {ModelFamily::Hybrid, false, false, "SAS"},
+                                  {ModelFamily::Hybrid, false, false, "GAG"}, {ModelFamily::Hybrid, false, false, "SGE"}}) {
     ModelConfig c = tiny_model(k.family);
     c.mamba_proj_bias = k.mamba_proj_bias;
     if (k.family == ModelFamily::Mamba2) c.mamba_conv_bias = !k.mamba_proj_bias;  // both conv bias states
-    if (k.layout) {
-      c.hybrid_layout = k.layout;
-      c.num_layers = static_cast<int>(std::strlen(k.layout));
-      set_tiny_mamba2(c);
-    }
+    if (k.layout) set_tiny_layout(c, k.layout);
     CAPTURE(k.layout ? k.layout : "");
     CAPTURE(std::string(family_name(k.family)));
     CAPTURE(k.cross_document);

@@ -1,6 +1,6 @@
 // Packed training equals training each document alone: a packed micro-batch gives the same
 // per-document losses and the same parameter gradients as running every document piece as its
-// own sequence (fp64, CPU; attention, Mamba, Mamba-2 and hybrid Mamba + MoE + attention models: the
+// own sequence (fp64, CPU; attention, Mamba, Mamba-2, Gated DeltaNet and hybrid Mamba + MoE + attention models: the
 // conv window and the scan state restart at each document). Cases: 1-token documents, a document filling a whole sequence, a
 // document cut at the sequence end (its continuation starts the next sequence), many documents.
 #include <doctest/doctest.h>
@@ -43,10 +43,19 @@ Sample piece(const Sample& s, int a, int b) {
 
 TEST_CASE("packed documents train exactly like documents alone (per-document losses and gradients)") {
   const int S = 12;
-  for (ModelFamily f : {ModelFamily::GPT2, ModelFamily::Llama, ModelFamily::Mistral, ModelFamily::Qwen3,
-                        ModelFamily::Mamba, ModelFamily::Mamba2, ModelFamily::Hybrid, ModelFamily::Qwen2Moe, ModelFamily::Qwen3Moe}) {
+  struct Case {
+    ModelFamily family;
+    const char* layout = nullptr;  // a hybrid layout in place of tiny_model's
+  };
+  for (const Case k : std::vector<Case>{{ModelFamily::GPT2}, {ModelFamily::Llama}, {ModelFamily::Mistral},
+                                        {ModelFamily::Qwen3}, {ModelFamily::Mamba}, {ModelFamily::Mamba2},
+                                        {ModelFamily::Hybrid}, {ModelFamily::Hybrid, "GSG"}, {ModelFamily::Qwen2Moe},
+                                        {ModelFamily::Qwen3Moe}}) {
+    const ModelFamily f = k.family;
     CAPTURE(std::string(family_name(f)));
+    CAPTURE(k.layout ? k.layout : "");
     ModelConfig c = tiny_model(f);
+    if (k.layout) set_tiny_layout(c, k.layout);
     // (the MoE blocks without auxiliary losses: load balancing is a statistic of the whole
     // batch, not of each document; the routing and the shared expert are per token)
     c.moe_aux_loss_coef = c.moe_z_loss_coef = 0;

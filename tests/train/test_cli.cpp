@@ -198,7 +198,7 @@ std::string python_with(const std::string& module) {
 }
 }  // namespace
 
-TEST_CASE("demo data: the tiny configs (gpt2, llama, mixtral, mamba, mamba2, hybrid) learn the demo corpus through ./train" *
+TEST_CASE("demo data: the tiny configs (gpt2, llama, mixtral, mamba, mamba2, linear-hybrid, hybrid) learn the demo corpus through ./train" *
           doctest::test_suite("full")) {
   if (!has_train_binary()) return;
   const std::string python = python_with("json");
@@ -211,9 +211,9 @@ TEST_CASE("demo data: the tiny configs (gpt2, llama, mixtral, mamba, mamba2, hyb
   REQUIRE(std::system((python + " scripts/make_demo_corpus.py --documents 600 " + (dir / "corpus.jsonl").string() +
                        " >/dev/null && " + python + " scripts/prepare_data.py " + (dir / "corpus.jsonl").string() +
                        " --output " + (dir / "demo").string() + " >/dev/null").c_str()) == 0);
-  // The six runs at once, one thread each (the CPU Mamba blocks keep one core busy for seconds).
+  // The seven runs at once, one thread each (the CPU Mamba blocks keep one core busy for seconds).
   const std::vector<std::string> names = {"tiny-gpt2", "tiny-llama", "tiny-mixtral", "tiny-mamba", "tiny-mamba2",
-                                          "tiny-hybrid"};
+                                          "tiny-linear-hybrid", "tiny-hybrid"};
   const std::string out = (dir / "runs").string();
   std::vector<std::future<Result>> runs;
   for (const std::string& name : names)

@@ -78,7 +78,8 @@ TEST_CASE("memory estimate: the tiny configs and the tests' runs pass the check 
   CHECK_NOTHROW(check_memory(tiny_run_config("hybrid", kHybrid), RankPlacement{}, {h}, 0));
   // The repository's tiny configs as `make demo` and the README run them.
   for (const char* name : {"tiny-gpt2", "tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-mixtral", "tiny-qwen2-moe",
-                           "tiny-qwen3-moe", "tiny-mamba", "tiny-mamba2", "tiny-hybrid"}) {
+                           "tiny-qwen3-moe", "tiny-mamba", "tiny-mamba2", "tiny-linear-hybrid",
+                           "tiny-hybrid"}) {
     CAPTURE(name);
     const Config c = load_config(std::string("configs/") + name + ".toml", {"run.device=\"cpu\""});
     CHECK_NOTHROW(check_memory(c, RankPlacement{}, {h}, 0));

@@ -1,7 +1,8 @@
-// model.family = "mamba2" and the S letter of model.hybrid_layout: the preset (d_state 128,
-// untied), the Mamba-2 keys and their checks (head_dim dividing expand x hidden_size, n_groups
+// The linear-time mixers' keys. model.family = "mamba2" and the S letter of model.hybrid_layout:
+// the preset (d_state 128, untied), the Mamba-2 keys and their checks (head_dim dividing expand x hidden_size, n_groups
 // dividing the heads, the delta clamp, tensor parallelism over groups), keys a model without S
 // blocks refuses, the round trip through config_to_toml, and each error naming its key.
+// The G letter (Gated DeltaNet + MLP): its defaults and the checks of its keys.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -93,4 +94,40 @@ TEST_CASE("config: the Mamba-2 keys are checked, naming the key") {
   CHECK_NOTHROW(parse(doc("mamba_d_state = 64\n")));
   CHECK(mentions(error_of(doc("hybrid_layout = \"SM\"\nmamba_d_state = 64\n", "hybrid")),
                  {"model.mamba_d_state", "at most 16", "Mamba (M)"}));
+}
+
+TEST_CASE("config: the G letter (Gated DeltaNet + MLP) takes Qwen3-Next's defaults and checks its keys") {
+  const Config c = parse(doc("hybrid_layout = \"GA\"\nnum_heads = 4\n", "hybrid"));
+  CHECK(block_layout(c.model) == "GA");
+  CHECK(c.model.gdn_num_key_heads == 16);
+  CHECK(c.model.gdn_num_value_heads == 32);
+  CHECK(c.model.gdn_key_head_dim == 128);
+  CHECK(c.model.gdn_value_head_dim == 128);
+  CHECK(c.model.gdn_conv_kernel == 4);
+  CHECK(parse(config_to_toml(c)) == c);
+  const std::string g = "hybrid_layout = \"GA\"\nnum_heads = 4\n";
+  struct Case {
+    const char* what;
+    std::string text;
+    std::vector<std::string> overrides;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"value heads not a multiple", doc(g + "gdn_num_key_heads = 3\ngdn_num_value_heads = 4\n", "hybrid"), {},
+       {"model.gdn_num_value_heads", "multiple", "3"}},
+      {"zero key dim", doc(g + "gdn_key_head_dim = 0\n", "hybrid"), {}, {"model.gdn_key_head_dim"}},
+      {"conv kernel above the CUDA kernel's", doc(g + "gdn_conv_kernel = 6\n", "hybrid"), {},
+       {"model.gdn_conv_kernel", "at most 4"}},
+      {"keys without G blocks", doc("gdn_num_key_heads = 2\n"), {}, {"model.gdn_num_key_heads", "no Gated DeltaNet (G)"}},
+      {"key heads not split by tensor parallelism", doc(g + "gdn_num_key_heads = 3\ngdn_num_value_heads = 6\n", "hybrid"),
+       {"distributed.tensor_parallel=2"}, {"distributed.tensor_parallel", "model.gdn_num_key_heads"}},
+      {"micro-sequences", doc(g, "hybrid"), {"batch.micro_sequence_length=16"},
+       {"batch.micro_sequence_length", "Gated DeltaNet"}},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.what);
+    const std::string e = error_of(k.text, k.overrides);
+    INFO(e);
+    CHECK(mentions(e, k.expect));
+  }
 }
