@@ -231,6 +231,8 @@ std::string architecture(const ModelConfig& c) {
     case ModelFamily::Mamba2:
       need(c.norm == NormKind::RMSNorm, "mamba2", "norm", norm_name(c.norm), "HF Mamba-2 uses rmsnorm");
       need(!c.bias, "mamba2", "bias", "true", "HF Mamba-2's norms have no bias (use_bias is model.mamba_proj_bias)");
+      need(!c.mamba_norm_per_group || c.mamba_n_groups == 1, "mamba2", "mamba_norm_per_group", "true",
+           "transformers' Mamba2Mixer normalises the whole inner width, and Mamba2Config has no key for groups");
       return "Mamba2ForCausalLM";
     case ModelFamily::Hybrid:
       need(false, "hybrid", "family", "hybrid",

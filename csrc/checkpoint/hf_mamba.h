@@ -8,7 +8,10 @@
 // {"__float__": "Infinity"}, also read) when there is none. Keys that do not change the
 // model (chunk_size: the kernels' chunks; time_step_rank: unused by the mixer; residual_in_fp32;
 // the dt init range) are read as the engine does them or not at all; keys with values it cannot
-// represent are refused, naming the key.
+// represent are refused, naming the key. transformers' gated norm spans the whole inner width;
+// mamba_ssm's Mamba2 (with which the published n_groups > 1 checkpoints were trained) normalises
+// each group: importing one of those, set model.mamba_norm_per_group = true (config.json has no
+// key for it, so the import cannot tell); an export with it and n_groups > 1 is refused.
 #pragma once
 #include <string>
 

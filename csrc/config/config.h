@@ -140,6 +140,8 @@ struct ModelConfig {
   int mamba_n_groups = 1;          // G groups of B and C, each read by heads / G heads
   double mamba_dt_limit_min = 0.0;  // the clamp of softplus(dt + dt_bias) (HF time_step_limit)
   double mamba_dt_limit_max = 0.0;  // 0: no upper limit
+  bool mamba_norm_per_group = false;  // the gated norm over each group's channels (mamba_ssm's
+                                      // Mamba2), not the whole inner width (transformers')
   // Gated DeltaNet (G blocks; Qwen3NextConfig's linear_* defaults).
   int gdn_num_key_heads = 16;     // Hk heads of q and k
   int gdn_num_value_heads = 32;   // Hv heads of v (a multiple of Hk)

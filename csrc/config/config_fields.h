@@ -150,6 +150,7 @@ void visit_fields(C& c, V& v) {
   v.field("mamba_n_groups", c.model.mamba_n_groups);
   v.field("mamba_dt_limit_min", c.model.mamba_dt_limit_min);
   v.field("mamba_dt_limit_max", c.model.mamba_dt_limit_max);
+  v.field("mamba_norm_per_group", c.model.mamba_norm_per_group);
   v.field("gdn_num_key_heads", c.model.gdn_num_key_heads);
   v.field("gdn_num_value_heads", c.model.gdn_num_value_heads);
   v.field("gdn_key_head_dim", c.model.gdn_key_head_dim);

@@ -247,7 +247,8 @@ struct Checker {
       unused_keys({{"model.mamba_head_dim", m.mamba_head_dim != d.mamba_head_dim},
                    {"model.mamba_n_groups", m.mamba_n_groups != d.mamba_n_groups},
                    {"model.mamba_dt_limit_min", m.mamba_dt_limit_min != d.mamba_dt_limit_min},
-                   {"model.mamba_dt_limit_max", m.mamba_dt_limit_max != d.mamba_dt_limit_max}},
+                   {"model.mamba_dt_limit_max", m.mamba_dt_limit_max != d.mamba_dt_limit_max},
+                   {"model.mamba_norm_per_group", m.mamba_norm_per_group != d.mamba_norm_per_group}},
                   "Mamba-2 (S)");
     }
     if (gdn) {
@@ -400,7 +401,7 @@ struct Checker {
     const ModelConfig& m = c.model;
     // Each tensor-parallel rank holds whole heads, an equal part of the MLP and of the vocabulary.
     // (Mamba blocks: the inner dimension, expand x hidden_size; Mamba-2: also the groups of B and C.)
-    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "MSG");
+    const bool attention = has_block_kind(m, "AE"), mamba = has_block_kind(m, "MS");
     const bool dense = has_block_kind(m, "AG"), moe = has_block_kind(m, "E");
     const std::pair<const char*, int64_t> split[] = {{"model.num_heads", attention ? m.num_heads : 0},
                                                      {"model.num_kv_heads", attention ? m.num_kv_heads : 0},
@@ -445,7 +446,7 @@ struct Checker {
     if (msl > 0 && c.data.sequence_length % msl != 0)
       RAISE(c.where("batch.micro_sequence_length"), "must divide data.sequence_length (", c.data.sequence_length,
             "), got ", msl);
-    if (msl > 0 && mamba)
+    if (msl > 0 && has_block_kind(m, "MSG"))
       RAISE(c.where("batch.micro_sequence_length"), "is not supported with Mamba, Mamba-2 or Gated DeltaNet blocks (the state would have "
                                                    "to pass from chunk to chunk); use 0");
     if (msl > 0 && d.sequence_parallel && tp > 1 && msl % tp != 0)
@@ -490,6 +491,9 @@ struct Checker {
     if (t.sample_every > 0 && (dist.tensor_parallel > 1 || dist.pipeline_parallel > 1 || dist.zero_stage == 3))
       RAISE(c.where("training.sample_every"), "needs every weight on rank 0: not with tensor_parallel, "
             "pipeline_parallel > 1 or zero_stage 3 (use --generate on a checkpoint)");
+    if (t.sample_every > 0 && has_block_kind(c.model, "SG"))
+      RAISE(c.where("training.sample_every"), "text generation does not support Mamba-2 (S) or Gated DeltaNet (G) "
+            "blocks yet (no one-token step of their scans); use 0");
     if (t.eval_every > 0 && c.data.valid.empty() && c.data.valid_fraction == 0)
       RAISE(c.where("training.eval_every"),
             "validation needs data: set data.valid or data.valid_fraction > 0");

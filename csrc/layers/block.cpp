@@ -64,6 +64,7 @@ Mamba2Config mamba2_config(const ModelConfig& c) {
   m.norm_eps = c.norm_eps;
   m.dt_limit_min = c.mamba_dt_limit_min;
   m.dt_limit_max = c.mamba_dt_limit_max;
+  m.norm_per_group = c.mamba_norm_per_group;
   m.init_std = c.init_std;
   m.num_layers = c.num_layers;
   return m;

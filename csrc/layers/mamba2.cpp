@@ -28,6 +28,7 @@ Mamba2::Mamba2(const ParamStore& store, const std::string& prefix, const Mamba2C
       groups_(c.n_groups / store.table().tp_size()),
       chunk_(c.chunk_len),
       eps_(static_cast<float>(c.norm_eps)),
+      norm_per_group_(c.norm_per_group),
       dt_lo_(c.dt_limit_min),
       dt_hi_(c.dt_limit_max) {
   w_in_ = adjacent_rows(store, in_names(prefix, ""));
@@ -100,7 +101,10 @@ ops::SsdArgs Mamba2::scan_args(const Mamba2Saved& s, const Tensor& xbc_out, cons
 }
 
 void Mamba2::normed(const Mamba2Saved& s, const Tensor& out) const {
-  ops::gated_rmsnorm_forward(s.y, z(s.zxbcdt), norm_.w(), s.sumsq, di_total_, eps_, out);
+  const int64_t w = norm_width();
+  for (int64_t j = 0; j < norm_parts(); ++j)
+    ops::gated_rmsnorm_forward(part(s.y, j), part(s.zxbcdt, j), norm_.w().slice(j * w, (j + 1) * w),
+                               stat_row(s.sumsq, j), norm_total(), eps_, part(out, j));
 }
 
 void Mamba2::forward(const Env& env, const Tensor& xn, const Tensor& y, const SegmentInfo& seg,
@@ -117,9 +121,10 @@ void Mamba2::forward(const Env& env, const Tensor& xn, const Tensor& y, const Se
   s.states = env.stat_tensor({ops::scan_num_chunks(T, chunk_), h_, p_, gn_ / groups_});
   ops::ssd_scan_forward(scan_args(s, conv, seg), s.y, s.states);
   conv = Owned{};
-  s.sumsq = env.stat_tensor({T});
-  ops::gated_rmsnorm_sumsq(s.y, z(s.zxbcdt), s.sumsq);
-  if (env.tp_size() > 1) env.tp->all_reduce(s.sumsq);  // the whole row's sum over the split channels
+  s.sumsq = env.stat_tensor({norm_parts(), T});
+  for (int64_t j = 0; j < norm_parts(); ++j) ops::gated_rmsnorm_sumsq(part(s.y, j), part(s.zxbcdt, j), stat_row(s.sumsq, j));
+  // The whole row's sum over the split channels (per group: the rank's groups are whole).
+  if (env.tp_size() > 1 && !norm_per_group_) env.tp->all_reduce(s.sumsq);
   Owned yn = env.act_tensor({T, di_});
   normed(s, yn);
   row_linear_forward(env, yn, w_out_.w(), b_out_, y);
@@ -144,12 +149,17 @@ void Mamba2::backward_except_out_bias(const Env& env, const Tensor& dy, const Te
     linear_backward(env.row(), dy_full, yn, w_out_.w(), dyn, w_out_.g(), {});
   }
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows)
-  Owned dot = env.stat_tensor({T});
-  ops::gated_rmsnorm_dot(dyn, s.y, z(s.zxbcdt), norm_.w(), dot);
-  if (env.tp_size() > 1) env.tp->all_reduce(dot);
+  const int64_t nw = norm_width();
+  Owned dot = env.stat_tensor({norm_parts(), T});
+  for (int64_t j = 0; j < norm_parts(); ++j)
+    ops::gated_rmsnorm_dot(part(dyn, j), part(s.y, j), part(s.zxbcdt, j), norm_.w().slice(j * nw, (j + 1) * nw),
+                           stat_row(dot, j));
+  if (env.tp_size() > 1 && !norm_per_group_) env.tp->all_reduce(dot);
   Owned dzxbcdt = env.act_tensor({T, width()}), dys = env.act_tensor({T, di_});
-  ops::gated_rmsnorm_backward(dyn, s.y, z(s.zxbcdt), norm_.w(), s.sumsq, dot, di_total_, eps_, dys, z(dzxbcdt),
-                              norm_.g());
+  for (int64_t j = 0; j < norm_parts(); ++j)
+    ops::gated_rmsnorm_backward(part(dyn, j), part(s.y, j), part(s.zxbcdt, j), norm_.w().slice(j * nw, (j + 1) * nw),
+                                stat_row(s.sumsq, j), stat_row(dot, j), norm_total(), eps_, part(dys, j),
+                                part(dzxbcdt, j), norm_.g().slice(j * nw, (j + 1) * nw));
   dyn = Owned{};
   Owned conv = env.act_tensor({T, di_ + 2 * gn_}), dconv = env.act_tensor({T, di_ + 2 * gn_});
   ops::causal_conv1d_forward(xbc(s.zxbcdt), conv_w_.w(), conv_b_.w(), seg.cu_seqlens, true, conv);

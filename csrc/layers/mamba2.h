@@ -4,6 +4,8 @@
 //   [x | B | C] = silu(causal_conv1d([x | B | C]))  depthwise, kernel K, per document (ops/mamba.h)
 //   y_ssm = ssd_scan(x, dt, A_log, B, C, D, dt_bias)  (softplus, the delta clamp, D skip; ops/ssd.h)
 //   y_n = gated_rmsnorm(y_ssm, z) = norm v / rms(v), v = y_ssm silu(z), over all Di channels
+//         (transformers' Mamba2Mixer), or with norm_per_group over each group's Di / G channels
+//         (mamba_ssm's Mamba2 module, which the published n_groups > 1 checkpoints were trained with)
 //   y = y_n W_out^T (+ b_out)
 // H = Di / P heads of P channels, G groups of N states (heads h of group h / (H / G)).
 // Parameters under the prefix (full shapes; HF names in brackets):
@@ -24,9 +26,10 @@
 // Tensor parallelism (parallel/tensor_parallel.h): heads and groups are split (G divisible by
 // the tensor-parallel size; every rank's heads read its own groups). in_proj is column-parallel
 // (each of z, x, B, C, dt split, adjacent per rank), conv, dt_bias, A_log, D and the norm weight
-// split along their channels, out_proj row-parallel. The norm's row statistics (sum of squares
-// forward, sum of dout weight v backward) are all-reduced over the group, so every rank
-// normalises by the whole row. With sequence parallelism xn, y, dy, dxn are the rank's token
+// split along their channels, out_proj row-parallel. Over the whole row, the norm's row
+// statistics (sum of squares forward, sum of dout weight v backward) are all-reduced over the
+// group, so every rank normalises by the whole row; per group each rank holds whole groups and
+// reduces nothing. With sequence parallelism xn, y, dy, dxn are the rank's token
 // shard; the mixer itself runs on all tokens.
 #pragma once
 #include <string>
@@ -47,6 +50,7 @@ struct Mamba2Config {
   bool conv_bias = true;
   bool proj_bias = false;
   double norm_eps = 1e-5;
+  bool norm_per_group = false;
   double dt_limit_min = 0.0, dt_limit_max = 0.0;  // the delta clamp (max 0: none above)
   double init_std = 0.02;
   double dt_min = 0.001, dt_max = 0.1, dt_init_floor = 1e-4;
@@ -58,7 +62,7 @@ struct Mamba2Config {
 struct Mamba2Saved {
   Owned zxbcdt;  // (T, 2 Di + 2 G N + H): the in_proj output
   Owned y;       // (T, Di) the scan's output
-  Owned sumsq;   // (T) the gated norm's row sums of squares (over the whole row)
+  Owned sumsq;   // (norm parts x T) the gated norm's sums of squares (over the whole row or a group)
   Owned states;  // (chunks, H, P, N)
 };
 
@@ -86,11 +90,19 @@ class Mamba2 {
   ops::ColumnBlock dt(const Tensor& zxbcdt) const { return {zxbcdt, 2 * di_ + 2 * gn_, h_}; }
   int64_t width() const { return 2 * di_ + 2 * gn_ + h_; }
   ops::SsdArgs scan_args(const Mamba2Saved& s, const Tensor& xbc, const SegmentInfo& seg) const;
-  // y_n = gated_rmsnorm(y_ssm, z) from the saved row sums.
+  // The gated norm's parts of a row: the rank's Di channels (normalised by the whole row's sum),
+  // or per group one part per local group; part j's statistic is row j of a (parts, T) buffer.
+  int64_t norm_parts() const { return norm_per_group_ ? groups_ : 1; }
+  int64_t norm_width() const { return di_ / norm_parts(); }
+  int64_t norm_total() const { return norm_per_group_ ? norm_width() : di_total_; }
+  ops::ColumnBlock part(const Tensor& t, int64_t j) const { return {t, j * norm_width(), norm_width()}; }
+  static Tensor stat_row(const Tensor& stats, int64_t j) { return stats.slice(j, j + 1).view({stats.size(1)}); }
+  // y_n = gated_rmsnorm(y_ssm, z) from the saved sums.
   void normed(const Mamba2Saved& s, const Tensor& out) const;
   int64_t di_ = 0, gn_ = 0, h_ = 0;  // this tensor-parallel rank's channels, group states, heads
   int64_t di_total_ = 0, p_ = 64, groups_ = 1, chunk_ = ops::kSsdChunk;
   float eps_ = 1e-5f;
+  bool norm_per_group_ = false;
   double dt_lo_ = 0, dt_hi_ = 0;
   Param w_in_, b_in_, conv_w_, conv_b_, dt_bias_, a_log_, d_, norm_, w_out_, b_out_;
 };

@@ -80,6 +80,13 @@ TEST_CASE("hf: mamba2's in_proj stacks z, x, B, C, dt and conv1d x, B, C, as Mam
   CHECK(j["time_step_limit"][1] == "Infinity");
 }
 
+TEST_CASE("hf: mamba2 export refuses the per-group gated norm with several groups (transformers has none)") {
+  const Config c = tiny_run_config("mamba2", plus(kKeys, {"model.mamba_norm_per_group=true"}));
+  check_mentions(error_of([&] { hf::hf_config_json(c.model, "F32"); }), {"model.mamba_norm_per_group", "whole inner width"});
+  const Config one = tiny_run_config("mamba2", plus(kKeys, {"model.mamba_norm_per_group=true", "model.mamba_n_groups=1"}));
+  CHECK_NOTHROW(hf::hf_config_json(one.model, "F32"));  // one group: the same norm
+}
+
 TEST_CASE("hf: mamba2 config.json defaults, Infinity and refusals name the key") {
   const std::string dir = scratch_dir("hf-mamba2") + "/keys";
   std::unique_ptr<Model> m;

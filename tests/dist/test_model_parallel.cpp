@@ -255,6 +255,7 @@ std::vector<Case> cases_for(int n) {
               {"qwen3_moe", 2, qwen3_moe("EA", {"distributed.sequence_parallel=true"})},
               // Mamba-2: heads and groups split, the gated norm's row sums reduced over the group
               {"mamba2", 2, mamba2({"distributed.sequence_parallel=true"})},
+              {"mamba2", 2, mamba2({"model.mamba_norm_per_group=true"})},  // a group a rank: nothing reduced
               {"hybrid", 2, mamba2({"model.hybrid_layout=\"SAS\"", "model.num_layers=3", "model.mamba_proj_bias=true"})},
               // Gated DeltaNet: key and value heads split, the shared head-norm weight's gradient summed
               {"hybrid", 2, gdn({"model.hybrid_layout=\"GAG\"", "model.num_layers=3", "distributed.sequence_parallel=true"})},

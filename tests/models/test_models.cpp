@@ -18,6 +18,7 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
     bool mamba_proj_bias = false;  // the Mamba blocks' out_proj bias: its gradient is summed by
                                    // the next block's norm backward (layers/block.h)
     const char* layout = nullptr;  // a hybrid layout in place of tiny_model's
+    bool norm_per_group = false;   // Mamba-2's gated norm per group of B and C
   };
   for (Case k : std::vector<Case>{{ModelFamily::GPT2, false},   {ModelFamily::Llama, false},
                                   {ModelFamily::Llama, true},    {ModelFamily::Mistral, false}, {ModelFamily::Qwen3, false},
@@ -26,12 +27,15 @@ TEST_CASE("model gradients match finite differences (fp64, packed documents)") {
                                   {ModelFamily::Hybrid, false, true}, {ModelFamily::Qwen2Moe, false},
                                   {ModelFamily::Qwen3Moe, false}, {ModelFamily::Mamba2, false},
                                   {ModelFamily::Mamba2, false, true}, {ModelFamily::Hybrid, false, false, "SAS"},
-                                  {ModelFamily::Hybrid, false, false, "GAG"}, {ModelFamily::Hybrid, false, false, "SGE"}}) {
+                                  {ModelFamily::Hybrid, false, false, "GAG"}, {ModelFamily::Hybrid, false, false, "SGE"},
+                                  {ModelFamily::Mamba2, false, false, nullptr, true}}) {
     ModelConfig c = tiny_model(k.family);
     c.mamba_proj_bias = k.mamba_proj_bias;
     if (k.family == ModelFamily::Mamba2) c.mamba_conv_bias = !k.mamba_proj_bias;  // both conv bias states
     if (k.layout) set_tiny_layout(c, k.layout);
+    c.mamba_norm_per_group = k.norm_per_group;
     CAPTURE(k.layout ? k.layout : "");
+    CAPTURE(k.norm_per_group);
     CAPTURE(std::string(family_name(k.family)));
     CAPTURE(k.cross_document);
     CAPTURE(k.mamba_proj_bias);
