@@ -491,9 +491,6 @@ struct Checker {
     if (t.sample_every > 0 && (dist.tensor_parallel > 1 || dist.pipeline_parallel > 1 || dist.zero_stage == 3))
       RAISE(c.where("training.sample_every"), "needs every weight on rank 0: not with tensor_parallel, "
             "pipeline_parallel > 1 or zero_stage 3 (use --generate on a checkpoint)");
-    if (t.sample_every > 0 && has_block_kind(c.model, "SG"))
-      RAISE(c.where("training.sample_every"), "text generation does not support Mamba-2 (S) or Gated DeltaNet (G) "
-            "blocks yet (no one-token step of their scans); use 0");
     if (t.eval_every > 0 && c.data.valid.empty() && c.data.valid_fraction == 0)
       RAISE(c.where("training.eval_every"),
             "validation needs data: set data.valid or data.valid_fraction > 0");

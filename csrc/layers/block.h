@@ -41,10 +41,12 @@ struct BlockSaved {
   DeltaNetSaved gdn;
 };
 
-// Text generation: a block's state for one sequence (the attention's or the Mamba mixer's).
+// Text generation: a block's state for one sequence (the attention's or a mixer's).
 struct BlockCache {
   AttentionCache attn;
   MambaCache mamba;
+  Mamba2Cache mamba2;
+  DeltaNetCache gdn;
 };
 
 class Block {

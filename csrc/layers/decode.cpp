@@ -107,13 +107,64 @@ void Mamba::decode(const Env& env, const Tensor& xn, MambaCache& cache, const Te
   row_linear_forward(env, ys, w_out_.w(), b_out_, y);
 }
 
+Mamba2Cache Mamba2::new_cache(const Env& env) const {
+  Mamba2Cache c;
+  const int64_t k = conv_w_.w().size(1);
+  c.conv = zeros({k - 1, di_ + 2 * gn_}, env.act, env.device);
+  c.ssm = zeros({h_, p_, gn_ / groups_}, env.stat(), env.device);
+  return c;
+}
+
+void Mamba2::decode(const Env& env, const Tensor& xn, Mamba2Cache& cache, const Tensor& y) const {
+  expect_one_rank(env, "mamba2");
+  ENSURE(xn.ndim() == 2 && xn.size(0) == 1, "mamba2 decode: one token (1, C), got ", xn.shape.str());
+  Mamba2Saved s;  // this token's: the in_proj output, y, the norm's sums
+  s.zxbcdt = env.act_tensor({1, width()});
+  linear_forward(env.column(), xn, w_in_.w(), b_in_.w(), s.zxbcdt);
+  Owned conv = env.act_tensor({1, di_ + 2 * gn_});
+  ops::causal_conv1d_step(xbc(s.zxbcdt), cache.conv, conv_w_.w(), conv_b_.w(), true, conv);
+  ops::SsdArgs a = scan_args(s, conv, SegmentInfo{});
+  s.y = env.act_tensor({1, di_});
+  ops::ssd_scan_step(a, cache.ssm, s.y);
+  s.sumsq = env.stat_tensor({norm_parts(), 1});
+  for (int64_t j = 0; j < norm_parts(); ++j) ops::gated_rmsnorm_sumsq(part(s.y, j), part(s.zxbcdt, j), stat_row(s.sumsq, j));
+  Owned yn = env.act_tensor({1, di_});
+  normed(s, yn);
+  row_linear_forward(env, yn, w_out_.w(), b_out_, y);
+}
+
+DeltaNetCache DeltaNet::new_cache(const Env& env) const {
+  DeltaNetCache c;
+  const int64_t k = conv_w_.w().size(1);
+  c.conv = zeros({k - 1, conv_width()}, env.act, env.device);
+  c.state = zeros({hv_, dk_, dv_}, env.stat(), env.device);
+  return c;
+}
+
+void DeltaNet::decode(const Env& env, const Tensor& xn, DeltaNetCache& cache, const Tensor& y) const {
+  expect_one_rank(env, "gated deltanet");
+  ENSURE(xn.ndim() == 2 && xn.size(0) == 1, "gated deltanet decode: one token (1, C), got ", xn.shape.str());
+  DeltaNetSaved s;  // this token's: the in_proj output, o, rstd
+  s.proj = env.act_tensor({1, width()});
+  linear_forward(env.column(), xn, w_in_.w(), {}, s.proj);
+  Owned conv = env.act_tensor({1, conv_width()});
+  ops::causal_conv1d_step(ops::ColumnBlock(s.proj, 0, conv_width()), cache.conv, conv_w_.w(), {}, true, conv);
+  s.o = env.act_tensor({1, v_width()});
+  ops::gated_delta_step(delta_args(s, conv, SegmentInfo{}), cache.state, s.o);
+  s.rstd = env.act_tensor({1, hv_});
+  Owned yn = env.act_tensor({1, v_width()});
+  normed(s, yn, s.rstd);
+  row_linear_forward(env, yn, w_out_.w(), {}, y);
+}
+
 BlockCache Block::new_cache(const Env& env, int64_t capacity) const {
-  ENSURE(kind_ != BlockKind::Mamba2 && kind_ != BlockKind::DeltaNet,
-         "text generation does not support Mamba-2 (S) or Gated DeltaNet (G) blocks yet (no one-token step of their "
-         "scans); evaluate the model with ./train instead");
   BlockCache c;
   if (kind_ == BlockKind::Mamba)
     c.mamba = mamba_.new_cache(env);
+  else if (kind_ == BlockKind::Mamba2)
+    c.mamba2 = mamba2_.new_cache(env);
+  else if (kind_ == BlockKind::DeltaNet)
+    c.gdn = gdn_.new_cache(env);
   else
     c.attn = attn_.new_cache(env, capacity);
   return c;
@@ -130,8 +181,16 @@ void Block::decode(const Env& env, const Tensor& x, const Tensor& position, Bloc
     ops::add(y, x, y);  // y = x + mamba
     return;
   }
+  if (kind_ == BlockKind::Mamba2) {
+    mamba2_.decode(env, xn1, cache.mamba2, y);
+    ops::add(y, x, y);  // y = x + mamba2
+    return;
+  }
   Owned h = env.act_tensor(shape);
-  attn_.decode(env, xn1, position, cache.attn, h);
+  if (kind_ == BlockKind::DeltaNet)
+    gdn_.decode(env, xn1, cache.gdn, h);
+  else
+    attn_.decode(env, xn1, position, cache.attn, h);
   Owned xn2 = env.act_tensor(shape);
   norm2_.forward_residual(env, h, x, h, xn2, ns2);  // h = attn + x; norm2(h)
   if (kind_ == BlockKind::Experts) {

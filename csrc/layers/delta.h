@@ -43,6 +43,12 @@ struct DeltaNetConfig {
   int num_layers = 1;
 };
 
+// Text generation: the state one sequence's earlier tokens left (ops/decode.h, ops/delta.h).
+struct DeltaNetCache {
+  Owned conv;   // (K - 1, 2 Hk dk + Hv dv) the conv inputs [q | k | v] of the previous K - 1 tokens
+  Owned state;  // (Hv, dk, dv) statistics dtype: S after the previous token
+};
+
 struct DeltaNetSaved {
   Owned proj;  // (T, 2 Hk dk + 2 Hv dv + 2 Hv): the in_proj output
   Owned o;     // (T, Hv dv) the delta rule's output
@@ -61,6 +67,10 @@ class DeltaNet {
   // caller, so backward is the whole layer's).
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
                 const DeltaNetSaved& s, const Tensor& dxn) const;
+
+  // One-token decode (layers/decode.cpp), as Mamba2::decode.
+  void decode(const Env& env, const Tensor& xn, DeltaNetCache& cache, const Tensor& y) const;
+  DeltaNetCache new_cache(const Env& env) const;
 
  private:
   int64_t qk_width() const { return hk_ * dk_; }

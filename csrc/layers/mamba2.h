@@ -59,6 +59,12 @@ struct Mamba2Config {
   int64_t heads() const { return head_dim > 0 ? d_inner / head_dim : 0; }
 };
 
+// Text generation: the state one sequence's earlier tokens left (ops/decode.h, ops/ssd.h).
+struct Mamba2Cache {
+  Owned conv;  // (K - 1, Di + 2 G N) the conv inputs [x | B | C] of the previous K - 1 tokens
+  Owned ssm;   // (H, P, N) statistics dtype: S after the previous token
+};
+
 struct Mamba2Saved {
   Owned zxbcdt;  // (T, 2 Di + 2 G N + H): the in_proj output
   Owned y;       // (T, Di) the scan's output
@@ -82,6 +88,11 @@ class Mamba2 {
                                 const SegmentInfo& seg, const Mamba2Saved& s,
                                 const Tensor& dxn) const;
   Tensor out_bias_grad() const { return b_out_ ? b_out_.g() : Tensor{}; }
+
+  // One-token decode (layers/decode.cpp): xn (1, C) the next token of the sequence whose state
+  // `cache` holds; the cache moves on by this token. One rank: no tensor parallelism.
+  void decode(const Env& env, const Tensor& xn, Mamba2Cache& cache, const Tensor& y) const;
+  Mamba2Cache new_cache(const Env& env) const;
 
  private:
   // Columns of the in_proj output (this rank's share).

@@ -32,12 +32,22 @@ DeltaShape check_delta(const char* op, const DeltaArgs& a) {
   expect_block(a.a, dtype, t, hv, op, "a");
   expect_block(a.b, dtype, t, hv, op, "b");
   expect(a.dt_bias, dtype, {hv}, op, "dt_bias");
-  check_cu_seqlens(a.cu_seqlens, op);
+  if (a.cu_seqlens.data || a.cu_seqlens.ndim() > 0) check_cu_seqlens(a.cu_seqlens, op);  // (none for a step)
   return {t, hk, dk, hv, dv};
+}
+
+// The backends check the state's dtype.
+void check_gated_delta_step(const DeltaArgs& a, const Tensor& state, const ColumnBlock& o) {
+  const char* op = "gated_delta_step";
+  const DeltaShape s = check_delta(op, a);
+  ENSURE(s.tokens == 1, op, ": one token, got ", s.tokens, " rows");
+  expect_sized(state, {s.value_heads, s.dk, s.dv}, op, "state");
+  expect_block(o, a.A_log.dtype, 1, s.value_heads * s.dv, op, "o");
 }
 
 void check_gated_delta_forward(const DeltaArgs& a, const ColumnBlock& o) {
   const char* op = "gated_delta_forward";
+  check_cu_seqlens(a.cu_seqlens, op);
   const DeltaShape s = check_delta(op, a);
   expect_block(o, a.A_log.dtype, s.tokens, s.value_heads * s.dv, op, "o");
 }
@@ -45,6 +55,7 @@ void check_gated_delta_forward(const DeltaArgs& a, const ColumnBlock& o) {
 // dA_log, ddt_bias: the backends check their dtype.
 void check_gated_delta_backward(const DeltaArgs& a, const ColumnBlock& do_, const DeltaGrads& g) {
   const char* op = "gated_delta_backward";
+  check_cu_seqlens(a.cu_seqlens, op);
   const DeltaShape s = check_delta(op, a);
   const DType dtype = a.A_log.dtype;
   expect_block(do_, dtype, s.tokens, s.value_heads * s.dv, op, "do");

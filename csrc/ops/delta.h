@@ -67,6 +67,9 @@ void visit_tensors(const DeltaGrads& g, const char*, F&& f) {
 }  // namespace engine::ops
 
 // gated_delta: o, do_ (T, Hv dv) blocks.
+// gated_delta_step (text generation: the next token of a document, the DeltaArgs' blocks one
+//   row; cu_seqlens unused): state (Hv, dk, dv) is S of the previous token (zeros before the
+//   document), updated in place; o as gated_delta_forward writes it.
 // head_rmsnorm_gated: y, z, dout, out, dy, dz (T, heads x head_dim) blocks; weight, dweight
 // (head_dim); rstd (T, heads), in the activations' dtype on the CPU.
 #define ENGINE_DELTA_OPS(OP)                                                                     \
@@ -74,6 +77,8 @@ void visit_tensors(const DeltaGrads& g, const char*, F&& f) {
   OP(void, gated_delta_backward,                                                                 \
      (const ops::DeltaArgs& a, const ops::ColumnBlock& do_, const ops::DeltaGrads& g),           \
      (a, do_, g))                                                                                \
+  OP(void, gated_delta_step, (const ops::DeltaArgs& a, const Tensor& state, const ops::ColumnBlock& o), \
+     (a, state, o))                                                                              \
   OP(void, head_rmsnorm_gated_forward,                                                           \
      (const ops::ColumnBlock& y, const ops::ColumnBlock& z, const Tensor& weight, float eps,     \
       const ops::ColumnBlock& out, const Tensor& rstd),                                          \

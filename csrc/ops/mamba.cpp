@@ -129,13 +129,16 @@ SsdShape check_ssd(const char* op, const SsdArgs& a, const Tensor& chunk_states)
   expect_block(a.C, dtype, t, g * n, op, "C");
   expect(a.D, dtype, {h}, op, "D");
   expect(a.dt_bias, dtype, {h}, op, "dt_bias");
-  check_cu_seqlens(a.cu_seqlens, op);
-  expect_sized(chunk_states, {scan_num_chunks(t, a.chunk_len), h, p, n}, op, "chunk_states");
+  if (chunk_states.data || chunk_states.ndim() > 0) {  // (none for a step)
+    check_cu_seqlens(a.cu_seqlens, op);
+    expect_sized(chunk_states, {scan_num_chunks(t, a.chunk_len), h, p, n}, op, "chunk_states");
+  }
   return {t, h, p, g, n};
 }
 
 void check_ssd_scan_forward(const SsdArgs& a, const ColumnBlock& y, const Tensor& chunk_states) {
   const char* op = "ssd_scan_forward";
+  expect_defined(chunk_states, op, "chunk_states");
   const SsdShape s = check_ssd(op, a, chunk_states);
   expect_block(y, a.A_log.dtype, s.tokens, s.heads * s.head_dim, op, "y");
 }
@@ -144,6 +147,7 @@ void check_ssd_scan_forward(const SsdArgs& a, const ColumnBlock& y, const Tensor
 void check_ssd_scan_backward(const SsdArgs& a, const ColumnBlock& dy, const Tensor& chunk_states,
                              const SsdGrads& g) {
   const char* op = "ssd_scan_backward";
+  expect_defined(chunk_states, op, "chunk_states");
   const SsdShape s = check_ssd(op, a, chunk_states);
   const DType dtype = a.A_log.dtype;
   const int64_t t = s.tokens, width = s.heads * s.head_dim, gn = s.groups * s.states;
@@ -155,6 +159,15 @@ void check_ssd_scan_backward(const SsdArgs& a, const ColumnBlock& dy, const Tens
   expect_sized(g.dA_log, {s.heads}, op, "dA_log");
   expect_sized(g.dD, {s.heads}, op, "dD");
   expect_sized(g.ddt_bias, {s.heads}, op, "ddt_bias");
+}
+
+// The backends check the state's dtype.
+void check_ssd_scan_step(const SsdArgs& a, const Tensor& state, const ColumnBlock& y) {
+  const char* op = "ssd_scan_step";
+  const SsdShape s = check_ssd(op, a, Tensor{});
+  ENSURE(s.tokens == 1, op, ": one token, got ", s.tokens, " rows");
+  expect_sized(state, {s.heads, s.head_dim, s.states}, op, "state");
+  expect_block(y, a.A_log.dtype, 1, s.heads * s.head_dim, op, "y");
 }
 
 // y, z (T, W) in y's dtype, weight (W) where given; a row statistic (T) of any dtype (the

@@ -93,6 +93,9 @@ void visit_tensors(const SsdGrads& g, const char*, F&& f) {
 }  // namespace engine::ops
 
 // ssd_scan: y, dy (T, H P) blocks; chunk_states as above.
+// ssd_scan_step (text generation: the next token of a document, the SsdArgs' blocks one row;
+//   cu_seqlens and chunk_len unused): state (H, P, N) is S of the previous token (zeros before
+//   the document), updated in place; y as ssd_scan_forward writes it.
 // gated_rmsnorm: y, z, dout, out, dy, dz (T, W) blocks; weight (W); sumsq, dot (T); dweight (W) +=.
 #define ENGINE_SSD_OPS(OP)                                                                     \
   OP(void, ssd_scan_forward,                                                                   \
@@ -102,6 +105,8 @@ void visit_tensors(const SsdGrads& g, const char*, F&& f) {
      (const ops::SsdArgs& a, const ops::ColumnBlock& dy, const Tensor& chunk_states,           \
       const ops::SsdGrads& g),                                                                 \
      (a, dy, chunk_states, g))                                                                 \
+  OP(void, ssd_scan_step, (const ops::SsdArgs& a, const Tensor& state, const ops::ColumnBlock& y), \
+     (a, state, y))                                                                            \
   OP(void, gated_rmsnorm_sumsq,                                                                \
      (const ops::ColumnBlock& y, const ops::ColumnBlock& z, const Tensor& sumsq),              \
      (y, z, sumsq))                                                                            \

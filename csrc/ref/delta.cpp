@@ -5,6 +5,7 @@
 //   ddelta = G^T k^, dk^ += G delta - beta S' ddelta, dv = beta ddelta,
 //   dbeta = ddelta . (v - S'^T k^), dS' = G - beta k^ ddelta^T, dg = sum S' dS',
 //   G[t-1] = exp(g) dS'; then through the l2 norms, sigmoid(b) and -exp(A_log) softplus(a + dt_bias).
+//   step (generation): the forward's token loop for one token from the cached state.
 //   head_rmsnorm_gated: per (token, head), as ops/delta.h.
 // Value heads (forward), key heads (backward) and rows (norm forward) run in parallel (OpenMP),
 // each writing its own columns; every result is reproducible bit for bit. Every tensor has one
@@ -107,6 +108,31 @@ void gated_delta_forward(const ops::DeltaArgs& a, const ColumnBlock& o) {
             at<T>(o, t, h * s.dv + j) = acc;
           }
         }
+      }
+    }
+  });
+}
+
+void gated_delta_step(const ops::DeltaArgs& a, const Tensor& state, const ColumnBlock& o) {
+  const char* op = "gated_delta_step";
+  expect_dtype(state, a.A_log.dtype, op, "state");
+  const DeltaShape s = delta_shape(a);
+  float_switch(a.A_log.dtype, op, "A_log", [&](auto tag) {
+    using T = decltype(tag);
+    const T scale = T(1) / std::sqrt(static_cast<T>(s.dk));
+    std::vector<T> qh(static_cast<size_t>(s.dk)), kn(static_cast<size_t>(s.dk));
+    for (int64_t h = 0; h < s.hv; ++h) {
+      const int64_t kh = h / s.per_key();
+      T* S = state.ptr<T>() + h * s.dk * s.dv;
+      T beta, g;
+      gates<T>(a, 0, h, &beta, &g);
+      unit<T>(a.q, 0, kh, s.dk, scale, qh.data());
+      unit<T>(a.k, 0, kh, s.dk, T(1), kn.data());
+      step<T>(a, s, 0, h, kn.data(), beta, g, S, nullptr);
+      for (int64_t j = 0; j < s.dv; ++j) {
+        T acc = T(0);
+        for (int64_t i = 0; i < s.dk; ++i) acc += S[i * s.dv + j] * qh[static_cast<size_t>(i)];
+        at<T>(o, 0, h * s.dv + j) = acc;
       }
     }
   });

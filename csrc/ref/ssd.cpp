@@ -6,6 +6,7 @@
 //          dx[t] = delta G[t] B[t] + D dy[t], ddelta = sum G (x B^T + A a S[t-1]),
 //          dA += sum_t a delta sum G S[t-1], ddt = ddelta sigmoid(dt + dt_bias) where the clamp
 //          passes it, dA_log += dA A, dD += sum_t dy . x.
+//   step (generation): the forward's token loop for one token from the cached state.
 //   gated_rmsnorm: v = y silu(z) row by row, as ops/ssd.h.
 // Heads (forward), groups (backward) and rows (norm) run in parallel (OpenMP), each writing its
 // own columns; every result is reproducible bit for bit. Every tensor has one dtype, f32 or f64.
@@ -155,6 +156,32 @@ void ssd_scan_backward(const ops::SsdArgs& a, const ColumnBlock& dy, const Tenso
         dalog[h] += dA * A;
         dD[h] += dDh;
         dbias[h] += db;
+      }
+    }
+  });
+}
+
+void ssd_scan_step(const ops::SsdArgs& a, const Tensor& state, const ColumnBlock& y) {
+  const char* op = "ssd_scan_step";
+  expect_dtype(state, a.A_log.dtype, op, "state");
+  const int64_t heads = a.A_log.size(0), p = a.head_dim, g_heads = heads / a.groups, n = a.B.width / a.groups;
+  float_switch(a.A_log.dtype, op, "A_log", [&](auto tag) {
+    using T = decltype(tag);
+    const T *alog = a.A_log.ptr<T>(), *dd = a.D.ptr<T>(), *bias = a.dt_bias.ptr<T>();
+    T* S = state.ptr<T>();
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / g_heads;
+      const T delta = clamped_delta<T>(at<T>(a.dt, 0, h) + bias[h], a).first;
+      const T decay = std::exp(delta * -std::exp(alog[h]));
+      for (int64_t i = 0; i < p; ++i) {
+        const T u = at<T>(a.x, 0, h * p + i);
+        T acc = T(0);
+        for (int64_t j = 0; j < n; ++j) {
+          T& v = S[(h * p + i) * n + j];
+          v = decay * v + delta * u * at<T>(a.B, 0, g * n + j);
+          acc += v * at<T>(a.C, 0, g * n + j);
+        }
+        at<T>(y, 0, h * p + i) = acc + dd[h] * u;
       }
     }
   });

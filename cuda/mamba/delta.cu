@@ -16,6 +16,7 @@ void gated_delta_forward(const ops::DeltaArgs&, const ops::ColumnBlock&) { no_ke
 void gated_delta_backward(const ops::DeltaArgs&, const ops::ColumnBlock&, const ops::DeltaGrads&) {
   no_kernel("gated_delta_backward");
 }
+void gated_delta_step(const ops::DeltaArgs&, const Tensor&, const ops::ColumnBlock&) { no_kernel("gated_delta_step"); }
 void head_rmsnorm_gated_forward(const ops::ColumnBlock&, const ops::ColumnBlock&, const Tensor&, float,
                                 const ops::ColumnBlock&, const Tensor&) {
   no_kernel("head_rmsnorm_gated_forward");

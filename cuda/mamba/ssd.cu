@@ -16,6 +16,7 @@ void ssd_scan_forward(const ops::SsdArgs&, const ops::ColumnBlock&, const Tensor
 void ssd_scan_backward(const ops::SsdArgs&, const ops::ColumnBlock&, const Tensor&, const ops::SsdGrads&) {
   no_kernel("ssd_scan_backward");
 }
+void ssd_scan_step(const ops::SsdArgs&, const Tensor&, const ops::ColumnBlock&) { no_kernel("ssd_scan_step"); }
 void gated_rmsnorm_sumsq(const ops::ColumnBlock&, const ops::ColumnBlock&, const Tensor&) {
   no_kernel("gated_rmsnorm_sumsq");
 }

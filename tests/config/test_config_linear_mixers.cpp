@@ -80,8 +80,7 @@ TEST_CASE("config: the Mamba-2 keys are checked, naming the key") {
       {"dt_rank without M blocks", doc("mamba_dt_rank = 3\n"), {}, {"model.mamba_dt_rank", "no Mamba (M) blocks"}},
       {"per-group norm without S blocks", doc("num_heads = 4\nmamba_norm_per_group = true\n", "llama"), {},
        {"model.mamba_norm_per_group", "no Mamba-2 (S) blocks"}},
-      {"sample_every with S blocks", doc(), {"training.sample_every=5", "training.sample_prompt=\"a\""},
-       {"training.sample_every", "Mamba-2 (S)"}},
+
       {"groups not split by tensor parallelism", doc("mamba_head_dim = 32\n"), {"distributed.tensor_parallel=2"},
        {"distributed.tensor_parallel", "model.mamba_n_groups"}},
       {"micro-sequences", doc(), {"batch.micro_sequence_length=16"}, {"batch.micro_sequence_length", "Mamba-2"}},

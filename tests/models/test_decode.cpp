@@ -56,6 +56,16 @@ const DecodeCase kCases[] = {
        c.mamba_conv_bias = false;
      }},
     {"hybrid (MEA)", ModelFamily::Hybrid},
+    {"mamba2 (2 groups)", ModelFamily::Mamba2},
+    {"mamba2, per-group norm, biases, delta clamp", ModelFamily::Mamba2,
+     [](ModelConfig& c) {
+       c.mamba_norm_per_group = true;
+       c.mamba_proj_bias = true;
+       c.mamba_dt_limit_min = 0.05;
+       c.mamba_dt_limit_max = 0.8;
+     }},
+    {"hybrid (GSAG: Gated DeltaNet, Mamba-2, attention)", ModelFamily::Hybrid,
+     [](ModelConfig& c) { set_tiny_layout(c, "GSAG"); }},
     {"llama with LoRA on every linear (frozen base)", ModelFamily::Llama,
      [](ModelConfig& c) {
        c.lora.rank = 3;
