@@ -148,10 +148,8 @@ TEST_CASE("hf: export then import gives the parameters back bitwise, for every f
                             {m.mamba_expand, c.model.mamba_expand}, {m.mamba_head_dim, c.model.mamba_head_dim},
                             {m.mamba_n_groups, c.model.mamba_n_groups}})
           CHECK(a == b);
-        CHECK(m.mamba_conv_bias == c.model.mamba_conv_bias);
-        CHECK(m.mamba_proj_bias == c.model.mamba_proj_bias);
-        CHECK(m.mamba_dt_limit_min == c.model.mamba_dt_limit_min);
-        CHECK(m.mamba_dt_limit_max == c.model.mamba_dt_limit_max);
+        CHECK((m.mamba_conv_bias == c.model.mamba_conv_bias && m.mamba_proj_bias == c.model.mamba_proj_bias));
+        CHECK((m.mamba_dt_limit_min == c.model.mamba_dt_limit_min && m.mamba_dt_limit_max == c.model.mamba_dt_limit_max));
       }
       if (c.model.positions == PositionKind::Learned)
         CHECK(m.max_position_embeddings == c.model.max_position_embeddings);
