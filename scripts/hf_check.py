@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Checks the Hugging Face export and import of every model family against `transformers`.
 
-For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba, mamba2
-(CPU only: no CUDA kernels yet), and
+For each family (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, mamba, mamba2 and
 mtp_llama: a llama with two extra prediction heads, whose every head's logits are compared with a
 reference made of transformers' Llama modules, MtpReference) and the llama cases with RoPE scaling
 (llama-linear, llama-llama3, llama-yarn: model.rope_scaling, config.json's rope_scaling /

@@ -191,7 +191,7 @@ norm_eps = 1e-6
 """,
 }
 
-# Families whose blocks have no CUDA kernels yet (the run plan refuses them on the GPU), and those
-# text generation does not take (none now: Mamba-2 steps on the CPU).
-CPU_ONLY = {"mamba2"}
+# Families whose blocks have no CUDA kernels yet (the run plan refuses them on the GPU; none now),
+# and those text generation does not take (none now).
+CPU_ONLY = set()
 NO_GENERATE = set()

@@ -71,18 +71,16 @@ RunPlan make_run_plan(const Config& config, Comm* group) {
   RunPlan plan;
   plan.device = resolve_device(config.run.device);
   if (plan.device == Device::CUDA) {
-    const char* why = "blocks have no CUDA kernels yet (ops/ssd.h, ops/delta.h): this run would use the GPU; set "
-                      "run.device = \"cpu\"";
-    if (has_block_kind(config.model, "SG")) RAISE(config.where("run.device"), "Mamba-2 (S) and Gated DeltaNet (G) ", why);
+    const char* why = "blocks have no CUDA kernels yet (ops/delta.h): this run would use the GPU; set run.device = \"cpu\"";
+    if (has_block_kind(config.model, "G")) RAISE(config.where("run.device"), "Gated DeltaNet (G) ", why);
     if (!config.distillation.teacher.empty()) {
       std::optional<ModelConfig> teacher;  // (an unreadable folder is named where the trainer loads it)
       try {
         teacher = checkpoint::folder_model_config(config.distillation.teacher);
       } catch (const Error&) {
       }
-      if (teacher && has_block_kind(*teacher, "SG"))
-        RAISE(config.where("distillation.teacher"), config.distillation.teacher, ": its Mamba-2 (S) and Gated DeltaNet (G) ",
-              why);
+      if (teacher && has_block_kind(*teacher, "G"))
+        RAISE(config.where("distillation.teacher"), config.distillation.teacher, ": its Gated DeltaNet (G) ", why);
     }
   }
   const int gpu = plan.device == Device::CUDA ? launch_info().local_rank % device::count() : 0;

@@ -1,0 +1,61 @@
+// Helpers of the GPU tests of the Mamba and Mamba-2 kernels (test_mamba.cpp, test_ssd.cpp):
+// packed documents, column blocks read back in f64, the poison outside a block.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/common/gpu_testing.h"
+
+namespace engine::testing::scan_testing {
+
+constexpr int64_t kOffset = 1;  // every device tensor starts one element into its allocation
+
+inline Owned cu_from(const std::vector<int32_t>& lengths) {
+  Owned cu = empty({static_cast<int64_t>(lengths.size()) + 1}, DType::I32, Device::CPU);
+  int32_t s = 0;
+  cu.ptr<int32_t>()[0] = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) cu.ptr<int32_t>()[i + 1] = s += lengths[i];
+  return cu;
+}
+
+inline int64_t total(const std::vector<int32_t>& lengths) {
+  int64_t s = 0;
+  for (int32_t l : lengths) s += l;
+  return s;
+}
+
+// `count` documents of random lengths in [1, max_len].
+inline std::vector<int32_t> random_docs(int count, int max_len, const std::string& name) {
+  Owned l = randint({count}, 1, max_len + 1, name);
+  return std::vector<int32_t>(l.ptr<int32_t>(), l.ptr<int32_t>() + count);
+}
+
+// Columns [col, col + width) of any tensor as a contiguous f64 host tensor.
+inline Owned block_host(const Tensor& base, int64_t col, int64_t width) {
+  Owned h = to_host(base, DType::F64);
+  const int64_t rows = base.size(0), ld = base.size(1);
+  Owned out = empty({rows, width}, DType::F64, Device::CPU);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < width; ++j) set(out, t * width + j, get(h, t * ld + col + j));
+  return out;
+}
+
+// Every element of base outside columns [col, col + width) is still NaN (its poison).
+inline bool outside_poisoned(const Tensor& base, int64_t col, int64_t width) {
+  Owned h = to_host(base, DType::F64);
+  const int64_t rows = base.size(0), ld = base.size(1);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < ld; ++j)
+      if ((j < col || j >= col + width) && !std::isnan(get(h, t * ld + j))) return false;
+  return true;
+}
+
+inline Owned f64_from(const Tensor& gpu_minus, const Tensor& prefill) {  // gpu result - prefill, in f64
+  Owned a = to_host(gpu_minus, DType::F64);
+  for (int64_t i = 0; i < a->numel(); ++i) set(a, i, get(a, i) - get(prefill, i));
+  return a;
+}
+
+}  // namespace engine::testing::scan_testing
