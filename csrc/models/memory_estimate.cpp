@@ -13,6 +13,7 @@
 #include "layers/lm_head.h"
 #include "layers/lora.h"
 #include "ops/gemm.h"
+#include "ops/ssd.h"
 
 namespace engine {
 namespace {
@@ -292,6 +293,15 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
   if (p.device == Device::CUDA)
     est.parts.push_back({"workspaces", false, static_cast<double>(ops::kGemmWorkspaceBytes),
                          "the GEMM library's (cuBLASLt) workspace, allocated once"});
+  if (p.device == Device::CUDA && layers.count[kind_index('S')] > 0 && m.mamba_head_dim > 0) {
+    // One Mamba-2 layer's scan backward at a time holds its workspaces (ops/ssd.h).
+    const int64_t tokens = static_cast<int64_t>(T), heads = static_cast<int64_t>(Di) / m.mamba_head_dim;
+    const double bytes = static_cast<double>(ops::ssd_backward_workspace_bytes(
+        tokens, heads / tp, m.mamba_head_dim, m.mamba_n_groups / tp, m.mamba_d_state, layers::Mamba2Config{}.chunk_len));
+    est.parts.push_back({"Mamba-2 scan backward", false, bytes,
+                         str_cat("one layer's scan backward workspaces at ", num(T), " tokens (the gradient of every "
+                                 "chunk's end state, the sub-chunks' entering states, dB and dC partial sums)")});
+  }
 
   const double samples = static_cast<double>(c.training.steps) * c.batch.global_batch_size +
                          (c.training.eval_every > 0 ? static_cast<double>(c.training.eval_steps) * c.batch.global_batch_size : 0);

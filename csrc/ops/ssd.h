@@ -42,6 +42,24 @@ namespace engine::ops {
 // the published models, 8 times Mamba's 16).
 constexpr int64_t kSsdChunk = 256;
 
+// The CUDA backward's workspaces (cuda/mamba/ssd_backward.cu), here so that the launcher and the
+// memory estimate agree: the group's heads are split into slices that run side by side (enough
+// blocks for ~264 at once, at most the group's heads); f32 buffers of the gradient of each
+// chunk's end state and the sub-chunks' entering states (head dim and states padded to 64 or
+// 128), the slices' dB and dC partial sums and the parameter partials.
+inline int64_t ssd_backward_slices(int64_t chunks, int64_t groups, int64_t heads_per_group) {
+  const int64_t want = (264 + chunks * groups - 1) / (chunks * groups);
+  return want < 1 ? 1 : want > heads_per_group ? heads_per_group : want;
+}
+inline int64_t ssd_padded_dim(int64_t d) { return d <= 64 ? 64 : 128; }
+inline int64_t ssd_backward_workspace_bytes(int64_t tokens, int64_t heads, int64_t head_dim, int64_t groups,
+                                            int64_t d_state, int64_t chunk_len) {
+  const int64_t chunks = scan_num_chunks(tokens, chunk_len), pad = ssd_padded_dim(head_dim) * ssd_padded_dim(d_state);
+  const int64_t slices = ssd_backward_slices(chunks, groups, heads / groups);
+  return 4 * (chunks * heads * pad + chunks * groups * slices * (chunk_len / 32) * pad +
+              2 * slices * tokens * groups * d_state + chunks * heads * 4);
+}
+
 struct SsdArgs {
   ColumnBlock x;      // (T, H P) the conv output's x part
   ColumnBlock dt;     // (T, H) before dt_bias, softplus and the clamp

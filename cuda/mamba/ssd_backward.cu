@@ -18,7 +18,7 @@
 //      slice's heads in order into f32 partial sums of the slice;
 //   4. reductions: dB and dC over the slices, the parameter gradients over the chunks, in order.
 // Every sum runs in a fixed order: the results are reproducible bit for bit. The slice count
-// depends on the shape only (enough blocks for the device's multiprocessors at ~264).
+// depends on the shape only (ops::ssd_backward_slices).
 // Workspaces (f32): dS_end and the entering states padded to PP x NP per (chunk, head) and per
 // (block, sub-chunk), dB and dC partials (slices, T, G N), parameter partials (chunks, H, 3).
 #include "ops/ssd.h"
@@ -46,10 +46,17 @@ struct BwdOut {
 template <int PP, int NP> struct BwdLayout {
   static constexpr int LB = NP + kPadB, LU = PP + kPadB, LM = kSub + kPadF, LMB = kSub + kPadB, LS = NP + kPadF,
                        LY = PP + kPadF;
+  // Mb, dCBb and dYc live in S0b's area: S0b's one reader (dY S0) is behind the barrier before
+  // they are written (as the scratch U_w of the recomputation, which has no S0b). Two blocks fit
+  // a multiprocessor at PP 64, NP 128 (112 KB).
+  static constexpr size_t s0_bytes() {
+    const size_t own = carve_bytes(size_t{PP} * LB * 2), lodgers = 2 * carve_bytes(kSub * LMB * 2) + carve_bytes(kSub * LU * 2);
+    return own > lodgers ? own : lodgers;
+  }
   static constexpr size_t bytes() {
-    return 2 * carve_bytes(kSub * LB * 2) + 3 * carve_bytes(kSub * LU * 2) + 2 * carve_bytes(size_t{PP} * LB * 2) +
-           2 * carve_bytes(kSub * LM * 4) + 2 * carve_bytes(kSub * LMB * 2) + carve_bytes(kSub * LY * 4) +
-           2 * carve_bytes(kSub * LS * 4) + carve_bytes(sizeof(SubTokens)) + carve_bytes(6 * kSub * 4 + 64);
+    return 2 * carve_bytes(kSub * LB * 2) + 2 * carve_bytes(kSub * LU * 2) + 2 * s0_bytes() +
+           2 * carve_bytes(kSub * LM * 4) + carve_bytes(kSub * LY * 4) + 2 * carve_bytes(kSub * LS * 4) +
+           carve_bytes(sizeof(SubTokens)) + carve_bytes(6 * kSub * 4 + 64);
   }
 };
 
@@ -88,10 +95,11 @@ __global__ void __launch_bounds__(kThreads) ssd_backward_kernel(SsdParams p, Bwd
   Carve cv{smem};
   bf16_t *Cs = cv.take<bf16_t>(kSub * L::LB), *Bs = cv.take<bf16_t>(kSub * L::LB);
   bf16_t *Xs = cv.take<bf16_t>(kSub * L::LU), *dYs = cv.take<bf16_t>(kSub * L::LU);
-  bf16_t* dYc = cv.take<bf16_t>(kSub * L::LU);  // dY from_s; u_w = x delta to_e in the recomputation
-  bf16_t *S0b = cv.take<bf16_t>(PP * L::LB), *dSb = cv.take<bf16_t>(PP * L::LB);
+  bf16_t *S0b = cv.take<bf16_t>(L::s0_bytes() / 2), *dSb = cv.take<bf16_t>(PP * L::LB);
+  Carve in_s0{reinterpret_cast<unsigned char*>(S0b)};
+  bf16_t *Mb = in_s0.take<bf16_t>(kSub * L::LMB), *dCBb = in_s0.take<bf16_t>(kSub * L::LMB);
+  bf16_t* dYc = in_s0.take<bf16_t>(kSub * L::LU);  // dY from_s; u_w = x delta to_e in the recomputation
   float *CBf = cv.take<float>(kSub * L::LM), *Gf = cv.take<float>(kSub * L::LM);
-  bf16_t *Mb = cv.take<bf16_t>(kSub * L::LMB), *dCBb = cv.take<bf16_t>(kSub * L::LMB);
   float* du = cv.take<float>(kSub * L::LY);
   float *dCa = cv.take<float>(kSub * L::LS), *dBa = cv.take<float>(kSub * L::LS);
   SubTokens& tok = *cv.take<SubTokens>(1);
@@ -308,7 +316,7 @@ void ssd_scan_backward(const ops::SsdArgs& a, const ops::ColumnBlock& dy, const 
   Owned bits = doc_start_bits(a.cu_seqlens, T);
   const SsdParams p = ssd_params(a, static_cast<const uint32_t*>(bits.t.data));
   const int hpg = p.hpg;
-  const int slices = static_cast<int>(std::clamp<int64_t>(ceil_div(264, int64_t{p.chunks} * p.G), 1, hpg));
+  const int slices = static_cast<int>(ops::ssd_backward_slices(p.chunks, p.G, hpg));  // (its workspaces: ops/ssd.h)
   with_dims(p.P, p.N, [&]<int PP, int NP>() {
     const int64_t pad = int64_t{PP} * NP, GN = int64_t{p.G} * p.N;
     Owned dsend = empty({p.chunks * int64_t{p.H} * pad}, DType::F32, Device::CUDA);

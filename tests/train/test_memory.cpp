@@ -13,6 +13,7 @@
 #include "models/memory_estimate.h"
 #include "models/model.h"
 #include "ops/gemm.h"
+#include "ops/ssd.h"
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
 #include "train/trainer.h"
@@ -108,6 +109,28 @@ TEST_CASE("memory estimate: the bench configs fit one H200 and stay below their 
   dp2.dp = 2;
   CHECK(estimate_memory(llama, dp2).device_bytes() < estimate_memory(llama, gpu).device_bytes());
   CHECK_NOTHROW(check_memory(llama, dp2, pools, 1));
+}
+
+TEST_CASE("memory estimate: a GPU run with Mamba-2 blocks counts one layer's scan backward workspaces") {
+  RankPlacement gpu;
+  gpu.device = Device::CUDA;
+  gpu.compute = DType::BF16;
+  // 1024 tokens; 4 heads of 32, 2 groups of 64 states (one chunk of 256 is 4 chunks here).
+  const Config c = tiny_run_config("hybrid", {"model.hybrid_layout=\"SA\"", "model.num_layers=2", "model.hidden_size=64",
+                                              "model.num_heads=2", "model.mamba_head_dim=32", "model.mamba_n_groups=2",
+                                              "model.mamba_d_state=64", "data.sequence_length=256",
+                                              "batch.micro_batch_size=4", "batch.global_batch_size=4"});
+  const MemoryEstimate e = estimate_memory(c, gpu);
+  const auto part = std::find_if(e.parts.begin(), e.parts.end(),
+                                 [](const MemoryPart& m) { return m.name == "Mamba-2 scan backward"; });
+  REQUIRE(part != e.parts.end());
+  // 4 chunks x 4 heads of a padded 64 x 64 dS_end, 4 x 2 groups x 2 slices x 8 sub-chunks of entering
+  // states, 2 x 2 slices x 1024 tokens x 128 dB / dC partials, 4 x 4 x 4 parameter partials and factors.
+  CHECK(ops::ssd_backward_slices(4, 2, 2) == 2);
+  CHECK(part->bytes == 4.0 * (4 * 4 * 4096 + 4 * 2 * 2 * 8 * 4096 + 2 * 2 * 1024 * 128 + 4 * 4 * 4));
+  // None on the CPU, none without S blocks.
+  const MemoryEstimate cpu = estimate_memory(c, RankPlacement{});
+  CHECK(std::none_of(cpu.parts.begin(), cpu.parts.end(), [](const MemoryPart& m) { return m.name == "Mamba-2 scan backward"; }));
 }
 
 TEST_CASE("memory estimate: a distillation teacher's weights are counted, and the bound still holds") {
