@@ -56,6 +56,10 @@ std::vector<SsdCase> ssd_cases() {
       {"empty docs 0,5,0,0,70,3,0 H3 P40 G3 N24 chunk32", {0, 5, 0, 0, 70, 3, 0}, 3, 40, 3, 24, 32},
       {"one token H2 P8 G1 N4", {1}, 2, 8, 1, 4, 256},
       {"exactly a chunk H8 P64 G2 N128 (4 heads a group)", {256}, 8, 64, 2, 128, 256},
+      // Several heads a backward slice (ops::ssd_backward_slices: 35 chunks, 8 slices of 12 heads),
+      // and documents ending on sub-chunk and chunk boundaries with only an upper clamp.
+      {"docs 700,400 H12 P16 G1 N16 chunk32 (1-2 heads a slice)", {700, 400}, 12, 16, 1, 16, 32},
+      {"docs 256,256,32,33 H32 P16 G1 N16 chunk32 dt_max only", {256, 256, 32, 33}, 32, 16, 1, 16, 32, 0, 0.05},
   };
 }
 std::vector<SsdCase> ssd_cases_large() {
