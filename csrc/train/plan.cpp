@@ -67,20 +67,28 @@ Device resolve_device(DeviceChoice choice) {
   return Device::CPU;
 }
 
+std::string cuda_unsupported(const ModelConfig& m) {
+  if (has_block_kind(m, "G")) return "Gated DeltaNet (G) blocks have no CUDA kernels yet (ops/delta.h)";
+  if (has_block_kind(m, "S") && (m.mamba_head_dim > 128 || m.mamba_d_state > 128))
+    return str_cat("the Mamba-2 (S) scan's CUDA kernels take model.mamba_head_dim and model.mamba_d_state up to 128, got ",
+                   m.mamba_head_dim, " and ", m.mamba_d_state);
+  return "";
+}
+
 RunPlan make_run_plan(const Config& config, Comm* group) {
   RunPlan plan;
   plan.device = resolve_device(config.run.device);
   if (plan.device == Device::CUDA) {
-    const char* why = "blocks have no CUDA kernels yet (ops/delta.h): this run would use the GPU; set run.device = \"cpu\"";
-    if (has_block_kind(config.model, "G")) RAISE(config.where("run.device"), "Gated DeltaNet (G) ", why);
+    const char* fix = ": this run would use the GPU; set run.device = \"cpu\"";
+    if (const std::string why = cuda_unsupported(config.model); !why.empty()) RAISE(config.where("run.device"), why, fix);
     if (!config.distillation.teacher.empty()) {
       std::optional<ModelConfig> teacher;  // (an unreadable folder is named where the trainer loads it)
       try {
         teacher = checkpoint::folder_model_config(config.distillation.teacher);
       } catch (const Error&) {
       }
-      if (teacher && has_block_kind(*teacher, "G"))
-        RAISE(config.where("distillation.teacher"), config.distillation.teacher, ": its Gated DeltaNet (G) ", why);
+      if (const std::string why = teacher ? cuda_unsupported(*teacher) : ""; !why.empty())
+        RAISE(config.where("distillation.teacher"), config.distillation.teacher, ": its ", why, fix);
     }
   }
   const int gpu = plan.device == Device::CUDA ? launch_info().local_rank % device::count() : 0;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "comm/comm.h"
 #include "config/config.h"
@@ -33,6 +34,10 @@ struct RunPlan {
   // its first and last stage (Model::tied_parameters), the group of the two ranks holding them.
   ModelParallelGroups parallel_groups(const Model& model);
 };
+
+// Why the CUDA kernels cannot run a model (empty when they can): Gated DeltaNet (G) blocks have
+// none yet; the Mamba-2 (S) scan takes head dims and state counts up to 128. Names the keys.
+std::string cuda_unsupported(const ModelConfig& m);
 
 // group: every rank of the run (world() when nullptr). Selects this rank's GPU (its local rank)
 // before anything touches one, and logs it.

@@ -10,6 +10,7 @@
 
 #include "tests/common/testing.h"
 #include "tests/train/train_fixture.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 using namespace engine;
@@ -76,6 +77,19 @@ TEST_CASE("GPU: a Mamba-2 hybrid (S and attention blocks) follows its CPU loss c
   gpu_follows_cpu({"model.hybrid_layout=\"SAS\"", "model.num_layers=3", "model.hidden_size=128", "model.num_heads=2",
                    "model.ffn_hidden_size=96", "model.mamba_d_state=64", "model.mamba_n_groups=2",
                    "model.mamba_dt_limit_min=0.001", "training.steps=12"});
+}
+
+TEST_CASE("what the CUDA kernels cannot run is named before a GPU run starts (cuda_unsupported)") {
+  CHECK(cuda_unsupported(tiny_run_config("hybrid", kHybrid).model).empty());
+  const std::vector<std::string> s = {"model.hybrid_layout=\"SA\"", "model.num_layers=2", "model.mamba_head_dim=24"};
+  CHECK(cuda_unsupported(tiny_run_config("hybrid", s).model).empty());
+  std::vector<std::string> wide = s;
+  wide.push_back("model.mamba_d_state=256");
+  CHECK(cuda_unsupported(tiny_run_config("hybrid", wide).model).find("model.mamba_head_dim and model.mamba_d_state up to 128, got 24 and 256") !=
+        std::string::npos);
+  const std::vector<std::string> g = {"model.hybrid_layout=\"GA\"", "model.num_layers=2"};
+  CHECK(cuda_unsupported(tiny_run_config("hybrid", g).model).find("Gated DeltaNet (G) blocks have no CUDA kernels") !=
+        std::string::npos);
 }
 
 TEST_CASE("mixture-of-experts and Mamba keys: checked, and named in errors") {
