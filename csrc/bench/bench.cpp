@@ -116,6 +116,14 @@ static std::vector<Registered>& registry() {
   return r;
 }
 
+Owned packed_cu_seqlens(int64_t sequences, int64_t length) {
+  Owned h = empty({sequences + 1}, DType::I32, Device::CPU);
+  for (int64_t s = 0; s <= sequences; ++s) h.ptr<int32_t>()[s] = static_cast<int32_t>(s * length);
+  Owned d = empty({sequences + 1}, DType::I32, Device::CUDA);
+  copy_tensor(d, h);
+  return d;
+}
+
 bool register_cases(const std::string& area, Case c) {
   registry().push_back({area, std::move(c)});
   return true;

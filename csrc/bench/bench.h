@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/tensor.h"
 
 namespace engine::bench {
@@ -45,6 +46,9 @@ double time_ms(const std::function<void()>& fn, int warmup = 3, int reps = 10,
 // to 1M elements made on the host, copied over the tensor in doubling copies (cheap at any size;
 // GEMM power, hence clocks, depends on the data, so it must not be constant).
 void fill_random(const Tensor& t, const std::string& name, double std = 1.0);
+
+// cu_seqlens (sequences + 1) i32 on the GPU of `sequences` packed documents of `length` tokens.
+Owned packed_cu_seqlens(int64_t sequences, int64_t length);
 
 using Case = std::function<std::vector<Result>()>;
 // Registers a named group of cases ("gemm", "attention", ...); returns true (for static init).

@@ -31,14 +31,6 @@ namespace {
 
 #ifdef ENGINE_CUDA
 
-Owned device_cu(int64_t sequences, int64_t length) {
-  Owned h = empty({sequences + 1}, DType::I32, Device::CPU);
-  for (int64_t s = 0; s <= sequences; ++s) h.ptr<int32_t>()[s] = static_cast<int32_t>(s * length);
-  Owned d = empty({sequences + 1}, DType::I32, Device::CUDA);
-  copy_tensor(d, h);
-  return d;
-}
-
 // A (rows, cols) bf16 device tensor whose element (i, j) is f(i, j).
 template <typename F>
 Owned device_filled(int64_t rows, int64_t cols, F&& f) {
@@ -71,7 +63,7 @@ BENCH_CASES("mamba") {
   for (auto [seqs, len] : {std::pair<int64_t, int64_t>{8, 4096}, {1, 32768}}) {
     const int64_t T = seqs * len;
     const double act = static_cast<double>(T) * kDi * 2, bcb = static_cast<double>(T) * kN * 2;
-    Owned cu = device_cu(seqs, len);
+    Owned cu = packed_cu_seqlens(seqs, len);
     Owned xz = empty({T, 2 * kDi}, bf, Device::CUDA), dt = empty({T, kDi}, bf, Device::CUDA),
           bc = empty({T, 2 * kN}, bf, Device::CUDA), dy = empty({T, kDi}, bf, Device::CUDA);
     fill_random(xz, "mamba.xz");
@@ -137,7 +129,7 @@ BENCH_CASES("mamba") {
     ParamStore store(table, Device::CUDA, bf);
     store.init(1);
     layers::Mamba layer(store, "m", c);
-    Owned cu = device_cu(kSeqs, kLen), pos = empty({kT}, DType::I32, Device::CUDA);
+    Owned cu = packed_cu_seqlens(kSeqs, kLen), pos = empty({kT}, DType::I32, Device::CUDA);
     const layers::SegmentInfo seg{.cu_seqlens = cu, .positions = pos, .max_seqlen = static_cast<int>(kLen)};
     Owned x = empty({kT, kC}, bf, Device::CUDA), y = empty({kT, kC}, bf, Device::CUDA),
           dy = empty({kT, kC}, bf, Device::CUDA), dx = empty({kT, kC}, bf, Device::CUDA);

@@ -34,10 +34,7 @@ BENCH_CASES("ssd") {
   const DType bf = DType::BF16;
   for (auto [seqs, len] : {std::pair<int64_t, int64_t>{8, 4096}, {1, 32768}}) {
     const int64_t T = seqs * len;
-    Owned cuh = empty({seqs + 1}, DType::I32, Device::CPU);
-    for (int64_t s = 0; s <= seqs; ++s) cuh.ptr<int32_t>()[s] = static_cast<int32_t>(s * len);
-    Owned cu = empty({seqs + 1}, DType::I32, Device::CUDA);
-    copy_tensor(cu, cuh);
+    Owned cu = packed_cu_seqlens(seqs, len);
     Owned xbc = empty({T, kW}, bf, Device::CUDA), dt = empty({T, kH}, bf, Device::CUDA), dy = empty({T, kH * kP}, bf, Device::CUDA);
     fill_random(xbc, "ssd.xbc");
     fill_random(dt, "ssd.dt", 0.5);

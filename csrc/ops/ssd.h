@@ -29,7 +29,8 @@
 //
 // Dtypes: CPU: everything f32, or everything f64 (fp64 gradient checks); sumsq, dot and
 // chunk_states in that dtype. CUDA: activations and weights bf16; sumsq, dot, chunk_states and the
-// parameter gradients (dA_log, dD, ddt_bias, dweight) f32.
+// parameter gradients (dA_log, dD, ddt_bias, dweight) f32. The CUDA scan (cuda/mamba/ssd*.cu)
+// takes head_dim and N up to 128 and chunk_len a multiple of 32.
 // Gradients: activation gradients are written (=); parameter gradients accumulated (+=).
 #pragma once
 #include <cstdint>

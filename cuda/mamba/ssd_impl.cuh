@@ -13,8 +13,8 @@
 //   S_end = f S0 + sum_{s >= seg[end]} exp(cum[end] - cum[s]) u[s] B[s]^T,
 //   f = [seg[end] < 0] exp(cum[end]) (0 when a document starts in the sub-chunk)
 // Each sum is a product of bf16 tiles in shared memory with f32 accumulators (wmma 16x16x16):
-// C B^T (L x L over N), the masked decays times U (L x P over L), C S0^T (L x P over N),
-// U_w^T B (P x N over L). Padding: P and N rounded up to the template's PP and NP (64 or 128),
+// C B^T (L x L over N), the masked decays times delta[s] times x (L x P over L: x is exact in bf16,
+// the one rounded operand is that matrix), C S0^T (L x P over N), U_w^T B (P x N over L). Padding: P and N rounded up to the template's PP and NP (64 or 128),
 // the padded rows and columns zeros that stay zeros; tokens past the batch have delta 0 and
 // zero rows.
 #pragma once

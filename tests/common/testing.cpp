@@ -115,6 +115,14 @@ Owned to_host(const Tensor& t, DType dtype) {
   return out;
 }
 
+Owned cu_from(const std::vector<int32_t>& lengths) {
+  Owned cu = empty({static_cast<int64_t>(lengths.size()) + 1}, DType::I32, Device::CPU);
+  int32_t s = 0;
+  cu.ptr<int32_t>()[0] = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) cu.ptr<int32_t>()[i + 1] = s += lengths[i];
+  return cu;
+}
+
 std::vector<double> to_vector(const Tensor& t) {
   Owned host;
   const Tensor* src = &t;

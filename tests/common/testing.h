@@ -35,6 +35,8 @@ Owned to_host(const Tensor& t, DType dtype);
 double get(const Tensor& t, int64_t i);
 void set(const Tensor& t, int64_t i, double v);
 std::vector<double> to_vector(const Tensor& t);  // any device, float dtypes
+// cu_seqlens (S + 1) i32 on the CPU of documents of these lengths.
+Owned cu_from(const std::vector<int32_t>& lengths);
 
 struct Comparison {
   double rel_rms = 0;  // rms(a - b) / rms(ref)

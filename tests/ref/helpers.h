@@ -62,15 +62,6 @@ inline Owned converted(const Tensor& t, DType dtype) {
 }
 inline Owned clone(const Tensor& t) { return converted(t, t.dtype); }
 
-// cu_seqlens (S + 1) i32 of documents of these lengths.
-inline Owned cu_from(const std::vector<int32_t>& lengths) {
-  Owned cu = empty({static_cast<int64_t>(lengths.size()) + 1}, DType::I32, Device::CPU);
-  int32_t s = 0;
-  cu.ptr<int32_t>()[0] = 0;
-  for (size_t i = 0; i < lengths.size(); ++i) cu.ptr<int32_t>()[i + 1] = s += lengths[i];
-  return cu;
-}
-
 // Bytes equal (same results bit for bit).
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0;

@@ -12,14 +12,6 @@ namespace engine::testing::scan_testing {
 
 constexpr int64_t kOffset = 1;  // every device tensor starts one element into its allocation
 
-inline Owned cu_from(const std::vector<int32_t>& lengths) {
-  Owned cu = empty({static_cast<int64_t>(lengths.size()) + 1}, DType::I32, Device::CPU);
-  int32_t s = 0;
-  cu.ptr<int32_t>()[0] = 0;
-  for (size_t i = 0; i < lengths.size(); ++i) cu.ptr<int32_t>()[i + 1] = s += lengths[i];
-  return cu;
-}
-
 inline int64_t total(const std::vector<int32_t>& lengths) {
   int64_t s = 0;
   for (int32_t l : lengths) s += l;
