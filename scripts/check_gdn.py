@@ -15,7 +15,11 @@ of the layer, in a model assembled here from PyTorch pieces around transformers'
      causal softmax attention with RoPE for A), the residual, an RMSNorm, a SwiGLU MLP, the
      residual; the final norm and the head;
   3. ./train --dump-logits runs the same token sequences; the logits are compared in f32
-     (tolerance rel_rms 1e-4, as scripts/hf_check.py's CPU legs).
+     (tolerance rel_rms 1e-4, as scripts/hf_check.py's CPU legs) and, when a GPU is visible and
+     ./train was built with CUDA, on the GPU backend in bf16 (the chunked kernels of
+     cuda/mamba/delta*.cu), held to the larger of hf_check.py's GPU tolerance and what bf16 costs
+     the reference itself (the same model in bf16 on the GPU, where transformers runs
+     flash-linear-attention's kernels when they import, against its f32 run).
 
     python3 scripts/check_gdn.py                 # builds ./train first if missing
     python3 scripts/check_gdn.py --layout GG --keep --workdir /tmp/gdn-check
@@ -74,14 +78,16 @@ def checkpoint_params(step_dir):
     return out
 
 
-def reference(params, layout, cfg):
-    """The model of the checkpoint, assembled from PyTorch pieces and Qwen3NextGatedDeltaNet."""
+def reference(params, layout, cfg, device="cpu", dtype=None):
+    """The model of the checkpoint, assembled from PyTorch pieces and Qwen3NextGatedDeltaNet, on
+    `device` in `dtype` (default f32); it returns f32 logits."""
     import torch
     import torch.nn.functional as F
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-    t = {k: torch.tensor(v) for k, v in params.items()}
+    dtype = dtype or torch.float32
+    t = {k: torch.tensor(v).to(device, dtype) for k, v in params.items()}
     hk, hv, dk, dv = cfg["hk"], cfg["hv"], cfg["dk"], cfg["dv"]
     r = hv // hk
     hf_cfg = Qwen3NextConfig(hidden_size=cfg["hidden"], linear_num_key_heads=hk, linear_num_value_heads=hv,
@@ -108,7 +114,7 @@ def reference(params, layout, cfg):
             m.A_log.copy_(g("A_log"))
             m.norm.weight.copy_(g("norm"))
             m.out_proj.weight.copy_(g("out_proj"))
-        mixers[i] = m
+        mixers[i] = m.to(device, dtype)
 
     def rmsnorm(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["eps"]) * w
@@ -119,7 +125,7 @@ def reference(params, layout, cfg):
         q, k, v = (F.linear(x, t[f"layers.{i}.attn.w{c}"]).view(1, T, n, hd).transpose(1, 2) for c in "qkv")
         inv = 1.0 / (cfg["theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
         ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
-        cos, sin = torch.cat([ang.cos()] * 2, -1).float(), torch.cat([ang.sin()] * 2, -1).float()
+        cos, sin = (torch.cat([f(ang)] * 2, -1).to(device, dtype) for f in (torch.cos, torch.sin))
 
         def rope(u):
             u1, u2 = u[..., :hd // 2], u[..., hd // 2:]
@@ -130,7 +136,7 @@ def reference(params, layout, cfg):
 
     def forward(ids):
         with torch.no_grad():
-            x = t["embed.tokens"][torch.tensor([ids])]
+            x = t["embed.tokens"][torch.tensor([ids], device=device)]
             for i, letter in enumerate(layout):
                 xn = rmsnorm(x, t[f"layers.{i}.norm1.weight"])
                 x = x + (mixers[i](xn) if letter == "G" else attention(xn, i))
@@ -139,7 +145,7 @@ def reference(params, layout, cfg):
                                t[f"layers.{i}.mlp.w_out"])
                 x = x + mlp
             head = t["head.weight"] if "head.weight" in t else t["embed.tokens"]
-            return F.linear(rmsnorm(x, t["final_norm.weight"]), head)[0].numpy()
+            return F.linear(rmsnorm(x, t["final_norm.weight"]), head)[0].float().cpu().numpy()
 
     return forward
 
@@ -151,6 +157,7 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--workdir")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--cpu-only", action="store_true", help="skip the GPU backend even when there is a GPU")
     args = p.parse_args()
     if set(args.layout) - set("GA"):
         sys.exit(f"--layout {args.layout}: letters G and A only")
@@ -185,17 +192,18 @@ def main():
     with open(tokens, "w") as f:
         for s in sequences:
             f.write(" ".join(map(str, s)) + "\n")
-    out = os.path.join(workdir, "logits.safetensors")
-    run([args.train, cfg_path, "--dump-logits", tokens, out], log)
-    got = read_safetensors(out)
-    ours = [got[f"logits.{i}"] for i in range(len(sequences))]
     cfg = {"hidden": 96, "heads": 4, "theta": 10000.0, "eps": 1e-6, "hk": 2, "hv": 4, "dk": 16, "dv": 24, "conv": 4}
-    forward = reference(params, args.layout, cfg)
-    ref = [forward(s) for s in sequences]
-    max_abs, rel = compare(ours, ref)
-    ok = rel <= 1e-4
+    f32 = reference(params, args.layout, cfg)
+    ref = [f32(s) for s in sequences]
+    devices = ["cpu"] + (["cuda"] if not args.cpu_only and hf_check.train_has_cuda(args.train) else [])
+    own = None
+    if "cuda" in devices:
+        import torch
+        bf16 = reference(params, args.layout, cfg, "cuda", torch.bfloat16)
+        own = compare([bf16(s) for s in sequences], ref)[1]
+    line, ok = hf_check.ours_vs(ref, args.train, cfg_path, tokens, sequences, devices, workdir, "gdn", log, hf_bf16=own)
     print(f"gated deltanet ({args.layout}) vs transformers {transformers.__version__} Qwen3NextGatedDeltaNet: "
-          f"cpu-f32 max_abs {max_abs:.1e} rel_rms {rel:.1e} | {'OK' if ok else 'FAILED'}", flush=True)
+          f"{line} | {'OK' if ok else 'FAILED'}", flush=True)
     if not args.keep and not args.workdir and ok:
         shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(0 if ok else 1)

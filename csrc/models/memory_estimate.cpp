@@ -13,6 +13,7 @@
 #include "layers/lm_head.h"
 #include "layers/lora.h"
 #include "ops/gemm.h"
+#include "ops/delta.h"
 #include "ops/ssd.h"
 
 namespace engine {
@@ -301,6 +302,19 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
     est.parts.push_back({"Mamba-2 scan backward", false, bytes,
                          str_cat("one layer's scan backward workspaces at ", num(T), " tokens (the gradient of every "
                                  "chunk's end state, the sub-chunks' entering states, dB and dC partial sums)")});
+  }
+
+  if (p.device == Device::CUDA && layers.count[kind_index('G')] > 0) {
+    // One Gated DeltaNet layer's backward at a time holds its workspaces (ops/delta.h), at most
+    // one document a token.
+    const int64_t tokens = static_cast<int64_t>(T);
+    const double bytes = static_cast<double>(ops::gated_delta_workspace_bytes(
+        tokens, tokens, m.gdn_num_key_heads / tp, m.gdn_num_value_heads / tp, m.gdn_key_head_dim, m.gdn_value_head_dim,
+        true));
+    est.parts.push_back({"Gated DeltaNet backward", false, bytes,
+                         str_cat("one layer's chunked backward workspaces at ", num(T), " tokens (q^, k^, the WY "
+                                 "factors U and W, the deltas, the chunks' entering states and their gradients, "
+                                 "per-value-head dq^ and dk^)")});
   }
 
   const double samples = static_cast<double>(c.training.steps) * c.batch.global_batch_size +

@@ -16,15 +16,35 @@
 //
 // Activations are ColumnBlocks (ops/mamba.h) of the GEMM and conv outputs. Blocks written by an op
 // only have their own columns touched.
-// Dtypes: CPU: everything f32, or everything f64 (fp64 gradient checks). (No CUDA kernels yet:
-// cuda/mamba/delta.cu refuses, and the run plan refuses G blocks on the GPU.)
+// Dtypes: CPU: everything f32, or everything f64 (fp64 gradient checks). CUDA: activations and
+// weights bf16, the state of a step, rstd and the parameter gradients (dA_log, ddt_bias, dweight)
+// f32; the chunked kernels (cuda/mamba/delta*.cu) take head dims up to 128.
 // Gradients: activation gradients are written (=); parameter gradients accumulated (+=).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/mamba.h"
 
 namespace engine::ops {
+
+// The CUDA kernels cut each document into chunks of kDeltaChunk tokens; a chunk table holds at
+// most delta_max_chunks of them, and the entering states of all but each document's first chunk
+// take delta_state_slots slots. gated_delta_workspace_bytes: what one forward (backward: false)
+// or backward call allocates for its duration, at `docs` documents.
+constexpr int64_t kDeltaChunk = 64;
+inline int64_t delta_max_chunks(int64_t tokens, int64_t docs) { return (tokens + kDeltaChunk - 1) / kDeltaChunk + docs; }
+inline int64_t delta_state_slots(int64_t tokens) { return std::max<int64_t>(tokens / kDeltaChunk, 1); }
+inline int64_t gated_delta_workspace_bytes(int64_t tokens, int64_t docs, int64_t hk, int64_t hv, int64_t dk,
+                                           int64_t dv, bool backward) {
+  const int64_t chunks = delta_max_chunks(tokens, docs), states = delta_state_slots(tokens) * hv * dk * dv;
+  // The chunk table; q^, k^, U, D, W, the entering states (bf16).
+  int64_t bytes = 4 * (docs + 1 + 3 * chunks) + 2 * (2 * tokens * hk * dk + 2 * tokens * hv * dv + tokens * hv * dk + states);
+  // The states' gradients, dU, dW (bf16); dq^ and dk^ per value head, d gc, parameter partials (f32).
+  if (backward)
+    bytes += 2 * (states + tokens * hv * dv + tokens * hv * dk) + 4 * (2 * tokens * hv * dk + tokens * hv + 2 * chunks * hv);
+  return bytes;
+}
 
 struct DeltaArgs {
   ColumnBlock q, k;   // (T, Hk dk)

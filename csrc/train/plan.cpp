@@ -68,7 +68,9 @@ Device resolve_device(DeviceChoice choice) {
 }
 
 std::string cuda_unsupported(const ModelConfig& m) {
-  if (has_block_kind(m, "G")) return "Gated DeltaNet (G) blocks have no CUDA kernels yet (ops/delta.h)";
+  if (has_block_kind(m, "G") && (m.gdn_key_head_dim > 128 || m.gdn_value_head_dim > 128))
+    return str_cat("the Gated DeltaNet (G) CUDA kernels take model.gdn_key_head_dim and model.gdn_value_head_dim up to "
+                   "128, got ", m.gdn_key_head_dim, " and ", m.gdn_value_head_dim);
   if (has_block_kind(m, "S") && (m.mamba_head_dim > 128 || m.mamba_d_state > 128))
     return str_cat("the Mamba-2 (S) scan's CUDA kernels take model.mamba_head_dim and model.mamba_d_state up to 128, got ",
                    m.mamba_head_dim, " and ", m.mamba_d_state);

@@ -74,6 +74,11 @@ template <typename T> T* block_ptr(const ops::ColumnBlock& b) {
 
 __device__ __forceinline__ float bf(const bf16_t v) { return __bfloat162float(v); }
 
+// The gates of the Mamba-2 and Gated DeltaNet kernels, in f32 (softplus as torch's, threshold 20).
+__device__ __forceinline__ float softplus_f(float v) { return v > 20.f ? v : log1pf(__expf(v)); }
+__device__ __forceinline__ float sigmoid_f(float v) { return 1.f / (1.f + __expf(-v)); }
+__device__ __forceinline__ float silu_f(float v) { return v / (1.f + __expf(-v)); }
+
 // d silu(v) / dv from s = sigmoid(v).
 __device__ __forceinline__ float dsilu(float v, float s) { return s * (1.f + v * (1.f - s)); }
 

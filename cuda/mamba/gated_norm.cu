@@ -26,8 +26,6 @@ struct Rows {
 };
 Rows rows(const ops::ColumnBlock& b) { return {block_ptr<const bf16_t>(b), b.ld()}; }
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.f + __expf(-v)); }
-
 // out[t] = sum_j v^2 (kDot false) or sum_j dout w v (kDot true) over the row.
 template <bool kDot>
 __global__ void gated_row_sum_kernel(Rows y, Rows z, Rows dout, const bf16_t* __restrict__ w, int64_t T, int64_t W,

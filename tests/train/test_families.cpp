@@ -79,6 +79,15 @@ TEST_CASE("GPU: a Mamba-2 hybrid (S and attention blocks) follows its CPU loss c
                    "model.mamba_dt_limit_min=0.001", "training.steps=12"});
 }
 
+TEST_CASE("GPU: a Gated DeltaNet hybrid (G and attention blocks) follows its CPU loss curve and learns" *
+          doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  // 2 key heads of 64 over 4 value heads of 64 (two a key head) through the chunked kernels.
+  gpu_follows_cpu({"model.hybrid_layout=\"GAG\"", "model.num_layers=3", "model.hidden_size=128", "model.num_heads=2",
+                   "model.ffn_hidden_size=96", "model.gdn_num_key_heads=2", "model.gdn_num_value_heads=4",
+                   "model.gdn_key_head_dim=64", "model.gdn_value_head_dim=64", "training.steps=12"});
+}
+
 TEST_CASE("what the CUDA kernels cannot run is named before a GPU run starts (cuda_unsupported)") {
   CHECK(cuda_unsupported(tiny_run_config("hybrid", kHybrid).model).empty());
   const std::vector<std::string> s = {"model.hybrid_layout=\"SA\"", "model.num_layers=2", "model.mamba_head_dim=24"};
@@ -87,9 +96,11 @@ TEST_CASE("what the CUDA kernels cannot run is named before a GPU run starts (cu
   wide.push_back("model.mamba_d_state=256");
   CHECK(cuda_unsupported(tiny_run_config("hybrid", wide).model).find("model.mamba_head_dim and model.mamba_d_state up to 128, got 24 and 256") !=
         std::string::npos);
-  const std::vector<std::string> g = {"model.hybrid_layout=\"GA\"", "model.num_layers=2"};
-  CHECK(cuda_unsupported(tiny_run_config("hybrid", g).model).find("Gated DeltaNet (G) blocks have no CUDA kernels") !=
-        std::string::npos);
+  std::vector<std::string> g = {"model.hybrid_layout=\"GA\"", "model.num_layers=2"};
+  CHECK(cuda_unsupported(tiny_run_config("hybrid", g).model).empty());
+  g.push_back("model.gdn_value_head_dim=192");
+  CHECK(cuda_unsupported(tiny_run_config("hybrid", g).model)
+            .find("model.gdn_key_head_dim and model.gdn_value_head_dim up to 128, got ") != std::string::npos);
 }
 
 TEST_CASE("mixture-of-experts and Mamba keys: checked, and named in errors") {

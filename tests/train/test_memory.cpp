@@ -133,6 +133,30 @@ TEST_CASE("memory estimate: a GPU run with Mamba-2 blocks counts one layer's sca
   CHECK(std::none_of(cpu.parts.begin(), cpu.parts.end(), [](const MemoryPart& m) { return m.name == "Mamba-2 scan backward"; }));
 }
 
+TEST_CASE("memory estimate: a GPU run with Gated DeltaNet blocks counts one layer's backward workspaces") {
+  RankPlacement gpu;
+  gpu.device = Device::CUDA;
+  gpu.compute = DType::BF16;
+  // 1024 tokens (16 chunks of 64, at most 1024 documents); 2 key heads of 32, 4 value heads of 16.
+  const Config c = tiny_run_config("hybrid", {"model.hybrid_layout=\"GA\"", "model.num_layers=2", "model.hidden_size=64",
+                                              "model.num_heads=2", "model.gdn_num_key_heads=2",
+                                              "model.gdn_num_value_heads=4", "model.gdn_key_head_dim=32",
+                                              "model.gdn_value_head_dim=16", "data.sequence_length=256",
+                                              "batch.micro_batch_size=4", "batch.global_batch_size=4"});
+  const MemoryEstimate e = estimate_memory(c, gpu);
+  const auto part = std::find_if(e.parts.begin(), e.parts.end(),
+                                 [](const MemoryPart& m) { return m.name == "Gated DeltaNet backward"; });
+  REQUIRE(part != e.parts.end());
+  // The chunk table (1024 documents + 1, 3 x (16 + 1024) chunks); bf16: q^, k^ (1024 x 64 each),
+  // U, D, dU (1024 x 64 each), W, dW (1024 x 128 each), 16 slots x 4 heads x 32 x 16 of states and
+  // their gradients; f32: dq^, dk^ (1024 x 128 each), d gc (1024 x 4), 1040 x 4 x 2 partials.
+  const double table = 4.0 * (1025 + 3 * 1040), states = 16.0 * 4 * 32 * 16;
+  CHECK(part->bytes == table + 2.0 * (2 * 1024 * 64 + 3 * 1024 * 64 + 2 * 1024 * 128 + 2 * states) +
+                           4.0 * (2 * 1024 * 128 + 1024 * 4 + 1040 * 4 * 2));
+  const MemoryEstimate cpu = estimate_memory(c, RankPlacement{});
+  CHECK(std::none_of(cpu.parts.begin(), cpu.parts.end(), [](const MemoryPart& m) { return m.name == "Gated DeltaNet backward"; }));
+}
+
 TEST_CASE("memory estimate: a distillation teacher's weights are counted, and the bound still holds") {
   const std::string dir = (std::filesystem::path(learnable_dataset()).parent_path() / "memory-teacher-hf").string();
   const Config src = tiny_run_config("llama", {"run.name=memory-teacher", "model.num_layers=3", "model.hidden_size=48"});

@@ -1,6 +1,7 @@
 // Helpers of the GPU tests of the Mamba and Mamba-2 kernels (test_mamba.cpp, test_ssd.cpp):
 // packed documents, column blocks read back in f64, the poison outside a block.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -48,6 +49,28 @@ inline Owned f64_from(const Tensor& gpu_minus, const Tensor& prefill) {  // gpu 
   Owned a = to_host(gpu_minus, DType::F64);
   for (int64_t i = 0; i < a->numel(); ++i) set(a, i, get(a, i) - get(prefill, i));
   return a;
+}
+
+// A parameter gradient that sums per-token terms over the batch (dt_bias's: the terms are the
+// per-token gradients of the input it is added to): a sum whose terms cancel loses the terms'
+// relative precision, so each element's error is held to tol times the sum of its terms' sizes,
+// l1[h] = sum_t |term[t, h]| (f64, got and ref (H)).
+inline Comparison close_sums(const Tensor& got, const Tensor& ref, const Tensor& l1, double tol) {
+  Comparison c = compare(got, ref, "sum");
+  c.rel_rms = 0;
+  for (int64_t h = 0; h < ref.numel(); ++h)
+    c.rel_rms = std::max(c.rel_rms, std::fabs(get(got, h) - get(ref, h)) / std::max(get(l1, h), 1e-30));
+  return c;
+}
+
+// sum_t |x[t, col0 + h]| for h < width of a (T, ld) f64 host tensor, times scale(t, h) if given.
+template <typename F>
+inline Owned column_l1(const Tensor& x, int64_t col0, int64_t width, F&& scale) {
+  Owned out = zeros({width}, DType::F64, Device::CPU);
+  const int64_t rows = x.size(0), ld = x.size(1);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < width; ++h) set(out, h, get(out, h) + std::fabs(get(x, t * ld + col0 + h) * scale(t, h)));
+  return out;
 }
 
 }  // namespace engine::testing::scan_testing
