@@ -1,8 +1,10 @@
-// Helpers of the GPU tests of the Mamba and Mamba-2 kernels (test_mamba.cpp, test_ssd.cpp):
-// packed documents, column blocks read back in f64, the poison outside a block.
+// Helpers of the GPU tests of the Mamba, Mamba-2 and Gated DeltaNet kernels (test_mamba.cpp,
+// test_ssd.cpp, test_delta_norm.cpp): packed documents, column blocks read back in f64, the
+// poison outside a block, a tolerance check that can print its error.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,15 @@ inline Owned f64_from(const Tensor& gpu_minus, const Tensor& prefill) {  // gpu 
   Owned a = to_host(gpu_minus, DType::F64);
   for (int64_t i = 0; i < a->numel(); ++i) set(a, i, get(a, i) - get(prefill, i));
   return a;
+}
+
+// CHECK_CLOSE that also prints the error with TEST_VERBOSE=1 (for the tests' tolerances).
+inline void close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
+  Comparison c = compare(got, ref, what);
+  if (std::getenv("TEST_VERBOSE")) MESSAGE(what << ": rel_rms " << c.rel_rms);
+  INFO(c.report);
+  CHECK(c.nonfinite == 0);
+  CHECK(c.rel_rms <= tol);
 }
 
 }  // namespace engine::testing::scan_testing
