@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_check  # noqa: E402
 from hf_check import ROOT, compare, read_safetensors, run  # noqa: E402
@@ -87,17 +89,20 @@ def reference(params, layout, cfg, device="cpu", dtype=None):
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
     dtype = dtype or torch.float32
+    impl = reference.impl
     t = {k: torch.tensor(v).to(device, dtype) for k, v in params.items()}
     hk, hv, dk, dv = cfg["hk"], cfg["hv"], cfg["dk"], cfg["dv"]
     r = hv // hk
     hf_cfg = Qwen3NextConfig(hidden_size=cfg["hidden"], linear_num_key_heads=hk, linear_num_value_heads=hv,
                              linear_key_head_dim=dk, linear_value_head_dim=dv, linear_conv_kernel_dim=cfg["conv"],
                              rms_norm_eps=cfg["eps"], hidden_act="silu", num_hidden_layers=len(layout))
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf_mod
     mixers = {}
     for i, letter in enumerate(layout):
         if letter != "G":
             continue
         m = Qwen3NextGatedDeltaNet(hf_cfg, layer_idx=i).float().eval()
+        impl[0] = getattr(m.chunk_gated_delta_rule, "__module__", "?")
         g = lambda n: t[f"layers.{i}.gdn.{n}"]  # noqa: E731
         rows = []  # in_proj_qkvz: per key head [q_h | k_h | v of its r value heads | z of them]
         for h in range(hk):
@@ -150,6 +155,39 @@ def reference(params, layout, cfg, device="cpu", dtype=None):
     return forward
 
 
+reference.impl = ["?"]  # the module of the last reference's chunked rule (transformers' or fla's)
+
+
+def reference_logits(step_dir, layout, cfg, sequences, device, workdir, log):
+    """The reference's logits of `sequences`, computed by this script in a child process: on the
+    CPU in f32 with flash-linear-attention kept off the import path (transformers then runs its
+    PyTorch forms; fla's kernels take only GPU tensors), on the GPU in bf16 as transformers runs
+    it there (fla's kernels when they import)."""
+    out = os.path.join(workdir, f"reference-{device}.npz")
+    env = dict(os.environ)
+    if device == "cpu":
+        import importlib.util
+        spec = importlib.util.find_spec("fla")
+        if spec is not None and spec.submodule_search_locations:
+            site = os.path.dirname(list(spec.submodule_search_locations)[0])
+            env["PYTHONPATH"] = os.pathsep.join(d for d in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                if d and os.path.realpath(d) != os.path.realpath(site))
+    job = {"step_dir": step_dir, "layout": layout, "cfg": cfg, "sequences": sequences, "device": device, "out": out}
+    run([sys.executable, os.path.abspath(__file__), "--reference-job", json.dumps(job)], log, env=env)
+    got = np.load(out)
+    reference.impl[0] = str(got["impl"])
+    return [got[f"logits{i}"] for i in range(len(sequences))]
+
+
+def reference_job(job):
+    """The child process of reference_logits."""
+    import torch
+    dtype = torch.float32 if job["device"] == "cpu" else torch.bfloat16
+    forward = reference(checkpoint_params(job["step_dir"]), job["layout"], job["cfg"], job["device"], dtype)
+    logits = {f"logits{i}": forward(s) for i, s in enumerate(job["sequences"])}
+    np.savez(job["out"], impl=np.array(reference.impl[0]), **logits)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", default=os.path.join(ROOT, "train"))
@@ -158,7 +196,10 @@ def main():
     p.add_argument("--workdir")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--cpu-only", action="store_true", help="skip the GPU backend even when there is a GPU")
+    p.add_argument("--reference-job", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.reference_job:
+        return reference_job(json.loads(args.reference_job))
     if set(args.layout) - set("GA"):
         sys.exit(f"--layout {args.layout}: letters G and A only")
     try:
@@ -184,7 +225,6 @@ def main():
     shutil.rmtree(os.path.join(workdir, "runs", "gdn"), ignore_errors=True)
     run([args.train, cfg_path], log)
     step_dir = os.path.join(workdir, "runs", "gdn", "checkpoints", f"step_{args.steps}")
-    params = checkpoint_params(step_dir)
 
     rng = random.Random(99)
     sequences = [[rng.randrange(257) for _ in range(n)] for n in (100, 29)]  # 100: past the chunk of 64
@@ -193,14 +233,13 @@ def main():
         for s in sequences:
             f.write(" ".join(map(str, s)) + "\n")
     cfg = {"hidden": 96, "heads": 4, "theta": 10000.0, "eps": 1e-6, "hk": 2, "hv": 4, "dk": 16, "dv": 24, "conv": 4}
-    f32 = reference(params, args.layout, cfg)
-    ref = [f32(s) for s in sequences]
+    ref = reference_logits(step_dir, args.layout, cfg, sequences, "cpu", workdir, log)
     devices = ["cpu"] + (["cuda"] if not args.cpu_only and hf_check.train_has_cuda(args.train) else [])
     own = None
     if "cuda" in devices:
-        import torch
-        bf16 = reference(params, args.layout, cfg, "cuda", torch.bfloat16)
-        own = compare([bf16(s) for s in sequences], ref)[1]
+        bf16 = reference_logits(step_dir, args.layout, cfg, sequences, "cuda", workdir, log)
+        own = compare(bf16, ref)[1]
+        print(f"the GPU reference's chunked gated delta rule: {reference.impl[0]}", flush=True)
     line, ok = hf_check.ours_vs(ref, args.train, cfg_path, tokens, sequences, devices, workdir, "gdn", log, hf_bf16=own)
     print(f"gated deltanet ({args.layout}) vs transformers {transformers.__version__} Qwen3NextGatedDeltaNet: "
           f"{line} | {'OK' if ok else 'FAILED'}", flush=True)

@@ -78,11 +78,11 @@ def sequence_length(family):
 GENERATE_TOKENS = 24
 
 
-def run(cmd, log):
+def run(cmd, log, env=None):
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if r.returncode != 0:
         with open(log) as f:
             tail = f.read()[-3000:]

@@ -151,7 +151,7 @@ void DeltaNet::decode(const Env& env, const Tensor& xn, DeltaNetCache& cache, co
   ops::causal_conv1d_step(ops::ColumnBlock(s.proj, 0, conv_width()), cache.conv, conv_w_.w(), {}, true, conv);
   s.o = env.act_tensor({1, v_width()});
   ops::gated_delta_step(delta_args(s, conv, SegmentInfo{}), cache.state, s.o);
-  s.rstd = env.act_tensor({1, hv_});
+  s.rstd = env.stat_tensor({1, hv_});
   Owned yn = env.act_tensor({1, v_width()});
   normed(s, yn, s.rstd);
   row_linear_forward(env, yn, w_out_.w(), {}, y);

@@ -88,7 +88,7 @@ void DeltaNet::forward(const Env& env, const Tensor& xn, const Tensor& y, const 
   s.o = env.act_tensor({T, v_width()});
   ops::gated_delta_forward(delta_args(s, conv, seg), s.o);
   conv = Owned{};
-  s.rstd = env.act_tensor({T, hv_});
+  s.rstd = env.stat_tensor({T, hv_});
   Owned yn = env.act_tensor({T, v_width()});
   normed(s, yn, s.rstd);
   row_linear_forward(env, yn, w_out_.w(), {}, y);
@@ -99,7 +99,7 @@ void DeltaNet::backward(const Env& env, const Tensor& dy, const Tensor& xn, cons
   const int64_t T = full_rows(env, xn.size(0));
   Owned dyn = env.act_tensor({T, v_width()});
   {
-    Owned yn = env.act_tensor({T, v_width()}), rstd = env.act_tensor({T, hv_});
+    Owned yn = env.act_tensor({T, v_width()}), rstd = env.stat_tensor({T, hv_});
     normed(s, yn, rstd);
     Owned dy_storage;
     const Tensor dy_full = row_output_backward(env, dy, dy_storage);

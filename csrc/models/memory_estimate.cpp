@@ -227,10 +227,13 @@ MemoryEstimate estimate_memory(const Config& c, const RankPlacement& p, const Mo
                    std::ceil(T / static_cast<double>(layers::Mamba2Config{}.chunk_len)) * Di * m.mamba_d_state / tp *
                        4 / a;
     // Gated DeltaNet + MLP: the attention block's residual tensors and MLP, the in_proj output
-    // [q | k | v | z | b | a], o and the norm's rstd in place of q, k, v and the attention output.
+    // [q | k | v | z | b | a], o and the norm's rstd (a statistic: f32, f64 in an f64 model) in
+    // place of q, k, v and the attention output.
     const double qk = static_cast<double>(m.gdn_num_key_heads) * m.gdn_key_head_dim,
-                 vw = static_cast<double>(m.gdn_num_value_heads) * m.gdn_value_head_dim;
-    per_block[4] = 4 * Tsp * C + T * (2 * qk + 3 * vw + 3.0 * m.gdn_num_value_heads) / tp + T * F * (glu + 1) / tp;
+                 vw = static_cast<double>(m.gdn_num_value_heads) * m.gdn_value_head_dim,
+                 hv = m.gdn_num_value_heads;
+    per_block[4] = 4 * Tsp * C + T * (2 * qk + 3 * vw + 2 * hv + hv * std::max(a, 4.0) / a) / tp +
+                   T * F * (glu + 1) / tp;
   }
   double per_micro = layers.embedding ? Tsp * C : 0;  // the embedding's output
   for (int i = 0; i < kKinds; ++i) per_micro += layers.count[i] * per_block[i];

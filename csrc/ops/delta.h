@@ -17,8 +17,9 @@
 // Activations are ColumnBlocks (ops/mamba.h) of the GEMM and conv outputs. Blocks written by an op
 // only have their own columns touched.
 // Dtypes: CPU: everything f32, or everything f64 (fp64 gradient checks). CUDA: activations and
-// weights bf16, the state of a step, rstd and the parameter gradients (dA_log, ddt_bias, dweight)
-// f32; the chunked kernels (cuda/mamba/delta*.cu) take head dims up to 128.
+// weights bf16; the state of a step, rstd and the parameter gradients (dA_log, ddt_bias, dweight)
+// f32. The chunked rule's kernels (cuda/mamba/delta*.cu) take head dims up to 128; the norm and
+// the step are cuda/mamba/delta_norm.cu.
 // Gradients: activation gradients are written (=); parameter gradients accumulated (+=).
 #pragma once
 #include <algorithm>
@@ -91,7 +92,8 @@ void visit_tensors(const DeltaGrads& g, const char*, F&& f) {
 //   row; cu_seqlens unused): state (Hv, dk, dv) is S of the previous token (zeros before the
 //   document), updated in place; o as gated_delta_forward writes it.
 // head_rmsnorm_gated: y, z, dout, out, dy, dz (T, heads x head_dim) blocks; weight, dweight
-// (head_dim); rstd (T, heads), in the activations' dtype on the CPU.
+// (head_dim); rstd (T, heads): a statistic (layers allocate it with Env::stat_tensor), in the
+// activations' dtype on the CPU.
 #define ENGINE_DELTA_OPS(OP)                                                                     \
   OP(void, gated_delta_forward, (const ops::DeltaArgs& a, const ops::ColumnBlock& o), (a, o))     \
   OP(void, gated_delta_backward,                                                                 \

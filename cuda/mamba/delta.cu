@@ -7,7 +7,8 @@
 //      shared memory) (delta_state_kernel, also run by the backward);
 //   4. per (chunk, value head): O = diag(Gam) Q S0 + (Q K^T * E) D (delta_output_kernel).
 // Memory: q, k, v, a, b, o bf16 column blocks (any alignment: scalar loads), A_log and dt_bias bf16;
-// the workspaces of ops::gated_delta_workspace_bytes.
+// the workspaces of ops::gated_delta_workspace_bytes. The head norm and the one-token step are
+// delta_norm.cu.
 #include "cuda/mamba/delta_impl.cuh"
 
 #include <cmath>
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) delta_wy_kernel(DeltaParams p) {
 template <int DK> struct StateLayout {
   static constexpr int LK = DK + kPadB, LN = kSlice + kPadB, LS = kSlice + kPadF;
   static constexpr size_t bytes() {
-    return 2 * carve_bytes(kChunk * LK * 2) + carve_bytes(kChunk * LN * 2) + carve_bytes(size_t{DK} * LS * 4) +
+    return 2 * carve_bytes(kChunk * LK * 2) + 2 * carve_bytes(kChunk * LN * 2) + carve_bytes(size_t{DK} * LS * 4) +
            carve_bytes(size_t{DK} * LN * 2) + carve_bytes(kChunk * LS * 4) + carve_bytes(sizeof(ChunkTok));
   }
 };
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) delta_state_kernel(DeltaParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   Carve cv{smem};
   bf16_t *Wb = cv.take<bf16_t>(kChunk * L::LK), *Kp = cv.take<bf16_t>(kChunk * L::LK);
-  bf16_t* Db = cv.take<bf16_t>(kChunk * L::LN);
+  bf16_t *Db = cv.take<bf16_t>(kChunk * L::LN), *Ub = cv.take<bf16_t>(kChunk * L::LN);
   float* S = cv.take<float>(DK * L::LS);
   bf16_t* Sb = cv.take<bf16_t>(DK * L::LN);
   float* X = cv.take<float>(kChunk * L::LS);
@@ -98,17 +99,14 @@ __global__ void __launch_bounds__(kThreads) delta_state_kernel(DeltaParams p) {
     }
     load_tile<kChunk, DK>(Wb, L::LK, p.W, ldw, tok.t0, tok.n, int64_t{h} * p.dk, p.dk, nullptr);
     load_tile<kChunk, DK>(Kp, L::LK, p.kn, ldn, tok.t0, tok.n, int64_t{kh} * p.dk, p.dk, tok.el);
+    load_tile<kChunk, kSlice>(Ub, L::LN, p.U, ldu, tok.t0, tok.n, int64_t{h} * p.dv + col0, width, nullptr);
     __syncthreads();
     tile_mma<kChunk, kSlice, DK, RowM, RowM>(Wb, L::LK, Sb, L::LN, X, L::LS, 0.f);  // W S0
     __syncthreads();
     for (int i = threadIdx.x; i < kChunk * kSlice; i += kThreads) {
       const int r = i / kSlice, j = i % kSlice;
-      float v = 0.f;
-      if (r < tok.n && j < width) {
-        const int64_t e = (tok.t0 + r) * ldu + int64_t{h} * p.dv + col0 + j;
-        v = bf(p.U[e]) - X[r * L::LS + j];
-        p.D[e] = __float2bfloat16(v);
-      }
+      const float v = bf(Ub[r * L::LN + j]) - X[r * L::LS + j];  // (0 past the chunk and the slice)
+      if (r < tok.n && j < width) p.D[(tok.t0 + r) * ldu + int64_t{h} * p.dv + col0 + j] = __float2bfloat16(v);
       Db[r * L::LN + j] = __float2bfloat16(v);
     }
     __syncthreads();
@@ -241,19 +239,6 @@ void gated_delta_forward(const ops::DeltaArgs& a, const ops::ColumnBlock& o) {
                                                                                        o.ld());
     check_launch("delta_output_kernel");
   });
-}
-
-// TEMPORARY until the norm and step kernels land.
-[[noreturn]] static void no_kernel(const char* op) { RAISE(op, ": no CUDA kernel yet"); }
-void gated_delta_step(const ops::DeltaArgs&, const Tensor&, const ops::ColumnBlock&) { no_kernel("gated_delta_step"); }
-void head_rmsnorm_gated_forward(const ops::ColumnBlock&, const ops::ColumnBlock&, const Tensor&, float,
-                                const ops::ColumnBlock&, const Tensor&) {
-  no_kernel("head_rmsnorm_gated_forward");
-}
-void head_rmsnorm_gated_backward(const ops::ColumnBlock&, const ops::ColumnBlock&, const ops::ColumnBlock&,
-                                 const Tensor&, const Tensor&, const ops::ColumnBlock&, const ops::ColumnBlock&,
-                                 const Tensor&) {
-  no_kernel("head_rmsnorm_gated_backward");
 }
 
 }  // namespace engine::cuda

@@ -39,6 +39,24 @@ struct DeltaBwd {
   int64_t lddv, ldda, lddb;
 };
 
+// dst[r ld + c] += F[r][c] (f32, ldf) for r < rows, c < width: every load issued before any store.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void add_rows(float* __restrict__ dst, int64_t ld, int rows, int width, const float* F,
+                                         int ldf) {
+  constexpr int kPer = (ROWS * COLS + kThreads - 1) / kThreads;
+  float v[kPer];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int i = threadIdx.x + e * kThreads, r = i / COLS, c = i % COLS;
+    v[e] = i < ROWS * COLS && r < rows && c < width ? dst[r * ld + c] : 0.f;
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int i = threadIdx.x + e * kThreads, r = i / COLS, c = i % COLS;
+    if (i < ROWS * COLS && r < rows && c < width) dst[r * ld + c] = v[e] + F[r * ldf + c];
+  }
+}
+
 // Whether chunk c has a next chunk in its document (so a dS1 in that chunk's slot).
 __device__ __forceinline__ int next_slot(const DeltaParams& p, int c) {
   return c + 1 < p.doc_chunk[p.docs] ? p.chunk_slot[c + 1] : -1;
@@ -119,6 +137,7 @@ __global__ void __launch_bounds__(kThreads) delta_dstate_kernel(DeltaParams p, D
 
 template <int DK, int DV> struct DqkLayout {
   static constexpr int LK = DK + kPadB, LV = DV + kPadB, LA = kChunk + kPadF, LT = kChunk + kPadB, LF = DK + kPadF;
+  static_assert(size_t{DK} * LV * 2 <= 2 * carve_bytes(kChunk * LA * 4), "dS1 fits A1 and A2's area");
   static constexpr size_t bytes() {
     return 2 * carve_bytes(kChunk * LK * 2) + 2 * carve_bytes(kChunk * LV * 2) + carve_bytes(size_t{DK} * LV * 2) +
            2 * carve_bytes(kChunk * LA * 4) + carve_bytes(kChunk * LT * 2) + 2 * carve_bytes(kChunk * LF * 4) +
@@ -196,18 +215,15 @@ __global__ void __launch_bounds__(kThreads) delta_dqk_kernel(DeltaParams p, Delt
     const int r = i / p.dk, j = i % p.dk;
     o.dW[(tok.t0 + r) * ldw + int64_t{h} * p.dk + j] = __float2bfloat16(-F1[r * L::LF + j]);
   }
-  // <dS1, S0>, and dS1 into S0's tile.
-  const int slot1 = next_slot(p, c);
-  const bf16_t* ds1 = slot1 < 0 ? nullptr : o.dH + (int64_t{slot1} * p.Hv + h) * p.dk * p.dv;
+  // dS1 (zeros after a document's last chunk) into A1 and A2's area, free from here; <dS1, S0>.
+  bf16_t* G1 = reinterpret_cast<bf16_t*>(A1);
+  load_state<DK, DV>(p, o.dH, next_slot(p, c), h, G1, L::LV);
+  __syncthreads();
   float dot = 0.f;
-  for (int i = threadIdx.x; i < DK * DV; i += kThreads) {
-    const int r = i / DV, j = i % DV;
-    const float g = ds1 && r < p.dk && j < p.dv ? bf(ds1[int64_t{r} * p.dv + j]) : 0.f;
-    dot += g * bf(Sb[r * L::LV + j]);
-    Sb[r * L::LV + j] = __float2bfloat16(g);
-  }
-  dot = block_sum(dot, red);  // (its barriers also order Sb's writes before the product)
-  tile_mma<kChunk, DK, DV, RowM, ColM>(Db, L::LV, Sb, L::LV, F1, L::LF, 0.f);  // D dS1^T
+  for (int i = threadIdx.x; i < DK * DV; i += kThreads)
+    dot += bf(G1[i / DV * L::LV + i % DV]) * bf(Sb[i / DV * L::LV + i % DV]);
+  dot = block_sum(dot, red);
+  tile_mma<kChunk, DK, DV, RowM, ColM>(Db, L::LV, G1, L::LV, F1, L::LF, 0.f);  // D dS1^T
   __syncthreads();
   if (threadIdx.x < kChunk) {
     const int r = threadIdx.x;
@@ -324,11 +340,8 @@ __global__ void __launch_bounds__(kThreads) delta_wy_backward_kernel(DeltaParams
   __syncthreads();
   tile_mma<kChunk, DK, kChunk, ColM, RowM>(Xb, L::LT, Kb, L::LK, F, L::LO, 1.f);  // + R^T K
   __syncthreads();
-  const int64_t part = int64_t{p.Hv} * p.dk;
-  for (int i = threadIdx.x; i < tok.n * p.dk; i += kThreads) {
-    const int r = i / p.dk, j = i % p.dk;
-    o.dk[(tok.t0 + r) * part + int64_t{h} * p.dk + j] += F[r * L::LO + j];
-  }
+  add_rows<kChunk, DK>(o.dk + tok.t0 * int64_t{p.Hv} * p.dk + int64_t{h} * p.dk, int64_t{p.Hv} * p.dk, tok.n, p.dk,
+                       F, L::LO);
   float dbeta = 0.f;
   if (threadIdx.x < tok.n) {
     const int r = threadIdx.x;

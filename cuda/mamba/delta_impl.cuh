@@ -101,15 +101,22 @@ static __global__ void delta_unit_kernel(DeltaParams p) {
   if (w >= p.T * p.Hk) return;
   const int64_t t = w / p.Hk;
   const int i = static_cast<int>(w % p.Hk), lane = threadIdx.x % 32;
+  constexpr int kPer = 128 / 32;  // dk <= 128 (check_delta_cuda)
   for (int which = 0; which < 2; ++which) {
     const bf16_t* src = (which ? p.k + t * p.ldk : p.q + t * p.ldq) + int64_t{i} * p.dk;
-    float ss = 0.f;
-    for (int j = lane; j < p.dk; j += 32) ss += bf(src[j]) * bf(src[j]);
+    float x[kPer], ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      x[e] = lane + 32 * e < p.dk ? bf(src[lane + 32 * e]) : 0.f;
+      ss += x[e] * x[e];
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float f = (which ? 1.f : p.scale) * rsqrtf(ss + kL2Eps);
     bf16_t* dst = (which ? p.kn : p.qn) + t * (int64_t{p.Hk} * p.dk) + int64_t{i} * p.dk;
-    for (int j = lane; j < p.dk; j += 32) dst[j] = __float2bfloat16(bf(src[j]) * f);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e)
+      if (lane + 32 * e < p.dk) dst[lane + 32 * e] = __float2bfloat16(x[e] * f);
   }
 }
 
@@ -207,10 +214,7 @@ template <int DK, int DV>
 __device__ __forceinline__ void load_state(const DeltaParams& p, const bf16_t* states, int slot, int h, bf16_t* dst,
                                            int ld) {
   const bf16_t* src = states + (int64_t{max(slot, 0)} * p.Hv + h) * p.dk * p.dv;
-  for (int i = threadIdx.x; i < DK * DV; i += kThreads) {
-    const int r = i / DV, j = i % DV;
-    dst[r * ld + j] = slot >= 0 && r < p.dk && j < p.dv ? src[int64_t{r} * p.dv + j] : __float2bfloat16(0.f);
-  }
+  load_tile<DK, DV>(dst, ld, src, p.dv, 0, slot >= 0 ? p.dk : 0, 0, p.dv, nullptr);
 }
 
 // The launchers' checks beyond ops/delta.cpp's: bf16 activations and weights, the head dims.

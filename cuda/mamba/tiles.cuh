@@ -56,18 +56,44 @@ using RowM = wmma::row_major;
 using ColM = wmma::col_major;
 
 // dst[r][c] (bf16, ld) for r < ROWS, c < COLS: src[(t0 + r) ld_src + col0 + c] times row_scale[r]
-// (nullptr: 1) where r < rows and c < width, else 0.
+// (nullptr: 1) where r < rows and c < width, else 0. Each thread takes groups of 8 columns: one
+// 16-byte load where the rows are 16-byte aligned (ld_src a multiple of 8) and the group lies
+// inside width, else 8 scalar loads; all of a thread's loads are issued before its stores (the
+// compiler could not move a load past a store that might alias it), so their latencies overlap.
 template <int ROWS, int COLS>
-__device__ __forceinline__ void load_tile(bf16_t* dst, int ld, const bf16_t* src, int64_t ld_src, int64_t t0,
-                                          int64_t rows, int64_t col0, int width, const float* row_scale) {
-  for (int i = threadIdx.x; i < ROWS * COLS; i += kThreads) {
-    const int r = i / COLS, c = i % COLS;
-    float v = 0.f;
-    if (r < rows && c < width) {
-      v = bf(src[(t0 + r) * ld_src + col0 + c]);
-      if (row_scale) v *= row_scale[r];
+__device__ __forceinline__ void load_tile(bf16_t* __restrict__ dst, int ld, const bf16_t* __restrict__ src,
+                                          int64_t ld_src, int64_t t0, int64_t rows, int64_t col0, int width,
+                                          const float* row_scale) {
+  static_assert(COLS % 8 == 0, "tiles are whole groups of 8 columns");
+  constexpr int kGroups = ROWS * COLS / 8, kPer = (kGroups + kThreads - 1) / kThreads;
+  const bf16_t* base = src + t0 * ld_src + col0;
+  const bool vec = ld_src % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+  uint4 v[kPer];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int g = threadIdx.x + e * kThreads, r = g / (COLS / 8), c = g % (COLS / 8) * 8;
+    v[e] = make_uint4(0, 0, 0, 0);
+    if (g >= kGroups || r >= rows || c >= width) continue;
+    const bf16_t* at = base + r * ld_src + c;
+    if (vec && c + 8 <= width) {
+      v[e] = __ldg(reinterpret_cast<const uint4*>(at));
+    } else {
+      bf16_t* w = reinterpret_cast<bf16_t*>(&v[e]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j] = c + j < width ? at[j] : __float2bfloat16(0.f);
     }
-    dst[r * ld + c] = __float2bfloat16(v);
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int g = threadIdx.x + e * kThreads, r = g / (COLS / 8), c = g % (COLS / 8) * 8;
+    if (g >= kGroups) continue;
+    if (row_scale && r < rows) {
+      bf16_t* w = reinterpret_cast<bf16_t*>(&v[e]);
+      const float f = row_scale[r];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j] = __float2bfloat16(bf(w[j]) * f);
+    }
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = v[e];
   }
 }
 

@@ -1,9 +1,12 @@
-// Helpers of the GPU tests of the Mamba and Mamba-2 kernels (test_mamba.cpp, test_ssd.cpp):
-// packed documents, column blocks read back in f64, the poison outside a block.
+// Helpers of the GPU tests of the Mamba, Mamba-2 and Gated DeltaNet kernels (test_mamba.cpp,
+// test_ssd.cpp, test_delta.cpp, test_delta_norm.cpp): packed documents, column blocks read back in
+// f64, the poison outside a block, a tolerance check that can print its error, the check of a
+// parameter gradient that sums over the tokens.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -71,6 +74,15 @@ inline Owned column_l1(const Tensor& x, int64_t col0, int64_t width, F&& scale) 
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < width; ++h) set(out, h, get(out, h) + std::fabs(get(x, t * ld + col0 + h) * scale(t, h)));
   return out;
+}
+
+// CHECK_CLOSE that also prints the error with TEST_VERBOSE=1 (for the tests' tolerances).
+inline void close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
+  Comparison c = compare(got, ref, what);
+  if (std::getenv("TEST_VERBOSE")) MESSAGE(what << ": rel_rms " << c.rel_rms);
+  INFO(c.report);
+  CHECK(c.nonfinite == 0);
+  CHECK(c.rel_rms <= tol);
 }
 
 }  // namespace engine::testing::scan_testing

@@ -30,14 +30,6 @@ namespace {
 
 constexpr double kDeltaTol = 1.5e-2;
 
-void close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
-  Comparison c = compare(got, ref, what);
-  if (std::getenv("TEST_VERBOSE")) MESSAGE(what << ": rel_rms " << c.rel_rms);
-  INFO(c.report);
-  CHECK(c.nonfinite == 0);
-  CHECK(c.rel_rms <= tol);
-}
-
 // The parameter gradients: scan_testing::close_sums against the sizes of their per-token terms.
 void sums(const Tensor& got, const Tensor& ref, const Tensor& l1, const std::string& what) {
   Comparison c = close_sums(got, ref, l1, kDeltaTol);
@@ -51,6 +43,7 @@ struct DeltaCase {
   std::string name;
   std::vector<int32_t> docs;
   int64_t hk, hv, dk, dv;
+  bool aligned = false;  // the blocks at 16-byte aligned rows (the kernels' vector loads), as a layer's
 };
 
 std::vector<DeltaCase> delta_cases() {
@@ -61,6 +54,7 @@ std::vector<DeltaCase> delta_cases() {
       {"docs 64,128,65,63 Hk2 Hv4 dk64 dv128 (chunk edges)", {64, 128, 65, 63}, 2, 4, 64, 128},
       {"empty docs 0,5,0,0,70,3,0 Hk1 Hv3 dk16 dv16", {0, 5, 0, 0, 70, 3, 0}, 1, 3, 16, 16},
       {"one token Hk1 Hv1 dk8 dv8", {1}, 1, 1, 8, 8},
+      {"aligned docs 200,77 Hk2 Hv4 dk64 dv128", {200, 77}, 2, 4, 64, 128, true},
   };
 }
 std::vector<DeltaCase> delta_cases_large() {
@@ -69,10 +63,11 @@ std::vector<DeltaCase> delta_cases_large() {
 }
 
 // q, k, v: blocks of a conv output (T, 2 Hk dk + Hv dv + 1) from column 1; a, b: columns [2, Hv + 2)
-// and [Hv + 2, 2 Hv + 2) of (T, 2 Hv + 3); every tensor one element into its allocation.
+// and [Hv + 2, 2 Hv + 2) of (T, 2 Hv + 3); every tensor one element into its allocation. Aligned:
+// q, k, v from column 0 of (T, 2 Hk dk + Hv dv), the tensors at their allocations' start.
 struct DeltaProblem {
   DeltaCase c;
-  int64_t t, width;
+  int64_t t, width, col0, offset;
   DeviceInput qkv, ab, alog, bias;
   Owned cu;
   DeviceTensor gcu;
@@ -81,9 +76,9 @@ struct DeltaProblem {
     ops::DeltaArgs a;
     const Tensor& x = gpu ? qkv.dev.t : qkv.f64.t;
     const Tensor& g = gpu ? ab.dev.t : ab.f64.t;
-    a.q = ColumnBlock(x, 1, qk());
-    a.k = ColumnBlock(x, 1 + qk(), qk());
-    a.v = ColumnBlock(x, 1 + 2 * qk(), c.hv * c.dv);
+    a.q = ColumnBlock(x, col0, qk());
+    a.k = ColumnBlock(x, col0 + qk(), qk());
+    a.v = ColumnBlock(x, col0 + 2 * qk(), c.hv * c.dv);
     a.a = ColumnBlock(g, 2, c.hv);
     a.b = ColumnBlock(g, 2 + c.hv, c.hv);
     a.A_log = gpu ? alog.dev.t : alog.f64.t;
@@ -95,7 +90,8 @@ struct DeltaProblem {
 };
 
 DeltaProblem delta_problem(const DeltaCase& c) {
-  const int64_t t = total(c.docs), h = c.hv, width = 2 * c.hk * c.dk + h * c.dv + 1;
+  const int64_t t = total(c.docs), h = c.hv, col0 = c.aligned ? 0 : 1, width = 2 * c.hk * c.dk + h * c.dv + col0;
+  const int64_t offset = c.aligned ? 0 : kOffset;
   Owned alog = empty({h}, DType::F32, Device::CPU), bias = empty({h}, DType::F32, Device::CPU);
   for (int64_t i = 0; i < h; ++i) {  // A from 0.02 (slow decay) to 8 (fast), log-spaced
     const double f = h > 1 ? static_cast<double>(i) / static_cast<double>(h - 1) : 0.0;
@@ -107,7 +103,9 @@ DeltaProblem delta_problem(const DeltaCase& c) {
   return DeltaProblem{c,
                       t,
                       width,
-                      device_input(randn({t, width}, DType::F32, "delta.qkv"), DType::BF16, kOffset),
+                      col0,
+                      offset,
+                      device_input(randn({t, width}, DType::F32, "delta.qkv"), DType::BF16, offset),
                       device_input(randn({t, 2 * h + 3}, DType::F32, "delta.ab"), DType::BF16, kOffset),
                       device_input(alog, DType::BF16, kOffset),
                       device_input(bias, DType::BF16, kOffset),
@@ -120,7 +118,7 @@ void delta_sweep(const std::vector<DeltaCase>& cases) {
   for (const DeltaCase& c : cases) {
     SUBCASE(c.name.c_str()) {
       DeltaProblem pb = delta_problem(c);
-      const int64_t t = pb.t, h = c.hv, hd = h * c.dv, qk = pb.qk();
+      const int64_t t = pb.t, h = c.hv, hd = h * c.dv, qk = pb.qk(), c0 = pb.col0;
       // Forward: o in columns [1, Hv dv + 1) of (T, Hv dv + 2).
       Owned o64 = empty({t, hd}, DType::F64, Device::CPU);
       ops::gated_delta_forward(pb.args(false), o64);
@@ -131,17 +129,17 @@ void delta_sweep(const std::vector<DeltaCase>& cases) {
 
       // Backward: dq, dk, dv in their columns of a poisoned (T, width); da, db in theirs of
       // (T, 2 Hv + 3); dA_log and ddt_bias onto random prefills.
-      DeviceInput gdo = device_input(randn({t, hd}, DType::F32, "delta.do"), DType::BF16, kOffset);
+      DeviceInput gdo = device_input(randn({t, hd}, DType::F32, "delta.do"), DType::BF16, pb.offset);
       Owned dx64 = zeros({t, pb.width}, DType::F64, Device::CPU), dab64 = zeros({t, 2 * h + 3}, DType::F64, Device::CPU);
       Owned dal64 = zeros({h}, DType::F64, Device::CPU), dbi64 = zeros({h}, DType::F64, Device::CPU);
       auto grads = [&](const Tensor& dx, const Tensor& dab, const Tensor& dal, const Tensor& dbi) {
-        return ops::DeltaGrads{ColumnBlock(dx, 1, qk), ColumnBlock(dx, 1 + qk, qk), ColumnBlock(dx, 1 + 2 * qk, hd),
+        return ops::DeltaGrads{ColumnBlock(dx, c0, qk), ColumnBlock(dx, c0 + qk, qk), ColumnBlock(dx, c0 + 2 * qk, hd),
                                ColumnBlock(dab, 2, h), ColumnBlock(dab, 2 + h, h), dal, dbi};
       };
       ops::gated_delta_backward(pb.args(false), gdo.f64, grads(dx64, dab64, dal64, dbi64));
       Owned p0 = randn({2, h}, DType::F32, "delta.prefill");
       auto run = [&](DeviceTensor& gdx, DeviceTensor& gdab, DeviceTensor& gp) {
-        gdx = gpu_poisoned({t, pb.width}, DType::BF16, kOffset);
+        gdx = gpu_poisoned({t, pb.width}, DType::BF16, pb.offset);
         gdab = gpu_poisoned({t, 2 * h + 3}, DType::BF16, kOffset);
         gp = to_gpu(p0, DType::F32, kOffset);
         ops::gated_delta_backward(pb.args(true), gdo.dev.t,
@@ -149,10 +147,10 @@ void delta_sweep(const std::vector<DeltaCase>& cases) {
       };
       DeviceTensor gdx, gdab, gp;
       run(gdx, gdab, gp);
-      close(block_host(gdx.t, 1, qk).t, block_host(dx64.t, 1, qk).t, kDeltaTol, "dq");
-      close(block_host(gdx.t, 1 + qk, qk).t, block_host(dx64.t, 1 + qk, qk).t, kDeltaTol, "dk");
-      close(block_host(gdx.t, 1 + 2 * qk, hd).t, block_host(dx64.t, 1 + 2 * qk, hd).t, kDeltaTol, "dv");
-      CHECK(outside_poisoned(gdx.t, 1, 2 * qk + hd));
+      close(block_host(gdx.t, c0, qk).t, block_host(dx64.t, c0, qk).t, kDeltaTol, "dq");
+      close(block_host(gdx.t, c0 + qk, qk).t, block_host(dx64.t, c0 + qk, qk).t, kDeltaTol, "dk");
+      close(block_host(gdx.t, c0 + 2 * qk, hd).t, block_host(dx64.t, c0 + 2 * qk, hd).t, kDeltaTol, "dv");
+      CHECK(outside_poisoned(gdx.t, c0, 2 * qk + hd));
       close(block_host(gdab.t, 2, h).t, block_host(dab64.t, 2, h).t, kDeltaTol, "da");
       close(block_host(gdab.t, 2 + h, h).t, block_host(dab64.t, 2 + h, h).t, kDeltaTol, "db");
       CHECK(outside_poisoned(gdab.t, 2, 2 * h));
@@ -168,7 +166,7 @@ void delta_sweep(const std::vector<DeltaCase>& cases) {
       // Bitwise reproducible.
       DeviceTensor gdx2, gdab2, gp2;
       run(gdx2, gdab2, gp2);
-      CHECK(bitwise_equal(block_host(gdx.t, 1, 2 * qk + hd), block_host(gdx2.t, 1, 2 * qk + hd)));
+      CHECK(bitwise_equal(block_host(gdx.t, c0, 2 * qk + hd), block_host(gdx2.t, c0, 2 * qk + hd)));
       CHECK(bitwise_equal(block_host(gdab.t, 2, 2 * h), block_host(gdab2.t, 2, 2 * h)));
       CHECK(bitwise_equal(gp.t, gp2.t));
     }

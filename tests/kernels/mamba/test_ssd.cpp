@@ -14,7 +14,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,15 +32,6 @@ constexpr double kScanTol = 1.5e-2;
 // dA_log sums per-token terms that cancel (its terms are not among the outputs, so no sum of their
 // sizes to hold it to, as ddt_bias is): seen 2.1e-2 relative RMS over 791 tokens of one seed.
 constexpr double kSumTol = 3e-2;
-
-// CHECK_CLOSE that also prints the error with TEST_VERBOSE=1 (for the tolerances above).
-void close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
-  Comparison c = compare(got, ref, what);
-  if (std::getenv("TEST_VERBOSE")) MESSAGE(what << ": rel_rms " << c.rel_rms);
-  INFO(c.report);
-  CHECK(c.nonfinite == 0);
-  CHECK(c.rel_rms <= tol);
-}
 
 struct SsdCase {
   std::string name;
