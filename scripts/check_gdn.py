@@ -102,7 +102,8 @@ def reference(params, layout, cfg, device="cpu", dtype=None):
         if letter != "G":
             continue
         m = Qwen3NextGatedDeltaNet(hf_cfg, layer_idx=i).float().eval()
-        impl[0] = getattr(m.chunk_gated_delta_rule, "__module__", "?")
+        rule = getattr(m, "chunk_gated_delta_rule", None)  # (absent where transformers picks it per call)
+        impl[0] = getattr(rule, "__module__", "transformers") if rule is not None else "transformers"
         g = lambda n: t[f"layers.{i}.gdn.{n}"]  # noqa: E731
         rows = []  # in_proj_qkvz: per key head [q_h | k_h | v of its r value heads | z of them]
         for h in range(hk):
