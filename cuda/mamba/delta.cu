@@ -3,8 +3,9 @@
 //   2. per (chunk, value head): K K^T times the decays, T by forward substitution, U = T (beta V)
 //      and W = T (beta Gam K) (delta_wy_kernel, also run by the backward);
 //   3. per (document, value head, kSlice state columns): the walk over the document's chunks: the
-//      entering state kept (bf16), D = U - W S0 written, S = Gam[n-1] S0 + (El K)^T D (f32 in
-//      shared memory) (delta_state_kernel, also run by the backward);
+//      entering state kept (bf16), D = U - W S0 written, S = Gam[n-1] S0 + K^T (El D) (f32 in
+//      shared memory; each chunk's tiles copied asynchronously while its gates are computed)
+//      (delta_state_kernel, also run by the backward);
 //   4. per (chunk, value head): O = diag(Gam) Q S0 + (Q K^T * E) D (delta_output_kernel).
 // Memory: q, k, v, a, b, o bf16 column blocks (any alignment: scalar loads), A_log and dt_bias bf16;
 // the workspaces of ops::gated_delta_workspace_bytes. The head norm and the one-token step are
@@ -89,6 +90,12 @@ __global__ void __launch_bounds__(kThreads) delta_state_kernel(DeltaParams p) {
   for (int i = threadIdx.x; i < DK * kSlice; i += kThreads) S[i / kSlice * L::LS + i % kSlice] = 0.f;
   const int64_t ldn = int64_t{p.Hk} * p.dk, ldu = int64_t{p.Hv} * p.dv, ldw = int64_t{p.Hv} * p.dk;
   for (int c = p.doc_chunk[d]; c < p.doc_chunk[d + 1]; ++c) {
+    // The chunk's tiles in flight while its gates are computed.
+    const int64_t t0 = p.chunk_start[c];
+    const int n = p.chunk_len[c];
+    load_tile_async<kChunk, DK>(Wb, L::LK, p.W, ldw, t0, n, int64_t{h} * p.dk, p.dk);
+    load_tile_async<kChunk, DK>(Kp, L::LK, p.kn, ldn, t0, n, int64_t{kh} * p.dk, p.dk);
+    load_tile_async<kChunk, kSlice>(Ub, L::LN, p.U, ldu, t0, n, int64_t{h} * p.dv + col0, width);
     chunk_gates(p, c, h, tok);
     bf16_t* enter = tok.slot < 0 ? nullptr : p.H + (int64_t{tok.slot} * p.Hv + h) * p.dk * p.dv;
     for (int i = threadIdx.x; i < DK * kSlice; i += kThreads) {
@@ -97,9 +104,7 @@ __global__ void __launch_bounds__(kThreads) delta_state_kernel(DeltaParams p) {
       Sb[r * L::LN + j] = v;
       if (enter && r < p.dk && j < width) enter[int64_t{r} * p.dv + col0 + j] = v;
     }
-    load_tile<kChunk, DK>(Wb, L::LK, p.W, ldw, tok.t0, tok.n, int64_t{h} * p.dk, p.dk, nullptr);
-    load_tile<kChunk, DK>(Kp, L::LK, p.kn, ldn, tok.t0, tok.n, int64_t{kh} * p.dk, p.dk, tok.el);
-    load_tile<kChunk, kSlice>(Ub, L::LN, p.U, ldu, tok.t0, tok.n, int64_t{h} * p.dv + col0, width, nullptr);
+    cp_async_wait_all();
     __syncthreads();
     tile_mma<kChunk, kSlice, DK, RowM, RowM>(Wb, L::LK, Sb, L::LN, X, L::LS, 0.f);  // W S0
     __syncthreads();
@@ -107,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) delta_state_kernel(DeltaParams p) {
       const int r = i / kSlice, j = i % kSlice;
       const float v = bf(Ub[r * L::LN + j]) - X[r * L::LS + j];  // (0 past the chunk and the slice)
       if (r < tok.n && j < width) p.D[(tok.t0 + r) * ldu + int64_t{h} * p.dv + col0 + j] = __float2bfloat16(v);
-      Db[r * L::LN + j] = __float2bfloat16(v);
+      Db[r * L::LN + j] = __float2bfloat16(tok.el[r] * v);  // (diag(El) K)^T D = K^T (El D)
     }
     __syncthreads();
     tile_mma<DK, kSlice, kChunk, ColM, RowM>(Kp, L::LK, Db, L::LN, S, L::LS, tok.gam_last);

@@ -12,7 +12,8 @@
 //   reverse cumulative sum over the chunk, then through softplus, sigmoid, exp(A_log).
 // Kernels after delta_prepare:
 //   4. per (document, value head, kSlice state columns), the document's chunks in reverse: dS1
-//      kept (bf16, in the slot of the next chunk's entering state), dD written (delta_dstate_kernel);
+//      kept (bf16, in the slot of the next chunk's entering state), dD written; each chunk's tiles
+//      copied asynchronously while its gates are computed (delta_dstate_kernel);
 //   5. per (chunk, value head): dQ, the output and state parts of dK (f32, per value head), dW, the
 //      d gc of those terms (delta_dqk_kernel);
 //   6. per (chunk, value head): the WY terms: dv, the rest of dK, dbeta, d gc, then da, db and the
@@ -91,6 +92,13 @@ __global__ void __launch_bounds__(kThreads) delta_dstate_kernel(DeltaParams p, D
   for (int i = threadIdx.x; i < DK * kSlice; i += kThreads) dS[i / kSlice * L::LS + i % kSlice] = 0.f;
   const int64_t ldn = int64_t{p.Hk} * p.dk, ldu = int64_t{p.Hv} * p.dv, ldw = int64_t{p.Hv} * p.dk;
   for (int c = p.doc_chunk[d + 1] - 1; c >= p.doc_chunk[d]; --c) {
+    // The chunk's tiles in flight while its gates are computed.
+    const int64_t t0 = p.chunk_start[c];
+    const int n = p.chunk_len[c];
+    load_tile_async<kChunk, DK>(Qb, L::LK, p.qn, ldn, t0, n, int64_t{kh} * p.dk, p.dk);
+    load_tile_async<kChunk, DK>(Kb, L::LK, p.kn, ldn, t0, n, int64_t{kh} * p.dk, p.dk);
+    load_tile_async<kChunk, DK>(Wb, L::LK, p.W, ldw, t0, n, int64_t{h} * p.dk, p.dk);
+    load_tile_async<kChunk, kSlice>(dOb, L::LN, o.dout, o.lddo, t0, n, int64_t{h} * p.dv + col0, width);
     chunk_gates(p, c, h, tok);
     const int slot = next_slot(p, c);
     bf16_t* keep = slot < 0 ? nullptr : o.dH + (int64_t{slot} * p.Hv + h) * p.dk * p.dv;
@@ -100,10 +108,7 @@ __global__ void __launch_bounds__(kThreads) delta_dstate_kernel(DeltaParams p, D
       dSb[r * L::LN + j] = v;
       if (keep && r < p.dk && j < width) keep[int64_t{r} * p.dv + col0 + j] = v;
     }
-    load_tile<kChunk, DK>(Qb, L::LK, p.qn, ldn, tok.t0, tok.n, int64_t{kh} * p.dk, p.dk, nullptr);
-    load_tile<kChunk, DK>(Kb, L::LK, p.kn, ldn, tok.t0, tok.n, int64_t{kh} * p.dk, p.dk, nullptr);
-    load_tile<kChunk, DK>(Wb, L::LK, p.W, ldw, tok.t0, tok.n, int64_t{h} * p.dk, p.dk, nullptr);
-    load_tile<kChunk, kSlice>(dOb, L::LN, o.dout, o.lddo, tok.t0, tok.n, int64_t{h} * p.dv + col0, width, nullptr);
+    cp_async_wait_all();
     __syncthreads();
     tile_mma<kChunk, kChunk, DK, RowM, ColM>(Qb, L::LK, Kb, L::LK, A, L::LA, 0.f);  // Q K^T
     __syncthreads();

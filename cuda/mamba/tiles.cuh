@@ -97,6 +97,36 @@ __device__ __forceinline__ void load_tile(bf16_t* __restrict__ dst, int ld, cons
   }
 }
 
+// 16 bytes global -> shared, asynchronous (cp.async; zero-fills the destination when !valid, src
+// still a mapped address); the wait for all of this thread's copies.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+// load_tile without a row scale, asynchronous where every group is a whole aligned 16 bytes
+// (ld_src and width multiples of 8, the rows 16-byte aligned): the copies are in flight until
+// cp_async_wait_all() and a barrier, so the caller can work meanwhile. Otherwise it is load_tile
+// (done on return).
+template <int ROWS, int COLS>
+__device__ __forceinline__ void load_tile_async(bf16_t* dst, int ld, const bf16_t* src, int64_t ld_src, int64_t t0,
+                                                int64_t rows, int64_t col0, int width) {
+  const bf16_t* base = src + t0 * ld_src + col0;
+  if (ld_src % 8 != 0 || width % 8 != 0 || reinterpret_cast<uintptr_t>(base) % 16 != 0)
+    return load_tile<ROWS, COLS>(dst, ld, src, ld_src, t0, rows, col0, width, nullptr);
+  constexpr int kGroups = ROWS * COLS / 8;
+#pragma unroll
+  for (int e = 0; e < (kGroups + kThreads - 1) / kThreads; ++e) {
+    const int g = threadIdx.x + e * kThreads, r = g / (COLS / 8), c = g % (COLS / 8) * 8;
+    if (g >= kGroups) continue;
+    const bool valid = r < rows && c < width;
+    cp_async_16(dst + r * ld + c, valid ? base + r * ld_src + c : base, valid);
+  }
+}
+
 // Shared-memory carving: `count` elements of T at the next 128-byte boundary.
 struct Carve {
   unsigned char* p;
