@@ -5,14 +5,22 @@
 namespace engine::ops {
 namespace {
 
-// x (named xname) (T, NH, D) with D even; positions (T) i32; 0 <= rotated_heads <= NH; the
+// x (named xname) (T, NH, D) with D even; positions (T) or (T, 2) i32; 0 <= rotated_heads <= NH; the
 // frequency parameters in range (ops/rope_params.h; the config validation names the keys).
 void check_rope(const Tensor& x, const Tensor& positions, int rotated_heads, const RopeParams& r,
                 const char* op, const char* xname) {
   expect_defined(x, op, xname);
   expect_ndim(x, 3, op, xname);
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
-  expect(positions, DType::I32, {rows}, op, "positions");
+  const bool two_d = positions.ndim() == 2;
+  if (two_d) {
+    expect(positions, DType::I32, {rows, 2}, op, "positions");
+    ENSURE(d % 4 == 0, op, ": 2-D positions (rows, columns) turn D/4 pairs each: head_dim of ", xname, " ",
+           x.shape.str(), " must be a multiple of 4");
+    ENSURE(r.kind == RopeScalingKind::None, op, ": 2-D positions take no frequency scaling (kind none)");
+  } else {
+    expect(positions, DType::I32, {rows}, op, "positions");
+  }
   ENSURE(d % 2 == 0, op, ": head_dim of ", xname, " ", x.shape.str(), " must be even");
   ENSURE(rotated_heads >= 0 && rotated_heads <= heads, op, ": rotated_heads = ", rotated_heads,
          " not in [0, ", heads, "] for ", xname, " ", x.shape.str());

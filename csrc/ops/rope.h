@@ -5,6 +5,9 @@
 // (1, yarn: attention_factor) as ops/rope_params.h defines them, for both backends.
 // x is (T, NH, D) and only its first `rotated_heads` heads are rotated (the q and k heads of a
 // packed qkv tensor; v heads are left alone). positions (T) i32 restart at document starts.
+// positions (T, 2) i32 are 2-D (an image patch's row and column, Pixtral's vision encoder): the
+// first D/4 pairs turn with the row, the others with the column (ops::rope_2d_inv_freq); D a
+// multiple of 4, no frequency scaling (kind none); the CPU reference only so far.
 // Backward applies the transposed map (the inverse rotation, times m) to the gradient, in place.
 // D even; theta, factor, attention_factor > 0; the kind's other fields as RopeParams says.
 // CPU: f32 or f64, angles and their sines and cosines in double. GPU: bf16 or f32, D <= 2048;

@@ -79,6 +79,17 @@ ENGINE_ROPE_HD double rope_inv_freq(const RopeParams& p, int i, int d) {
 }
 
 // The factor the rotated vector is scaled by (cos and sin are multiplied by it).
+// 2-D positions (an image's patch row and column, as transformers' PixtralRotaryEmbedding): pair i
+// of a head of dim d (a multiple of 4) turns by row * theta^(-4i/d) for i < d/4 and by
+// col * theta^(-(4(i - d/4) + 2)/d) after: the even default frequencies for the rows, the odd ones
+// for the columns. Returns the frequency; *coord is 0 (row) or 1 (column).
+ENGINE_ROPE_HD double rope_2d_inv_freq(double theta, int i, int d, int* coord) {
+  const int quarter = d / 4;
+  *coord = i < quarter ? 0 : 1;
+  const double j = i < quarter ? 2.0 * i : 2.0 * (i - quarter) + 1.0;  // index of the default frequency
+  return pow(theta, -2.0 * j / static_cast<double>(d));
+}
+
 ENGINE_ROPE_HD double rope_output_scale(const RopeParams& p) {
   return p.kind == RopeScalingKind::Yarn ? p.attention_factor : 1.0;
 }

@@ -154,6 +154,7 @@ static void rope_apply(const Tensor& x, const Tensor& positions, int rotated_hea
                        const ops::RopeParams& rope, float sign, const char* op, const char* xname) {
   ENSURE(x.dtype == DType::BF16 || x.dtype == DType::F32, op, ": ", xname, " is ",
          dtype_name(x.dtype), ", expected bf16 or f32");
+  ENSURE(positions.ndim() == 1, op, ": 2-D positions (an image's patch rows and columns) have no CUDA kernel yet");
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
   ENSURE(d <= kMaxHeadDim, op, ": head_dim ", d, " is larger than the kernel takes (", kMaxHeadDim,
          ")");

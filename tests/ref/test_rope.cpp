@@ -263,3 +263,42 @@ TEST_CASE("rope inverse frequencies match transformers' formulas for each scalin
   CHECK(ops::rope_output_scale(yarn(10000, 4, 32, 1.25)) == 1.25);
   CHECK(ops::rope_output_scale(llama3(10000, 8, 1, 4, 32)) == 1.0);
 }
+
+// 2-D positions as transformers' PixtralRotaryEmbedding builds them: freqs = theta^(-2j/D) for
+// j < D/2; a patch at (row, col) gets [row freqs[0::2], col freqs[1::2]] (D/2 angles), repeated
+// for both halves, and x cos + rotate_half(x) sin.
+TEST_CASE("rope with 2-D positions (patch rows and columns) matches Pixtral's construction") {
+  const int64_t t = 11, heads = 3, rotated = 2, d = 20;  // d / 4 = 5 pairs a coordinate
+  const double theta = 10000.0;
+  Owned x = randn({t, heads, d}, DType::F64, "rope2d.x"), pos = randint({t, 2}, 0, 37, "rope2d.pos");
+  std::vector<double> freqs;
+  for (int64_t j = 0; j < d / 2; ++j) freqs.push_back(1.0 / std::pow(theta, 2.0 * static_cast<double>(j) / d));
+  Owned ref = clone(x);
+  for (int64_t r = 0; r < t; ++r) {
+    std::vector<double> angle;
+    for (int64_t j = 0; j < d / 2; j += 2) angle.push_back(pos.ptr<int32_t>()[2 * r] * freqs[static_cast<size_t>(j)]);
+    for (int64_t j = 1; j < d / 2; j += 2) angle.push_back(pos.ptr<int32_t>()[2 * r + 1] * freqs[static_cast<size_t>(j)]);
+    for (int64_t h = 0; h < rotated; ++h)
+      for (int64_t k = 0; k < d; ++k) {
+        const int64_t base = (r * heads + h) * d;
+        const double a = angle[static_cast<size_t>(k % (d / 2))];
+        const double rot = k < d / 2 ? -get(x, base + k + d / 2) : get(x, base + k - d / 2);
+        ref.ptr<double>()[base + k] = get(x, base + k) * std::cos(a) + rot * std::sin(a);
+      }
+  }
+  Owned y = clone(x);
+  ops::rope_forward(y, pos, static_cast<int>(rotated), plain(theta));
+  CHECK_CLOSE(y.t, ref.t, 1e-12);  // (heads past rotated: ref keeps x's values there)
+  // The backward is the forward's transpose: <rope(x), g> = <x, rope_backward(g)>.
+  Owned g = randn({t, heads, d}, DType::F64, "rope2d.g"), gb = clone(g);
+  ops::rope_backward(gb, pos, static_cast<int>(rotated), plain(theta));
+  double lhs = 0, rhs = 0;
+  for (int64_t i = 0; i < x->numel(); ++i) lhs += get(y, i) * get(g, i), rhs += get(x, i) * get(gb, i);
+  CHECK(std::fabs(lhs - rhs) <= 1e-10 * std::fabs(lhs));
+  // What 2-D positions cannot take, named.
+  Owned x6 = randn({t, heads, 6}, DType::F64, "rope2d.x6"), pos3 = randint({t, 3}, 0, 5, "rope2d.pos3");
+  CHECK_THROWS_WITH_AS(ops::rope_forward(x6, pos, 1, plain(theta)), doctest::Contains("multiple of 4"), Error);
+  CHECK_THROWS_WITH_AS(ops::rope_forward(y, pos, 1, linear(theta, 2)), doctest::Contains("no frequency scaling"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::rope_forward(y, pos3, 1, plain(theta)), doctest::Contains("positions"), Error);
+}
