@@ -224,6 +224,7 @@ inline void check_delta_cuda(const char* op, const ops::DeltaArgs& a) {
   ENSURE(a.q.width / hk <= 128 && a.v.width / hv <= 128, op, ": key head dim ", a.q.width / hk,
          " and value head dim ", a.v.width / hv, " must be at most 128 on the GPU");
   ENSURE(a.q.rows() < (int64_t{1} << 31), op, ": ", a.q.rows(), " tokens, at most 2^31 - 1 on the GPU");
+  ENSURE(hv <= 65535, op, ": ", hv, " value heads, at most 65535 on the GPU (a grid dimension)");
 }
 
 // The workspaces of one op call (ops::gated_delta_workspace_bytes counts them).
