@@ -99,6 +99,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScalingConfig rope_scaling;
   int sliding_window = 0;     // 0 = full causal attention
+  // Not a config key: false for blocks whose attention sees every token of its sequence (an
+  // image's patches in a vision encoder's blocks, set by the code that builds them).
+  bool causal = true;
   // CUDA attention kernels: the engine's flash kernels (cuda/attention/flash*) or cuDNN's fused
   // attention (cuda/attention/cudnn_sdpa, builds with cuDNN only). CPU tensors always run the
   // reference (ref/attention), whatever this says.

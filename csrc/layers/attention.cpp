@@ -15,7 +15,7 @@ namespace engine::layers {
 Attention::Attention(const ParamStore& store, const std::string& prefix, const ModelConfig& c)
     : heads_(c.num_heads / store.table().tp_size()), kv_heads_(c.num_kv_heads / store.table().tp_size()),
       head_dim_(c.head_dim),
-      window_(c.sliding_window), rope_(c.positions == PositionKind::Rope),
+      window_(c.sliding_window), causal_(c.causal), rope_(c.positions == PositionKind::Rope),
       backend_(c.attention_backend == AttentionBackendKind::Cudnn ? ops::AttentionBackend::Cudnn
                                                                    : ops::AttentionBackend::Flash),
       rope_params_(rope_params(c)), norm_eps_(static_cast<float>(c.norm_eps)) {
@@ -84,7 +84,7 @@ ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const Attentio
   p.num_kv_heads = kv_heads_;
   p.head_dim = head_dim_;
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(head_dim_));
-  p.causal = true;
+  p.causal = causal_;
   p.window = window_;
   p.backend = backend_;
   if (seg.kv) {  // micro-sequences: keys and values of this chunk and the earlier ones

@@ -3,8 +3,10 @@
 //   qkv = xn [Wq; Wk; Wv]^T (+ b)    one GEMM over the adjacent q, k, v weights (b: bias or qkv_bias)
 //   qk_norm (model.qk_norm): RMSNorm of each q head and each k head (weights q_norm, k_norm of
 //     head_dim, shared by all heads; ops/qk_norm.h), in place before RoPE
-//   rope on the q and k heads (in place, positions restart per document)
-//   o = attention(q, k, v)           ops/attention.h
+//   rope on the q and k heads (in place, positions restart per document; (T, 2) positions: the
+//     2-D RoPE of image patches, ops/rope.h)
+//   o = attention(q, k, v)           ops/attention.h (causal, or bidirectional within each sequence
+//                                    where ModelConfig::causal is false)
 //   y = o Wo^T (+ bo)                bo only with bias
 // Saved: qkv after RoPE, o, the log-sum-exp; with qk_norm also the q and k heads before the norm
 // and their rstd. xn (the normalised input) is kept by the caller.
@@ -41,7 +43,7 @@ struct KvChunks {
 
 struct SegmentInfo {  // one micro-batch's varlen layout, on the compute device
   Tensor cu_seqlens;  // (S + 1) i32
-  Tensor positions;   // (T) i32
+  Tensor positions;   // (T) i32, or (T, 2): the row and column of image patches (2-D RoPE)
   int max_seqlen = 0;
   // Micro-sequences (kv set): this chunk is rows [row_begin, row_begin + T) of the micro-batch,
   // its keys rows [key_begin, row_begin + T), cu_seqlens_k their segments (data/varlen.h).
@@ -103,6 +105,7 @@ class Attention {
   void lora_qkv_forward(const Tensor& x, const Tensor& qkv) const;
   std::function<void(const Tensor&)> lora_out(const Tensor& o) const;
   int heads_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
+  bool causal_ = true;  // ModelConfig::causal
   bool rope_ = false;
   ops::AttentionBackend backend_ = ops::AttentionBackend::Flash;  // model.attention_backend
   ops::RopeParams rope_params_;  // model.rope_theta and model.rope_scaling

@@ -2,6 +2,7 @@
 // all parameter gradients, on awkward sizes and packed documents of lengths 1, 5 and 7.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 
@@ -206,6 +207,54 @@ TEST_CASE("layer gradients: transformer block") {
                 },
                 [&](const Tensor& dy, const Tensor& dx) { block.backward(kEnv, dy, xin, mb.segments(), saved, dx); });
   }
+}
+
+// A vision encoder's block: attention + MLP over image patches, bidirectional within each image
+// (ModelConfig::causal false), its RoPE 2-D over the patches' rows and columns (ops/rope.h).
+TEST_CASE("layer gradients: a bidirectional block over image patches (2-D RoPE)") {
+  ModelConfig c = tiny_model(ModelFamily::Llama);
+  c.num_heads = 3;
+  c.num_kv_heads = 3;
+  c.head_dim = 8;  // (a multiple of 4: D/4 pairs turn with the row, D/4 with the column)
+  c.causal = false;
+  ParamStore store = make_store([&](ParamTable& t) { layers::Block::declare(t, 0, c); }, "vblock");
+  layers::Block block(store, 0, c);
+  // Two images: 2 x 3 patches, then 1 x 2, in raster order.
+  Owned cu = empty({3}, DType::I32, Device::CPU), pos = empty({8, 2}, DType::I32, Device::CPU);
+  const int32_t cuv[] = {0, 6, 8}, posv[] = {0, 0, 0, 1, 0, 2, 1, 0, 1, 1, 1, 2, 0, 0, 0, 1};
+  std::memcpy(cu.ptr<int32_t>(), cuv, sizeof cuv);
+  std::memcpy(pos.ptr<int32_t>(), posv, sizeof posv);
+  layers::SegmentInfo seg;
+  seg.cu_seqlens = cu;
+  seg.positions = pos;
+  seg.max_seqlen = 6;
+  layers::BlockSaved saved;
+  Tensor xin;
+  const Shape shape{8, c.hidden_size};
+  auto forward = [&](const Tensor& x, const Tensor& y) {
+    block.forward(kEnv, x, seg, saved);
+    copy_tensor(y, saved.y);
+    xin = x;
+  };
+  check_layer(store, shape, shape, "vision block", forward,
+              [&](const Tensor& dy, const Tensor& dx) { block.backward(kEnv, dy, xin, seg, saved, dx); });
+  // Every patch sees its whole image, none of the other: the first patch's output moves with the
+  // image's last patch and not with the next image's.
+  Owned x = randn(shape, DType::F64, "vblock.x"), y0 = empty(shape, DType::F64, Device::CPU),
+        y1 = empty(shape, DType::F64, Device::CPU), y2 = empty(shape, DType::F64, Device::CPU);
+  forward(x, y0);
+  x.ptr<double>()[5 * c.hidden_size] += 0.5;  // patch 5: the first image's last
+  forward(x, y1);
+  x.ptr<double>()[5 * c.hidden_size] -= 0.5;
+  x.ptr<double>()[6 * c.hidden_size] += 0.5;  // patch 6: the second image's first
+  forward(x, y2);
+  double moved_by_own = 0, moved_by_other = 0;
+  for (int64_t j = 0; j < c.hidden_size; ++j) {
+    moved_by_own += std::fabs(get(y1, j) - get(y0, j));
+    moved_by_other += std::fabs(get(y2, j) - get(y0, j));
+  }
+  CHECK(moved_by_own > 1e-6);
+  CHECK(moved_by_other == 0);
 }
 
 TEST_CASE("layer gradients: embedding tables (tokens and learned positions)") {
