@@ -18,6 +18,19 @@ void check_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   expect(dx, x.dtype, x.shape, op, "dx");
 }
 
+void check_gelu_erf_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_erf_forward";
+  expect_defined(x, op, "x");
+  expect(y, x.dtype, x.shape, op, "y");
+}
+
+void check_gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const char* op = "gelu_erf_backward";
+  expect_defined(x, op, "x");
+  expect(dy, x.dtype, x.shape, op, "dy");
+  expect(dx, x.dtype, x.shape, op, "dx");
+}
+
 // gate_up (..., 2F); y (named yname) (..., F) of gate_up's dtype with the same leading dimensions.
 void check_swiglu(const Tensor& gate_up, const Tensor& y, const char* op, const char* yname) {
   expect_defined(gate_up, op, "gate_up");

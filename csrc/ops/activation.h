@@ -1,6 +1,8 @@
 // Pointwise activations of the MLPs. Backward writes dx (=).
 //   gelu (tanh approximation, GPT-2's "gelu_new"):
 //     y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))        x, y, dy, dx: any equal shapes
+//   gelu_erf (exact, torch's and transformers' "gelu": Llava's projector):
+//     y = 0.5 x (1 + erf(x / sqrt(2))),  dy/dx = 0.5 (1 + erf(x / sqrt(2))) + x exp(-x^2 / 2) / sqrt(2 pi)
 //   swiglu: gate_up (T, 2F) holds [gate | up] along the last dimension (the output of one GEMM
 //     over the adjacent gate and up weights); y (T, F) = silu(gate) * up, silu(g) = g / (1 + e^-g)
 // Every tensor of one call has one dtype: f32 or f64 on the CPU (computed in double), bf16 or f32
@@ -13,6 +15,8 @@
 #define ENGINE_ACTIVATION_OPS(OP)                                                             \
   OP(void, gelu_forward, (const Tensor& x, const Tensor& y), (x, y))                          \
   OP(void, gelu_backward, (const Tensor& dy, const Tensor& x, const Tensor& dx), (dy, x, dx)) \
+  OP(void, gelu_erf_forward, (const Tensor& x, const Tensor& y), (x, y))                      \
+  OP(void, gelu_erf_backward, (const Tensor& dy, const Tensor& x, const Tensor& dx), (dy, x, dx)) \
   OP(void, swiglu_forward, (const Tensor& gate_up, const Tensor& y), (gate_up, y))            \
   OP(void, swiglu_backward, (const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up), \
      (dy, gate_up, dgate_up))

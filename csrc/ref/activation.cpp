@@ -44,6 +44,35 @@ void gelu_forward(const Tensor& x, const Tensor& y) {
   });
 }
 
+void gelu_erf_forward(const Tensor& x, const Tensor& y) {
+  float_switch(x.dtype, "gelu_erf_forward", "x", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.ptr<T>();
+    T* py = y.ptr<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElems)
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = px[i];
+      py[i] = static_cast<T>(0.5 * v * (1.0 + std::erf(v * M_SQRT1_2)));
+    }
+  });
+}
+
+void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  float_switch(x.dtype, "gelu_erf_backward", "x", [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.ptr<T>(), *pdy = dy.ptr<T>();
+    T* pdx = dx.ptr<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelElems)
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = px[i];
+      const double d = 0.5 * (1.0 + std::erf(v * M_SQRT1_2)) + v * std::exp(-0.5 * v * v) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+      pdx[i] = static_cast<T>(pdy[i] * d);
+    }
+  });
+}
+
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   const char* op = "gelu_backward";
   float_switch(x.dtype, op, "x", [&](auto tag) {

@@ -47,6 +47,21 @@ struct GeluBackward {  // (dy, x) -> dx
   }
 };
 
+// The exact (erf) GELU and its derivative in f32 with the library's erff and expf.
+struct GeluErfForward {
+  template <typename T>
+  static __device__ __forceinline__ float apply(float x, float /*unused*/) {
+    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+  }
+};
+
+struct GeluErfBackward {  // (dy, x) -> dx
+  template <typename T>
+  static __device__ __forceinline__ float apply(float dy, float x) {
+    return dy * (0.5f * (1.f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f);
+  }
+};
+
 // out = Op(a, b) element-wise over n elements (b unused when !kBinary).
 template <typename T, int N, typename Op, bool kBinary>
 static __device__ __forceinline__ void map_pack(const T* a, const T* b, T* out, int64_t i) {
@@ -208,6 +223,18 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   const char* op = "gelu_backward";
   expect_float(x, op, "x");
   launch_map<GeluBackward, true>(dy, &x, dx, op);
+}
+
+void gelu_erf_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_erf_forward";
+  expect_float(x, op, "x");
+  launch_map<GeluErfForward, false>(x, nullptr, y, op);
+}
+
+void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const char* op = "gelu_erf_backward";
+  expect_float(x, op, "x");
+  launch_map<GeluErfBackward, true>(dy, &x, dx, op);
 }
 
 // gate_up (..., 2F) and y (..., F) with equal leading dimensions (checked); gate_up in bf16 or

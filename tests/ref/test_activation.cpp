@@ -134,3 +134,33 @@ TEST_CASE("activations reject bad arguments, naming them") {
   Owned x = randn({4}, DType::F32, "bad.x"), y64 = empty({4}, DType::F64, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::gelu_forward(x, y64), doctest::Contains("y is f64"), Error);
 }
+
+TEST_CASE("gelu_erf (exact GELU): values of torch's gelu, fp64 finite differences, f32 against f64") {
+  // x Phi(x) at -3, -1, -0.5, 0, 0.5, 1, 3 (the definition torch's gelu(approximate="none")
+  // computes), from Python's math.erf in double.
+  const double xs[] = {-3, -1, -0.5, 0, 0.5, 1, 3};
+  const double ys[] = {-0.00404969409489031, -0.15865525393145707, -0.15426876936299344, 0.0,
+                       0.34573123063700656, 0.8413447460685429, 2.99595030590511};
+  Owned x = empty({7}, DType::F64, Device::CPU), y = empty({7}, DType::F64, Device::CPU);
+  for (int i = 0; i < 7; ++i) x.ptr<double>()[i] = xs[i];
+  ops::gelu_erf_forward(x, y);
+  for (int i = 0; i < 7; ++i) CHECK(get(y, i) == doctest::Approx(ys[i]).epsilon(1e-13));
+  for (const ActCase& c : kActCases) {
+    SUBCASE(c.name().c_str()) {
+      Owned xv = randn({c.t, c.f}, DType::F64, "erf.x"), r = randn({c.t, c.f}, DType::F64, "erf.r");
+      Owned dx = empty(xv->shape, DType::F64, Device::CPU);
+      poison(dx);
+      ops::gelu_erf_backward(r, xv, dx);
+      auto run = [&] {
+        Owned out = empty(xv->shape, DType::F64, Device::CPU);
+        ops::gelu_erf_forward(xv, out);
+        return out;
+      };
+      CHECK_CLOSE(dx.t, numeric_grad(xv, [&] { return projection(run(), r); }).t, kGradTol);
+      Owned x32 = converted(xv, DType::F32), y32 = empty(xv->shape, DType::F32, Device::CPU);
+      ops::gelu_erf_forward(x32, y32);
+      Owned y64 = run();
+      CHECK_CLOSE(y32.t, y64.t, 1e-6);
+    }
+  }
+}

@@ -76,6 +76,29 @@ TEST_CASE("cuda gelu forward and backward match the f64 reference (bf16 and f32)
   }
 }
 
+TEST_CASE("cuda gelu_erf (exact GELU) forward and backward match the f64 reference (bf16 and f32)" *
+          doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  for (const ShapeCase& k : kGeluCases) {
+    SUBCASE(k.name().c_str()) {
+      for (DType dt : {DType::BF16, DType::F32}) {
+        INFO(dtype_name(dt));
+        Owned x = randn(k.shape, DType::F32, "erf.x", 3.0), dy = randn(k.shape, DType::F32, "erf.dy");
+        auto [gx, x64] = device_input(x, dt, k.offset);
+        auto [gdy, dy64] = device_input(dy, dt, k.offset);
+        Owned y64 = empty(k.shape, DType::F64, Device::CPU), dx64 = empty(k.shape, DType::F64, Device::CPU);
+        ops::gelu_erf_forward(x64, y64);
+        ops::gelu_erf_backward(dy64, x64, dx64);
+        DeviceTensor gy = gpu_poisoned(k.shape, dt, k.offset), gdx = gpu_poisoned(k.shape, dt, k.offset);
+        ops::gelu_erf_forward(gx.t, gy.t);
+        ops::gelu_erf_backward(gdy.t, gx.t, gdx.t);
+        CHECK_CLOSE(gy.t, y64.t, output_tol(dt, y64, kF32Tol));
+        CHECK_CLOSE(gdx.t, dx64.t, output_tol(dt, dx64, kF32Tol));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda swiglu forward and backward match the f64 reference (bf16 and f32)" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   for (const ShapeCase& k : kSwigluCases) {
