@@ -1,5 +1,7 @@
 #include "tests/common/tiny.h"
 
+#include <algorithm>
+
 #include "tests/common/testing.h"
 
 namespace engine::testing {
@@ -128,6 +130,17 @@ Sample make_sample(const std::vector<int32_t>& doc_lengths, int vocab, const std
   for (int32_t i = 0; i < S; ++i) s.loss_mask.push_back(philox_below(key, 1000 + static_cast<uint64_t>(i), 5) != 0);
   s.doc_lengths = doc_lengths;
   return s;
+}
+
+TwoImages two_images() {
+  TwoImages im{empty({3}, DType::I32, Device::CPU), empty({8, 2}, DType::I32, Device::CPU), {}};
+  const int32_t cu[] = {0, 6, 8}, pos[] = {0, 0, 0, 1, 0, 2, 1, 0, 1, 1, 1, 2, 0, 0, 0, 1};
+  std::copy(cu, cu + 3, im.cu.ptr<int32_t>());
+  std::copy(pos, pos + 16, im.pos.ptr<int32_t>());
+  im.seg.cu_seqlens = im.cu;
+  im.seg.positions = im.pos;
+  im.seg.max_seqlen = 6;
+  return im;
 }
 
 }  // namespace engine::testing

@@ -6,6 +6,7 @@
 #include "config/config.h"
 #include "core/params.h"
 #include "data/sampler.h"
+#include "layers/attention.h"
 
 namespace engine::testing {
 
@@ -27,5 +28,13 @@ void randomize_weights(ParamStore& store, const std::string& name, double std = 
 // A sample of S positions made of the given document lengths (sum = S), random tokens below
 // vocab, the loss mask with a few zeros.
 Sample make_sample(const std::vector<int32_t>& doc_lengths, int vocab, const std::string& name);
+
+// Two images of 2 x 3 and 1 x 2 patches in raster order as the segments of a vision encoder's
+// blocks: cu_seqlens {0, 6, 8} and each patch's (row, column), on the CPU (seg views them).
+struct TwoImages {
+  Owned cu, pos;
+  layers::SegmentInfo seg;
+};
+TwoImages two_images();
 
 }  // namespace engine::testing

@@ -219,15 +219,8 @@ TEST_CASE("layer gradients: a bidirectional block over image patches (2-D RoPE)"
   c.causal = false;
   ParamStore store = make_store([&](ParamTable& t) { layers::Block::declare(t, 0, c); }, "vblock");
   layers::Block block(store, 0, c);
-  // Two images: 2 x 3 patches, then 1 x 2, in raster order.
-  Owned cu = empty({3}, DType::I32, Device::CPU), pos = empty({8, 2}, DType::I32, Device::CPU);
-  const int32_t cuv[] = {0, 6, 8}, posv[] = {0, 0, 0, 1, 0, 2, 1, 0, 1, 1, 1, 2, 0, 0, 0, 1};
-  std::memcpy(cu.ptr<int32_t>(), cuv, sizeof cuv);
-  std::memcpy(pos.ptr<int32_t>(), posv, sizeof posv);
-  layers::SegmentInfo seg;
-  seg.cu_seqlens = cu;
-  seg.positions = pos;
-  seg.max_seqlen = 6;
+  const TwoImages im = two_images();  // 2 x 3 patches, then 1 x 2
+  const layers::SegmentInfo& seg = im.seg;
   layers::BlockSaved saved;
   Tensor xin;
   const Shape shape{8, c.hidden_size};
