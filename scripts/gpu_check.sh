@@ -77,7 +77,9 @@ for step in "${steps[@]}"; do
       timeout 200 python3 scripts/bench_torch_moe.py 2>&1 | tee -a "$out/moe.log"
       timeout 200 ./bench mamba 2>&1 | tee "$out/mamba.log"
       timeout 200 python3 scripts/bench_torch_mamba.py 2>&1 | tee -a "$out/mamba.log"
-      for c in configs/bench-hybrid-1b.toml configs/bench-mixtral-small.toml; do
+      timeout 200 ./bench gdn 2>&1 | tee "$out/gdn.log"
+      timeout 200 python3 scripts/bench_torch_gdn.py 2>&1 | tee -a "$out/gdn.log"
+      for c in configs/bench-hybrid-1b.toml configs/bench-linear-hybrid-1b.toml configs/bench-mixtral-small.toml; do
         timeout 300 ./bench train "$c" training.steps=6 2>&1 | grep -v "^\[" | tee -a "$out/train_families.log"
       done
       ;;

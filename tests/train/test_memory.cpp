@@ -94,7 +94,8 @@ TEST_CASE("memory estimate: the bench configs fit one H200 and stay below their 
   gpu.device = Device::CUDA;
   gpu.compute = DType::BF16;
   const std::vector<MemoryPool> pools = {pool("GPU 0 memory", 139 * kGiB), pool("host memory", 64 * kGiB)};
-  for (const char* name : {"bench-gpt2-162m", "bench-llama-0.9b", "bench-mixtral-small", "bench-hybrid-1b"}) {
+  for (const char* name :
+       {"bench-gpt2-162m", "bench-llama-0.9b", "bench-mixtral-small", "bench-hybrid-1b", "bench-linear-hybrid-1b"}) {
     CAPTURE(name);
     const Config c = load_config(std::string("configs/") + name + ".toml", {});
     CHECK_NOTHROW(check_memory(c, gpu, pools, 0));
