@@ -18,8 +18,8 @@ of the layer, in a model assembled here from PyTorch pieces around transformers'
      (tolerance rel_rms 1e-4, as scripts/hf_check.py's CPU legs) and, when a GPU is visible and
      ./train was built with CUDA, on the GPU backend in bf16 (the chunked kernels of
      cuda/mamba/delta*.cu), held to the larger of hf_check.py's GPU tolerance and what bf16 costs
-     the reference itself (the same model in bf16 on the GPU, where transformers runs
-     flash-linear-attention's kernels when they import, against its f32 run).
+     the reference itself (the same model in bf16 on the GPU, with whichever implementation
+     transformers picks there, against its f32 run; the script prints which).
 
     python3 scripts/check_gdn.py                 # builds ./train first if missing
     python3 scripts/check_gdn.py --layout GG --keep --workdir /tmp/gdn-check
@@ -163,7 +163,7 @@ def reference_logits(step_dir, layout, cfg, sequences, device, workdir, log):
     """The reference's logits of `sequences`, computed by this script in a child process: on the
     CPU in f32 with flash-linear-attention kept off the import path (transformers then runs its
     PyTorch forms; fla's kernels take only GPU tensors), on the GPU in bf16 as transformers runs
-    it there (fla's kernels when they import)."""
+    it there (its own pick of implementation: PyTorch's forms, or fla's kernels)."""
     out = os.path.join(workdir, f"reference-{device}.npz")
     env = dict(os.environ)
     if device == "cpu":
