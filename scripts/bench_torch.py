@@ -42,6 +42,26 @@ def timed(fn, warmup=3, reps=10):
     return times[len(times) // 2]
 
 
+def time_peers(peers, label, args, dout):
+    """Times each peer (name, make) of a kernel benchmark: make(*args) returns a function of the
+    forward; its forward alone, then forward + backward with dout as the output's gradient. One
+    line each, or the peer's own refusal (an exception's first line)."""
+    for name, make in peers:
+        run = make(*args)
+        try:
+            with torch.no_grad():
+                f = timed(run)
+        except Exception as e:  # a peer's own refusal, reported as such
+            print(f"{name} {label}: forward failed: {str(e).splitlines()[0]}")
+            continue
+        try:
+            fb = timed(lambda: run().backward(dout))
+            tail = f"fwd+bwd {fb:.3f} ms, bwd {fb - f:.3f} ms"
+        except Exception as e:
+            tail = f"backward failed: {str(e).splitlines()[0]}"
+        print(f"{name} {label}: fwd {f:.3f} ms, {tail}", flush=True)
+
+
 class Moe(nn.Module):
     """Qwen3-MoE's sparse MLP: softmax router, top-k renormalised, SwiGLU experts through
     torch._grouped_mm over rows sorted by expert (each expert's rows padded to 16, the alignment

@@ -19,7 +19,7 @@ import inspect
 
 import torch
 
-from bench_torch import timed  # (scripts/)
+from bench_torch import time_peers  # (scripts/)
 
 H, D = 16, 128
 
@@ -58,20 +58,7 @@ def main():
         q, k, v = (torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
         a, b = (torch.randn(1, T, H, device=dev, dtype=torch.bfloat16) for _ in range(2))
         do = torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16)
-        for name, make in peers:
-            run = make(q, k, v, a, b, A_log, bias, cu)
-            try:
-                with torch.no_grad():
-                    f = timed(run)
-            except Exception as e:  # a peer's own refusal, reported as such
-                print(f"{name} {seqs}x{length}: forward failed: {str(e).splitlines()[0]}")
-                continue
-            try:
-                fb = timed(lambda: run().backward(do))
-                tail = f"fwd+bwd {fb:.3f} ms, bwd {fb - f:.3f} ms"
-            except Exception as e:
-                tail = f"backward failed: {str(e).splitlines()[0]}"
-            print(f"{name} {seqs}x{length} H={H} D={D}: fwd {f:.3f} ms, {tail}", flush=True)
+        time_peers(peers, f"{seqs}x{length} H={H} D={D}", (q, k, v, a, b, A_log, bias, cu), do)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ usage: bench_torch_ssd.py
 
 import torch
 
-from bench_torch import timed  # (scripts/)
+from bench_torch import time_peers  # (scripts/)
 
 H, P, N = 64, 64, 128
 
@@ -74,20 +74,7 @@ def main():
         Cm = torch.randn(1, T, 1, N, device=dev, dtype=torch.bfloat16)
         D = torch.ones(H, device=dev)
         dy = torch.randn(1, T, H, P, device=dev, dtype=torch.bfloat16)
-        for name, make in peers:
-            run = make(x, dt.float(), A, bias, Bm, Cm, D, cu, seq_idx)
-            try:
-                with torch.no_grad():
-                    f = timed(run)
-            except Exception as e:  # a peer's own refusal, reported as such
-                print(f"{name} {seqs}x{length}: forward failed: {str(e).splitlines()[0]}")
-                continue
-            try:
-                fb = timed(lambda: run().backward(dy))
-                tail = f"fwd+bwd {fb:.3f} ms, bwd {fb - f:.3f} ms"
-            except Exception as e:
-                tail = f"backward failed: {str(e).splitlines()[0]}"
-            print(f"{name} {seqs}x{length} H={H} P={P} N={N}: fwd {f:.3f} ms, {tail}", flush=True)
+        time_peers(peers, f"{seqs}x{length} H={H} P={P} N={N}", (x, dt.float(), A, bias, Bm, Cm, D, cu, seq_idx), dy)
 
 
 if __name__ == "__main__":

@@ -5,30 +5,20 @@
 namespace engine::ops {
 namespace {
 
-void check_gelu_forward(const Tensor& x, const Tensor& y) {
-  const char* op = "gelu_forward";
+// An element-wise activation: y (or dy and dx) of x's dtype and shape.
+void check_unary(const char* op, const Tensor& x, const Tensor* dy, const Tensor& out, const char* out_name) {
   expect_defined(x, op, "x");
-  expect(y, x.dtype, x.shape, op, "y");
+  if (dy) expect(*dy, x.dtype, x.shape, op, "dy");
+  expect(out, x.dtype, x.shape, op, out_name);
 }
 
+void check_gelu_forward(const Tensor& x, const Tensor& y) { check_unary("gelu_forward", x, nullptr, y, "y"); }
 void check_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const char* op = "gelu_backward";
-  expect_defined(x, op, "x");
-  expect(dy, x.dtype, x.shape, op, "dy");
-  expect(dx, x.dtype, x.shape, op, "dx");
+  check_unary("gelu_backward", x, &dy, dx, "dx");
 }
-
-void check_gelu_erf_forward(const Tensor& x, const Tensor& y) {
-  const char* op = "gelu_erf_forward";
-  expect_defined(x, op, "x");
-  expect(y, x.dtype, x.shape, op, "y");
-}
-
+void check_gelu_erf_forward(const Tensor& x, const Tensor& y) { check_unary("gelu_erf_forward", x, nullptr, y, "y"); }
 void check_gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const char* op = "gelu_erf_backward";
-  expect_defined(x, op, "x");
-  expect(dy, x.dtype, x.shape, op, "dy");
-  expect(dx, x.dtype, x.shape, op, "dx");
+  check_unary("gelu_erf_backward", x, &dy, dx, "dx");
 }
 
 // gate_up (..., 2F); y (named yname) (..., F) of gate_up's dtype with the same leading dimensions.

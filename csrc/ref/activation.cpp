@@ -32,64 +32,46 @@ std::pair<int64_t, int64_t> swiglu_shape(const Tensor& gate_up, const Tensor& y)
 
 }  // namespace
 
-void gelu_forward(const Tensor& x, const Tensor& y) {
-  const char* op = "gelu_forward";
+namespace {
+
+// out[i] = f(x[i]) (f: the activation), or with dy: out[i] = dy[i] f(x[i]) (f: its derivative).
+template <typename F>
+void map_elements(const char* op, const Tensor& x, const Tensor* dy, const Tensor& out, F&& f) {
   float_switch(x.dtype, op, "x", [&](auto tag) {
     using T = decltype(tag);
-    const T* px = x.ptr<T>();
-    T* py = y.ptr<T>();
+    const T *px = x.ptr<T>(), *pdy = dy ? dy->ptr<T>() : nullptr;
+    T* po = out.ptr<T>();
     const int64_t n = x.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelElems)
     for (int64_t i = 0; i < n; ++i) {
-      const double v = px[i];
-      py[i] = static_cast<T>(v * sigmoid(2.0 * kGeluC * (v + kGeluA * v * v * v)));
+      const double v = f(static_cast<double>(px[i]));
+      po[i] = static_cast<T>(pdy ? pdy[i] * v : v);
     }
+  });
+}
+
+double gelu_s(double v) { return sigmoid(2.0 * kGeluC * (v + kGeluA * v * v * v)); }
+
+}  // namespace
+
+void gelu_forward(const Tensor& x, const Tensor& y) {
+  map_elements("gelu_forward", x, nullptr, y, [](double v) { return v * gelu_s(v); });
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  map_elements("gelu_backward", x, &dy, dx, [](double v) {
+    const double sg = gelu_s(v);
+    return sg * (1.0 + 2.0 * v * (1.0 - sg) * kGeluC * (1.0 + 3.0 * kGeluA * v * v));
   });
 }
 
 void gelu_erf_forward(const Tensor& x, const Tensor& y) {
-  float_switch(x.dtype, "gelu_erf_forward", "x", [&](auto tag) {
-    using T = decltype(tag);
-    const T* px = x.ptr<T>();
-    T* py = y.ptr<T>();
-    const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > kParallelElems)
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = px[i];
-      py[i] = static_cast<T>(0.5 * v * (1.0 + std::erf(v * M_SQRT1_2)));
-    }
-  });
+  map_elements("gelu_erf_forward", x, nullptr, y, [](double v) { return 0.5 * v * (1.0 + std::erf(v * M_SQRT1_2)); });
 }
 
 void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  float_switch(x.dtype, "gelu_erf_backward", "x", [&](auto tag) {
-    using T = decltype(tag);
-    const T *px = x.ptr<T>(), *pdy = dy.ptr<T>();
-    T* pdx = dx.ptr<T>();
-    const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > kParallelElems)
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = px[i];
-      const double d = 0.5 * (1.0 + std::erf(v * M_SQRT1_2)) + v * std::exp(-0.5 * v * v) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
-      pdx[i] = static_cast<T>(pdy[i] * d);
-    }
-  });
-}
-
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const char* op = "gelu_backward";
-  float_switch(x.dtype, op, "x", [&](auto tag) {
-    using T = decltype(tag);
-    const T *px = x.ptr<T>(), *pdy = dy.ptr<T>();
-    T* pdx = dx.ptr<T>();
-    const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > kParallelElems)
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = px[i];
-      const double sg = sigmoid(2.0 * kGeluC * (v + kGeluA * v * v * v));
-      const double d = sg * (1.0 + 2.0 * v * (1.0 - sg) * kGeluC * (1.0 + 3.0 * kGeluA * v * v));
-      pdx[i] = static_cast<T>(pdy[i] * d);
-    }
+  map_elements("gelu_erf_backward", x, &dy, dx, [](double v) {
+    return 0.5 * (1.0 + std::erf(v * M_SQRT1_2)) + v * std::exp(-0.5 * v * v) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
   });
 }
 
