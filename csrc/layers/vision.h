@@ -9,8 +9,9 @@
 //                                RMSNorm, SwiGLU MLP; heads of width / heads
 //   f = gelu_erf(x W1^T + b1) W2^T + b2    the projector, to the text model's width
 // The images are segments: SegmentInfo's cu_seqlens over the images, positions (N, 2) i32 each
-// patch's row and column in its image. Saved: what each step's backward needs. The encoder is
-// replicated over tensor-parallel ranks but for its blocks, which split as the text model's do.
+// patch's row and column in its image. Saved: what each step's backward needs. Built on one rank
+// so far: the blocks would split over tensor-parallel ranks as the text model's do, the patch
+// GEMM and the projector run replicated, and none of it has run under tensor parallelism yet.
 // Gradients: parameter gradients accumulated (+=); no gradient for the pixels.
 #pragma once
 #include <string>

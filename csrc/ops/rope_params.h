@@ -78,7 +78,6 @@ ENGINE_ROPE_HD double rope_inv_freq(const RopeParams& p, int i, int d) {
   return f;
 }
 
-// The factor the rotated vector is scaled by (cos and sin are multiplied by it).
 // 2-D positions (an image's patch row and column, as transformers' PixtralRotaryEmbedding): pair i
 // of a head of dim d (a multiple of 4) turns by row * theta^(-4i/d) for i < d/4 and by
 // col * theta^(-(4(i - d/4) + 2)/d) after: the even default frequencies for the rows, the odd ones
@@ -90,6 +89,7 @@ ENGINE_ROPE_HD double rope_2d_inv_freq(double theta, int i, int d, int* coord) {
   return pow(theta, -2.0 * j / static_cast<double>(d));
 }
 
+// The factor the rotated vector is scaled by (cos and sin are multiplied by it).
 ENGINE_ROPE_HD double rope_output_scale(const RopeParams& p) {
   return p.kind == RopeScalingKind::Yarn ? p.attention_factor : 1.0;
 }

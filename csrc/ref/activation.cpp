@@ -30,10 +30,6 @@ std::pair<int64_t, int64_t> swiglu_shape(const Tensor& gate_up, const Tensor& y)
   return {f ? y.numel() / f : 0, f};
 }
 
-}  // namespace
-
-namespace {
-
 // out[i] = f(x[i]) (f: the activation), or with dy: out[i] = dy[i] f(x[i]) (f: its derivative).
 template <typename F>
 void map_elements(const char* op, const Tensor& x, const Tensor* dy, const Tensor& out, F&& f) {

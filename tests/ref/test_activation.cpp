@@ -22,8 +22,12 @@ struct ActCase {
 };
 const std::vector<ActCase> kActCases = {{1, 1}, {3, 7}, {11, 13}, {2, 129}};
 
+// The tanh GELU, 0.5 x (1 + tanh u) with u = sqrt(2/pi) (x + 0.044715 x^3), as transformers
+// writes it where u >= 0; for u < 0, where 1 + tanh u cancels (the reference's sigmoid form
+// exists for that), the same value as 1 + tanh u = 2 / (1 + e^(-2u)).
 double gelu(double x) {
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+  return u >= 0 ? 0.5 * x * (1 + std::tanh(u)) : x / (1 + std::exp(-2 * u));
 }
 double silu(double g) { return g / (1 + std::exp(-g)); }
 
