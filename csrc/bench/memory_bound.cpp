@@ -143,9 +143,9 @@ BENCH_CASES("memory_bound") {
     {  // swiglu, F = C
       Owned gu = device_random({kT, 2 * c}, bf, 6), dy = device_random({kT, c}, bf, 7);
       Owned y = empty({kT, c}, bf, Device::CUDA), dgu = empty({kT, 2 * c}, bf, Device::CUDA);
-      double ms = stream_ms([&] { ops::swiglu_forward(gu, y); });
+      double ms = stream_ms([&] { ops::swiglu_forward(gu, y, {}); });
       results.push_back({label("swiglu fwd", kT, c) + " F=C", ms, 0, 3 * act, ""});
-      ms = stream_ms([&] { ops::swiglu_backward(dy, gu, dgu); });
+      ms = stream_ms([&] { ops::swiglu_backward(dy, gu, dgu, {}); });
       results.push_back({label("swiglu bwd", kT, c) + " F=C", ms, 0, 5 * act, ""});
     }
     {  // gelu

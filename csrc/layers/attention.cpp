@@ -104,9 +104,11 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   s.qkv = env.act_tensor({T, NH, head_dim_});
   s.out = env.act_tensor({T, heads_, head_dim_});
   s.lse = env.stat_tensor({T, heads_});
+  s.qkv_amax = {};  // (no amax of an earlier micro-batch's tensors)
+  s.out_amax = {};
   const Tensor qkv = s.qkv->view({T, int64_t{NH} * head_dim_});
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
-    linear_forward(env.column(), x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1));
+    linear_forward(env.column(), x, wqkv_.w(), bqkv_.w(), qkv.slice(r0, r1), {}, &s.qkv_amax);
     lora_qkv_forward(x, qkv.slice(r0, r1));
   });
   if (qk_norm_) {
@@ -127,7 +129,7 @@ void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg
   ops::attention_forward(op_params(seg, s));
   if (seg.kv && seg.kv_release) seg.kv->layers.erase(this);
   const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
-  row_linear_forward(env, o, wo_.w(), bo_, y, {}, lora_out(o));
+  row_linear_forward(env, o, wo_.w(), bo_, y, {}, lora_out(o), &s.out_amax);
 }
 
 void Attention::backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
@@ -146,7 +148,8 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
   ColumnInput in(env, xn);  // sequence parallel: gathered again (beside what follows), not kept since the forward
   Owned dout = env.act_tensor({T, heads_, head_dim_});
   const Tensor o = s.out->view({T, int64_t{heads_} * head_dim_});
-  linear_backward(env.row(), dy_full, o, wo_.w(), dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {});
+  linear_backward(env.row(), dy_full, o, wo_.w(), dout->view({T, int64_t{heads_} * head_dim_}), wo_.g(), {},
+                  &s.out_amax);
   if (lora_o_) lora_o_.backward(dy_full, o, dout->view({T, int64_t{heads_} * head_dim_}));
   dy_storage = Owned{};
   Owned dqkv = env.act_tensor({T, NH, head_dim_});
@@ -188,7 +191,7 @@ void Attention::backward_except_out_bias(const Env& env, const Tensor& dy, const
       if (lora_k_) lora_k_.backward(dqkv2, x, dx_full, qd);
       if (lora_v_) lora_v_.backward(dqkv2, x, dx_full, qd + kd);
     };
-  column_linear_backward(env, dqkv2, in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g(), low_rank);
+  column_linear_backward(env, dqkv2, in, wqkv_.w(), dxn, wqkv_.g(), bqkv_.g(), low_rank, &s.qkv_amax);
 }
 
 }  // namespace engine::layers

@@ -21,6 +21,7 @@
 
 #include "config/config.h"
 #include "layers/common.h"
+#include "layers/linear.h"
 #include "layers/lora.h"
 #include "ops/attention.h"
 
@@ -68,6 +69,7 @@ struct AttentionSaved {
   Owned lse;  // (T, H)
   Owned qk_in;    // qk_norm: (T, H + Hkv, D) the q and k heads before the norm
   Owned qk_rstd;  // qk_norm: (T, H + Hkv) statistics dtype
+  LinearAmaxes qkv_amax, out_amax;  // FP8: the q/k/v and output linears' amaxes (layers/linear.h)
 };
 
 class Attention {

@@ -1,5 +1,7 @@
 #include "layers/linear.h"
 
+#include <utility>
+
 #include "core/buffer.h"
 #include "ops/fp8.h"
 #include "ops/gemm.h"
@@ -18,16 +20,32 @@ struct Fp8Operand {
   Owned q, scale_inv;
 };
 
+// Per tensor, any cut splits the amax; per row, a cut of op(x)'s rows (x's columns, or its rows
+// with transpose) does.
+bool partial_amax(const LinearPrecision& p, bool transpose, Cut cut) {
+  if (!p.tp) return false;
+  return p.fp8 == Fp8Recipe::Rowwise ? cut == (transpose ? Cut::Rows : Cut::Cols) : cut != Cut::None;
+}
+
 // The amax quantize() takes: of the whole operand (per tensor), or of each row of op(x).
 Owned amax_of(const LinearPrecision& p, const Tensor& x, bool transpose, Cut cut) {
   const bool rowwise = p.fp8 == Fp8Recipe::Rowwise;
   Owned amax = empty({rowwise ? (transpose ? x.size(1) : x.size(0)) : 1}, DType::F32, x.device);
   ops::fp8_amax(x, transpose, amax);
-  // Per tensor, any cut splits the amax; per row, a cut of op(x)'s rows (x's columns, or its
-  // rows with transpose) does.
-  const bool partial = rowwise ? cut == (transpose ? Cut::Rows : Cut::Cols) : cut != Cut::None;
-  if (p.tp && partial) p.tp->all_reduce(amax, ReduceOp::Max);
+  if (partial_amax(p, transpose, cut)) p.tp->all_reduce(amax, ReduceOp::Max);
   return amax;
+}
+
+// x's per-tensor amax through a slot the caller holds (tensorwise; the header): what the slot
+// has, reduced over the group where it is not yet, or computed into it.
+const Tensor& shared_amax(const LinearPrecision& p, const Tensor& x, Cut cut, Fp8Amax& slot) {
+  if (!slot) {
+    slot = {amax_of(p, x, false, cut), true};
+  } else if (!slot.reduced) {
+    if (partial_amax(p, false, cut)) p.tp->all_reduce(slot.t, ReduceOp::Max);
+    slot.reduced = true;
+  }
+  return slot.t;
 }
 
 // amax: from amax_of (a per-tensor one serves x and x^T alike), or undefined to compute it here.
@@ -39,6 +57,18 @@ Fp8Operand quantize(const LinearPrecision& p, const Tensor& x, bool transpose, C
   Fp8Operand out{empty({rows, cols}, DType::U8, x.device), empty(a.shape, DType::F32, x.device)};
   ops::fp8_quantize(x, transpose, a, format, out.q, out.scale_inv);
   return out;
+}
+
+// Both layouts of x from one read: {x, x^T} in FP8; amax and amax_t as quantize() takes them.
+std::pair<Fp8Operand, Fp8Operand> quantize_pair(const LinearPrecision& p, const Tensor& x, Cut cut, Fp8Format format,
+                                                const Tensor& amax) {
+  Owned own, own_t;
+  const Tensor& a = amax.data ? amax : (own = amax_of(p, x, false, cut)).t;
+  const Tensor& at = p.fp8 == Fp8Recipe::Tensorwise ? a : (own_t = amax_of(p, x, true, cut)).t;
+  Fp8Operand q{empty(x.shape, DType::U8, x.device), empty(a.shape, DType::F32, x.device)};
+  Fp8Operand qt{empty({x.size(1), x.size(0)}, DType::U8, x.device), empty(at.shape, DType::F32, x.device)};
+  ops::fp8_quantize_pair(x, a, at, format, q.q, q.scale_inv, qt.q, qt.scale_inv);
+  return {std::move(q), std::move(qt)};
 }
 
 Fp8Format gradient_format(Fp8Recipe r) { return r == Fp8Recipe::Rowwise ? Fp8Format::E4M3 : Fp8Format::E5M2; }
@@ -56,11 +86,14 @@ Cuts cuts(const LinearPrecision& p) {
 }  // namespace
 
 void linear_forward(const LinearPrecision& p, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Tensor& y, const Tensor& addend) {
+                    const Tensor& y, const Tensor& addend, LinearAmaxes* saved) {
   if (p.fp8 != Fp8Recipe::Off) {
     const Cuts c = cuts(p);
-    const Fp8Operand xq = quantize(p, x.rows(), false, c.x, Fp8Format::E4M3);
-    const Fp8Operand wq = quantize(p, weight, false, c.w, Fp8Format::E4M3);
+    const bool share = saved && p.fp8 == Fp8Recipe::Tensorwise;
+    const Tensor x2 = x.rows();
+    const Fp8Operand xq = quantize(p, x2, false, c.x, Fp8Format::E4M3, share ? shared_amax(p, x2, c.x, saved->x) : Tensor{});
+    if (share) saved->w = {};  // the weight's amax anew each forward (the optimizer changed it)
+    const Fp8Operand wq = quantize(p, weight, false, c.w, Fp8Format::E4M3, share ? shared_amax(p, weight, c.w, saved->w) : Tensor{});
     ops::Fp8MatmulOptions o(addend.data ? 1.f : 0.f);
     if (addend.data) o.addend = addend.rows();
     o.bias = bias;
@@ -77,23 +110,34 @@ void linear_forward(const LinearPrecision& p, const Tensor& x, const Tensor& wei
 }
 
 void linear_backward(const LinearPrecision& p, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                     const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                     const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const LinearAmaxes* saved,
+                     Fp8Amax* dy_amax) {
   const Tensor dy2 = dy.rows();
   if (p.fp8 != Fp8Recipe::Off) {
     const Cuts c = cuts(p);
     const Fp8Format g = gradient_format(p.fp8);
-    // Per tensor, dy's one amax serves both products.
-    Owned dy_amax;
-    if (p.fp8 == Fp8Recipe::Tensorwise && dx.data && dweight.data) dy_amax = amax_of(p, dy2, false, c.dy);
-    if (dx.data) {  // dx = dy W: b = W^T (in, out), contracted over out
-      const Fp8Operand dyq = quantize(p, dy2, false, c.dy, g, dy_amax);
-      const Fp8Operand wt = quantize(p, weight, true, c.w, Fp8Format::E4M3);
-      ops::fp8_matmul(dyq.q, g, dyq.scale_inv, wt.q, Fp8Format::E4M3, wt.scale_inv, dx.rows(), 0.f);
+    const bool tensorwise = p.fp8 == Fp8Recipe::Tensorwise;
+    const bool wgrad = dweight.data && dy2.size(0) > 0;
+    // Per tensor, dy's one amax serves both products (and, through dy_amax, a later call's).
+    Fp8Amax own;
+    Tensor dya;
+    if (tensorwise && (dy_amax || (dx.data && wgrad))) dya = shared_amax(p, dy2, c.dy, dy_amax ? *dy_amax : own);
+    const auto saved_amax = [&](const Fp8Amax LinearAmaxes::*m) {
+      return tensorwise && saved && saved->*m ? (saved->*m).t.t : Tensor{};
+    };
+    // dx = dy W: b = W^T (in, out), contracted over out; dW += dy^T x: a = dy^T (out, T),
+    // b = x^T (in, T), contracted over T.
+    std::pair<Fp8Operand, Fp8Operand> dyq;
+    if (dx.data && wgrad) dyq = quantize_pair(p, dy2, c.dy, g, dya);
+    if (dx.data) {
+      if (!wgrad) dyq.first = quantize(p, dy2, false, c.dy, g, dya);
+      const Fp8Operand wt = quantize(p, weight, true, c.w, Fp8Format::E4M3, saved_amax(&LinearAmaxes::w));
+      ops::fp8_matmul(dyq.first.q, g, dyq.first.scale_inv, wt.q, Fp8Format::E4M3, wt.scale_inv, dx.rows(), 0.f);
     }
-    if (dweight.data && dy2.size(0) > 0) {  // dW += dy^T x: a = dy^T (out, T), b = x^T (in, T), contracted over T
-      const Fp8Operand dyt = quantize(p, dy2, true, c.dy, g, dy_amax);
-      const Fp8Operand xt = quantize(p, x.rows(), true, c.x, Fp8Format::E4M3);
-      ops::fp8_matmul(dyt.q, g, dyt.scale_inv, xt.q, Fp8Format::E4M3, xt.scale_inv, dweight, 1.f);
+    if (wgrad) {
+      if (!dx.data) dyq.second = quantize(p, dy2, true, c.dy, g, dya);
+      const Fp8Operand xt = quantize(p, x.rows(), true, c.x, Fp8Format::E4M3, saved_amax(&LinearAmaxes::x));
+      ops::fp8_matmul(dyq.second.q, g, dyq.second.scale_inv, xt.q, Fp8Format::E4M3, xt.scale_inv, dweight, 1.f);
     }
   } else {
     if (dx.data) ops::matmul(dy2, false, weight, false, dx.rows(), {});                  // dx = dy W

@@ -63,15 +63,17 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
   s.a = env.act_tensor({T, ffn_});
+  s.in = {};  // (no amax of an earlier micro-batch's tensors)
+  s.out = {};
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     if (glu) {
-      linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
+      linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1), {}, &s.in);
       if (lora_gate_) lora_gate_.forward(x, s.h->slice(r0, r1), 0);
       if (lora_up_) lora_up_.forward(x, s.h->slice(r0, r1), ffn_);
       return;
     }
     if (env.fp8 != Fp8Recipe::Off) {  // (the FP8 product has no GELU epilogue)
-      linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1));
+      linear_forward(env.column(), x, w_in_.w(), b_in_.w(), s.h->slice(r0, r1), {}, &s.in);
       ops::gelu_forward(s.h->slice(r0, r1), s.a->slice(r0, r1));
       return;
     }
@@ -82,10 +84,15 @@ void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s
     o.gelu_input = s.h->slice(r0, r1);
     ops::matmul(x.rows(), false, w_in_.w(), true, s.a->slice(r0, r1), o);
   });
-  if (glu) ops::swiglu_forward(s.h, s.a);
+  // Per-tensor FP8: the SwiGLU hands the output linear its input's amax.
+  const bool fused_amax = env.fp8 == Fp8Recipe::Tensorwise;
+  if (glu) {
+    if (fused_amax) s.out.x = Fp8Amax::on(env.device);
+    ops::swiglu_forward(s.h, s.a, s.out.x.t);
+  }
   std::function<void(const Tensor&)> low_rank;
   if (lora_down_) low_rank = [&](const Tensor& partial) { lora_down_.forward(s.a, partial); };
-  row_linear_forward(env, s.a, w_out_.w(), b_out_, y, residual, low_rank);
+  row_linear_forward(env, s.a, w_out_.w(), b_out_, y, residual, low_rank, &s.out);
 }
 
 void Mlp::backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
@@ -103,13 +110,15 @@ void Mlp::backward_except_out_bias(const Env& env, const Tensor& dy, const Tenso
   const bool glu = act_ == ActivationKind::SwiGLU;
   // The GELU's derivative and b_in's gradient from the dx GEMM's epilogue, in bf16 only.
   const bool gelu_epilogue = !glu && env.fp8 == Fp8Recipe::Off;
+  Fp8Amax dh_amax;  // per-tensor FP8: from the SwiGLU's backward, for the input linear's
   if (!gelu_epilogue) {
     Owned da = env.act_tensor(s.a->shape);
-    linear_backward(env.row(), dy_full, s.a, w_out_.w(), da, w_out_.g(), {});
+    linear_backward(env.row(), dy_full, s.a, w_out_.w(), da, w_out_.g(), {}, &s.out);
     if (lora_down_) lora_down_.backward(dy_full, s.a, da);
-    if (glu)
-      ops::swiglu_backward(da, s.h, dh);
-    else
+    if (glu) {
+      if (env.fp8 == Fp8Recipe::Tensorwise) dh_amax = Fp8Amax::on(env.device);
+      ops::swiglu_backward(da, s.h, dh, dh_amax.t);
+    } else
       ops::gelu_backward(da, s.h, dh);
   } else {  // dW_out += dy^T a; dh = (dy W_out) * gelu'(h) and b_in's gradient from one GEMM
     if (!w_out_.frozen) ops::matmul(dy_full.rows(), true, s.a->rows(), false, w_out_.g(), {1.f, 1.f, {}});
@@ -128,7 +137,8 @@ void Mlp::backward_except_out_bias(const Env& env, const Tensor& dy, const Tenso
       if (lora_gate_) lora_gate_.backward(dh, x, dx_full, 0);
       if (lora_up_) lora_up_.backward(dh, x, dx_full, ffn_);
     };
-  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), gelu_epilogue ? Tensor{} : b_in_.g(), low_rank);
+  column_linear_backward(env, dh, in, w_in_.w(), dxn, w_in_.g(), gelu_epilogue ? Tensor{} : b_in_.g(), low_rank,
+                         &s.in, &dh_amax);
 }
 
 }  // namespace engine::layers

@@ -8,6 +8,7 @@
 #pragma once
 #include "config/config.h"
 #include "layers/common.h"
+#include "layers/linear.h"
 #include "layers/lora.h"
 
 namespace engine::layers {
@@ -15,6 +16,7 @@ namespace engine::layers {
 struct MlpSaved {
   Owned h;  // (T, F) gelu, (T, 2F) swiglu
   Owned a;  // (T, F)
+  LinearAmaxes in, out;  // FP8: the input and output linears' amaxes (layers/linear.h)
 };
 
 class Mlp {

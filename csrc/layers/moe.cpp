@@ -109,7 +109,7 @@ void Moe::forward(const Env& env, const Tensor& xn, const Tensor& y, MoeSaved& s
   ops::grouped_linear_forward(xp, w_gate_up_.w(), s.offsets, s.counts, s.h, {});
   xp = Owned{};
   s.a = env.act_tensor({R, ffn_});
-  ops::swiglu_forward(s.h, s.a);
+  ops::swiglu_forward(s.h, s.a, {});
   s.yo = env.act_tensor({R, C});
   ops::grouped_linear_forward(s.a, w_out_.w(), s.offsets, s.counts, s.yo, {});
   if (env.sp()) {
@@ -164,7 +164,7 @@ void Moe::backward(const Env& env, const Tensor& dy, const Tensor& xn, const Moe
   ops::grouped_linear_backward_weight(dyo, s.a, s.offsets, s.counts, w_out_.g(), {});
   dyo = Owned{};
   Owned dh = env.act_tensor({R, 2 * ffn_});
-  ops::swiglu_backward(da, s.h, dh);
+  ops::swiglu_backward(da, s.h, dh, {});
   da = Owned{};
   Owned gathered;
   const Tensor x = column_input_forward(env, xn, gathered);

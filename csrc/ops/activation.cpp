@@ -31,14 +31,21 @@ void check_swiglu(const Tensor& gate_up, const Tensor& y, const char* op, const 
   expect(y, gate_up.dtype, expected, op, yname);
 }
 
-void check_swiglu_forward(const Tensor& gate_up, const Tensor& y) {
-  check_swiglu(gate_up, y, "swiglu_forward", "y");
+// The optional amax of an output: undefined or one f32 element.
+void check_amax(const Tensor& amax, const char* op) {
+  if (amax.data) expect(amax, DType::F32, {1}, op, "amax");
 }
 
-void check_swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
+void check_swiglu_forward(const Tensor& gate_up, const Tensor& y, const Tensor& amax) {
+  check_swiglu(gate_up, y, "swiglu_forward", "y");
+  check_amax(amax, "swiglu_forward");
+}
+
+void check_swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& amax) {
   const char* op = "swiglu_backward";
   check_swiglu(gate_up, dy, op, "dy");
   expect(dgate_up, gate_up.dtype, gate_up.shape, op, "dgate_up");
+  check_amax(amax, op);
 }
 
 }  // namespace

@@ -22,16 +22,36 @@ void check_fp8_amax(const Tensor& x, bool transpose, const Tensor& amax) {
   expect_scales(amax, out_rows(x, transpose), "fp8_amax", "amax");
 }
 
+// One quantised layout: out = op(x) in FP8, its amax and inverse scales (names as the op calls them).
+struct QuantizeArgs {
+  const Tensor &amax, &out, &scale_inv;
+  const char *amax_name, *out_name, *scale_inv_name;
+};
+void check_quantized(const char* op, const Tensor& x, bool transpose, const QuantizeArgs& q) {
+  expect_defined(x, op, "x");
+  expect_ndim(x, 2, op, "x");
+  const int64_t rows = out_rows(x, transpose), cols = transpose ? x.size(0) : x.size(1);
+  expect(q.out, DType::U8, {rows, cols}, op, q.out_name);
+  expect_scales(q.amax, rows, op, q.amax_name);
+  expect(q.scale_inv, DType::F32, q.amax.shape, op, q.scale_inv_name);
+  ENSURE(q.scale_inv.data != q.amax.data, op, ": ", q.scale_inv_name, " must not alias ", q.amax_name);
+}
+
 void check_fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, Fp8Format format,
                         const Tensor& out, const Tensor& scale_inv) {
-  expect_defined(x, "fp8_quantize", "x");
-  expect_ndim(x, 2, "fp8_quantize", "x");
-  const int64_t rows = out_rows(x, transpose), cols = transpose ? x.size(0) : x.size(1);
-  expect(out, DType::U8, {rows, cols}, "fp8_quantize", "out");
-  expect_scales(amax, rows, "fp8_quantize", "amax");
-  expect(scale_inv, DType::F32, amax.shape, "fp8_quantize", "scale_inv");
-  ENSURE(scale_inv.data != amax.data, "fp8_quantize: scale_inv must not alias amax");
+  check_quantized("fp8_quantize", x, transpose, {amax, out, scale_inv, "amax", "out", "scale_inv"});
   ENSURE(format == Fp8Format::E4M3 || format == Fp8Format::E5M2, "fp8_quantize: unknown format");
+}
+
+void check_fp8_quantize_pair(const Tensor& x, const Tensor& amax, const Tensor& amax_t, Fp8Format format,
+                             const Tensor& out, const Tensor& scale_inv, const Tensor& out_t,
+                             const Tensor& scale_inv_t) {
+  const char* op = "fp8_quantize_pair";
+  check_quantized(op, x, false, {amax, out, scale_inv, "amax", "out", "scale_inv"});
+  check_quantized(op, x, true, {amax_t, out_t, scale_inv_t, "amax_t", "out_t", "scale_inv_t"});
+  ENSURE(scale_inv.data != amax_t.data && scale_inv_t.data != amax.data && scale_inv.data != scale_inv_t.data,
+         op, ": the inverse scales must not alias each other or an amax");
+  ENSURE(format == Fp8Format::E4M3 || format == Fp8Format::E5M2, op, ": unknown format");
 }
 
 void check_fp8_matmul(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,

@@ -18,6 +18,9 @@
 //                 scale_inv_r = 1 / scale_r in f32 (what the product multiplies back)
 //   x (R, C) f32 or bf16 on the GPU, f32 or f64 on the CPU (converted to f32 before the scale);
 //   out u8 (R, C), or (C, R) with transpose; amax and scale_inv f32, 1 element or one a row of out.
+//   fp8_quantize_pair: both layouts from one read of x, each exactly as fp8_quantize gives it:
+//                 out from x with amax (1 or R), out_t from x^T with amax_t (1 or C). amax and
+//                 amax_t may be the same tensor (per tensor: the one amax serves both).
 // fp8_matmul: c(i, j) = beta * d(i, j) + sa(i) * sb(j) * sum_k dec(a(i, k)) * dec(b(j, k)) + bias(j)
 //   a u8 (M, K) and b u8 (N, K), both row-major with K contiguous (the weight (out, in) of a
 //   linear layer is such a b); sa = a_scale_inv, one element or M; sb = b_scale_inv, one element
@@ -103,6 +106,10 @@ inline float fp8_scale(float amax, Fp8Format f) { return amax == 0.f ? 1.f : fp8
      (const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8Format format,               \
       const Tensor& out, const Tensor& scale_inv),                                              \
      (x, transpose, amax, format, out, scale_inv))                                              \
+  OP(void, fp8_quantize_pair,                                                                   \
+     (const Tensor& x, const Tensor& amax, const Tensor& amax_t, ops::Fp8Format format,         \
+      const Tensor& out, const Tensor& scale_inv, const Tensor& out_t, const Tensor& scale_inv_t), \
+     (x, amax, amax_t, format, out, scale_inv, out_t, scale_inv_t))                             \
   OP(void, fp8_matmul,                                                                          \
      (const Tensor& a, ops::Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,     \
       ops::Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c,                     \

@@ -75,22 +75,26 @@ const Tensor& ColumnInput::get() {
 
 void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
                             const Tensor& dxn, const Tensor& dweight, const Tensor& dbias,
-                            const LowRankBackward& low_rank) {
+                            const LowRankBackward& low_rank, const LinearAmaxes* saved, Fp8Amax* dy_amax) {
   Owned storage;
   const Tensor dx_full = env.sp() ? (storage = full_rows_tensor(env, dxn)).t : dxn;
   if (env.tp_size() == 1 || !env.tp_overlap) {
-    linear_backward(env.column(), dy, dweight.data || dbias.data ? in.get() : Tensor{}, weight, dx_full, dweight, dbias);
+    linear_backward(env.column(), dy, dweight.data || dbias.data ? in.get() : Tensor{}, weight, dx_full, dweight, dbias,
+                    saved, dy_amax);
     if (low_rank) low_rank(in.get(), dx_full);
     column_input_backward(env, dx_full, dxn);
     return;
   }
-  linear_backward(env.column(), dy, Tensor{}, weight, dx_full, Tensor{}, Tensor{});  // dx = dy W
+  // (dy's amax, where FP8 shares one, kept for the second call: dy_amax or this.)
+  Fp8Amax own;
+  Fp8Amax* dya = dy_amax ? dy_amax : &own;
+  linear_backward(env.column(), dy, Tensor{}, weight, dx_full, Tensor{}, Tensor{}, saved, dya);  // dx = dy W
   // (LoRA's terms need the gathered input: under sequence parallelism they wait for it here.)
   if (low_rank) low_rank(in.get(), dx_full);
   const std::function<void()> reduced = env.sp() ? tp::gather_from_sp_backward_async(*env.tp, dx_full, dxn)
                                                  : tp::copy_to_tp_backward_async(*env.tp, dx_full, dxn);
   if (dweight.data || dbias.data)
-    linear_backward(env.column(), dy, in.get(), weight, Tensor{}, dweight, dbias);  // dW, db beside the reduction
+    linear_backward(env.column(), dy, in.get(), weight, Tensor{}, dweight, dbias, saved, dya);  // dW, db beside the reduction
   if (reduced) reduced();
 }
 
@@ -110,19 +114,20 @@ void row_linear_bias_backward(const Tensor& dy, const Param& bias) {
 }
 
 void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
-                        const Tensor& residual, const std::function<void(const Tensor&)>& low_rank) {
+                        const Tensor& residual, const std::function<void(const Tensor&)>& low_rank,
+                        LinearAmaxes* saved) {
   const Tensor b = bias && bias.store->table().tp_rank() == 0 ? bias.w() : Tensor{};
   if (env.sp()) {
     Owned partial = env.act_tensor({x.size(0), y.size(1)});
-    linear_forward(env.row(), x, weight, b, partial);
+    linear_forward(env.row(), x, weight, b, partial, {}, saved);
     if (low_rank) low_rank(partial);
     row_output_forward(env, partial, y);
   } else if (residual.data && env.tp_size() == 1) {  // no reduction: the residual in the epilogue
-    linear_forward(env.row(), x, weight, b, y, residual);
+    linear_forward(env.row(), x, weight, b, y, residual, saved);
     if (low_rank) low_rank(y);
     return;
   } else {
-    linear_forward(env.row(), x, weight, b, y);
+    linear_forward(env.row(), x, weight, b, y, {}, saved);
     if (low_rank) low_rank(y);
     row_output_forward(env, y, y);
   }

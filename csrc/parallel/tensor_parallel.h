@@ -29,6 +29,7 @@
 #include <functional>
 
 #include "layers/common.h"
+#include "layers/linear.h"
 
 namespace engine::layers {
 
@@ -82,10 +83,13 @@ class ColumnInput {
 // complete for the compute queued after the call. A frozen weight's dweight is undefined (no
 // GEMM). `low_rank(x, dx_full)` (LoRA, layers/lora.h) adds its terms to the partial input
 // gradient before the reduction and accumulates its own parameter gradients.
+// saved and dy_amax: the FP8 amaxes linear_backward takes (layers/linear.h), shared by its two
+// calls where the reduction splits it.
 using LowRankBackward = std::function<void(const Tensor& x, const Tensor& dx_full)>;
 void column_linear_backward(const Env& env, const Tensor& dy, ColumnInput& in, const Tensor& weight,
                             const Tensor& dxn, const Tensor& dweight, const Tensor& dbias,
-                            const LowRankBackward& low_rank = {});
+                            const LowRankBackward& low_rank = {}, const LinearAmaxes* saved = nullptr,
+                            Fp8Amax* dy_amax = nullptr);
 
 // y (x's local rows) = the sum over ranks of the partial outputs (full rows); `partial` may be
 // `y` itself without sequence parallelism (reduced in place).
@@ -95,8 +99,10 @@ void row_output_forward(const Env& env, const Tensor& partial, const Tensor& y);
 // bias is replicated, so only the first tensor-parallel rank adds it to its partial sum; without
 // tensor parallelism the residual joins in the GEMM's epilogue, else after the reduction.
 // `low_rank(partial)` (LoRA) adds its term to this rank's partial output before the reduction.
+// saved: linear_forward's FP8 amaxes (layers/linear.h).
 void row_linear_forward(const Env& env, const Tensor& x, const Tensor& weight, const Param& bias, const Tensor& y,
-                        const Tensor& residual = {}, const std::function<void(const Tensor&)>& low_rank = {});
+                        const Tensor& residual = {}, const std::function<void(const Tensor&)>& low_rank = {},
+                        LinearAmaxes* saved = nullptr);
 // A row-parallel linear's output bias gradient: += sum_t dy over this rank's rows. Complete
 // without sequence parallelism (dy is replicated); with it a partial sum over the token shards,
 // reduced with the other replicated parameters' gradients (parallel/data_parallel.h). Nothing

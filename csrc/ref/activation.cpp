@@ -10,6 +10,7 @@
 // so y may alias x and dx may alias dy (and dgate_up may alias gate_up).
 // The shared checks ran before (ops/activation.cpp); the reference takes f32 or f64.
 #include "ops/activation.h"
+#include "ops/fp8.h"
 
 #include <cmath>
 
@@ -71,7 +72,7 @@ void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   });
 }
 
-void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
+void swiglu_forward(const Tensor& gate_up, const Tensor& y, const Tensor& amax) {
   const char* op = "swiglu_forward";
   auto [rows, f] = swiglu_shape(gate_up, y);
   float_switch(gate_up.dtype, op, "gate_up", [&](auto tag) {
@@ -85,9 +86,10 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
         py[t * f + j] = static_cast<T>(g * sigmoid(g) * u);
       }
   });
+  if (amax.data) ref::fp8_amax(y.view({y.numel(), 1}), false, amax);
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
+void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& amax) {
   const char* op = "swiglu_backward";
   auto [rows, f] = swiglu_shape(gate_up, dy);
   float_switch(gate_up.dtype, op, "gate_up", [&](auto tag) {
@@ -103,6 +105,7 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgat
         dgu[t * 2 * f + f + j] = static_cast<T>(d * g * s);
       }
   });
+  if (amax.data) ref::fp8_amax(dgate_up.view({dgate_up.numel(), 1}), false, amax);
 }
 
 }  // namespace engine::ref

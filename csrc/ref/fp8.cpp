@@ -75,6 +75,12 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
   });
 }
 
+void fp8_quantize_pair(const Tensor& x, const Tensor& amax, const Tensor& amax_t, ops::Fp8Format format,
+                       const Tensor& out, const Tensor& scale_inv, const Tensor& out_t, const Tensor& scale_inv_t) {
+  ref::fp8_quantize(x, false, amax, format, out, scale_inv);
+  ref::fp8_quantize(x, true, amax_t, format, out_t, scale_inv_t);
+}
+
 void fp8_matmul(const Tensor& a, ops::Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
                 ops::Fp8Format b_format, const Tensor& b_scale_inv, const Tensor& c, const ops::Fp8MatmulOptions& o) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);

@@ -21,6 +21,7 @@
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector.cuh"
+#include "cuda/fp8/amax.cuh"
 
 namespace engine::cuda {
 
@@ -145,23 +146,29 @@ static __device__ __forceinline__ void for_each_row_pack(int64_t rows, int64_t p
 // y (rows, f) = silu(g) u with gate_up (rows, 2f) = [g | u]; N elements per pack along f.
 template <typename T, int N>
 static __global__ void __launch_bounds__(kThreads)
-    swiglu_forward_kernel(const T* gate_up, T* y, int64_t rows, int64_t f) {
+    swiglu_forward_kernel(const T* gate_up, T* y, int64_t rows, int64_t f, float* amax) {
   wait_for_previous_kernel();
+  unsigned m = 0;
   for_each_row_pack(rows, f / N, [&](int64_t row, int64_t col) {
     const T* g = gate_up + row * 2 * f + col * N;
     float vg[N], vu[N], o[N];
     load_pack<T, N>(g, vg);
     load_pack<T, N>(g + f, vu);
 #pragma unroll
-    for (int j = 0; j < N; ++j) o[j] = vg[j] * sigmoid_for<T>(vg[j]) * vu[j];
+    for (int j = 0; j < N; ++j) {
+      o[j] = vg[j] * sigmoid_for<T>(vg[j]) * vu[j];
+      m = max(m, stored_magnitude<T>(o[j]));
+    }
     store_pack<T, N>(y + row * f + col * N, o);
   });
+  commit_amax(m, amax);
 }
 
 template <typename T, int N>
 static __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_kernel(const T* dy, const T* gate_up, T* dgate_up, int64_t rows, int64_t f) {
+    swiglu_backward_kernel(const T* dy, const T* gate_up, T* dgate_up, int64_t rows, int64_t f, float* amax) {
   wait_for_previous_kernel();
+  unsigned m = 0;
   for_each_row_pack(rows, f / N, [&](int64_t row, int64_t col) {
     const int64_t gi = row * 2 * f + col * N;
     float vd[N], vg[N], vu[N], dg[N], du[N];
@@ -173,10 +180,12 @@ static __global__ void __launch_bounds__(kThreads)
       const float s = sigmoid_for<T>(vg[j]);
       dg[j] = vd[j] * vu[j] * s * (1.f + vg[j] * (1.f - s));
       du[j] = vd[j] * vg[j] * s;
+      m = max(m, max(stored_magnitude<T>(dg[j]), stored_magnitude<T>(du[j])));
     }
     store_pack<T, N>(dgate_up + gi, dg);
     store_pack<T, N>(dgate_up + gi + f, du);
   });
+  commit_amax(m, amax);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -246,9 +255,10 @@ static std::pair<int64_t, int64_t> swiglu_shape(const Tensor& gate_up, const Ten
   return {f ? y.numel() / f : 0, f};
 }
 
-void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
+void swiglu_forward(const Tensor& gate_up, const Tensor& y, const Tensor& amax) {
   const char* op = "swiglu_forward";
   auto [rows, f] = swiglu_shape(gate_up, y, op);
+  float* pa = zero_amax(amax);
   if (rows == 0 || f == 0) return;
   float_switch(y.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -258,16 +268,17 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& y) {
     const bool vec = f % V == 0 && aligned16(gu) && aligned16(py);
     const unsigned grid = stream_blocks(rows * (vec ? f / V : f), kThreads);
     if (vec)
-      launch_dependent(swiglu_forward_kernel<T, V>, grid, kThreads, 0, gu, py, rows, f);
+      launch_dependent(swiglu_forward_kernel<T, V>, grid, kThreads, 0, gu, py, rows, f, pa);
     else
-      launch_dependent(swiglu_forward_kernel<T, 1>, grid, kThreads, 0, gu, py, rows, f);
+      launch_dependent(swiglu_forward_kernel<T, 1>, grid, kThreads, 0, gu, py, rows, f, pa);
     check_launch(op);
   });
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up) {
+void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgate_up, const Tensor& amax) {
   const char* op = "swiglu_backward";
   auto [rows, f] = swiglu_shape(gate_up, dy, op);
+  float* pa = zero_amax(amax);
   if (rows == 0 || f == 0) return;
   float_switch(dy.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -278,9 +289,9 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate_up, const Tensor& dgat
     const bool vec = f % V == 0 && aligned16(pdy) && aligned16(gu) && aligned16(dgu);
     const unsigned grid = stream_blocks(rows * (vec ? f / V : f), kThreads);
     if (vec)
-      launch_dependent(swiglu_backward_kernel<T, V>, grid, kThreads, 0, pdy, gu, dgu, rows, f);
+      launch_dependent(swiglu_backward_kernel<T, V>, grid, kThreads, 0, pdy, gu, dgu, rows, f, pa);
     else
-      launch_dependent(swiglu_backward_kernel<T, 1>, grid, kThreads, 0, pdy, gu, dgu, rows, f);
+      launch_dependent(swiglu_backward_kernel<T, 1>, grid, kThreads, 0, pdy, gu, dgu, rows, f, pa);
     check_launch(op);
   });
 }

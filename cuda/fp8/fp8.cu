@@ -14,11 +14,14 @@
 // threads. op(x) = x: a grid-stride loop; op(x) = x^T: tiles through shared memory, read along
 // x's rows and written along out's (64 x 64 with 16-byte accesses where the shapes allow, else
 // 32 x 32 element by element).
+// The pair (fp8_quantize_pair): the transposed kernel also writes each pack it reads in x's own
+// layout, so x is read once for both.
 // The shared preconditions ran before (ops/fp8.cpp); the launchers check the dtypes they take.
 #include <cuda_fp8.h>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector.cuh"
+#include "cuda/fp8/amax.cuh"
 #include "ops/fp8.h"
 
 namespace engine::cuda {
@@ -28,20 +31,13 @@ constexpr int kThreads = 256;
 constexpr int kTile = 32;
 constexpr int kVec = 8;  // elements a thread in the vector forms
 
-__device__ __forceinline__ unsigned magnitude_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-
-__device__ __forceinline__ unsigned warp_max(unsigned v) {
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 __device__ __forceinline__ unsigned block_max(unsigned v) {
   __shared__ unsigned warps[kThreads / 32];
-  v = warp_max(v);
+  v = warp_max_bits(v);
   if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
   __syncthreads();
   v = threadIdx.x < kThreads / 32 ? warps[threadIdx.x] : 0u;
-  return warp_max(v);
+  return warp_max_bits(v);
 }
 
 // V elements a thread (1, or kVec from a 16-byte aligned x), as 32-bit magnitudes.
@@ -72,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) amax_tensor_kernel(const T* x, int64
       for (int q = 0; q < V; ++q) m = max(m, magnitude_bits(v[u][q]));
   }
   for (; g < groups; g += stride) m = max_of<T, V>(x + g * V, m);
-  m = warp_max(m);
+  m = warp_max_bits(m);
   if (threadIdx.x % 32 == 0 && m) atomicMax(out, m);
 }
 
@@ -206,13 +202,18 @@ __global__ void __launch_bounds__(kTile * 8) quantize_transposed_kernel(const Qu
 // out columns (x rows). Needs out's rows (x's columns) a multiple of 8, its columns (x's rows) a
 // multiple of 16, x and out 16-byte aligned. The out row a thread writes is its lane's within a
 // warp, so the shared-memory reads of a warp fall in distinct banks.
+// kPair (fp8_quantize_pair): each 8-element pack of x read is also quantised in x's own layout
+// into `plain` (scales per x row or per tensor), 8 bytes a thread (plain.out 8-byte aligned).
 constexpr int kBig = 64;
-template <typename T>
-__global__ void __launch_bounds__(kThreads) quantize_transposed_vec_kernel(const QuantizeParams p) {
+template <typename T, bool kPair>
+__global__ void __launch_bounds__(kThreads) quantize_transposed_vec_kernel(const QuantizeParams p,
+                                                                           const QuantizeParams plain) {
   wait_for_previous_kernel();
   __shared__ float tile[kBig][kBig + 1];  // [x row][x column]
   const T* x = static_cast<const T*>(p.x);
-  write_scale_inv(p, (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * kThreads + threadIdx.x);
+  const int64_t thread = (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * kThreads + threadIdx.x;
+  write_scale_inv(p, thread);
+  if constexpr (kPair) write_scale_inv(plain, thread);
   const int64_t r0 = int64_t{blockIdx.x} * kBig;  // out rows = x columns
   const int64_t c0 = int64_t{blockIdx.y} * kBig;  // out columns = x rows
 #pragma unroll
@@ -220,7 +221,16 @@ __global__ void __launch_bounds__(kThreads) quantize_transposed_vec_kernel(const
     const int i = (threadIdx.x + k * kThreads) / (kBig / kVec), v = (threadIdx.x + k * kThreads) % (kBig / kVec);
     const int64_t xr = c0 + i, xc = r0 + v * kVec;
     float f[kVec] = {};
-    if (xr < p.cols && xc < p.rows) load_pack<T, kVec>(x + xr * p.rows + xc, f);
+    if (xr < p.cols && xc < p.rows) {
+      load_pack<T, kVec>(x + xr * p.rows + xc, f);
+      if constexpr (kPair) {
+        const float scale = scale_of(plain.amax[plain.n_scales > 1 ? xr : 0], plain.max_finite);
+        Pack<uint8_t, kVec> o;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) o.v[e] = encode(f[e] * scale, plain.e4m3);
+        *reinterpret_cast<Pack<uint8_t, kVec>*>(plain.out + xr * p.rows + xc) = o;
+      }
+    }
 #pragma unroll
     for (int e = 0; e < kVec; ++e) tile[i][v * kVec + e] = f[e];
   }
@@ -233,6 +243,29 @@ __global__ void __launch_bounds__(kThreads) quantize_transposed_vec_kernel(const
 #pragma unroll
   for (int e = 0; e < 16; ++e) o.v[e] = encode(tile[chunk * 16 + e][rr] * scale, p.e4m3);
   *reinterpret_cast<Pack<uint8_t, 16>*>(p.out + r * p.cols + c) = o;
+}
+
+// Whether the 16-byte transposed kernel takes p (out = x^T; see above).
+bool transposed_vec(const QuantizeParams& p) {
+  return p.rows % kVec == 0 && p.cols % 16 == 0 && aligned16(p.x) && aligned16(p.out);
+}
+
+template <typename T, bool kPair>
+void launch_transposed_vec(const QuantizeParams& p, const QuantizeParams& plain) {
+  const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kBig), 1), gy = std::max<int64_t>(ceil_div(p.cols, kBig), 1);
+  ENSURE(gy <= 65535, "fp8_quantize: x has ", p.cols, " rows, the transposed kernel takes at most ", 65535 * kBig);
+  // (enough threads for the inverse scales: out's rows, at most 64 a block's 256 threads, and
+  // x's rows, 64 a block)
+  quantize_transposed_vec_kernel<T, kPair><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0,
+                                             stream()>>>(p, plain);
+  check_launch("fp8 quantize_transposed_vec_kernel");
+}
+
+QuantizeParams quantize_params(const Tensor& x, const Tensor& amax, ops::Fp8Format format, const Tensor& out,
+                               const Tensor& scale_inv) {
+  return {x.data, out.size(0), out.size(1), static_cast<const float*>(amax.data),
+          static_cast<float*>(scale_inv.data), amax.size(0), static_cast<uint8_t*>(out.data),
+          ops::fp8_max(format), format == ops::Fp8Format::E4M3};
 }
 
 template <typename F>
@@ -292,9 +325,7 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
   expect_cuda(amax, "fp8_quantize", "amax");
   expect_cuda(out, "fp8_quantize", "out");
   expect_cuda(scale_inv, "fp8_quantize", "scale_inv");
-  QuantizeParams p{x.data, out.size(0), out.size(1), static_cast<const float*>(amax.data),
-                   static_cast<float*>(scale_inv.data), amax.size(0), static_cast<uint8_t*>(out.data),
-                   ops::fp8_max(format), format == ops::Fp8Format::E4M3};
+  const QuantizeParams p = quantize_params(x, amax, format, out, scale_inv);
   float_input(x, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
     if (!transpose) {
@@ -305,12 +336,8 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
       check_launch("fp8 quantize_kernel");
       return;
     }
-    if (p.rows % kVec == 0 && p.cols % 16 == 0 && aligned16(x.data) && aligned16(out.data)) {
-      const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kBig), 1), gy = std::max<int64_t>(ceil_div(p.cols, kBig), 1);
-      ENSURE(gy <= 65535, "fp8_quantize: x has ", x.size(0), " rows, the transposed kernel takes at most ", 65535 * kBig);
-      // (enough threads for the inverse scales: out's rows, at most 64 a block's 256 threads)
-      quantize_transposed_vec_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream()>>>(p);
-      check_launch("fp8 quantize_transposed_vec_kernel");
+    if (transposed_vec(p)) {
+      launch_transposed_vec<T, false>(p, p);
       return;
     }
     const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kTile), 1), gy = std::max<int64_t>(ceil_div(p.cols, kTile), 1);
@@ -319,6 +346,26 @@ void fp8_quantize(const Tensor& x, bool transpose, const Tensor& amax, ops::Fp8F
     quantize_transposed_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kTile * 8, 0, stream()>>>(p);
     check_launch("fp8 quantize_transposed_kernel");
   });
+}
+
+void fp8_quantize_pair(const Tensor& x, const Tensor& amax, const Tensor& amax_t, ops::Fp8Format format,
+                       const Tensor& out, const Tensor& scale_inv, const Tensor& out_t, const Tensor& scale_inv_t) {
+  expect_cuda(out_t, "fp8_quantize_pair", "out_t");
+  expect_cuda(scale_inv_t, "fp8_quantize_pair", "scale_inv_t");
+  expect_cuda(amax_t, "fp8_quantize_pair", "amax_t");
+  const QuantizeParams p = quantize_params(x, amax_t, format, out_t, scale_inv_t);
+  // One pass where the 16-byte transposed kernel takes x and out is 8-byte aligned; else the two
+  // layouts one after the other (the same bytes).
+  if (!transposed_vec(p) || reinterpret_cast<uintptr_t>(out.data) % kVec != 0) {
+    cuda::fp8_quantize(x, false, amax, format, out, scale_inv);
+    cuda::fp8_quantize(x, true, amax_t, format, out_t, scale_inv_t);
+    return;
+  }
+  expect_cuda(out, "fp8_quantize_pair", "out");
+  expect_cuda(scale_inv, "fp8_quantize_pair", "scale_inv");
+  expect_cuda(amax, "fp8_quantize_pair", "amax");
+  const QuantizeParams plain = quantize_params(x, amax, format, out, scale_inv);
+  float_input(x, "fp8_quantize_pair", [&](auto tag) { launch_transposed_vec<decltype(tag), true>(p, plain); });
 }
 
 }  // namespace engine::cuda

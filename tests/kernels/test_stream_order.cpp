@@ -72,7 +72,7 @@ TEST_CASE("cuda memory-bound kernels launched as dependents keep stream order" *
         [&] { ops::rmsnorm_forward(y.t, param.t, kEps, h.t, rstd.t); },  // w = AdamW's output
         [&] { ops::rmsnorm_backward(h.t, y.t, param.t, rstd.t, h.t, db.t); },  // db +=
         [&] { ops::adamw_step(param.t, db.t, m.t, v.t, hp, Tensor{}); },  // reads db first
-        [&] { ops::swiglu_forward(gu.t, x.t); },                         // x <- gate_up
+        [&] { ops::swiglu_forward(gu.t, x.t, {}); },                         // x <- gate_up
         [&] { ops::add(x.t, h.t, x.t); },                                // x += h
         [&] { ops::gelu_forward(x.t, y.t); },                            // y <- gelu(x)
         [&] { ops::add(x.t, y.t, gu.t.view({2 * kT, kC}).slice(0, kT)); },  // gu's first half

@@ -2,14 +2,17 @@
 // FP8 rounding and no closer than FP8 allows (so the FP8 path is the one that ran); per-row
 // scales keep a row of small values that one scale a tensor flushes; the bias, the addend, the
 // bias gradient and the += of the weight gradient are the f32 layer's; the GPU layer equals the
-// CPU one (the same bytes from the same bf16 inputs).
+// CPU one (the same bytes from the same bf16 inputs); amaxes shared between the products give
+// the same bits, and a shared amax is the one the products use.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/buffer.h"
 #include "layers/linear.h"
 #include "ops/elementwise.h"
+#include "ops/fp8.h"
 #include "tests/common/testing.h"
 
 using namespace engine;
@@ -24,13 +27,21 @@ struct Grads {
   Owned y, dx, dw, db;
 };
 
+// shared: the forward's amaxes kept for the backward, and dy's in a slot (layers/linear.h).
 Grads run(const LinearPrecision& p, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy,
-          const Tensor& addend = {}) {
+          const Tensor& addend = {}, bool shared = false) {
   Grads g{empty({T, kOut}, x.dtype, x.device), empty({T, kIn}, x.dtype, x.device), zeros({kOut, kIn}, DType::F32, x.device),
           zeros({kOut}, DType::F32, x.device)};
-  layers::linear_forward(p, x, w, b, g.y, addend);
-  layers::linear_backward(p, dy, x, w, g.dx, g.dw, g.db);
+  layers::LinearAmaxes saved;
+  layers::Fp8Amax dy_amax;
+  layers::linear_forward(p, x, w, b, g.y, addend, shared ? &saved : nullptr);
+  layers::linear_backward(p, dy, x, w, g.dx, g.dw, g.db, shared ? &saved : nullptr, shared ? &dy_amax : nullptr);
   return g;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Owned ha = to_host(a, DType::F32), hb = to_host(b, DType::F32);
+  return std::memcmp(ha->data, hb->data, ha->nbytes()) == 0;
 }
 
 double rel_rms(const Tensor& got, const Tensor& ref) { return compare(got, ref).rel_rms; }
@@ -98,6 +109,49 @@ TEST_CASE("fp8 linear: the bias and the residual addend are added exactly; dW ac
   }
 }
 
+TEST_CASE("fp8 linear: amaxes shared between its products give the same bits, and the products use them") {
+  Owned x = randn({T, kIn}, DType::F32, "fp8 share x"), w = randn({kOut, kIn}, DType::F32, "fp8 share w", 0.05);
+  Owned b = randn({kOut}, DType::F32, "fp8 share b"), dy = randn({T, kOut}, DType::F32, "fp8 share dy", 1e-3);
+  for (Fp8Recipe r : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
+    CAPTURE(static_cast<int>(r));
+    const Grads plain = run({r}, x, w, b, dy), shared = run({r}, x, w, b, dy, {}, true);
+    CHECK(same_bits(shared.y, plain.y));
+    CHECK(same_bits(shared.dx, plain.dx));
+    CHECK(same_bits(shared.dw, plain.dw));
+  }
+  // The slots hold the amaxes (per tensor), and an amax set before the call is the one used: an
+  // x amax of three times the true one quantises x on another grid (a power of two would only
+  // shift the exponents).
+  layers::LinearAmaxes saved;
+  Owned y = empty({T, kOut}, DType::F32, Device::CPU), y2 = empty({T, kOut}, DType::F32, Device::CPU);
+  layers::linear_forward({Fp8Recipe::Tensorwise}, x, w, {}, y, {}, &saved);
+  REQUIRE(saved.x);
+  REQUIRE(saved.w);
+  Owned want = empty({1}, DType::F32, Device::CPU);
+  ops::fp8_amax(x, false, want);
+  CHECK(get(saved.x.t, 0) == get(want, 0));
+  ops::fp8_amax(w, false, want);
+  CHECK(get(saved.w.t, 0) == get(want, 0));
+  layers::LinearAmaxes tripled;
+  tripled.x = layers::Fp8Amax::on(Device::CPU);
+  set(tripled.x.t, 0, 3 * get(saved.x.t, 0));
+  const double given = get(tripled.x.t, 0);
+  layers::linear_forward({Fp8Recipe::Tensorwise}, x, w, {}, y2, {}, &tripled);
+  CHECK(!same_bits(y2, y));
+  CHECK(get(tripled.x.t, 0) == given);
+  // dy's slot: filled by the first backward call, used as it is by the next.
+  layers::Fp8Amax dya;
+  Owned dx = empty({T, kIn}, DType::F32, Device::CPU), dw = zeros({kOut, kIn}, DType::F32, Device::CPU);
+  layers::linear_backward({Fp8Recipe::Tensorwise}, dy, x, w, dx, {}, {}, &saved, &dya);
+  REQUIRE(dya);
+  ops::fp8_amax(dy, false, want);
+  CHECK(get(dya.t, 0) == get(want, 0));
+  Owned dx2 = empty({T, kIn}, DType::F32, Device::CPU);
+  set(dya.t, 0, 3 * get(want, 0));
+  layers::linear_backward({Fp8Recipe::Tensorwise}, dy, x, w, dx2, {}, {}, &saved, &dya);
+  CHECK(!same_bits(dx2, dx));
+}
+
 TEST_CASE("GPU fp8 linear equals the CPU layer on the same bf16 inputs" * doctest::test_suite("gpu")) {
   if (!gpu_available_or_skip()) return;
   // bf16 values on both sides, so that both quantise the same numbers to the same bytes.
@@ -116,5 +170,10 @@ TEST_CASE("GPU fp8 linear equals the CPU layer on the same bf16 inputs" * doctes
     CHECK_CLOSE(gpu.dx, cpu.dx, 8e-3);
     CHECK_CLOSE(gpu.dw, cpu.dw, 1e-4);  // f32
     CHECK_CLOSE(gpu.db, cpu.db, 1e-4);
+    // Shared amaxes (dy quantised in both layouts by one kernel): the same bits on the GPU.
+    const Grads shared = run({r}, gx, gw, gb, gdy, gres, true);
+    CHECK(same_bits(shared.y, gpu.y));
+    CHECK(same_bits(shared.dx, gpu.dx));
+    CHECK(same_bits(shared.dw, gpu.dw));
   }
 }

@@ -41,7 +41,7 @@ Owned run_gelu(const Tensor& x) {
 Owned run_swiglu(const Tensor& gu) {
   Owned y = empty({gu.size(0), gu.size(1) / 2}, gu.dtype, Device::CPU);
   poison(y);
-  ops::swiglu_forward(gu, y);
+  ops::swiglu_forward(gu, y, {});
   return y;
 }
 
@@ -106,7 +106,7 @@ TEST_CASE("swiglu backward matches fp64 finite differences") {
       Owned r = randn({c.t, c.f}, DType::F64, "act.r");
       Owned dgu = empty(gu->shape, DType::F64, Device::CPU);
       poison(dgu);
-      ops::swiglu_backward(r, gu, dgu);
+      ops::swiglu_backward(r, gu, dgu, {});
       CHECK_CLOSE(dgu.t, numeric_grad(gu, [&] { return projection(run_swiglu(gu), r); }).t,
                   kGradTol);
     }
@@ -120,8 +120,8 @@ TEST_CASE("activations: f32 agrees with f64") {
   CHECK_CLOSE(run_swiglu(x32).t, run_swiglu(x64).t, 2e-7);
   Owned d32 = empty({7, 40}, DType::F32, Device::CPU),
         d64 = empty({7, 40}, DType::F64, Device::CPU);
-  ops::swiglu_backward(r32, x32, d32);
-  ops::swiglu_backward(r64, x64, d64);
+  ops::swiglu_backward(r32, x32, d32, {});
+  ops::swiglu_backward(r64, x64, d64, {});
   CHECK_CLOSE(d32.t, d64.t, 2e-7);
   Owned g32 = empty({7, 40}, DType::F32, Device::CPU),
         g64 = empty({7, 40}, DType::F64, Device::CPU);
@@ -130,11 +130,32 @@ TEST_CASE("activations: f32 agrees with f64") {
   CHECK_CLOSE(g32.t, g64.t, 2e-7);
 }
 
+TEST_CASE("swiglu: the amax beside each output is the largest magnitude it stored, NaN included") {
+  Owned gu = randn({5, 16}, DType::F32, "act.amax.gu", 3.0), r = randn({5, 8}, DType::F32, "act.amax.r");
+  Owned y = empty({5, 8}, DType::F32, Device::CPU), dgu = empty({5, 16}, DType::F32, Device::CPU);
+  Owned amax = empty({1}, DType::F32, Device::CPU);
+  auto largest = [](const Tensor& t) {
+    double m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(get(t, i)));
+    return m;
+  };
+  ops::swiglu_forward(gu, y, amax);
+  CHECK(get(amax, 0) == largest(y));
+  CHECK(largest(y) > 0);
+  ops::swiglu_backward(r, gu, dgu, amax);
+  CHECK(get(amax, 0) == largest(dgu));
+  set(r, 11, NAN);
+  ops::swiglu_backward(r, gu, dgu, amax);
+  CHECK(std::isnan(get(amax, 0)));
+  Owned wrong = empty({2}, DType::F32, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu, y, wrong), doctest::Contains("amax has shape (2)"), Error);
+}
+
 TEST_CASE("activations reject bad arguments, naming them") {
   Owned gu = randn({3, 7}, DType::F32, "bad.gu"), y = empty({3, 3}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu, y), doctest::Contains("2 * F"), Error);
+  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu, y, {}), doctest::Contains("2 * F"), Error);
   Owned gu8 = randn({3, 8}, DType::F32, "bad.gu8"), y5 = empty({3, 5}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu8, y5), doctest::Contains("y has shape"), Error);
+  CHECK_THROWS_WITH_AS(ops::swiglu_forward(gu8, y5, {}), doctest::Contains("y has shape"), Error);
   Owned x = randn({4}, DType::F32, "bad.x"), y64 = empty({4}, DType::F64, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::gelu_forward(x, y64), doctest::Contains("y is f64"), Error);
 }

@@ -197,6 +197,14 @@ TEST_CASE("fp8 ops name the argument they refuse") {
   CHECK(error_of([&] { ops::fp8_amax(x, false, f32({5})); }).find("amax has shape (5)") != std::string::npos);
   CHECK(error_of([&] { ops::fp8_quantize(x, true, s1, Fp8Format::E4M3, out, s1); }).find("out has shape") !=
         std::string::npos);
+  Owned out_t = u8({6, 4}), s6 = f32({6}), inv = f32({1}), inv_t = f32({1});
+  CHECK(error_of([&] { ops::fp8_quantize_pair(x, s1, s1, Fp8Format::E4M3, out, inv, out, inv_t); })
+            .find("out_t has shape (4, 6)") != std::string::npos);
+  CHECK(error_of([&] { ops::fp8_quantize_pair(x, s4, s4, Fp8Format::E4M3, out, f32({4}), out_t, s6); })
+            .find("amax_t has shape (4)") != std::string::npos);  // one a column of x (6)
+  CHECK(error_of([&] { ops::fp8_quantize_pair(x, s1, s1, Fp8Format::E4M3, out, inv, out_t, inv); })
+            .find("must not alias") != std::string::npos);
+  CHECK(error_of([&] { ops::fp8_quantize_pair(x, s1, s1, Fp8Format::E4M3, out, inv, out_t, inv_t); }).empty());
   CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E5M2, s1, b, Fp8Format::E5M2, s1, c, 0.f); })
             .find("e5m2 x e5m2") != std::string::npos);
   CHECK(error_of([&] { ops::fp8_matmul(a, Fp8Format::E4M3, s4, b, Fp8Format::E4M3, s1, c, 0.f); })

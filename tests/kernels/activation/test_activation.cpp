@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/activation.h"
+#include "ops/fp8.h"
 #include "tests/common/gpu_testing.h"
 
 using namespace engine;
@@ -114,23 +115,36 @@ TEST_CASE("cuda swiglu forward and backward match the f64 reference (bf16 and f3
         auto [gdy, dy64] = device_input(dy, dt, k.offset);
         Owned y64 = empty(k.shape, DType::F64, Device::CPU),
               dgu64 = empty(gu_shape, DType::F64, Device::CPU);
-        ops::swiglu_forward(gu64, y64);
-        ops::swiglu_backward(dy64, gu64, dgu64);
+        ops::swiglu_forward(gu64, y64, {});
+        ops::swiglu_backward(dy64, gu64, dgu64, {});
 
         DeviceTensor gy = gpu_poisoned(k.shape, dt, k.offset),
             gdgu = gpu_poisoned(gu_shape, dt, k.offset);
-        ops::swiglu_forward(ggu.t, gy.t);
-        ops::swiglu_backward(gdy.t, ggu.t, gdgu.t);
+        ops::swiglu_forward(ggu.t, gy.t, {});
+        ops::swiglu_backward(gdy.t, ggu.t, gdgu.t, {});
         CHECK_CLOSE(gy.t, y64.t, output_tol(dt, y64, kF32Tol));
         CHECK_CLOSE(gdgu.t, dgu64.t, output_tol(dt, dgu64, kF32Tol));
 
         // Reproducible, and in place: dgate_up = gate_up.
         DeviceTensor gdgu2 = gpu_poisoned(gu_shape, dt, k.offset);
-        ops::swiglu_backward(gdy.t, ggu.t, gdgu2.t);
+        ops::swiglu_backward(gdy.t, ggu.t, gdgu2.t, {});
         CHECK(bitwise_equal(gdgu.t, gdgu2.t));
         DeviceTensor inplace = to_gpu(gu, dt, k.offset);
-        ops::swiglu_backward(gdy.t, inplace.t, inplace.t);
+        ops::swiglu_backward(gdy.t, inplace.t, inplace.t, {});
         CHECK(bitwise_equal(gdgu.t, inplace.t));
+
+        // The amax written beside each output (FP8) equals fp8_amax of the output as stored; the
+        // outputs are the same bits as without it.
+        DeviceTensor amax = gpu_poisoned({1}, DType::F32), amax_ref = gpu_poisoned({1}, DType::F32);
+        DeviceTensor gy3 = gpu_poisoned(k.shape, dt, k.offset), gdgu3 = gpu_poisoned(gu_shape, dt, k.offset);
+        ops::swiglu_forward(ggu.t, gy3.t, amax.t);
+        CHECK(bitwise_equal(gy.t, gy3.t));
+        ops::fp8_amax(gy.t.view({gy.t.numel(), 1}), false, amax_ref.t);
+        CHECK(bitwise_equal(amax.t, amax_ref.t));
+        ops::swiglu_backward(gdy.t, ggu.t, gdgu3.t, amax.t);
+        CHECK(bitwise_equal(gdgu.t, gdgu3.t));
+        ops::fp8_amax(gdgu.t.view({gdgu.t.numel(), 1}), false, amax_ref.t);
+        CHECK(bitwise_equal(amax.t, amax_ref.t));
       }
     }
   }
@@ -144,8 +158,8 @@ TEST_CASE("cuda activation launchers reject mismatched dtypes and shapes" * doct
       y32 = gpu_poisoned({4, 3}, DType::F32);
   CHECK_THROWS_AS(ops::gelu_forward(gx.t, gx32.t), Error);   // dtype
   CHECK_THROWS_AS(ops::gelu_forward(gx.t, y3.t), Error);     // shape
-  CHECK_THROWS_AS(ops::swiglu_forward(gx.t, y5.t), Error);   // F != 6 / 2
-  CHECK_THROWS_AS(ops::swiglu_forward(gx.t, y32.t), Error);  // dtype
+  CHECK_THROWS_AS(ops::swiglu_forward(gx.t, y5.t, {}), Error);   // F != 6 / 2
+  CHECK_THROWS_AS(ops::swiglu_forward(gx.t, y32.t, {}), Error);  // dtype
   DeviceTensor odd = to_gpu(randn({4, 5}, DType::F32, "act.odd"), DType::BF16);
-  CHECK_THROWS_AS(ops::swiglu_forward(odd.t, y3.t), Error);  // 2F odd
+  CHECK_THROWS_AS(ops::swiglu_forward(odd.t, y3.t, {}), Error);  // 2F odd
 }

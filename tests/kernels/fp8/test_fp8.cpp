@@ -1,5 +1,6 @@
 // GPU tests of the FP8 ops (cuda/fp8/fp8.cu, cuda/gemm/gemm_fp8.cu) against the CPU reference
-// (csrc/ref/fp8.cpp): amax and the quantised bytes bit for bit (every bf16 value through the
+// (csrc/ref/fp8.cpp): amax and the quantised bytes bit for bit (one layout, or both from
+// fp8_quantize_pair) (every bf16 value through the
 // cast; random f32 and bf16 tensors of odd shapes, per tensor, per row and transposed, with
 // NaN and zero rows, aligned (the 8-element kernels where rows allow) and one element off (the
 // one-element kernels)), and the scaled product of every format pair, per tensor and per row, into
@@ -40,6 +41,21 @@ bool same_floats(const Tensor& got, const Tensor& ref) {
   return true;
 }
 
+// u8 tensors equal; else the first differing byte and the x value it came from (x_of(i)).
+template <typename F>
+bool same_bytes(const Tensor& got_gpu, const Tensor& ref, F&& x_of) {
+  Owned got = to_host(got_gpu, DType::U8);
+  int64_t differ = 0, first = -1;
+  for (int64_t i = 0; i < got->numel(); ++i)
+    if (got.ptr<uint8_t>()[i] != ref.ptr<uint8_t>()[i]) {
+      if (first < 0) first = i;
+      ++differ;
+    }
+  INFO("first differing byte ", first, ": gpu ", first >= 0 ? int(got.ptr<uint8_t>()[first]) : 0, " cpu ",
+       first >= 0 ? int(ref.ptr<uint8_t>()[first]) : 0, " of x ", first >= 0 ? double(x_of(first)) : 0.0);
+  return differ == 0;
+}
+
 // Runs amax and quantize on the GPU and on the CPU (x as the GPU holds it, in f32) and checks
 // both bit for bit.
 void check_scaling(const Tensor& host_x, DType dtype, bool per_row, bool transpose, Fp8Format f,
@@ -68,17 +84,36 @@ void check_scaling(const Tensor& host_x, DType dtype, bool per_row, bool transpo
   ops::fp8_quantize(x32, transpose, amax_ref, f, out_ref, inv_ref);
   ops::fp8_quantize(x.t, transpose, amax.t, f, out.t, inv.t);
   CHECK(same_floats(inv.t, inv_ref));
-  Owned got = to_host(out.t, DType::U8);
-  int64_t differ = 0, first = -1;
-  for (int64_t i = 0; i < got->numel(); ++i)
-    if (got.ptr<uint8_t>()[i] != out_ref.ptr<uint8_t>()[i]) {
-      if (first < 0) first = i;
-      ++differ;
-    }
-  INFO("first differing byte ", first, ": gpu ", first >= 0 ? int(got.ptr<uint8_t>()[first]) : 0, " cpu ",
-       first >= 0 ? int(out_ref.ptr<uint8_t>()[first]) : 0, " of x ",
-       first >= 0 ? double(x32.ptr<float>()[transpose ? (first % cols) * rows + first / cols : first]) : 0.0);
-  CHECK(differ == 0);
+  CHECK(same_bytes(out.t, out_ref, [&](int64_t i) { return x32.ptr<float>()[transpose ? (i % cols) * rows + i / cols : i]; }));
+}
+
+// The pair: both layouts from one call equal two CPU quantisations bit for bit.
+void check_pair(const Tensor& host_x, DType dtype, bool per_row, Fp8Format f, int64_t offset) {
+  const int64_t rows = host_x.size(0), cols = host_x.size(1);
+  CAPTURE(host_x.shape.str());
+  CAPTURE(dtype_name(dtype));
+  CAPTURE(per_row);
+  CAPTURE(ops::fp8_format_name(f));
+  CAPTURE(offset);
+  DeviceTensor x = to_gpu(host_x, dtype, offset);
+  Owned x32 = to_host(x.t, DType::F32);
+  const int64_t nr = per_row ? rows : 1, nc = per_row ? cols : 1;
+  Owned amax = cpu({nr}, DType::F32), amax_t = cpu({nc}, DType::F32);
+  ops::fp8_amax(x32, false, amax);
+  ops::fp8_amax(x32, true, amax_t);
+  Owned out_ref = cpu({rows, cols}, DType::U8), out_t_ref = cpu({cols, rows}, DType::U8);
+  Owned inv_ref = cpu({nr}, DType::F32), inv_t_ref = cpu({nc}, DType::F32);
+  ops::fp8_quantize(x32, false, amax, f, out_ref, inv_ref);
+  ops::fp8_quantize(x32, true, amax_t, f, out_t_ref, inv_t_ref);
+  DeviceTensor gamax = to_gpu(amax), gamax_t = to_gpu(amax_t);
+  DeviceTensor out = gpu_poisoned({rows, cols}, DType::U8, offset), out_t = gpu_poisoned({cols, rows}, DType::U8, offset);
+  DeviceTensor inv = gpu_poisoned({nr}, DType::F32), inv_t = gpu_poisoned({nc}, DType::F32);
+  // Per tensor, one amax tensor serves both layouts.
+  ops::fp8_quantize_pair(x.t, gamax.t, per_row ? gamax_t.t : gamax.t, f, out.t, inv.t, out_t.t, inv_t.t);
+  CHECK(same_floats(inv.t, inv_ref));
+  CHECK(same_floats(inv_t.t, inv_t_ref));
+  CHECK(same_bytes(out.t, out_ref, [&](int64_t i) { return x32.ptr<float>()[i]; }));
+  CHECK(same_bytes(out_t.t, out_t_ref, [&](int64_t i) { return x32.ptr<float>()[(i % rows) * cols + i / rows]; }));
 }
 
 }  // namespace
@@ -116,6 +151,24 @@ TEST_CASE("GPU fp8: amax and quantize equal the CPU bit for bit (odd shapes, row
         for (bool transpose : {false, true})
           for (Fp8Format f : kFormats)
             for (int64_t offset : {0, 1}) check_scaling(x, dt, per_row, transpose, f, nullptr, offset);
+  }
+}
+
+TEST_CASE("GPU fp8_quantize_pair: both layouts equal the CPU's two quantisations bit for bit" *
+          doctest::test_suite("gpu")) {
+  if (!gpu_available_or_skip()) return;
+  struct Case {
+    int64_t r, c;
+  };
+  // (64, 2048), (48, 200) and (1040, 24): one pass, partial tiles; the rest and offset 1: two.
+  for (Case k : {Case{1, 1}, Case{37, 53}, Case{64, 2048}, Case{2051, 96}, Case{48, 200}, Case{1040, 24}}) {
+    Owned x = randn({k.r, k.c}, DType::F32, "fp8.gpu.pair", 2.0);
+    for (int64_t i = 0; i < x->numel(); i += 7) set(x, i, get(x, i) * 1e-4);
+    if (k.r > 3) set(x, 3 * k.c + k.c / 2, NAN);
+    for (DType dt : {DType::F32, DType::BF16})
+      for (bool per_row : {false, true})
+        for (Fp8Format f : kFormats)
+          for (int64_t offset : {0, 1}) check_pair(x, dt, per_row, f, offset);
   }
 }
 
