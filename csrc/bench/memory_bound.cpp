@@ -109,11 +109,11 @@ BENCH_CASES("memory_bound") {
       Owned mean = empty({kT}, f32, Device::CUDA), rstd = empty({kT}, f32, Device::CUDA);
       Owned dw = zeros({c}, f32, Device::CUDA), db = zeros({c}, f32, Device::CUDA);
       const double stat = kT * kF32, vec = c * kB16, grad = 2 * c * kF32;  // grad: read + write
-      double ms = stream_ms([&] { ops::rmsnorm_forward(x, w, 1e-5f, y, rstd); });
+      double ms = stream_ms([&] { ops::rmsnorm_forward(x, w, 1e-5f, y, rstd, {}); });
       results.push_back({label("rmsnorm fwd", kT, c), ms, 0, 2 * act + stat + vec, ""});
       ms = stream_ms([&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
       results.push_back({label("rmsnorm bwd", kT, c), ms, 0, 3 * act + stat + vec + grad, ""});
-      ms = stream_ms([&] { ops::layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); });
+      ms = stream_ms([&] { ops::layernorm_forward(x, w, b, 1e-5f, y, mean, rstd, {}); });
       results.push_back({label("layernorm fwd", kT, c), ms, 0, 2 * act + 2 * stat + 2 * vec, ""});
       ms = stream_ms([&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
       results.push_back(
@@ -194,11 +194,11 @@ BENCH_CASES("memory_bound") {
     const double ln_fwd = 4 * act + 2 * stat + 2 * vec;
     const double ln_bwd = 4 * act + 2 * stat + vec + 2 * grad;
     const std::string sep = "add + norm as separate kernels";
-    double ms = stream_ms([&] { ops::rmsnorm_residual_forward(x, r, w, 1e-5f, sum, y, rstd); });
+    double ms = stream_ms([&] { ops::rmsnorm_residual_forward(x, r, w, 1e-5f, sum, y, rstd, {}); });
     results.push_back({label("rmsnorm+residual fwd", t, c), ms, 0, rms_fwd, "fused"});
     ms = stream_ms([&] {
       ops::add(x, r, sum);
-      ops::rmsnorm_forward(sum, w, 1e-5f, y, rstd);
+      ops::rmsnorm_forward(sum, w, 1e-5f, y, rstd, {});
     });
     results.push_back({label("rmsnorm+residual fwd", t, c) + " separate", ms, 0, rms_fwd, sep});
     ms = stream_ms([&] { ops::rmsnorm_residual_backward(dy, sum, w, rstd, dres, dx, dw, Tensor{}); });
@@ -208,11 +208,11 @@ BENCH_CASES("memory_bound") {
       ops::add_inplace(dx, dres);
     });
     results.push_back({label("rmsnorm+residual bwd", t, c) + " separate", ms, 0, rms_bwd, sep});
-    ms = stream_ms([&] { ops::layernorm_residual_forward(x, r, w, b, 1e-5f, sum, y, mean, rstd); });
+    ms = stream_ms([&] { ops::layernorm_residual_forward(x, r, w, b, 1e-5f, sum, y, mean, rstd, {}); });
     results.push_back({label("layernorm+residual fwd", t, c), ms, 0, ln_fwd, "fused"});
     ms = stream_ms([&] {
       ops::add(x, r, sum);
-      ops::layernorm_forward(sum, w, b, 1e-5f, y, mean, rstd);
+      ops::layernorm_forward(sum, w, b, 1e-5f, y, mean, rstd, {});
     });
     results.push_back({label("layernorm+residual fwd", t, c) + " separate", ms, 0, ln_fwd, sep});
     ms = stream_ms(

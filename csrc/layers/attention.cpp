@@ -1,6 +1,7 @@
 #include "layers/attention.h"
 
 #include <cmath>
+#include <utility>
 
 #include "layers/linear.h"
 #include "parallel/tensor_parallel.h"
@@ -98,13 +99,14 @@ ops::AttentionParams Attention::op_params(const SegmentInfo& seg, const Attentio
 }
 
 void Attention::forward(const Env& env, const Tensor& xn, const SegmentInfo& seg, const Tensor& y,
-                        AttentionSaved& s) const {
+                        AttentionSaved& s, Fp8Amax xn_amax) const {
   const int64_t T = full_rows(env, xn.size(0));
   const int NH = heads_ + 2 * kv_heads_;
   s.qkv = env.act_tensor({T, NH, head_dim_});
   s.out = env.act_tensor({T, heads_, head_dim_});
   s.lse = env.stat_tensor({T, heads_});
   s.qkv_amax = {};  // (no amax of an earlier micro-batch's tensors)
+  s.qkv_amax.x = std::move(xn_amax);
   s.out_amax = {};
   const Tensor qkv = s.qkv->view({T, int64_t{NH} * head_dim_});
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {

@@ -78,8 +78,9 @@ class Attention {
   Attention(const ParamStore& store, const std::string& prefix, const ModelConfig& c);
   static void declare(ParamTable& t, const std::string& prefix, const ModelConfig& c);
 
+  // xn_amax: xn's FP8 amax where the kernel that wrote xn computed it (layers/linear.h).
   void forward(const Env& env, const Tensor& xn, const SegmentInfo& seg, const Tensor& y,
-               AttentionSaved& s) const;
+               AttentionSaved& s, Fp8Amax xn_amax = {}) const;
   // The gradients of the input and of every parameter (the layer on its own).
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const SegmentInfo& seg,
                 const AttentionSaved& s, const Tensor& dxn) const;

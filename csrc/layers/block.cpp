@@ -1,6 +1,7 @@
 #include "layers/block.h"
 
 #include <string>
+#include <utility>
 
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
@@ -127,8 +128,12 @@ void Block::declare(ParamTable& t, const std::string& p, BlockKind kind, const M
 void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, BlockSaved& s,
                     uint64_t jitter_seed) const {
   const Shape shape = x.shape;
+  // Per-tensor FP8: the norms write their outputs' amaxes for the q/k/v and MLP input linears.
+  // (Not under sequence parallelism: there a rank's norm sees its token shard only.)
+  const bool norm_amax = env.fp8 == Fp8Recipe::Tensorwise && !env.sp();
+  Fp8Amax a1 = norm_amax && kind_ == BlockKind::Attention ? Fp8Amax::on(env.device) : Fp8Amax{};
   s.xn1 = env.act_tensor(shape);
-  norm1_.forward(env, x, s.xn1, s.norm1);
+  norm1_.forward(env, x, s.xn1, s.norm1, a1.t);
   if (kind_ == BlockKind::Mamba) {
     s.y = env.act_tensor(shape);
     mamba_.forward(env, s.xn1, s.y, seg, s.mamba);
@@ -145,15 +150,16 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
   if (kind_ == BlockKind::DeltaNet)
     gdn_.forward(env, s.xn1, s.h, seg, s.gdn);
   else
-    attn_.forward(env, s.xn1, seg, s.h, s.attn);
+    attn_.forward(env, s.xn1, seg, s.h, s.attn, std::move(a1));
+  Fp8Amax a2 = norm_amax && kind_ != BlockKind::Experts ? Fp8Amax::on(env.device) : Fp8Amax{};
   s.xn2 = env.act_tensor(shape);
-  norm2_.forward_residual(env, s.h, x, s.h, s.xn2, s.norm2);  // h = attn + x in place; norm2(h)
+  norm2_.forward_residual(env, s.h, x, s.h, s.xn2, s.norm2, a2.t);  // h = attn + x in place; norm2(h)
   s.y = env.act_tensor(shape);
   if (kind_ == BlockKind::Experts) {
     moe_.forward(env, s.xn2, s.y, s.moe, jitter_seed);
     ops::add(s.y, s.h, s.y);  // y = h + moe
   } else {
-    mlp_.forward(env, s.xn2, s.y, s.mlp, s.h);  // y = h + mlp
+    mlp_.forward(env, s.xn2, s.y, s.mlp, s.h, std::move(a2));  // y = h + mlp
   }
 }
 

@@ -1,6 +1,7 @@
 #include "layers/mlp.h"
 
 #include <cmath>
+#include <utility>
 
 #include "layers/linear.h"
 #include "parallel/tensor_parallel.h"
@@ -57,13 +58,14 @@ void Mlp::declare(ParamTable& t, const std::string& prefix, const ModelConfig& c
 }
 
 void Mlp::forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s,
-                  const Tensor& residual) const {
+                  const Tensor& residual, Fp8Amax xn_amax) const {
   ENSURE(!residual.data || residual.data != y.data, "Mlp::forward: the residual must not be y");
   const int64_t T = full_rows(env, xn.size(0));
   const bool glu = act_ == ActivationKind::SwiGLU;
   s.h = env.act_tensor({T, glu ? 2 * ffn_ : ffn_});
   s.a = env.act_tensor({T, ffn_});
   s.in = {};  // (no amax of an earlier micro-batch's tensors)
+  s.in.x = std::move(xn_amax);
   s.out = {};
   column_gemm_forward(env, xn, [&](const Tensor& x, int64_t r0, int64_t r1) {
     if (glu) {

@@ -27,8 +27,9 @@ class Mlp {
 
   // y = mlp(xn), or with a residual (x's shape, may not be y) y = residual + mlp(xn): inside the
   // output GEMM's epilogue where the output needs no tensor-parallel reduction, else added after.
+  // xn_amax: xn's FP8 amax where the kernel that wrote xn computed it (layers/linear.h).
   void forward(const Env& env, const Tensor& xn, const Tensor& y, MlpSaved& s,
-               const Tensor& residual = {}) const;
+               const Tensor& residual = {}, Fp8Amax xn_amax = {}) const;
   // The gradients of the input and of every parameter (the layer on its own).
   void backward(const Env& env, const Tensor& dy, const Tensor& xn, const MlpSaved& s,
                 const Tensor& dxn) const;

@@ -15,14 +15,14 @@ void Norm::declare(ParamTable& t, const std::string& prefix, int64_t hidden, Nor
     t.add({.name = prefix + ".bias", .shape = {hidden}, .init = InitKind::Zeros, .weight_decay = false});
 }
 
-void Norm::forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& s) const {
+void Norm::forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& s, const Tensor& amax) const {
   const int64_t T = x.rows().size(0);
   s.rstd = env.stat_tensor({T});
   if (kind_ == NormKind::LayerNorm) {
     s.mean = env.stat_tensor({T});
-    ops::layernorm_forward(x.rows(), weight_.w(), bias_.w(), eps_, y.rows(), s.mean, s.rstd);
+    ops::layernorm_forward(x.rows(), weight_.w(), bias_.w(), eps_, y.rows(), s.mean, s.rstd, amax);
   } else {
-    ops::rmsnorm_forward(x.rows(), weight_.w(), eps_, y.rows(), s.rstd);
+    ops::rmsnorm_forward(x.rows(), weight_.w(), eps_, y.rows(), s.rstd, amax);
   }
 }
 
@@ -45,16 +45,16 @@ void Norm::backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const
 }
 
 void Norm::forward_residual(const Env& env, const Tensor& x, const Tensor& residual,
-                            const Tensor& sum, const Tensor& y, NormSaved& s) const {
+                            const Tensor& sum, const Tensor& y, NormSaved& s, const Tensor& amax) const {
   const int64_t T = x.rows().size(0);
   s.rstd = env.stat_tensor({T});
   if (kind_ == NormKind::LayerNorm) {
     s.mean = env.stat_tensor({T});
     ops::layernorm_residual_forward(x.rows(), residual.rows(), weight_.w(), bias_.w(), eps_,
-                                    sum.rows(), y.rows(), s.mean, s.rstd);
+                                    sum.rows(), y.rows(), s.mean, s.rstd, amax);
   } else {
     ops::rmsnorm_residual_forward(x.rows(), residual.rows(), weight_.w(), eps_, sum.rows(),
-                                  y.rows(), s.rstd);
+                                  y.rows(), s.rstd, amax);
   }
 }
 

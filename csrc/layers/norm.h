@@ -23,10 +23,11 @@ class Norm {
   // Declares prefix.weight (ones) and, for LayerNorm with bias, prefix.bias (zeros).
   static void declare(ParamTable& t, const std::string& prefix, int64_t hidden, NormKind kind, bool bias);
 
-  void forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& s) const;
+  // amax (optional, one f32): y's FP8 amax, written with y (ops/norm.h).
+  void forward(const Env& env, const Tensor& x, const Tensor& y, NormSaved& s, const Tensor& amax = {}) const;
   void backward(const Tensor& dy, const Tensor& x, const NormSaved& s, const Tensor& dx) const;
   void forward_residual(const Env& env, const Tensor& x, const Tensor& residual, const Tensor& sum,
-                        const Tensor& y, NormSaved& s) const;
+                        const Tensor& y, NormSaved& s, const Tensor& amax = {}) const;
   // dx_colsum (C), optional: += sum_t dx(t) as well (ops/norm.h).
   void backward_residual(const Tensor& dy, const Tensor& x, const NormSaved& s,
                          const Tensor& dresidual, const Tensor& dx,

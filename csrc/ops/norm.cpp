@@ -55,29 +55,38 @@ void check_backward(const char* op, const Tensor& dy, const Tensor& x, const Ten
   if (dx_colsum && dx_colsum->data) expect(*dx_colsum, stat_dtype(x), {cols}, op, "dx_colsum");
 }
 
+// The forwards' optional amax of y: undefined or one f32 element.
+void check_amax(const Tensor& amax, const char* op) {
+  if (amax.data) expect(amax, DType::F32, {1}, op, "amax");
+}
+
 void check_layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+                             const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& amax) {
   check_forward("layernorm_forward", x, nullptr, weight, &bias, eps, nullptr, y, &mean, rstd);
+  check_amax(amax, "layernorm_forward");
 }
 
 void check_rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                           const Tensor& rstd) {
+                           const Tensor& rstd, const Tensor& amax) {
   check_forward("rmsnorm_forward", x, nullptr, weight, nullptr, eps, nullptr, y, nullptr, rstd);
+  check_amax(amax, "rmsnorm_forward");
 }
 
 void check_layernorm_residual_forward(const Tensor& x, const Tensor& residual,
                                       const Tensor& weight, const Tensor& bias, float eps,
                                       const Tensor& sum, const Tensor& y, const Tensor& mean,
-                                      const Tensor& rstd) {
+                                      const Tensor& rstd, const Tensor& amax) {
   check_forward("layernorm_residual_forward", x, &residual, weight, &bias, eps, &sum, y, &mean,
                 rstd);
+  check_amax(amax, "layernorm_residual_forward");
 }
 
 void check_rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                     float eps, const Tensor& sum, const Tensor& y,
-                                    const Tensor& rstd) {
+                                    const Tensor& rstd, const Tensor& amax) {
   check_forward("rmsnorm_residual_forward", x, &residual, weight, nullptr, eps, &sum, y, nullptr,
                 rstd);
+  check_amax(amax, "rmsnorm_residual_forward");
 }
 
 void check_layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,

@@ -18,6 +18,8 @@
 //                        gradient of the layer whose output gradient dx also is); the same as
 //                        ops::sum_rows(dx, dx_colsum, 1) after the call, without reading dx
 //                        again where the kernel allows (the GPU's warp-per-row kernel).
+// amax (the forwards), optional: one f32 element that gets the FP8 amax of y as stored (ops/fp8.h
+// fp8_amax per tensor), computed as y is written, for an FP8 product of y (layers/linear.h).
 // On the CPU every result is bitwise that of the separate ops::add / add_inplace and the plain
 // norm; on the GPU the sum is, and the rest agree within f32 rounding (the fused kernels may
 // reduce in another order).
@@ -29,23 +31,25 @@
 #define ENGINE_NORM_OPS(OP)                                                                  \
   OP(void, layernorm_forward,                                                                \
      (const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& y,  \
-      const Tensor& mean, const Tensor& rstd),                                               \
-     (x, weight, bias, eps, y, mean, rstd))                                                  \
+      const Tensor& mean, const Tensor& rstd, const Tensor& amax),                           \
+     (x, weight, bias, eps, y, mean, rstd, amax))                                            \
   OP(void, layernorm_backward,                                                               \
      (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,           \
       const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias),     \
      (dy, x, weight, mean, rstd, dx, dweight, dbias))                                        \
   OP(void, rmsnorm_forward,                                                                  \
-     (const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd), \
-     (x, weight, eps, y, rstd))                                                              \
+     (const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd,  \
+      const Tensor& amax),                                                                   \
+     (x, weight, eps, y, rstd, amax))                                                        \
   OP(void, rmsnorm_backward,                                                                 \
      (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,           \
       const Tensor& dx, const Tensor& dweight),                                              \
      (dy, x, weight, rstd, dx, dweight))                                                     \
   OP(void, layernorm_residual_forward,                                                       \
      (const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,     \
-      float eps, const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd), \
-     (x, residual, weight, bias, eps, sum, y, mean, rstd))                                   \
+      float eps, const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd,  \
+      const Tensor& amax),                                                                   \
+     (x, residual, weight, bias, eps, sum, y, mean, rstd, amax))                             \
   OP(void, layernorm_residual_backward,                                                      \
      (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,           \
       const Tensor& rstd, const Tensor& dresidual, const Tensor& dx, const Tensor& dweight,  \
@@ -53,8 +57,8 @@
      (dy, x, weight, mean, rstd, dresidual, dx, dweight, dbias, dx_colsum))                  \
   OP(void, rmsnorm_residual_forward,                                                         \
      (const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,              \
-      const Tensor& sum, const Tensor& y, const Tensor& rstd),                               \
-     (x, residual, weight, eps, sum, y, rstd))                                               \
+      const Tensor& sum, const Tensor& y, const Tensor& rstd, const Tensor& amax),           \
+     (x, residual, weight, eps, sum, y, rstd, amax))                                         \
   OP(void, rmsnorm_residual_backward,                                                        \
      (const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,           \
       const Tensor& dresidual, const Tensor& dx, const Tensor& dweight,                      \

@@ -10,6 +10,7 @@
 // Rows run in parallel for y and dx; parameter gradients run in parallel over column chunks,
 // each summing the rows in order, so every result is independent of the thread count.
 #include "ops/norm.h"
+#include "ops/fp8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -158,8 +159,9 @@ void rmsnorm_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& amax) {
   layernorm_fwd("layernorm_forward", x, Tensor(), weight, bias, eps, Tensor(), y, mean, rstd);
+  if (amax.data) ref::fp8_amax(y.rows(), false, amax);
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -169,8 +171,9 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                     const Tensor& rstd) {
+                     const Tensor& rstd, const Tensor& amax) {
   rmsnorm_fwd("rmsnorm_forward", x, Tensor(), weight, eps, Tensor(), y, rstd);
+  if (amax.data) ref::fp8_amax(y.rows(), false, amax);
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
@@ -180,9 +183,10 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 
 void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                 const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
-                                const Tensor& mean, const Tensor& rstd) {
+                                const Tensor& mean, const Tensor& rstd, const Tensor& amax) {
   const char* op = "layernorm_residual_forward";
   layernorm_fwd(op, x, residual, weight, bias, eps, sum, y, mean, rstd);
+  if (amax.data) ref::fp8_amax(y.rows(), false, amax);
 }
 
 void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -195,9 +199,11 @@ void layernorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor
 }
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd,
+                              const Tensor& amax) {
   const char* op = "rmsnorm_residual_forward";
   rmsnorm_fwd(op, x, residual, weight, eps, sum, y, rstd);
+  if (amax.data) ref::fp8_amax(y.rows(), false, amax);
 }
 
 void rmsnorm_residual_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,

@@ -66,6 +66,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/fp8/amax.cuh"
 #include "cuda/norm/norm_common.cuh"
 
 namespace engine::cuda {
@@ -104,6 +105,7 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
   // the compiler knows).
   load_row<T, N, K>(p.weight, 0, p.cols, packs, wk);
   if (p.bias) load_row<T, N, K>(p.bias, 0, p.cols, packs, bk);
+  unsigned m = 0;  // y's largest magnitude (the amax), over the block's rows
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     if (row + gridDim.x < p.rows) {
       load_row<T, N, K>(p.x, row + gridDim.x, p.cols, packs, nxt);
@@ -169,7 +171,10 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
           for (int j = 0; j < N; ++j) b[j] = 0.f;
         }
 #pragma unroll
-        for (int j = 0; j < N; ++j) o[j] = (v[k][j] - mu) * rs * w[j] + b[j];
+        for (int j = 0; j < N; ++j) {
+          o[j] = (v[k][j] - mu) * rs * w[j] + b[j];
+          m = max(m, stored_magnitude<T>(o[j]));
+        }
         store_pack<T, N>(yr + q * N, o);
       }
     }
@@ -183,6 +188,7 @@ static __global__ void __launch_bounds__(N == 1 ? kMaxScalarThreads : kMaxVecThr
       if constexpr (kResidual) rcur[k] = rnxt[k];
     }
   }
+  commit_amax(m, p.amax);
 }
 
 // The rmsnorm forward, one row per block of a plain grid (blocks start as others finish), thread
@@ -229,17 +235,22 @@ static __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
   Pack<T, N> wk[K];
   load_row<T, N, K>(p.weight, 0, p.cols, packs, wk);
   T* yr = p.y + row * p.cols;
+  unsigned m = 0;  // y's largest magnitude (the amax)
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q < packs) {
       float o[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) o[j] = to_float(raw[k].v[j]) * rs * to_float(wk[k].v[j]);
+      for (int j = 0; j < N; ++j) {
+        o[j] = to_float(raw[k].v[j]) * rs * to_float(wk[k].v[j]);
+        m = max(m, stored_magnitude<T>(o[j]));
+      }
       store_pack<T, N>(yr + q * N, o);
     }
   }
   if (threadIdx.x == 0) p.rstd[row] = rs;
+  commit_amax(m, p.amax);
 }
 
 // The plain layernorm forward, a warp per row (16-byte packs, C <= 32 kMaxWarpPacks packs): warp
@@ -282,6 +293,7 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
   warp_sum(ss);
   const float rs = rsqrtf(ss[0] * inv_cols + p.eps);
   T* yr = p.y + row * p.cols;
+  unsigned m = 0;  // y's largest magnitude (the amax)
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int q = lane + 32 * k;
@@ -295,7 +307,10 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
         for (int j = 0; j < N; ++j) b[j] = 0.f;
       }
 #pragma unroll
-      for (int j = 0; j < N; ++j) o[j] = (to_float(raw[k].v[j]) - mu) * rs * w[j] + b[j];
+      for (int j = 0; j < N; ++j) {
+        o[j] = (to_float(raw[k].v[j]) - mu) * rs * w[j] + b[j];
+        m = max(m, stored_magnitude<T>(o[j]));
+      }
       store_pack<T, N>(yr + q * N, o);
     }
   }
@@ -303,6 +318,7 @@ static __global__ void __launch_bounds__(kWarpRowWarps * 32)
     p.mean[row] = mu;
     p.rstd[row] = rs;
   }
+  commit_amax(m, p.amax);  // (the whole warp has this row, so every lane is here)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -367,10 +383,11 @@ static void launch_forward(const NormFwdParams<T>& p, const RowPlan& plan) {
 // mean == nullptr: rmsnorm. residual == nullptr: the plain form (sum unused), else both given.
 static void norm_forward(const char* op, const Tensor& x, const Tensor* residual,
                          const Tensor& weight, const Tensor* bias, float eps, const Tensor* sum,
-                         const Tensor& y, const Tensor* mean, const Tensor& rstd) {
+                         const Tensor& y, const Tensor* mean, const Tensor& rstd, const Tensor& amax) {
   auto [rows, cols] = check_x(x, op);
   const bool res = residual != nullptr;
   const bool has_bias = bias && bias->data;
+  float* pa = zero_amax(amax);
   if (rows == 0) return;
   const bool aligned = aligned16(x.data) && aligned16(weight.data) && aligned16(y.data) &&
                        (!has_bias || aligned16(bias->data)) &&
@@ -387,6 +404,7 @@ static void norm_forward(const char* op, const Tensor& x, const Tensor* residual
     p.y = static_cast<T*>(y.data);
     p.mean = mean ? static_cast<float*>(mean->data) : nullptr;
     p.rstd = static_cast<float*>(rstd.data);
+    p.amax = pa;
     p.rows = rows;
     p.cols = cols;
     p.eps = eps;
@@ -402,26 +420,27 @@ static void norm_forward(const char* op, const Tensor& x, const Tensor* residual
 }
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  norm_forward("layernorm_forward", x, nullptr, weight, &bias, eps, nullptr, y, &mean, rstd);
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& amax) {
+  norm_forward("layernorm_forward", x, nullptr, weight, &bias, eps, nullptr, y, &mean, rstd, amax);
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                     const Tensor& rstd) {
-  norm_forward("rmsnorm_forward", x, nullptr, weight, nullptr, eps, nullptr, y, nullptr, rstd);
+                     const Tensor& rstd, const Tensor& amax) {
+  norm_forward("rmsnorm_forward", x, nullptr, weight, nullptr, eps, nullptr, y, nullptr, rstd, amax);
 }
 
 void layernorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                 const Tensor& bias, float eps, const Tensor& sum, const Tensor& y,
-                                const Tensor& mean, const Tensor& rstd) {
+                                const Tensor& mean, const Tensor& rstd, const Tensor& amax) {
   norm_forward("layernorm_residual_forward", x, &residual, weight, &bias, eps, &sum, y, &mean,
-               rstd);
+               rstd, amax);
 }
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd) {
+                              float eps, const Tensor& sum, const Tensor& y, const Tensor& rstd,
+                              const Tensor& amax) {
   norm_forward("rmsnorm_residual_forward", x, &residual, weight, nullptr, eps, &sum, y, nullptr,
-               rstd);
+               rstd, amax);
 }
 
 }  // namespace engine::cuda

@@ -73,6 +73,7 @@ struct NormFwdParams {
   T* y;             // (rows, cols)
   float* mean;      // (rows), nullptr for rmsnorm
   float* rstd;      // (rows)
+  float* amax;      // (1) zeroed, or nullptr: y's FP8 amax (cuda/fp8/amax.cuh)
   int64_t rows, cols;
   float eps;
 };

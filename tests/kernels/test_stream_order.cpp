@@ -64,12 +64,12 @@ TEST_CASE("cuda memory-bound kernels launched as dependents keep stream order" *
         [&] { ops::sum_rows(x.t, col.t, 1.f); },  // col += column sums of x (at the end)
         [&] { ops::scale_inplace(col.t, 1.0 / kT); },  // reads col first
         [&] { ops::add(col.t, one.t, col.t); },            // col <- 1 + col
-        [&] { ops::layernorm_forward(x.t, col.t, b.t, kEps, y.t, mean.t, rstd.t); },  // w = col
+        [&] { ops::layernorm_forward(x.t, col.t, b.t, kEps, y.t, mean.t, rstd.t, {}); },  // w = col
         [&] {  // y <- dx, dy = y in place; dw, db += (their second kernel, at the end)
           ops::layernorm_backward(y.t, x.t, col.t, mean.t, rstd.t, y.t, dw.t, db.t);
         },
         [&] { ops::adamw_step(param.t, dw.t, m.t, v.t, hp, Tensor{}); },  // reads dw first
-        [&] { ops::rmsnorm_forward(y.t, param.t, kEps, h.t, rstd.t); },  // w = AdamW's output
+        [&] { ops::rmsnorm_forward(y.t, param.t, kEps, h.t, rstd.t, {}); },  // w = AdamW's output
         [&] { ops::rmsnorm_backward(h.t, y.t, param.t, rstd.t, h.t, db.t); },  // db +=
         [&] { ops::adamw_step(param.t, db.t, m.t, v.t, hp, Tensor{}); },  // reads db first
         [&] { ops::swiglu_forward(gu.t, x.t, {}); },                         // x <- gate_up

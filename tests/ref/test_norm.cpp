@@ -49,9 +49,9 @@ NormOut run_forward(bool layer, const Tensor& x, const Tensor& w, const Tensor& 
                     float eps = kEps) {
   NormOut o = poisoned_out(x);
   if (layer)
-    ops::layernorm_forward(x, w, b, eps, o.y, o.mean, o.rstd);
+    ops::layernorm_forward(x, w, b, eps, o.y, o.mean, o.rstd, {});
   else
-    ops::rmsnorm_forward(x, w, eps, o.y, o.rstd);
+    ops::rmsnorm_forward(x, w, eps, o.y, o.rstd, {});
   return o;
 }
 
@@ -187,12 +187,12 @@ TEST_CASE("norms reject bad arguments, naming them") {
   Owned x = randn({3, 5}, DType::F32, "bad.x"), w = randn({5}, DType::F32, "bad.w");
   Owned w4 = randn({4}, DType::F32, "bad.w4"), y = empty({3, 5}, DType::F32, Device::CPU);
   Owned rstd = empty({3}, DType::F32, Device::CPU), rstd64 = empty({3}, DType::F64, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::rmsnorm_forward(x, w4, kEps, y, rstd), doctest::Contains("weight"),
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_forward(x, w4, kEps, y, rstd, {}), doctest::Contains("weight"),
                        Error);
-  CHECK_THROWS_WITH_AS(ops::rmsnorm_forward(x, w, kEps, y, rstd64),
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_forward(x, w, kEps, y, rstd64, {}),
                        doctest::Contains("rstd is f64"), Error);
   Owned mean2 = empty({2}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::layernorm_forward(x, w, w, kEps, y, mean2, rstd),
+  CHECK_THROWS_WITH_AS(ops::layernorm_forward(x, w, w, kEps, y, mean2, rstd, {}),
                        doctest::Contains("mean has shape"), Error);
 }
 
@@ -206,9 +206,9 @@ namespace {
 void residual_forward(bool layer, const Tensor& x, const Tensor& r, const Tensor& w,
                       const Tensor& b, const Tensor& sum, const Tensor& y, const NormOut& stats) {
   if (layer)
-    ops::layernorm_residual_forward(x, r, w, b, kEps, sum, y, stats.mean, stats.rstd);
+    ops::layernorm_residual_forward(x, r, w, b, kEps, sum, y, stats.mean, stats.rstd, {});
   else
-    ops::rmsnorm_residual_forward(x, r, w, kEps, sum, y, stats.rstd);
+    ops::rmsnorm_residual_forward(x, r, w, kEps, sum, y, stats.rstd, {});
 }
 
 void plain_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -302,19 +302,43 @@ TEST_CASE("norm residual forms reject bad arguments, naming them") {
   Owned y = empty({3, 5}, DType::F32, Device::CPU), sum = empty({3, 5}, DType::F32, Device::CPU);
   Owned r4 = empty({3, 4}, DType::F32, Device::CPU), r64 = empty({3, 5}, DType::F64, Device::CPU);
   Owned rstd = empty({3}, DType::F32, Device::CPU), mean = empty({3}, DType::F32, Device::CPU);
-  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, r4, w, kEps, sum, y, rstd),
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, r4, w, kEps, sum, y, rstd, {}),
                        doctest::Contains("residual"), Error);
-  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, r64, w, kEps, sum, y, rstd),
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, r64, w, kEps, sum, y, rstd, {}),
                        doctest::Contains("residual is f64"), Error);
-  CHECK_THROWS_WITH_AS(ops::layernorm_residual_forward(x, x, w, Tensor(), kEps, r4, y, mean, rstd),
+  CHECK_THROWS_WITH_AS(ops::layernorm_residual_forward(x, x, w, Tensor(), kEps, r4, y, mean, rstd, {}),
                        doctest::Contains("sum"), Error);
-  CHECK_THROWS_WITH_AS(ops::layernorm_residual_forward(x, x, w, Tensor(), kEps, y, y, mean, rstd),
+  CHECK_THROWS_WITH_AS(ops::layernorm_residual_forward(x, x, w, Tensor(), kEps, y, y, mean, rstd, {}),
                        doctest::Contains("y must not alias sum"), Error);
-  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, Tensor(), w, kEps, sum, y, rstd),
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_forward(x, Tensor(), w, kEps, sum, y, rstd, {}),
                        doctest::Contains("residual and sum must be given"), Error);
   Owned dw = zeros({5}, DType::F32, Device::CPU);
   CHECK_THROWS_WITH_AS(ops::rmsnorm_residual_backward(x, x, w, rstd, r4, y, dw, Tensor()),
                        doctest::Contains("dresidual"), Error);
   CHECK_THROWS_WITH_AS(ops::layernorm_residual_backward(x, x, w, mean, rstd, Tensor(), y, dw, Tensor(), Tensor()),
                        doctest::Contains("dresidual must be given"), Error);
+}
+
+TEST_CASE("norm forwards: the amax beside y is its largest magnitude as stored") {
+  Owned x = randn({6, 10}, DType::F32, "norm.amax.x", 2.0), r = randn({6, 10}, DType::F32, "norm.amax.r");
+  Owned w = randn({10}, DType::F32, "norm.amax.w"), b = randn({10}, DType::F32, "norm.amax.b");
+  Owned y = empty({6, 10}, DType::F32, Device::CPU), sum = empty({6, 10}, DType::F32, Device::CPU);
+  Owned mean = empty({6}, DType::F32, Device::CPU), rstd = empty({6}, DType::F32, Device::CPU);
+  Owned amax = empty({1}, DType::F32, Device::CPU);
+  auto largest = [&] {
+    double m = 0;
+    for (int64_t i = 0; i < y->numel(); ++i) m = std::max(m, std::fabs(get(y, i)));
+    return m;
+  };
+  ops::rmsnorm_forward(x, w, 1e-5f, y, rstd, amax);
+  CHECK(get(amax, 0) == largest());
+  ops::layernorm_forward(x, w, b, 1e-5f, y, mean, rstd, amax);
+  CHECK(get(amax, 0) == largest());
+  ops::rmsnorm_residual_forward(x, r, w, 1e-5f, sum, y, rstd, amax);
+  CHECK(get(amax, 0) == largest());
+  ops::layernorm_residual_forward(x, r, w, b, 1e-5f, sum, y, mean, rstd, amax);
+  CHECK(get(amax, 0) == largest());
+  CHECK(largest() > 0);
+  Owned wrong = empty({1}, DType::F64, Device::CPU);
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_forward(x, w, 1e-5f, y, rstd, wrong), doctest::Contains("amax is f64"), Error);
 }

@@ -8,7 +8,7 @@
 // checked against the separate add kernels and plain norms (the sum bitwise, the rest within the
 // tolerances above: the fused kernels reduce in another order when they take another path, and
 // the compiler contracts their arithmetic differently, so the bits are not the separate ops'),
-// and against f64.
+// and against f64. The amax the forwards write beside y (FP8) is fp8_amax of y, bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -17,6 +17,7 @@
 
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
+#include "ops/fp8.h"
 #include "ops/norm.h"
 #include "tests/common/gpu_testing.h"
 
@@ -81,13 +82,13 @@ void layernorm_forward_sweep(const Cases& cases) {
           Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
                 mean64 = empty({k.t}, DType::F64, Device::CPU),
                 rstd64 = empty({k.t}, DType::F64, Device::CPU);
-          ops::layernorm_forward(x64, w64, with_bias ? b64.t : Tensor(), kEps, y64, mean64, rstd64);
+          ops::layernorm_forward(x64, w64, with_bias ? b64.t : Tensor(), kEps, y64, mean64, rstd64, {});
 
           DeviceTensor gy = gpu_poisoned({k.t, k.c}, dt, k.offset);
           DeviceTensor gmean = gpu_poisoned({k.t}, DType::F32),
               grstd = gpu_poisoned({k.t}, DType::F32);
           ops::layernorm_forward(gx.t, gw.t, with_bias ? gb.t : Tensor(), kEps, gy.t, gmean.t,
-                                 grstd.t);
+                                 grstd.t, {});
           CHECK_CLOSE(gy.t, y64.t, output_tol(dt, y64, kF32Tol));
           CHECK_CLOSE(gmean.t, mean64.t, kF32Tol);
           CHECK_CLOSE(grstd.t, rstd64.t, kF32Tol);
@@ -110,11 +111,11 @@ void rmsnorm_forward_sweep(const Cases& cases) {
         auto [gw, w64] = device_input(random_weight(k.c, "norm.w"), dt, k.offset);
         Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
               rstd64 = empty({k.t}, DType::F64, Device::CPU);
-        ops::rmsnorm_forward(x64, w64, kEps, y64, rstd64);
+        ops::rmsnorm_forward(x64, w64, kEps, y64, rstd64, {});
 
         DeviceTensor gy = gpu_poisoned({k.t, k.c}, dt, k.offset);
         DeviceTensor grstd = gpu_poisoned({k.t}, DType::F32);
-        ops::rmsnorm_forward(gx.t, gw.t, kEps, gy.t, grstd.t);
+        ops::rmsnorm_forward(gx.t, gw.t, kEps, gy.t, grstd.t, {});
         CHECK_CLOSE(gy.t, y64.t, output_tol(dt, y64, kF32Tol));
         CHECK_CLOSE(grstd.t, rstd64.t, kF32Tol);
       }
@@ -140,7 +141,7 @@ void layernorm_backward_sweep(const Cases& cases) {
           Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
                 mean64 = empty({k.t}, DType::F64, Device::CPU),
                 rstd64 = empty({k.t}, DType::F64, Device::CPU);
-          ops::layernorm_forward(x64, w64, Tensor(), kEps, y64, mean64, rstd64);
+          ops::layernorm_forward(x64, w64, Tensor(), kEps, y64, mean64, rstd64, {});
           auto [gmean, mean_r] = device_input(mean64, DType::F32);
           auto [grstd, rstd_r] = device_input(rstd64, DType::F32);
 
@@ -181,7 +182,7 @@ void rmsnorm_backward_sweep(const Cases& cases) {
         auto [gdy, dy64] = device_input(randn({k.t, k.c}, DType::F32, "norm.dy"), dt, k.offset);
         Owned y64 = empty({k.t, k.c}, DType::F64, Device::CPU),
               rstd64 = empty({k.t}, DType::F64, Device::CPU);
-        ops::rmsnorm_forward(x64, w64, kEps, y64, rstd64);
+        ops::rmsnorm_forward(x64, w64, kEps, y64, rstd64, {});
         auto [grstd, rstd_r] = device_input(rstd64, DType::F32);
 
         Owned dw0 = randn({k.c}, DType::F32, "norm.dw0");
@@ -219,20 +220,20 @@ void reproducible_sweep(const Cases& cases) {
         // Forward twice, then in place.
         DeviceTensor y1 = gpu_poisoned({k.t, k.c}, dt, k.offset),
             y2 = gpu_poisoned({k.t, k.c}, dt, k.offset);
-        ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y1.t, mean.t, rstd.t);
-        ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y2.t, mean.t, rstd.t);
+        ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y1.t, mean.t, rstd.t, {});
+        ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y2.t, mean.t, rstd.t, {});
         CHECK(bitwise_equal(y1.t, y2.t));
         DeviceTensor inplace = to_gpu(x, dt, k.offset);
-        ops::layernorm_forward(inplace.t, gw.t, gb.t, kEps, inplace.t, mean.t, rstd.t);
+        ops::layernorm_forward(inplace.t, gw.t, gb.t, kEps, inplace.t, mean.t, rstd.t, {});
         CHECK(bitwise_equal(y1.t, inplace.t));
 
         // Backward twice (layernorm and rmsnorm), then dx = dy in place.
         for (bool layer : {true, false}) {
           INFO((layer ? "layernorm" : "rmsnorm"));
           if (layer)
-            ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y1.t, mean.t, rstd.t);
+            ops::layernorm_forward(gx.t, gw.t, gb.t, kEps, y1.t, mean.t, rstd.t, {});
           else
-            ops::rmsnorm_forward(gx.t, gw.t, kEps, y1.t, rstd.t);
+            ops::rmsnorm_forward(gx.t, gw.t, kEps, y1.t, rstd.t, {});
           auto backward = [&](const Tensor& dyt, const Tensor& dxt, const Tensor& dwt,
                               const Tensor& dbt) {
             if (layer)
@@ -276,19 +277,26 @@ namespace {
 
 void residual_forward(bool layer, const Tensor& x, const Tensor& r, const Tensor& w,
                       const Tensor& b, const Tensor& sum, const Tensor& y, const Tensor& mean,
-                      const Tensor& rstd) {
+                      const Tensor& rstd, const Tensor& amax = {}) {
   if (layer)
-    ops::layernorm_residual_forward(x, r, w, b, kEps, sum, y, mean, rstd);
+    ops::layernorm_residual_forward(x, r, w, b, kEps, sum, y, mean, rstd, amax);
   else
-    ops::rmsnorm_residual_forward(x, r, w, kEps, sum, y, rstd);
+    ops::rmsnorm_residual_forward(x, r, w, kEps, sum, y, rstd, amax);
 }
 
 void plain_forward(bool layer, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                   const Tensor& mean, const Tensor& rstd) {
+                   const Tensor& mean, const Tensor& rstd, const Tensor& amax = {}) {
   if (layer)
-    ops::layernorm_forward(x, w, b, kEps, y, mean, rstd);
+    ops::layernorm_forward(x, w, b, kEps, y, mean, rstd, amax);
   else
-    ops::rmsnorm_forward(x, w, kEps, y, rstd);
+    ops::rmsnorm_forward(x, w, kEps, y, rstd, amax);
+}
+
+// The amax a forward wrote beside y (FP8) is fp8_amax of y as stored, bit for bit.
+void check_amax(const Tensor& amax, const Tensor& y) {
+  DeviceTensor want = gpu_poisoned({1}, DType::F32);
+  ops::fp8_amax(y, false, want.t);
+  CHECK(bitwise_equal(amax, want.t));
 }
 
 void residual_backward(bool layer, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -352,10 +360,13 @@ void check_residual(const NormCase& k, int64_t res_offset) {
       DeviceTensor hs = gpu_poisoned(shape, dt, k.offset), ys = gpu_poisoned(shape, dt, k.offset),
           means = gpu_poisoned({k.t}, DType::F32), rstds = gpu_poisoned({k.t}, DType::F32);
       ops::add(gx.t, gr.t, hs.t);
-      plain_forward(layer, hs.t, gw.t, bias, ys.t, means.t, rstds.t);
+      DeviceTensor amax = gpu_poisoned({1}, DType::F32);
+      plain_forward(layer, hs.t, gw.t, bias, ys.t, means.t, rstds.t, amax.t);
+      check_amax(amax.t, ys.t);
       DeviceTensor h = gpu_poisoned(shape, dt, k.offset), y = gpu_poisoned(shape, dt, k.offset),
           mean = gpu_poisoned({k.t}, DType::F32), rstd = gpu_poisoned({k.t}, DType::F32);
-      residual_forward(layer, gx.t, gr.t, gw.t, bias, h.t, y.t, mean.t, rstd.t);
+      residual_forward(layer, gx.t, gr.t, gw.t, bias, h.t, y.t, mean.t, rstd.t, amax.t);
+      check_amax(amax.t, y.t);
       CHECK(bitwise_equal(h.t, hs.t));
       const Owned ys64 = to_host(ys.t, DType::F64);
       CHECK_CLOSE(y.t, ys64.t, close_tol(dt));
@@ -455,12 +466,12 @@ TEST_CASE("cuda norm launchers reject mismatched dtypes and shapes" * doctest::t
       gw = to_gpu(w, DType::BF16), gy = gpu_poisoned({4, 16}, DType::BF16),
       rstd = gpu_poisoned({4}, DType::F32), rstd_bf = gpu_poisoned({4}, DType::BF16),
       short_w = to_gpu(randn({15}, DType::F32, "norm.w15"), DType::BF16);
-  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, gw32.t, kEps, gy.t, rstd.t), Error);     // weight f32
-  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, gw.t, kEps, gy.t, rstd_bf.t), Error);    // rstd bf16
-  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, short_w.t, kEps, gy.t, rstd.t), Error);  // (15)
+  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, gw32.t, kEps, gy.t, rstd.t, {}), Error);     // weight f32
+  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, gw.t, kEps, gy.t, rstd_bf.t, {}), Error);    // rstd bf16
+  CHECK_THROWS_AS(ops::rmsnorm_forward(gx.t, short_w.t, kEps, gy.t, rstd.t, {}), Error);  // (15)
   DeviceTensor wide = gpu_poisoned({2, 8200}, DType::BF16, 1);
   DeviceTensor wide_w = gpu_poisoned({8200}, DType::BF16, 1),
       wide_r = gpu_poisoned({2}, DType::F32);
-  CHECK_THROWS_AS(ops::rmsnorm_forward(wide.t, wide_w.t, kEps, wide.t, wide_r.t),
+  CHECK_THROWS_AS(ops::rmsnorm_forward(wide.t, wide_w.t, kEps, wide.t, wide_r.t, {}),
                   Error);  // C > 8192
 }
