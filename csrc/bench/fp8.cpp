@@ -1,7 +1,7 @@
 // Benchmarks of the FP8 ops (ops/fp8.h) beside bf16 in the same run: the scaled e4m3 product
 // through cuBLASLt at 8192^3 and on the 0.89B Llama's linears (T = 16384, hidden 2048), per
 // tensor and per row, each against the bf16 GEMM of the same shape; and the scaling kernels
-// (amax, quantise, quantise transposed) on one activation (16384, 2048) in GB/s.
+// (amax, quantise, quantise transposed, both layouts at once) on one activation (16384, 2048) in GB/s.
 // The three products of a linear (T, in) -> (T, out), weight W (out, in), as FP8 runs them (both
 // operands K-contiguous): fwd Y = X W^T (a = X, b = W), dgrad dX = dY (W^T)^T (b = W^T, the
 // transposed copy), wgrad dW = dY^T (X^T)^T (a = dY^T, b = X^T), all e4m3 here.
@@ -97,6 +97,11 @@ BENCH_CASES("fp8") {
   out.push_back({"quantize e4m3 transposed",
                  time_ms([&] { ops::fp8_quantize(x, true, amax, Fp8Format::E4M3, qt, inv); }, 3, 20, Timing::Stream), 0,
                  in_bytes + out_bytes, ""});
+  Owned inv_t = empty({1}, DType::F32, Device::CUDA);
+  out.push_back({"quantize e4m3 pair (x and x^T, one read)",
+                 time_ms([&] { ops::fp8_quantize_pair(x, amax, amax, Fp8Format::E4M3, q, inv, qt, inv_t); }, 3, 20,
+                         Timing::Stream),
+                 0, in_bytes + 2 * out_bytes, ""});
 #endif
   return out;
 }
