@@ -131,7 +131,8 @@ void Block::forward(const Env& env, const Tensor& x, const SegmentInfo& seg, Blo
   // Per-tensor FP8: the norms write their outputs' amaxes for the q/k/v and MLP input linears.
   // (Not under sequence parallelism: there a rank's norm sees its token shard only.)
   const bool norm_amax = env.fp8 == Fp8Recipe::Tensorwise && !env.sp();
-  Fp8Amax a1 = norm_amax && kind_ == BlockKind::Attention ? Fp8Amax::on(env.device) : Fp8Amax{};
+  const bool attention = kind_ == BlockKind::Attention || kind_ == BlockKind::Experts;
+  Fp8Amax a1 = norm_amax && attention ? Fp8Amax::on(env.device) : Fp8Amax{};
   s.xn1 = env.act_tensor(shape);
   norm1_.forward(env, x, s.xn1, s.norm1, a1.t);
   if (kind_ == BlockKind::Mamba) {

@@ -1,7 +1,8 @@
 // Linear layer y = x W^T + b with W stored (out, in) as Hugging Face and Megatron do, so a
 // column-parallel split is a split of dim 0 and checkpoint conversion needs no transpose.
 // Gradient conventions: dx is written (=); dweight and dbias accumulate (+=), so micro-batches
-// add into the flat gradient buffer. Nothing is saved here: the caller keeps x for backward.
+// add into the flat gradient buffer. The caller keeps x for backward (and, for FP8, the amax
+// slots below).
 //   x, dx: (T, in)   y, dy: (T, out)   weight, dweight: (out, in)   bias, dbias: (out) or undefined
 //
 // Precision (LinearPrecision, layers/common.h; training.fp8): Fp8Recipe::Off multiplies in the
@@ -14,14 +15,19 @@
 // tensorwise: one scale per operand, gradients e5m2 (their wider range); rowwise: one scale per
 // row of each operand as the product sees it (per token for x and dy, per output or input
 // channel for W, per channel of dy and x in wgrad: the scales factor out of every sum), and
-// gradients e4m3, which the per-row scales keep in range. When both gradients are wanted, dy is
-// quantised in both layouts from one read (ops::fp8_quantize_pair). No FP8 bytes are kept
+// gradients e4m3, which the per-row scales keep in range. When one call wants both gradients, dy
+// is quantised in both layouts from one read (ops::fp8_quantize_pair, where its kernel takes the
+// shapes); a backward split around a collective (tensor_parallel.h) quantises it once a call. No FP8 bytes are kept
 // between calls.
-// Shared amaxes (tensorwise): an operand's one amax serves every product that quantises it. The
-// caller may hold them (Fp8Amax): `saved` (LinearAmaxes) gets x's and W's in the forward and
-// gives them to the backward, so neither is read for its amax again; an Fp8Amax the caller set
-// before the call (the kernel that wrote x or dy computed it, ops/activation.h) is taken as it
-// is. Rowwise recipes, whose products need the amaxes of different rows, ignore them.
+// Shared amaxes (tensorwise): an operand's one amax serves every product of the layer that
+// quantises it, where the caller holds the slots (Fp8Amax; the attention's and MLP's linears do,
+// the Mamba and Gated DeltaNet projections do not): `saved` (LinearAmaxes) gets x's and W's in
+// the forward and gives them to the backward, so neither is read for its amax again; dy_amax
+// carries dy's between the two calls of a split backward. An Fp8Amax the caller set before the
+// call (written by the kernel that wrote x or dy: the norms, ops/norm.h, and the SwiGLU,
+// ops/activation.h) is used as it is, after its maximum over the tensor-parallel group where
+// the split cuts it. Rowwise recipes, whose products need the amaxes of different rows, ignore
+// the slots.
 // Tensor parallelism: where a rank holds part of what an amax spans (the split operand, per
 // tensor; a row cut by the split, per row) the amax is the maximum over the group, so every rank
 // quantises its part exactly as one rank would the whole and the layouts agree with one rank.

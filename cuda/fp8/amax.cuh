@@ -1,5 +1,6 @@
 // The FP8 amax (ops/fp8.h) of what a kernel writes, for kernels that produce an FP8 product's
-// operand and hand its amax over with it (the SwiGLU's output and input gradient): magnitudes
+// operand and hand its amax over with it (the norms' outputs, the SwiGLU's output and input
+// gradient): magnitudes
 // compared as unsigned f32 bit patterns (NaN above infinity, so a NaN makes the amax NaN), the
 // result independent of the order of the maxima. Each thread keeps a running maximum of the
 // values as stored (rounded to the output's dtype), and each warp adds its maximum with one

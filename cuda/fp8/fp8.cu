@@ -253,7 +253,7 @@ bool transposed_vec(const QuantizeParams& p) {
 template <typename T, bool kPair>
 void launch_transposed_vec(const QuantizeParams& p, const QuantizeParams& plain) {
   const int64_t gx = std::max<int64_t>(ceil_div(p.rows, kBig), 1), gy = std::max<int64_t>(ceil_div(p.cols, kBig), 1);
-  ENSURE(gy <= 65535, "fp8_quantize: x has ", p.cols, " rows, the transposed kernel takes at most ", 65535 * kBig);
+  ENSURE(gy <= 65535, "fp8 quantise: x has ", p.cols, " rows, the transposed kernel takes at most ", 65535 * kBig);
   // (enough threads for the inverse scales: out's rows, at most 64 a block's 256 threads, and
   // x's rows, 64 a block)
   quantize_transposed_vec_kernel<T, kPair><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0,

@@ -44,6 +44,15 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return std::memcmp(ha->data, hb->data, ha->nbytes()) == 0;
 }
 
+// The backward as two calls, dx then dW (as a split backward runs it: dy quantised once a call,
+// not as a pair), on g's forward.
+Grads split_backward(const LinearPrecision& p, const Tensor& x, const Tensor& w, const Tensor& dy) {
+  Grads g{{}, empty({T, kIn}, x.dtype, x.device), zeros({kOut, kIn}, DType::F32, x.device), {}};
+  layers::linear_backward(p, dy, x, w, g.dx, {}, {});
+  layers::linear_backward(p, dy, x, w, {}, g.dw, {});
+  return g;
+}
+
 double rel_rms(const Tensor& got, const Tensor& ref) { return compare(got, ref).rel_rms; }
 
 }  // namespace
@@ -118,6 +127,10 @@ TEST_CASE("fp8 linear: amaxes shared between its products give the same bits, an
     CHECK(same_bits(shared.y, plain.y));
     CHECK(same_bits(shared.dx, plain.dx));
     CHECK(same_bits(shared.dw, plain.dw));
+    // dy in both layouts at once (one call, both gradients) against once a call.
+    const Grads split = split_backward({r}, x, w, dy);
+    CHECK(same_bits(split.dx, plain.dx));
+    CHECK(same_bits(split.dw, plain.dw));
   }
   // The slots hold the amaxes (per tensor), and an amax set before the call is the one used: an
   // x amax of three times the true one quantises x on another grid (a power of two would only
@@ -139,6 +152,24 @@ TEST_CASE("fp8 linear: amaxes shared between its products give the same bits, an
   layers::linear_forward({Fp8Recipe::Tensorwise}, x, w, {}, y2, {}, &tripled);
   CHECK(!same_bits(y2, y));
   CHECK(get(tripled.x.t, 0) == given);
+  // Rowwise ignores the slots: the same set amax changes nothing there.
+  Owned yr = empty({T, kOut}, DType::F32, Device::CPU), yr2 = empty({T, kOut}, DType::F32, Device::CPU);
+  layers::linear_forward({Fp8Recipe::Rowwise}, x, w, {}, yr);
+  layers::LinearAmaxes ignored;
+  ignored.x = layers::Fp8Amax::on(Device::CPU);
+  set(ignored.x.t, 0, given);
+  layers::linear_forward({Fp8Recipe::Rowwise}, x, w, {}, yr2, {}, &ignored);
+  CHECK(same_bits(yr2, yr));
+  // A forward takes W's amax anew though the slots hold one: another W through the same slots
+  // gives what fresh slots give.
+  Owned w2 = randn({kOut, kIn}, DType::F32, "fp8 share w2", 0.2);
+  layers::LinearAmaxes fresh;
+  Owned y3 = empty({T, kOut}, DType::F32, Device::CPU), y4 = empty({T, kOut}, DType::F32, Device::CPU);
+  saved.x = {};
+  layers::linear_forward({Fp8Recipe::Tensorwise}, x, w2, {}, y3, {}, &saved);
+  layers::linear_forward({Fp8Recipe::Tensorwise}, x, w2, {}, y4, {}, &fresh);
+  CHECK(same_bits(y3, y4));
+  layers::linear_forward({Fp8Recipe::Tensorwise}, x, w, {}, y3, {}, &saved);  // back to w's
   // dy's slot: filled by the first backward call, used as it is by the next.
   layers::Fp8Amax dya;
   Owned dx = empty({T, kIn}, DType::F32, Device::CPU), dw = zeros({kOut, kIn}, DType::F32, Device::CPU);
@@ -170,10 +201,13 @@ TEST_CASE("GPU fp8 linear equals the CPU layer on the same bf16 inputs" * doctes
     CHECK_CLOSE(gpu.dx, cpu.dx, 8e-3);
     CHECK_CLOSE(gpu.dw, cpu.dw, 1e-4);  // f32
     CHECK_CLOSE(gpu.db, cpu.db, 1e-4);
-    // Shared amaxes (dy quantised in both layouts by one kernel): the same bits on the GPU.
+    // Shared amaxes, and dy in both layouts by one kernel against once a call: the same bits.
     const Grads shared = run({r}, gx, gw, gb, gdy, gres, true);
     CHECK(same_bits(shared.y, gpu.y));
     CHECK(same_bits(shared.dx, gpu.dx));
     CHECK(same_bits(shared.dw, gpu.dw));
+    const Grads split = split_backward({r}, gx, gw, gdy);
+    CHECK(same_bits(split.dx, gpu.dx));
+    CHECK(same_bits(split.dw, gpu.dw));
   }
 }
