@@ -82,6 +82,18 @@ struct LoraConfig {
 
 // init_from: a Hugging Face folder (config.json + safetensors): its config fills the unset keys
 // (and must agree with the set ones) and its weights replace the random init.
+// A vision encoder and its projector (layers/vision.h), for a vision-language model: the
+// encoder's own sizes, independent of the text model's. layers == 0: none. Not config keys yet:
+// set by the code that builds a vision-language model (the data path carries no images yet).
+struct VisionConfig {
+  int channels = 3, patch_size = 16;
+  int width = 0, layers = 0, heads = 0, ffn = 0;  // the encoder's hidden size, blocks, heads, MLP features
+  int text_width = 0;                             // the projector's output (the text model's hidden size)
+  double norm_eps = 1e-5, rope_theta = 10000.0, init_std = 0.02;
+  bool projector_bias = true;
+  bool operator==(const VisionConfig&) const = default;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::Llama;
   int vocab_size = 0;
@@ -102,6 +114,9 @@ struct ModelConfig {
   // Not a config key: false for blocks whose attention sees every token of its sequence (an
   // image's patches in a vision encoder's blocks, set by the code that builds them).
   bool causal = true;
+  // Not a config key yet: the vision encoder of a vision-language model (its features replace
+  // the embeddings of the image tokens, models/transformer.h).
+  VisionConfig vision;
   // CUDA attention kernels: the engine's flash kernels (cuda/attention/flash*) or cuDNN's fused
   // attention (cuda/attention/cudnn_sdpa, builds with cuDNN only). CPU tensors always run the
   // reference (ref/attention), whatever this says.

@@ -21,13 +21,7 @@
 
 namespace engine::layers {
 
-struct VisionConfig {
-  int channels = 3, patch_size = 16;
-  int width = 0, layers = 0, heads = 0, ffn = 0;  // the encoder's hidden size, blocks, heads, MLP features
-  int text_width = 0;                             // the projector's output (the text model's hidden size)
-  double norm_eps = 1e-5, rope_theta = 10000.0, init_std = 0.02;
-  bool projector_bias = true;
-};
+using engine::VisionConfig;  // (config/config.h)
 
 // The ModelConfig of the encoder's blocks: Llama-style (RMSNorm, SwiGLU, RoPE, no biases) with
 // full attention within each image.

@@ -36,6 +36,15 @@ struct MicroBatch {
   std::vector<int64_t> mtp_loss_tokens;
   std::vector<float> mtp_grad_scale;
   uint64_t jitter_seed = 0;  // the MoE router jitter of this micro-batch (chunk) in training; 0: none
+  // Images of a vision-language model (ModelConfig::vision; undefined: none). patches (P, C p p)
+  // the activations' dtype: every image's patches in raster order, images one after another, each
+  // flattened as layers/vision.h says; image_cu (images + 1) i32: where each image's patches
+  // start; patch_positions (P, 2) i32: a patch's row and column in its image; image_rows (P, 1)
+  // i32: the token row whose input embedding the patch's feature replaces (an image token of the
+  // same sequence). The images are the micro-batch's whole (micro-sequences do not split them).
+  Owned patches, image_cu, patch_positions, image_rows;
+  int max_image_patches = 0;
+  int64_t num_patches() const { return patches.t.data ? patches->size(0) : 0; }
 
   // forward_only: no backward follows (evaluation, a teacher): the last chunk releases the
   // micro-batch's keys and values as it goes.

@@ -7,8 +7,15 @@
 #include "models/transformer_saved.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
+#include "ops/moe.h"
 
 namespace engine {
+
+VisionConfig Transformer::vision_config(const ModelConfig& c) {
+  VisionConfig v = c.vision;
+  v.text_width = c.hidden_size;
+  return v;
+}
 
 std::vector<Transformer::StagePlan> Transformer::stage_plan(int num_layers, int stages) {
   ENSURE(stages >= 1 && stages <= num_layers, stages, " pipeline stages for ", num_layers,
@@ -29,6 +36,8 @@ void Transformer::declare(ParamTable& t, const ModelConfig& c, const ModelLayout
   for (int s = 0; s < layout.stages(); ++s) {
     if (!layout.has_stage(s)) continue;
     const StagePlan& p = plan[static_cast<size_t>(s)];
+    // (The vision encoder first: its backward runs last, after the embedding's.)
+    if (p.embedding && c.vision.layers > 0) layers::VisionEncoder::declare(t, kVision, vision_config(c));
     if (p.embedding) layers::Embedding::declare(t, c);
     for (int i = p.first_block; i < p.end_block; ++i) layers::Block::declare(t, i, c);
     if (p.head) {
@@ -85,6 +94,13 @@ Transformer::Transformer(const ModelConfig& c, Device device, DType compute_dtyp
     if (!has_stage(s)) continue;
     const StagePlan& p = plan_[static_cast<size_t>(s)];
     if (p.embedding) embedding_ = layers::Embedding(store_, c);
+    if (p.embedding && c.vision.layers > 0) {
+      ENSURE(device == Device::CPU && layout.tp_size() == 1 && layout.pipeline_size == 1,
+             "a vision encoder (model.vision) runs on the CPU, on one rank and one pipeline stage so far: this ",
+             "model asks for ", device == Device::CPU ? "" : "a GPU, ", layout.tp_size(), " tensor-parallel and ",
+             layout.pipeline_size, " pipeline rank(s)");
+      vision_ = layers::VisionEncoder(store_, kVision, vision_config(c));
+    }
     for (int i = p.first_block; i < p.end_block; ++i) {
       blocks_[static_cast<size_t>(i)] = layers::Block(store_, i, c);
       block_offsets_[static_cast<size_t>(i)] = block_grads_begin(store_.table(), i);
@@ -131,6 +147,26 @@ void Transformer::record(const std::string& name, const Tensor& x) const {
 
 std::unique_ptr<Model::Saved> Transformer::new_saved() const { return std::make_unique<TSaved>(); }
 
+layers::SegmentInfo Transformer::image_segments(const MicroBatch& mb) {
+  layers::SegmentInfo images;
+  images.cu_seqlens = mb.image_cu;
+  images.positions = mb.patch_positions;
+  images.max_seqlen = mb.max_image_patches;
+  return images;
+}
+
+void Transformer::embed(const MicroBatch& mb, const Tensor& x, layers::VisionSaved& vision) const {
+  embedding_.forward(env_, mb.tokens, mb.positions, x);
+  if (mb.num_patches() == 0) return;
+  ENSURE(config_.vision.layers > 0, "the micro-batch has ", mb.num_patches(),
+         " image patches but the model has no vision encoder (model.vision)");
+  ENSURE(mb.chunks == 1, "images in a micro-batch cut into micro-sequences: not supported yet");
+  ops::expect(mb.image_rows, DType::I32, {mb.num_patches(), 1}, "micro-batch", "image_rows");
+  Owned features = env_.act_tensor({mb.num_patches(), config_.hidden_size});
+  vision_.forward(env_, mb.patches, image_segments(mb), vision, features);
+  ops::moe_permute(features, mb.image_rows, x);
+}
+
 double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved, const Tensor& input,
                                   bool with_grad, float grad_scale) {
   ENSURE(stage >= 0 && stage < num_stages() && has_stage(stage), "stage ", stage, " is not on this rank");
@@ -140,7 +176,8 @@ double Transformer::forward_stage(int stage, const MicroBatch& mb, Saved& saved,
   const Tensor* x;
   if (p.embedding) {
     s.x0 = env_.act_tensor(stage_activation_shape(mb));
-    embedding_.forward(env_, mb.tokens, mb.positions, s.x0);
+    embed(mb, s.x0, s.vision);
+    if (!with_grad) s.vision = layers::VisionSaved{};  // (no backward reads it)
     x = &s.x0.t;
     if (with_grad) record(StatsRecorder::forward_name(-1), *x);
   } else {
@@ -260,7 +297,16 @@ void Transformer::backward_stage(int stage, const MicroBatch& mb, Saved& saved, 
     if (grads_ready) grads_ready(block_offsets_[static_cast<size_t>(i)]);
   }
   if (p.embedding) {
+    // The image rows' gradient goes to the vision encoder, not to the image tokens' embeddings.
+    Owned dfeatures;
+    if (mb.num_patches() > 0) {
+      dfeatures = env_.act_tensor({mb.num_patches(), config_.hidden_size});
+      ops::moe_unpermute(dy, mb.image_rows, {}, dfeatures);
+      ops::moe_permute(zeros(dfeatures->shape, dy.dtype, env_.device), mb.image_rows, dy);
+    }
     embedding_.backward(env_, mb.tokens, mb.positions, dy);
+    if (dfeatures.t.data) vision_.backward(env_, dfeatures, mb.patches, image_segments(mb), s.vision);
+    s.vision = layers::VisionSaved{};
     if (grads_ready) grads_ready(0);
   } else {
     s.input_grad = std::move(dy_owned);
@@ -303,7 +349,8 @@ void Transformer::vocab_logits(const MicroBatch& mb, const Tensor& out) {
   expect_shape(out, {mb.num_tokens, head_->local_vocab()}, "vocab logits");
   const layers::SegmentInfo seg = mb.segments(true);
   Owned x = env_.act_tensor(stage_activation_shape(mb));
-  embedding_.forward(env_, mb.tokens, mb.positions, x);
+  layers::VisionSaved vs;
+  embed(mb, x, vs);
   for (const layers::Block& b : blocks_) {
     layers::BlockSaved s;
     b.forward(env_, x, seg, s);
@@ -329,7 +376,8 @@ void Transformer::logits(const MicroBatch& mb, const Tensor& out) {
   expect_whole_model("logits");
   const layers::SegmentInfo seg = mb.segments(true);
   Owned x = env_.act_tensor({T, config_.hidden_size});
-  embedding_.forward(env_, mb.tokens, mb.positions, x);
+  layers::VisionSaved vs;
+  embed(mb, x, vs);
   for (const layers::Block& b : blocks_) {
     layers::BlockSaved s;
     b.forward(env_, x, seg, s);

@@ -9,6 +9,12 @@
 // loss tokens of head j, and the trunk output's gradient sums block L-1's and every extra
 // block's input gradients (models/mtp.cpp). Units run in order forward and in reverse backward, each one a
 // separate layer object, so a pipeline stage is a contiguous range of them.
+// A vision-language model (ModelConfig::vision) has a vision encoder and projector ("vision.*",
+// layers/vision.h) on the first stage, declared before the embedding: its features (one a patch)
+// replace the input embeddings of the token rows the micro-batch names (MicroBatch::image_rows),
+// and their gradients flow back to the encoder, the image tokens' embedding rows getting none.
+// It runs on the CPU, on one rank and one stage without micro-sequences so far (refused
+// elsewhere, naming the setting).
 // Under tensor parallelism (ModelLayout::tp) each rank holds its blocks of every split parameter
 // (params.h) and the layers exchange activations over the group (parallel/tensor_parallel.h); with
 // sequence parallelism the residual stream between them is this rank's token shard. Under
@@ -19,6 +25,7 @@
 #include "layers/block.h"
 #include "layers/embedding.h"
 #include "layers/lm_head.h"
+#include "layers/vision.h"
 #include "models/model.h"
 
 namespace engine {
@@ -41,6 +48,10 @@ class Transformer final : public Model {
     bool embedding = false, head = false;
   };
   static std::vector<StagePlan> stage_plan(int num_layers, int stages);
+  // The vision encoder's sizes, its projector writing the text model's width; its parameters'
+  // prefix.
+  static VisionConfig vision_config(const ModelConfig& c);
+  static constexpr const char* kVision = "vision";
 
   ParamStore& params() override { return store_; }
   std::vector<std::string> tied_parameters() const override {
@@ -72,12 +83,17 @@ class Transformer final : public Model {
  private:
   struct TSaved;
   int64_t local_tokens(const MicroBatch& mb) const;  // rows of the residual stream on this rank
+  // x = the input embeddings of mb's tokens, each image patch's feature in its image row (the
+  // encoder's activations kept in `vision` for the backward).
+  void embed(const MicroBatch& mb, const Tensor& x, layers::VisionSaved& vision) const;
+  static layers::SegmentInfo image_segments(const MicroBatch& mb);  // the images as segments
   ModelConfig config_;
   ModelLayout layout_;
   std::vector<StagePlan> plan_;
   ParamStore store_;
   layers::Env env_;
   layers::Embedding embedding_;           // when this rank holds stage 0
+  layers::VisionEncoder vision_;          // stage 0 of a vision-language model
   std::vector<layers::Block> blocks_;     // all num_layers; only this rank's are built
   std::unique_ptr<layers::LmHead> head_;  // when this rank holds the last stage
   std::vector<int64_t> block_offsets_;    // flat offset of each of this rank's blocks' first parameter

@@ -1,6 +1,7 @@
 // Internal to csrc/models: what a Transformer keeps of one stage's forward for its backward
 // (transformer.cpp, and the extra heads of multi-token prediction in mtp.cpp).
 #pragma once
+#include "layers/vision.h"
 #include "models/transformer.h"
 
 namespace engine {
@@ -8,7 +9,8 @@ namespace engine {
 // One stage's activations for one micro-batch (the whole-model forward keeps one per stage).
 struct Transformer::TSaved : Model::Saved {
   Tensor input;                           // the stage's input (stage > 0), owned by the caller
-  Owned x0;                               // embedding output (stage 0)
+  Owned x0;                               // embedding output (stage 0), with the image features placed
+  layers::VisionSaved vision;             // the vision encoder's activations (stage 0, with images)
   std::vector<layers::BlockSaved> blocks;
   layers::HeadSaved head;
   std::vector<layers::BlockSaved> mtp;    // multi-token prediction: extra head j's block at j - 1

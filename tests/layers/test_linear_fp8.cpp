@@ -53,6 +53,19 @@ Grads split_backward(const LinearPrecision& p, const Tensor& x, const Tensor& w,
   return g;
 }
 
+// With the amaxes shared, and with dy quantised once a call rather than as a pair: the bits of
+// `plain` (run without slots on the same inputs).
+void check_as_plain(const LinearPrecision& p, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy,
+                    const Tensor& addend, const Grads& plain) {
+  const Grads shared = run(p, x, w, b, dy, addend, true);
+  CHECK(same_bits(shared.y, plain.y));
+  CHECK(same_bits(shared.dx, plain.dx));
+  CHECK(same_bits(shared.dw, plain.dw));
+  const Grads split = split_backward(p, x, w, dy);
+  CHECK(same_bits(split.dx, plain.dx));
+  CHECK(same_bits(split.dw, plain.dw));
+}
+
 double rel_rms(const Tensor& got, const Tensor& ref) { return compare(got, ref).rel_rms; }
 
 }  // namespace
@@ -123,14 +136,7 @@ TEST_CASE("fp8 linear: amaxes shared between its products give the same bits, an
   Owned b = randn({kOut}, DType::F32, "fp8 share b"), dy = randn({T, kOut}, DType::F32, "fp8 share dy", 1e-3);
   for (Fp8Recipe r : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
     CAPTURE(static_cast<int>(r));
-    const Grads plain = run({r}, x, w, b, dy), shared = run({r}, x, w, b, dy, {}, true);
-    CHECK(same_bits(shared.y, plain.y));
-    CHECK(same_bits(shared.dx, plain.dx));
-    CHECK(same_bits(shared.dw, plain.dw));
-    // dy in both layouts at once (one call, both gradients) against once a call.
-    const Grads split = split_backward({r}, x, w, dy);
-    CHECK(same_bits(split.dx, plain.dx));
-    CHECK(same_bits(split.dw, plain.dw));
+    check_as_plain({r}, x, w, b, dy, {}, run({r}, x, w, b, dy));
   }
   // The slots hold the amaxes (per tensor), and an amax set before the call is the one used: an
   // x amax of three times the true one quantises x on another grid (a power of two would only
@@ -201,13 +207,6 @@ TEST_CASE("GPU fp8 linear equals the CPU layer on the same bf16 inputs" * doctes
     CHECK_CLOSE(gpu.dx, cpu.dx, 8e-3);
     CHECK_CLOSE(gpu.dw, cpu.dw, 1e-4);  // f32
     CHECK_CLOSE(gpu.db, cpu.db, 1e-4);
-    // Shared amaxes, and dy in both layouts by one kernel against once a call: the same bits.
-    const Grads shared = run({r}, gx, gw, gb, gdy, gres, true);
-    CHECK(same_bits(shared.y, gpu.y));
-    CHECK(same_bits(shared.dx, gpu.dx));
-    CHECK(same_bits(shared.dw, gpu.dw));
-    const Grads split = split_backward({r}, gx, gw, gdy);
-    CHECK(same_bits(split.dx, gpu.dx));
-    CHECK(same_bits(split.dw, gpu.dw));
+    check_as_plain({r}, gx, gw, gb, gdy, gres, gpu);  // (dy's pair kernel against once a call)
   }
 }
