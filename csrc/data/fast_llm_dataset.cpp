@@ -154,6 +154,18 @@ FastLLMDataset::FastLLMDataset(const std::string& path) : file_(path) {
   num_documents_ = static_cast<int64_t>(n);
   num_tokens_ = static_cast<int64_t>(total);
 
+  // Sections this reader does not read (Fast-LLM's image patches, a "patch" section, and its
+  // reinforcement-learning token data) are refused where the file has them, never dropped: a
+  // vision-language dataset read as text alone would train on image tokens without their images.
+  for (const char* name : {"image_patches", "advantages", "old_log_probabilities"}) {
+    auto it = cfg.find(name);
+    if (it == cfg.end()) continue;
+    if (!it->is_object()) cr.fail(name, "expected an object");
+    if (std::string t = cr.type(*it, name, "none"); t != "none")
+      cr.fail(str_cat(name, ".type"), str_cat("a \"", t, "\" section, which this engine does not read yet (",
+                                              "only \"none\" there): the dataset's ", name, " would be lost"));
+  }
+
   // Optional range sections, in file order after the tokens.
   uint64_t prev_end = ts.end;
   for (const char* name : {"loss_masking_spans", "chosen_spans", "rejected_spans"}) {

@@ -8,6 +8,8 @@
 // Every section's begin/end comes from the JSON and is checked against its markers, its
 // expected size and the file; cumulative arrays must start at 0, not decrease and end at the
 // declared totals. Chosen/rejected spans are validated structurally and otherwise ignored.
+// image_patches, advantages and old_log_probabilities must be absent or of type "none": a
+// section of another type (Fast-LLM's "patch" images) is refused, naming it.
 #pragma once
 #include "data/token_dataset.h"
 

@@ -207,6 +207,9 @@ TEST_CASE("corrupt .fast_llm_dataset files are rejected with the file, offset an
       {"span section documents", [](Bytes&, J& j, std::string&) { j["loss_masking_spans"]["num_documents"] = 2; }, "config field \"loss_masking_spans.num_documents\": expected 3"},
       {"span section type", [](Bytes&, J& j, std::string&) { j["loss_masking_spans"]["type"] = "ranges"; }, "config field \"loss_masking_spans.type\": expected \"range\" or \"none\""},
       {"span section count", [](Bytes&, J& j, std::string&) { j["loss_masking_spans"]["num_ranges"] = 1u << 30; }, "config field \"loss_masking_spans.num_ranges\""},
+      {"image patches", [](Bytes&, J& j, std::string&) { j["image_patches"] = {{"type", "patch"}, {"begin", 169}, {"end", 169}}; }, "config field \"image_patches.type\": a \"patch\" section, which this engine does not read yet"},
+      {"advantages", [](Bytes&, J& j, std::string&) { j["advantages"] = {{"type", "token_data"}}; }, "config field \"advantages.type\": a \"token_data\" section"},
+      {"image patches not an object", [](Bytes&, J& j, std::string&) { j["image_patches"] = 3; }, "config field \"image_patches\": expected an object"},
       {"span section overlaps tokens", [](Bytes&, J& j, std::string&) { j["loss_masking_spans"]["begin"] = 100; }, "config field \"loss_masking_spans\": section [100, 169)"},
   };
   std::string dir = data_testing::data_test_dir("corrupt_fl");
