@@ -5,15 +5,16 @@
 
 namespace engine {
 
-namespace {
-
 using nlohmann::json;
+
+namespace fast_llm_detail {
 
 constexpr std::string_view kHeader = "fast_llm_prepared_dataset";
 constexpr uint64_t kDataBegin = 33;  // 25-byte header + u64 config offset
 constexpr std::string_view kLmBegin = "lm begin", kLmEnd = "lm end";
 constexpr std::string_view kTokenBegin = "token begin", kTokenEnd = "token end";
 constexpr std::string_view kRangeBegin = "range begin", kRangeEnd = "range end";
+constexpr std::string_view kPatchBegin = "patch begin", kPatchEnd = "patch end";
 
 // Field access on the JSON config: any problem is an error at the config's offset naming the
 // field path.
@@ -95,7 +96,9 @@ void check_cumsum(const MappedFile& f, uint64_t off, uint64_t n, uint64_t total,
                str_cat(what, "[", n, "] = ", prev, ": expected the total ", total));
 }
 
-}  // namespace
+}  // namespace fast_llm_detail
+
+using namespace fast_llm_detail;
 
 FastLLMDataset::FastLLMDataset(const std::string& path) : file_(path) {
   path_ = path;
@@ -154,10 +157,9 @@ FastLLMDataset::FastLLMDataset(const std::string& path) : file_(path) {
   num_documents_ = static_cast<int64_t>(n);
   num_tokens_ = static_cast<int64_t>(total);
 
-  // Sections this reader does not read (Fast-LLM's image patches, a "patch" section, and its
-  // reinforcement-learning token data) are refused where the file has them, never dropped: a
-  // vision-language dataset read as text alone would train on image tokens without their images.
-  for (const char* name : {"image_patches", "advantages", "old_log_probabilities"}) {
+  // Sections this reader does not read (Fast-LLM's reinforcement-learning token data) are
+  // refused where the file has them, never dropped.
+  for (const char* name : {"advantages", "old_log_probabilities"}) {
     auto it = cfg.find(name);
     if (it == cfg.end()) continue;
     if (!it->is_object()) cr.fail(name, "expected an object");
@@ -201,6 +203,103 @@ FastLLMDataset::FastLLMDataset(const std::string& path) : file_(path) {
       }
     }
   }
+  read_image_patches(cr, cfg, prev_end, hi);
+}
+
+// image_patches (Fast-LLM's "patch" section), after the range sections: "patch begin",
+// pixels[P][patch size] u8, token_map i32[P] (each patch's token in its document),
+// positions i32[P][grid dims], patch_count_cumsum i32[N+1], group_lengths i32[G] (patches an
+// image), group_count_cumsum i32[N+1] (images a document), "patch end".
+void FastLLMDataset::read_image_patches(const ConfigReader& cr, const json& cfg, uint64_t lo, uint64_t hi) {
+  auto it = cfg.find("image_patches");
+  if (it == cfg.end()) return;
+  const std::string fn = "image_patches";
+  if (!it->is_object()) cr.fail(fn, "expected an object");
+  const std::string t = cr.type(*it, fn, "none");
+  if (t == "none") return;
+  if (t != "patch") cr.fail(fn + ".type", str_cat("expected \"patch\" or \"none\", got \"", t, "\""));
+  const MappedFile& f = file_;
+  const uint64_t n = static_cast<uint64_t>(num_documents_);
+  if (cr.u64(*it, "num_documents", fn + ".num_documents") != n)
+    cr.fail(fn + ".num_documents", str_cat("expected ", n, " (tokens.num_documents)"));
+  auto dt = it->find("data_type");
+  if (dt == it->end() || !dt->is_string() || dt->get<std::string>() != "uint8")
+    cr.fail(fn + ".data_type", "expected \"uint8\" (pixels)");
+  auto shape = it->find("patch_shape");
+  if (shape == it->end() || !shape->is_array() || shape->size() < 2 || shape->size() > 4)
+    cr.fail(fn + ".patch_shape", "expected an array of 2 to 4 sizes (channels, then the grid's dims)");
+  uint64_t patch_bytes = 1;
+  std::vector<int64_t> dims;
+  for (const json& d : *shape) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() == 0 || d.get<uint64_t>() > (1u << 16))
+      cr.fail(fn + ".patch_shape", str_cat("expected sizes in [1, 65536], got ", shape->dump()));
+    dims.push_back(d.get<int64_t>());
+    patch_bytes *= d.get<uint64_t>();
+  }
+  const uint64_t grid = dims.size() - 1;
+  const uint64_t P = cr.u64(*it, "num_patches", fn + ".num_patches");
+  const uint64_t G = cr.u64(*it, "num_patch_groups", fn + ".num_patch_groups");
+  if (P >= f.size() || G >= f.size() || P * patch_bytes >= f.size() ||
+      P >= static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
+    cr.fail(fn, str_cat(P, " patches of ", patch_bytes, " bytes / ", G, " images exceed the file size ", f.size()));
+  const uint64_t bytes =
+      kPatchBegin.size() + P * patch_bytes + ((1 + grid) * P + G + 2 * n + 2) * 4 + kPatchEnd.size();
+  const Section ps = section(f, cr, *it, fn, kPatchBegin, kPatchEnd, lo, hi, bytes);
+  const uint64_t pixels = ps.begin + kPatchBegin.size(), token_map = pixels + P * patch_bytes;
+  const uint64_t positions = token_map + P * 4, patch_cumsum = positions + grid * P * 4;
+  const uint64_t lengths = patch_cumsum + (n + 1) * 4, group_cumsum = lengths + G * 4;
+  check_cumsum<int32_t>(f, patch_cumsum, n, P, "image_patches patch_count_cumsum");
+  check_cumsum<int32_t>(f, group_cumsum, n, G, "image_patches group_count_cumsum");
+  // Every patch names a token of its document and a non-negative grid position; each
+  // document's images hold its patches.
+  for (int64_t d = 0; d < num_documents_; ++d) {
+    const int64_t p0 = load_le<int32_t>(f.data() + patch_cumsum, d), p1 = load_le<int32_t>(f.data() + patch_cumsum, d + 1);
+    const int64_t size = document_size(d);
+    for (int64_t q = p0; q < p1; ++q) {
+      const int32_t tok = load_le<int32_t>(f.data() + token_map, q);
+      if (tok < 0 || tok >= size)
+        file_error(path_, token_map + 4 * q, str_cat("image patch ", q, " of document ", d, " names token ", tok,
+                                                     ", outside the document's ", size, " tokens"));
+      for (uint64_t g = 0; g < grid; ++g)
+        if (load_le<int32_t>(f.data() + positions, q * grid + g) < 0)
+          file_error(path_, positions + 4 * (q * grid + g), str_cat("image patch ", q, " has a negative position"));
+    }
+    int64_t in_images = 0;
+    for (int64_t g = load_le<int32_t>(f.data() + group_cumsum, d); g < load_le<int32_t>(f.data() + group_cumsum, d + 1);
+         ++g) {
+      const int32_t len = load_le<int32_t>(f.data() + lengths, g);
+      if (len <= 0) file_error(path_, lengths + 4 * g, str_cat("image ", g, " has ", len, " patches"));
+      in_images += len;
+    }
+    if (in_images != p1 - p0)
+      file_error(path_, group_cumsum + 4 * d, str_cat("document ", d, "'s images hold ", in_images,
+                                                      " patches, its patch count is ", p1 - p0));
+  }
+  patch_shape_ = dims;
+  patch_bytes_ = static_cast<int64_t>(patch_bytes);
+  patch_pixels_ = f.data() + pixels;
+  patch_token_map_ = f.data() + token_map;
+  patch_positions_ = f.data() + positions;
+  patch_cumsum_ = f.data() + patch_cumsum;
+  group_lengths_ = f.data() + lengths;
+  group_cumsum_ = f.data() + group_cumsum;
+}
+
+DocumentPatches FastLLMDataset::image_patches(int64_t doc) const {
+  ENSURE(doc >= 0 && doc < num_documents_, path_, ": document ", doc, " out of range [0, ", num_documents_, ")");
+  DocumentPatches out;
+  if (!has_image_patches()) return out;
+  const int64_t p0 = load_le<int32_t>(patch_cumsum_, doc), p1 = load_le<int32_t>(patch_cumsum_, doc + 1);
+  const int64_t grid = static_cast<int64_t>(patch_shape_.size()) - 1;
+  out.count = p1 - p0;
+  out.pixels = patch_pixels_ + p0 * patch_bytes_;
+  for (int64_t q = p0; q < p1; ++q) {
+    out.token_index.push_back(load_le<int32_t>(patch_token_map_, q));
+    for (int64_t g = 0; g < grid; ++g) out.positions.push_back(load_le<int32_t>(patch_positions_, q * grid + g));
+  }
+  for (int64_t g = load_le<int32_t>(group_cumsum_, doc); g < load_le<int32_t>(group_cumsum_, doc + 1); ++g)
+    out.image_lengths.push_back(load_le<int32_t>(group_lengths_, g));
+  return out;
 }
 
 int64_t FastLLMDataset::document_size(int64_t doc) const {

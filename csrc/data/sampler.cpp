@@ -206,6 +206,11 @@ std::unique_ptr<SampleSource> make_sample_source(const Config& config, Split spl
     } catch (const Error& e) {
       throw Error(where + e.what());
     }
+    // Images are read (data/fast_llm_dataset.h) but not yet carried into samples: training on
+    // such a dataset as text alone would teach image tokens without their images.
+    for (const TokenDataset* part : ds->parts())
+      ENSURE(!part->has_image_patches(), where, part->path(), " holds image patches; training on images is not ",
+             "supported yet (the vision encoder, layers/vision.h, has no data path): use a text-only dataset");
     SplitDocuments docs{ds, true, {}};
     if (derived_valid && refs == &data.train) {
       SplitDocuments train, valid;

@@ -224,4 +224,9 @@ std::unique_ptr<TokenDataset> open_token_dataset(const std::string& path) {
   return std::make_unique<MemmapDataset>(prefix);
 }
 
+DocumentPatches TokenDataset::image_patches(int64_t doc) const {
+  ENSURE(doc >= 0 && doc < num_documents_, path_, ": document ", doc, " out of range [0, ", num_documents_, ")");
+  return {};
+}
+
 }  // namespace engine

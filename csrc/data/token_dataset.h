@@ -44,6 +44,16 @@ struct TokenSpan {
   bool operator==(const TokenSpan&) const = default;
 };
 
+// A document's images (Fast-LLM's "patch" section, FORMATS.md): `count` patches in document
+// order, their pixels (count x patch size bytes, uint8) at `pixels`, each patch's token index in
+// the document and its position in its image's grid (grid dims values a patch), and the images as
+// runs of consecutive patches (image_lengths, summing to count).
+struct DocumentPatches {
+  int64_t count = 0;
+  const unsigned char* pixels = nullptr;
+  std::vector<int32_t> token_index, positions, image_lengths;
+};
+
 class TokenDataset {
  public:
   virtual ~TokenDataset() = default;
@@ -57,6 +67,11 @@ class TokenDataset {
   // Loss-masking spans of `doc`, [begin, end) relative to the document, within its size (empty
   // when the dataset has none).
   virtual std::vector<TokenSpan> loss_masking_spans(int64_t doc) const = 0;
+  // Image patches (a .fast_llm_dataset's image_patches section): their shape (channels, then
+  // the grid's dims, e.g. (3, 16, 16)), empty when the dataset has none; and a document's.
+  const std::vector<int64_t>& patch_shape() const { return patch_shape_; }
+  bool has_image_patches() const { return !patch_shape_.empty(); }
+  virtual DocumentPatches image_patches(int64_t doc) const;
 
   // Tokens [offset, offset + count) of `doc` into out[0, count); bounds-checked.
   void read(int64_t doc, int64_t offset, int64_t count, int32_t* out) const;
@@ -83,6 +98,7 @@ class TokenDataset {
   virtual const std::string& token_file() const = 0;
 
   std::string path_;
+  std::vector<int64_t> patch_shape_;
   TokenType type_ = TokenType::U16;
   int64_t num_documents_ = 0;
   int64_t num_tokens_ = 0;
